@@ -1,0 +1,92 @@
+"""The one configuration dataclass that every stage (module, export, check) reads."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import UsageError
+
+LAYOUTS = ("single", "stacked", "split", "fused")
+
+
+@dataclass(frozen=True)
+class MHAConfig:
+    """Causal multi-head attention: x (B, T, d_in) -> y (B, T, dim).
+
+    ``head_dim`` defaults to dim // heads; the inner width heads * head_dim may differ from dim
+    (split/fused layouts project it back with an output projection).
+    """
+
+    dim: int = 768
+    heads: int = 12
+    d_in: int | None = None  # default: dim
+    head_dim: int | None = None  # default: dim // heads
+    qkv_bias: bool = False
+    out_bias: bool = True  # split / fused only (single / stacked have no output projection)
+    dropout: float = 0.0
+    max_seq_len: int = 1024
+    causal: bool = True
+    layout: str = "split"
+
+    def __post_init__(self) -> None:
+        _positive("dim", self.dim)
+        _positive("heads", self.heads)
+        _positive("max_seq_len", self.max_seq_len)
+        if self.layout not in LAYOUTS:
+            raise UsageError(f"unknown layout {self.layout!r}: choose one of {', '.join(LAYOUTS)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise UsageError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.d_in is None:
+            object.__setattr__(self, "d_in", self.dim)
+        _positive("d_in", self.d_in)
+        if self.head_dim is None:
+            if self.dim % self.heads:
+                raise UsageError(
+                    f"dim {self.dim} is not divisible by heads {self.heads} "
+                    "(pick another head count or give --head-dim)")
+            object.__setattr__(self, "head_dim", self.dim // self.heads)
+        _positive("head_dim", self.head_dim)
+        if self.layout == "single" and self.heads != 1:
+            raise UsageError(f"layout 'single' has exactly one head, got heads={self.heads}")
+        if self.layout in ("single", "stacked") and self.inner != self.dim:
+            raise UsageError(
+                f"layout {self.layout!r} has no output projection, so heads*head_dim "
+                f"({self.heads}*{self.head_dim}={self.inner}) must equal dim ({self.dim})")
+
+    @property
+    def inner(self) -> int:
+        """Width of the concatenated heads: heads * head_dim."""
+        return self.heads * self.head_dim
+
+    @property
+    def has_out_proj(self) -> bool:
+        return self.layout in ("split", "fused")
+
+    def replace(self, **changes: Any) -> "MHAConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "MHAConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise UsageError(f"config has unknown fields: {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+    def slug(self) -> str:
+        """Folder-name form, e.g. 'split-h12-d768'."""
+        s = f"{self.layout}-h{self.heads}-d{self.dim}"
+        if self.d_in != self.dim:
+            s += f"-in{self.d_in}"
+        if self.head_dim * self.heads != self.dim:
+            s += f"-hd{self.head_dim}"
+        return s
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UsageError(f"{name} must be a positive integer, got {value!r}")

@@ -1,0 +1,288 @@
+"""Causal multi-head attention in four weight layouts that compute one function.
+
+Every layout projects x to per-head q, k, v of shape (B, nh, T, hs), runs the one eager attention
+core below, and merges the heads back. Layouts differ only in how their weights are stored, so that
+checkpoints of the textbook implementation (single / stacked / split) and of GPT-2 (fused) load
+with their own key names. ``AttentionWeights`` is the layout-neutral form used for conversions
+and by the ONNX graph builder.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import MHAConfig
+from .errors import UsageError
+
+
+def causal_mask(t_q: int, t_k: int, device: torch.device) -> Tensor:
+    """(t_q, t_k) bool, True where a query may NOT attend (key after query), built from the
+    runtime shape: no stored [max_seq, max_seq] buffer. Queries are aligned to the end of the keys."""
+    q_pos = torch.arange(t_k - t_q, t_k, device=device).unsqueeze(1)  # (Tq, 1)
+    k_pos = torch.arange(t_k, device=device).unsqueeze(0)  # (1, Tk)
+    return k_pos > q_pos
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float,
+              need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """Scaled dot-product attention on (B, nh, T, hs) tensors -> ((B, nh, T, hs), probs or None).
+
+    Fast path: torch's fused SDPA kernel (memory linear in T on CPU). Plain path: the textbook
+    scores -> mask -> softmax -> dropout, used when the attention probabilities are wanted.
+    """
+    if not need_weights:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal), None
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, nh, T, T)
+    if causal:
+        scores = scores.masked_fill(causal_mask(q.size(-2), k.size(-2), q.device), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        probs = F.dropout(probs, p=dropout_p)
+    return probs @ v, probs  # (B, nh, T, hs)
+
+
+def merge_heads(ctx: Tensor) -> Tensor:
+    b, nh, t, hs = ctx.shape
+    return ctx.transpose(1, 2).reshape(b, t, nh * hs)  # (B, T, nh*hs)
+
+
+@dataclass
+class AttentionWeights:
+    """Layout-neutral weights in nn.Linear orientation ([out, in])."""
+
+    wq: Tensor  # (inner, d_in)
+    wk: Tensor
+    wv: Tensor
+    bq: Optional[Tensor] = None  # (inner,)
+    bk: Optional[Tensor] = None
+    bv: Optional[Tensor] = None
+    wo: Optional[Tensor] = None  # (dim, inner); None: no output projection
+    bo: Optional[Tensor] = None  # (dim,)
+
+
+class AttentionBase(nn.Module):
+    """Shared forward: project -> attention core -> merge heads -> (optional) output projection."""
+
+    def __init__(self, config: MHAConfig):
+        super().__init__()
+        self.config = config
+        self.n_head = config.heads
+        self.head_dim = config.head_dim
+        self.causal = config.causal
+        self.dropout = config.dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        y, _ = self._attend(x, False)
+        return y
+
+    @torch.jit.ignore
+    def forward_with_weights(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """Eager only: (y, attention probabilities (B, heads, T, T))."""
+        y, probs = self._attend(x, True)
+        assert probs is not None
+        return y, probs
+
+    def _attend(self, x: Tensor, need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
+        q, k, v = self.project_qkv(x)  # each (B, nh, T, hs)
+        p = self.dropout if self.training else 0.0
+        ctx, probs = attention(q, k, v, self.causal, p, need_weights)
+        return self.project_out(merge_heads(ctx)), probs
+
+    def _split_heads(self, t: Tensor) -> Tensor:
+        b, n, _ = t.shape
+        return t.view(b, n, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+
+    def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        raise NotImplementedError
+
+    def project_out(self, merged: Tensor) -> Tensor:
+        return merged
+
+    # --- conversions -----------------------------------------------------------------------
+    def to_weights(self) -> AttentionWeights:
+        raise NotImplementedError
+
+    def load_weights(self, w: AttentionWeights) -> None:
+        raise NotImplementedError
+
+
+def _copy(dst: nn.Linear, weight: Tensor, bias: Optional[Tensor]) -> None:
+    with torch.no_grad():
+        dst.weight.copy_(weight)
+        if dst.bias is not None:
+            dst.bias.copy_(bias if bias is not None else torch.zeros_like(dst.bias))
+
+
+def _bias(linear: nn.Linear) -> Optional[Tensor]:
+    return None if linear.bias is None else linear.bias.detach()
+
+
+def _require_no_out_proj(w: AttentionWeights, layout: str) -> None:
+    if w.wo is None:
+        return
+    eye = torch.eye(w.wo.shape[0], w.wo.shape[1], dtype=w.wo.dtype)
+    if not torch.equal(w.wo, eye) or (w.bo is not None and bool(w.bo.any())):
+        raise UsageError(f"layout {layout!r} has no output projection: these weights' "
+                         "out projection is not the identity, so they cannot be converted")
+
+
+class SingleHeadAttention(AttentionBase):
+    """The textbook `CausalAttention`: one head, no output projection."""
+
+    def __init__(self, config: MHAConfig):
+        super().__init__(config)
+        c = config
+        self.W_query = nn.Linear(c.d_in, c.head_dim, bias=c.qkv_bias)
+        self.W_key = nn.Linear(c.d_in, c.head_dim, bias=c.qkv_bias)
+        self.W_value = nn.Linear(c.d_in, c.head_dim, bias=c.qkv_bias)
+
+    def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        # (B, T, hs) -> (B, 1, T, hs)
+        return (self.W_query(x).unsqueeze(1), self.W_key(x).unsqueeze(1),
+                self.W_value(x).unsqueeze(1))
+
+    def to_weights(self) -> AttentionWeights:
+        return AttentionWeights(self.W_query.weight.detach(), self.W_key.weight.detach(),
+                                self.W_value.weight.detach(), _bias(self.W_query),
+                                _bias(self.W_key), _bias(self.W_value))
+
+    def load_weights(self, w: AttentionWeights) -> None:
+        _require_no_out_proj(w, "single")
+        _copy(self.W_query, w.wq, w.bq)
+        _copy(self.W_key, w.wk, w.bk)
+        _copy(self.W_value, w.wv, w.bv)
+
+
+class StackedHeadsAttention(AttentionBase):
+    """The textbook `MultiHeadAttentionWrapper`: a list of single heads, outputs concatenated."""
+
+    def __init__(self, config: MHAConfig):
+        super().__init__(config)
+        one = config.replace(layout="single", heads=1, dim=config.head_dim, head_dim=config.head_dim)
+        self.heads = nn.ModuleList([SingleHeadAttention(one) for _ in range(config.heads)])
+
+    def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        qs: List[Tensor] = []
+        ks: List[Tensor] = []
+        vs: List[Tensor] = []
+        for head in self.heads:
+            qs.append(head.W_query(x))
+            ks.append(head.W_key(x))
+            vs.append(head.W_value(x))
+        # nh x (B, T, hs) -> (B, nh, T, hs)
+        return torch.stack(qs, 1), torch.stack(ks, 1), torch.stack(vs, 1)
+
+    def to_weights(self) -> AttentionWeights:
+        parts = [h.to_weights() for h in self.heads]
+
+        def cat(name: str) -> Optional[Tensor]:
+            ts = [getattr(p, name) for p in parts]
+            return None if ts[0] is None else torch.cat(ts, 0)
+
+        return AttentionWeights(cat("wq"), cat("wk"), cat("wv"), cat("bq"), cat("bk"), cat("bv"))
+
+    def load_weights(self, w: AttentionWeights) -> None:
+        _require_no_out_proj(w, "stacked")
+        hs = self.head_dim
+        for i, head in enumerate(self.heads):
+            rows = slice(i * hs, (i + 1) * hs)
+
+            def part(t: Optional[Tensor]) -> Optional[Tensor]:
+                return None if t is None else t[rows]
+
+            head.load_weights(AttentionWeights(w.wq[rows], w.wk[rows], w.wv[rows],
+                                               part(w.bq), part(w.bk), part(w.bv)))
+
+
+class SplitHeadsAttention(AttentionBase):
+    """The textbook `MultiHeadAttention`: q/k/v projections viewed as heads, then out_proj."""
+
+    def __init__(self, config: MHAConfig):
+        super().__init__(config)
+        c = config
+        self.W_query = nn.Linear(c.d_in, c.inner, bias=c.qkv_bias)
+        self.W_key = nn.Linear(c.d_in, c.inner, bias=c.qkv_bias)
+        self.W_value = nn.Linear(c.d_in, c.inner, bias=c.qkv_bias)
+        self.out_proj = nn.Linear(c.inner, c.dim, bias=c.out_bias)
+
+    def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        return (self._split_heads(self.W_query(x)), self._split_heads(self.W_key(x)),
+                self._split_heads(self.W_value(x)))
+
+    def project_out(self, merged: Tensor) -> Tensor:
+        return self.out_proj(merged)
+
+    def to_weights(self) -> AttentionWeights:
+        return AttentionWeights(self.W_query.weight.detach(), self.W_key.weight.detach(),
+                                self.W_value.weight.detach(), _bias(self.W_query),
+                                _bias(self.W_key), _bias(self.W_value),
+                                self.out_proj.weight.detach(), _bias(self.out_proj))
+
+    def load_weights(self, w: AttentionWeights) -> None:
+        _copy(self.W_query, w.wq, w.bq)
+        _copy(self.W_key, w.wk, w.bk)
+        _copy(self.W_value, w.wv, w.bv)
+        _copy_out(self.out_proj, w)
+
+
+class FusedQKVAttention(AttentionBase):
+    """GPT-2 style: one c_attn projection to [q | k | v], then c_proj (nn.Linear orientation)."""
+
+    def __init__(self, config: MHAConfig):
+        super().__init__(config)
+        c = config
+        self.c_attn = nn.Linear(c.d_in, 3 * c.inner, bias=c.qkv_bias)
+        self.c_proj = nn.Linear(c.inner, c.dim, bias=c.out_bias)
+
+    def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        q, k, v = self.c_attn(x).split(self.n_head * self.head_dim, dim=2)  # 3 x (B, T, inner)
+        return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+
+    def project_out(self, merged: Tensor) -> Tensor:
+        return self.c_proj(merged)
+
+    def to_weights(self) -> AttentionWeights:
+        wq, wk, wv = self.c_attn.weight.detach().chunk(3, 0)
+        b = _bias(self.c_attn)
+        bq, bk, bv = (None, None, None) if b is None else b.chunk(3, 0)
+        return AttentionWeights(wq, wk, wv, bq, bk, bv, self.c_proj.weight.detach(),
+                                _bias(self.c_proj))
+
+    def load_weights(self, w: AttentionWeights) -> None:
+        b = None if w.bq is None else torch.cat([w.bq, w.bk, w.bv])
+        _copy(self.c_attn, torch.cat([w.wq, w.wk, w.wv]), b)
+        _copy_out(self.c_proj, w)
+
+
+def _copy_out(dst: nn.Linear, w: AttentionWeights) -> None:
+    if w.wo is None:  # from a layout without output projection: identity
+        _copy(dst, torch.eye(dst.out_features, dst.in_features), None)
+    else:
+        _copy(dst, w.wo, w.bo)
+
+
+LAYOUT_CLASSES = {
+    "single": SingleHeadAttention,
+    "stacked": StackedHeadsAttention,
+    "split": SplitHeadsAttention,
+    "fused": FusedQKVAttention,
+}
+
+
+def build_module(config: MHAConfig, seed: Optional[int] = None) -> AttentionBase:
+    """A module of config.layout in eval mode; with a seed, deterministic random weights."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    return LAYOUT_CLASSES[config.layout](config).eval()
+
+
+def convert(module: AttentionBase, layout: str) -> AttentionBase:
+    """The same function in another weight layout (where shapes allow)."""
+    target = build_module(module.config.replace(layout=layout))
+    target.load_weights(module.to_weights())
+    return target.train(module.training)

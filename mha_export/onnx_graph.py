@@ -1,0 +1,153 @@
+"""Build the ONNX graph of causal MHA directly from layout-neutral weights.
+
+Every graph form shares the projections:
+
+    x (B, T, d_in) -> MatMul qkv.weight (+ qkv.bias) -> (B, T, 3*inner) -> Split -> q, k, v
+    ... attention core (one per form) ... -> ctx (B, T, inner) -> MatMul out.weight (+ out.bias) -> y
+
+and differs only in the attention core:
+
+- ``decomposed``: standard ops (MatMul, Where, Softmax), opset 17+. The causal mask is built from
+  the runtime length with Range/Greater: nothing of size max_seq_len is stored.
+- ``fused``: one standard ``Attention`` node (opset 23+, ``is_causal=1``), 3-D q/k/v.
+
+The input ``x`` and output ``y`` have symbolic dims ``batch`` and ``seq``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from .config import MHAConfig
+from .model import AttentionWeights
+
+INPUT, OUTPUT = "x", "y"
+DYNAMIC_AXES = {INPUT: {0: "batch", 1: "seq"}, OUTPUT: {0: "batch", 1: "seq"}}
+# Highest opset ONNX Runtime 1.31 loads (27+ is refused); lowest each form can be written in.
+MAX_OPSET = 26
+MIN_OPSET = {"decomposed": 17, "fused": 23}
+DEFAULT_OPSET = {"decomposed": 17, "fused": 23}
+ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+
+
+@dataclass
+class GraphBuilder:
+    """Collects nodes and initializers; names are unique and readable."""
+
+    dtype: str = "float32"
+    nodes: list = field(default_factory=list)
+    initializers: list = field(default_factory=list)
+    _count: dict = field(default_factory=dict)
+
+    def name(self, base: str) -> str:
+        n = self._count.get(base, 0)
+        self._count[base] = n + 1
+        return base if n == 0 else f"{base}_{n}"
+
+    def const(self, name: str, value: np.ndarray | torch.Tensor, float_dtype: bool = True) -> str:
+        if isinstance(value, torch.Tensor):
+            value = value.detach().to(torch.float64).numpy()
+        arr = np.asarray(value)
+        if float_dtype:
+            arr = arr.astype(np.float16 if self.dtype == "float16" else np.float32)
+        name = self.name(name)
+        self.initializers.append(numpy_helper.from_array(arr, name))
+        return name
+
+    def ints(self, name: str, values: list[int] | int) -> str:
+        return self.const(name, np.array(values, dtype=np.int64), float_dtype=False)
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, name: str | None = None,
+           domain: str = "", **attrs) -> str | list[str]:
+        base = self.name(name or op_type.lower())
+        outs = [base] if n_out == 1 else [f"{base}_{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=base, domain=domain, **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def linear(self, x: str, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
+        """x @ weight.T + bias (nn.Linear semantics)."""
+        y = self.op("MatMul", [x, self.const(f"{name}.weight", weight.t())], name=f"{name}_matmul")
+        if bias is not None:
+            y = self.op("Add", [y, self.const(f"{name}.bias", bias)], name=f"{name}_add")
+        return y
+
+
+def finite_lowest(dtype: str) -> float:
+    """Mask fill that stays finite in the dtype (no -inf, so no NaN from -inf - -inf)."""
+    return float(np.finfo(np.float16 if dtype == "float16" else np.float32).min)
+
+
+# --- attention cores: (B, T, 3*inner) q|k|v -> (B, T, inner) ---------------------------------
+
+def decomposed_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig) -> str:
+    heads4 = g.ints("heads_shape", [0, 0, c.heads, c.head_dim])
+    q = g.op("Reshape", [q, heads4], name="q_heads")  # (B, T, nh, hs)
+    k = g.op("Reshape", [k, heads4], name="k_heads")
+    v = g.op("Reshape", [v, heads4], name="v_heads")
+    q = g.op("Transpose", [q], perm=[0, 2, 1, 3], name="q_bhtd")  # (B, nh, T, hs)
+    k = g.op("Transpose", [k], perm=[0, 2, 3, 1], name="k_bhdt")  # (B, nh, hs, T)
+    v = g.op("Transpose", [v], perm=[0, 2, 1, 3], name="v_bhtd")  # (B, nh, T, hs)
+    q = g.op("Mul", [q, g.const("attn.scale", np.array(1.0 / math.sqrt(c.head_dim)))],
+             name="q_scaled")  # scale the queries, not the (T, T) scores
+    scores = g.op("MatMul", [q, k], name="scores")  # (B, nh, T, T)
+    if c.causal:
+        scores = g.op("Where", [causal_mask(g, q), g.const("mask_fill", np.array(
+            finite_lowest(g.dtype))), scores], name="masked_scores")
+    probs = g.op("Softmax", [scores], axis=-1, name="probs")
+    ctx = g.op("MatMul", [probs, v], name="context")  # (B, nh, T, hs)
+    ctx = g.op("Transpose", [ctx], perm=[0, 2, 1, 3], name="context_bthd")  # (B, T, nh, hs)
+    return g.op("Reshape", [ctx, g.ints("merged_shape", [0, 0, c.inner])],
+                name="context_merged")  # (B, T, inner)
+
+
+def causal_mask(g: GraphBuilder, q: str) -> str:
+    """(T, T) bool, True above the diagonal (masked), from the runtime length of q (B, nh, T, hs)."""
+    t = g.op("Shape", [q], start=2, end=3, name="seq_len")  # (1,)
+    t = g.op("Squeeze", [t, g.ints("axis0", [0])], name="seq_len_scalar")  # ()
+    pos = g.op("Range", [g.ints("zero", 0), t, g.ints("one", 1)], name="positions")  # (T,)
+    rows = g.op("Unsqueeze", [pos, g.ints("axis1", [1])], name="query_pos")  # (T, 1)
+    cols = g.op("Unsqueeze", [pos, g.ints("axis0_", [0])], name="key_pos")  # (1, T)
+    return g.op("Greater", [cols, rows], name="causal_mask")  # (T, T)
+
+
+def fused_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig) -> str:
+    """One standard Attention node (opset 23) on 3-D inputs (B, T, nh*hs)."""
+    return g.op("Attention", [q, k, v], name="attention", is_causal=int(c.causal),
+                q_num_heads=c.heads, kv_num_heads=c.heads, scale=1.0 / math.sqrt(c.head_dim))
+
+
+CORES: dict[str, Callable[[GraphBuilder, str, str, str, MHAConfig], str]] = {
+    "decomposed": decomposed_core,
+    "fused": fused_core,
+}
+
+
+def build_model(config: MHAConfig, w: AttentionWeights, form: str, opset: int,
+                dtype: str = "float32", metadata: dict[str, str] | None = None) -> onnx.ModelProto:
+    g = GraphBuilder(dtype=dtype)
+    c = config
+    qkv = g.linear(INPUT, "qkv", torch.cat([w.wq, w.wk, w.wv]),
+                   None if w.bq is None else torch.cat([w.bq, w.bk, w.bv]))  # (B, T, 3*inner)
+    q, k, v = g.op("Split", [qkv, g.ints("qkv_split", [c.inner] * 3)], n_out=3, axis=2,
+                   name="qkv_split")  # 3 x (B, T, inner)
+    ctx = CORES[form](g, q, k, v, c)  # (B, T, inner)
+    y = ctx if w.wo is None else g.linear(ctx, "out", w.wo, w.bo)
+    g.nodes.append(helper.make_node("Identity", [y], [OUTPUT], name="output"))
+
+    elem = ONNX_DTYPES[dtype]
+    graph = helper.make_graph(
+        g.nodes, f"mha_{form}",
+        [helper.make_tensor_value_info(INPUT, elem, ["batch", "seq", c.d_in])],
+        [helper.make_tensor_value_info(OUTPUT, elem, ["batch", "seq", c.dim])],
+        initializer=g.initializers)
+    opsets = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="mha-export",
+                              ir_version=helper.find_min_ir_version_for(opsets))
+    helper.set_model_props(model, metadata or {})
+    return model

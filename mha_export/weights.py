@@ -1,0 +1,160 @@
+"""Load attention weights from a file in any layout's key names, with any prefix.
+
+Accepted: torch state dicts (.pt/.pth/.bin, read with ``weights_only=True``: plain tensors only,
+never arbitrary pickled code) and .safetensors. Keys may carry a prefix (``attn.``,
+``h.3.attn.``, ``transformer.h.3.attn.``); a full GPT-2 checkpoint needs ``layer`` to pick one
+block, and its Conv1D weights ([in, out]) are transposed to nn.Linear orientation.
+"""
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+from typing import Mapping, Optional
+
+import torch
+from torch import Tensor
+
+from .config import MHAConfig
+from .errors import UsageError
+from .model import AttentionBase, build_module, convert
+
+# Key (after the prefix) that identifies each layout.
+LAYOUT_ANCHORS = {
+    "fused": "c_attn.weight",
+    "split": "out_proj.weight",
+    "stacked": "heads.0.W_query.weight",
+    "single": "W_query.weight",
+}
+# Buffers that checkpoints carry and the module rebuilds from the runtime shape.
+IGNORED_BUFFER = re.compile(r"(^|\.)(mask|masked_bias)$|^bias$")
+_GPT2_BLOCK = re.compile(r"(^|\.)h\.(\d+)\.attn\.$")
+
+
+def read_state_dict(path: str | Path) -> dict[str, Tensor]:
+    """Tensors of a .safetensors or torch state-dict file (a clear UsageError otherwise)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"weights file not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise UsageError(f"{path}: not a readable safetensors file ({_first_line(e)})") from None
+    if path.suffix not in (".pt", ".pth", ".bin"):
+        raise UsageError(f"{path}: unsupported weights format (use .safetensors, .pt, .pth or .bin)")
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UsageError(f"{path}: refused to unpickle: the file holds more than plain tensors "
+                         f"({_first_line(e)})") from None
+    except Exception as e:  # torch raises RuntimeError / EOFError / zipfile errors for corrupt files
+        raise UsageError(f"{path}: not a readable torch state dict ({_first_line(e)})") from None
+    if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
+        obj = obj["state_dict"]
+    if not isinstance(obj, Mapping) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise UsageError(f"{path}: expected a mapping of names to tensors (a state dict)")
+    return dict(obj)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
+def detect_layout(keys: list[str]) -> tuple[str, list[str]]:
+    """(layout, prefixes) of the first layout whose anchor key is found."""
+    for layout, anchor in LAYOUT_ANCHORS.items():
+        prefixes = sorted({k[: -len(anchor)] for k in keys if k.endswith(anchor)
+                           and (k == anchor or k[: -len(anchor)].endswith("."))})
+        if layout == "single":  # heads.{i}.W_query.weight also ends with W_query.weight
+            prefixes = [p for p in prefixes if not re.search(r"(^|\.)heads\.\d+\.$", p)]
+        if prefixes:
+            return layout, prefixes
+    raise UsageError("no attention weights found: expected keys like "
+                     + ", ".join(LAYOUT_ANCHORS.values()))
+
+
+def select_prefix(prefixes: list[str], layer: Optional[int]) -> str:
+    if layer is not None:
+        hits = [p for p in prefixes if re.search(rf"(^|\.){layer}\.", p)]
+        if not hits:
+            raise UsageError(f"no attention weights for layer {layer} "
+                             f"(found prefixes: {', '.join(repr(p) for p in prefixes)})")
+        if len(hits) > 1:
+            raise UsageError(f"layer {layer} is ambiguous: {', '.join(repr(p) for p in hits)}")
+        return hits[0]
+    if len(prefixes) > 1:
+        shown = ", ".join(repr(p) for p in prefixes[:4]) + (" ..." if len(prefixes) > 4 else "")
+        raise UsageError(f"the file holds {len(prefixes)} attention blocks ({shown}): "
+                         "pick one with --layer N")
+    return prefixes[0]
+
+
+def load_module(config: MHAConfig, path: str | Path, layer: Optional[int] = None
+                ) -> AttentionBase:
+    """An eval-mode module of config.layout holding the file's weights (converted if needed)."""
+    sd = read_state_dict(path)
+    source_layout, prefixes = detect_layout(list(sd))
+    prefix = select_prefix(prefixes, layer)
+    tensors = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+    tensors = {k: v for k, v in tensors.items() if not IGNORED_BUFFER.search(k)}
+    if source_layout == "fused":
+        tensors = _to_linear_orientation(tensors, config, gpt2=bool(_GPT2_BLOCK.search(prefix)))
+    try:
+        source_config = config.replace(layout=source_layout)
+    except UsageError as e:
+        raise UsageError(f"weights are in layout {source_layout!r}, which does not fit: {e}") from None
+    module = build_module(source_config)
+    load_strict(module, tensors, prefix)
+    return module if source_layout == config.layout else convert(module, config.layout)
+
+
+def _to_linear_orientation(t: dict[str, Tensor], config: MHAConfig, gpt2: bool
+                           ) -> dict[str, Tensor]:
+    """GPT-2 Conv1D stores weights as [in, out]. Transpose them for a GPT-2 checkpoint, or when
+    the shape only fits that orientation."""
+    linear_shapes = {"c_attn.weight": (3 * config.inner, config.d_in),
+                     "c_proj.weight": (config.dim, config.inner)}
+    out = dict(t)
+    for name, shape in linear_shapes.items():
+        w = t.get(name)
+        if w is None or w.dim() != 2:
+            continue
+        conv1d_shape = shape[::-1]
+        if (gpt2 and tuple(w.shape) == conv1d_shape) or (
+                tuple(w.shape) == conv1d_shape and conv1d_shape != shape):
+            out[name] = w.t().contiguous()
+    return out
+
+
+def load_strict(module: AttentionBase, tensors: Mapping[str, Tensor], prefix: str = "") -> None:
+    """load_state_dict with errors that name the tensor (missing, unexpected, wrong shape)."""
+    expected = module.state_dict()
+    missing = [k for k in expected if k not in tensors]
+    unexpected = [k for k in tensors if k not in expected]
+    if missing:
+        hint = " (match the file with --qkv-bias / --no-out-bias)" if any(
+            k.endswith("bias") for k in missing) else ""
+        raise UsageError(f"missing tensor {prefix}{missing[0]}" + (
+            f" (+{len(missing) - 1} more)" if len(missing) > 1 else "") + hint)
+    if unexpected:
+        hint = " (the file has biases: pass --qkv-bias)" if any(
+            k.endswith("bias") for k in unexpected) else ""
+        raise UsageError(f"unexpected tensor {prefix}{unexpected[0]}" + (
+            f" (+{len(unexpected) - 1} more)" if len(unexpected) > 1 else "") + hint)
+    for k, ref in expected.items():
+        got = tensors[k]
+        if tuple(got.shape) != tuple(ref.shape):
+            raise UsageError(f"tensor {prefix}{k} has shape {list(got.shape)}, "
+                             f"expected {list(ref.shape)} for this config")
+        if not got.is_floating_point():
+            raise UsageError(f"tensor {prefix}{k} has dtype {got.dtype}, expected a float tensor")
+    module.load_state_dict({k: v.float() for k, v in tensors.items()})
+
+
+def save_weights(module: AttentionBase, path: str | Path) -> None:
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(path))
