@@ -93,6 +93,12 @@ def select_prefix(prefixes: list[str], layer: Optional[int]) -> str:
     return prefixes[0]
 
 
+def detect_file_layout(path: str | Path, layer: Optional[int] = None) -> str:
+    layout, prefixes = detect_layout(list(read_state_dict(path)))
+    select_prefix(prefixes, layer)
+    return layout
+
+
 def load_module(config: MHAConfig, path: str | Path, layer: Optional[int] = None
                 ) -> AttentionBase:
     """An eval-mode module of config.layout holding the file's weights (converted if needed)."""

@@ -1,0 +1,144 @@
+"""The artifact folder: what an export writes, atomically, and how the checker reads it back.
+
+    DIR/model.onnx | model.pt   the exported model (+ model.onnx.data only beyond protobuf's 2 GB)
+    DIR/config.json             config, export settings, declared inputs/outputs/dynamic axes, versions
+    DIR/weights.safetensors     the source weights the model was made from (the checker's truth)
+    DIR/parity.json             the report of the check run at export (absent with --no-check)
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from .config import MHAConfig
+from .errors import UsageError
+from .model import AttentionBase, build_module
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "weights.safetensors"
+REPORT_FILE = "parity.json"
+MODEL_FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def config(self) -> MHAConfig:
+        return MHAConfig.from_dict(self.meta["config"])
+
+    @property
+    def format(self) -> str:
+        return self.meta["format"]
+
+    @property
+    def model_path(self) -> Path:
+        return self.path / self.meta["export"]["file"]
+
+    def file(self, fmt: str) -> Path | None:
+        """The model file of format fmt if this folder holds one."""
+        p = self.path / MODEL_FILES[fmt]
+        return p if p.is_file() else None
+
+    def load_source_module(self) -> AttentionBase:
+        """The eager module rebuilt from config + source weights (never from the model file)."""
+        from .weights import load_strict, read_state_dict
+        module = build_module(self.config)
+        load_strict(module, read_state_dict(self.path / WEIGHTS_FILE))
+        return module
+
+
+def read_artifact(path: str | Path) -> Artifact:
+    path = Path(path)
+    if not path.is_dir():
+        raise UsageError(f"artifact folder not found: {path}")
+    cfg = path / CONFIG_FILE
+    if not cfg.is_file():
+        raise UsageError(f"{path} is not an mha-export artifact (no {CONFIG_FILE})")
+    try:
+        meta = json.loads(cfg.read_text())
+        MHAConfig.from_dict(meta["config"])
+        model_file = meta["export"]["file"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"{cfg}: corrupt artifact config ({e.__class__.__name__}: {e})") from None
+    for needed in (model_file, WEIGHTS_FILE):
+        if not (path / needed).is_file():
+            raise UsageError(f"{path}: missing {needed}")
+    return Artifact(path, meta)
+
+
+def default_folder(config: MHAConfig, fmt: str, root: str | Path = "models") -> Path:
+    return Path(root) / f"{config.slug()}-{fmt}"
+
+
+def prepare_destination(dest: Path, force: bool) -> None:
+    """Refuse to clobber an artifact without force; fail early on an unwritable parent."""
+    if dest.exists() and not dest.is_dir():
+        raise UsageError(f"{dest} exists and is not a folder")
+    if dest.is_dir() and any(dest.iterdir()) and not force:
+        raise UsageError(f"{dest} already holds files: pass --force to replace it")
+    parent = dest.parent if dest.parent != Path("") else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create output folder {parent}: {e.strerror}") from None
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"output folder {parent} is not writable")
+
+
+@contextlib.contextmanager
+def staged_folder(dest: Path, force: bool) -> Iterator[Path]:
+    """Yield a temporary sibling folder; on success it replaces dest in one rename.
+
+    On any exception the staging folder is removed and dest is left as it was."""
+    prepare_destination(dest, force)
+    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes 0700; publish with normal permissions
+    try:
+        yield stage
+        for f in stage.iterdir():  # some writers (safetensors) create 0600 files
+            os.chmod(f, 0o666 & ~_umask())
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            dest.rename(old)
+            stage.rename(dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            stage.rename(dest)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
+                                   dir=path.parent if str(path.parent) else ".")
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror}") from None
+    try:
+        os.chmod(tmp, 0o666 & ~_umask())
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -1,0 +1,158 @@
+"""Parity check: rebuild the eager module from an artifact's config and source weights, run every
+runner over a (batch, seq) sweep of fresh random inputs, and compare each output with eager fp32
+and with a float64 eager reference.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from .artifact import read_artifact
+from .compare import Comparison, Tolerance, compare
+from .errors import UsageError
+from .runners import EagerRunner, OrtRunner, RunnerUnavailable, TorchScriptRunner
+
+# Default per-runner tolerances, applied to both comparisons (vs eager fp32 and vs fp64).
+FP32_CPU = Tolerance(atol=1e-5, rtol=1e-4)
+# ONNX Runtime's CUDA provider may run fp32 MatMuls in TF32 (10-bit mantissa): pass --no-tf32
+# (provider option use_tf32=0) for a strict check with the CPU tolerance.
+FP32_CUDA_TF32 = Tolerance(atol=2e-3, rtol=1e-2)
+FLOAT16 = Tolerance(atol=2e-3, rtol=2e-2)
+PROVIDERS = ("cpu", "cuda")
+
+
+def default_tolerance(runner: str, model_dtype: str, tf32: bool) -> Tolerance:
+    if runner.startswith("ort") and model_dtype == "float16":
+        return FLOAT16
+    if runner == "ort-cuda" and tf32:
+        return FP32_CUDA_TF32
+    return FP32_CPU
+
+
+def default_seq_lens(max_seq_len: int) -> list[int]:
+    """T=1, lengths never used at export (there is no example input), T=max_seq_len and one past
+    it (longer inputs are supported: the mask comes from the runtime length)."""
+    m = max_seq_len
+    return sorted({t for t in (1, 2, 7, 64, 100, 257, m - 1, m, m + 1) if 1 <= t <= m + 1})
+
+
+@dataclass
+class RunnerInfo:
+    name: str
+    status: str  # "ran" | "skipped" | "failed"
+    device: str = ""
+    reason: str = ""
+    tolerance: Optional[Tolerance] = None
+
+
+@dataclass
+class ShapeResult:
+    runner: str
+    batch: int
+    seq: int
+    passed: bool
+    vs_eager: Optional[Comparison] = None
+    vs_reference: Optional[Comparison] = None
+    tolerance: Optional[Tolerance] = None
+    error: str = ""
+
+
+@dataclass
+class CheckReport:
+    artifact: str
+    seed: int
+    batch_sizes: list[int]
+    seq_lens: list[int]
+    runners: list[RunnerInfo] = field(default_factory=list)
+    results: list[ShapeResult] = field(default_factory=list)
+    versions: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return (all(r.passed for r in self.results) and bool(self.results)
+                and not any(r.status == "failed" for r in self.runners))
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["passed"] = self.passed
+        return d
+
+
+def _make_runners(artifact, providers: Sequence[str], tf32: bool, require_cuda: bool,
+                  infos: list[RunnerInfo]) -> list:
+    module = artifact.load_source_module()
+    runners: list = [EagerRunner(module, torch.float32)]
+    if ts := artifact.file("torchscript"):
+        runners.append(_load(lambda: TorchScriptRunner(ts), ts))
+    if onnx_path := artifact.file("onnx"):
+        for provider in providers:
+            try:
+                runners.append(_load(lambda: OrtRunner(onnx_path, provider, tf32=tf32), onnx_path))
+            except RunnerUnavailable as e:
+                status = "failed" if require_cuda else "skipped"
+                infos.append(RunnerInfo(f"ort-{provider}", status, reason=str(e)))
+    return runners
+
+
+def _load(make, path: Path):
+    try:
+        return make()
+    except RunnerUnavailable:
+        raise
+    except Exception as e:
+        raise UsageError(f"cannot load {path}: {str(e).strip().splitlines()[0][:300]}") from None
+
+
+def check(artifact_dir: str | Path, providers: Sequence[str] = PROVIDERS,
+          atol: Optional[float] = None, rtol: Optional[float] = None,
+          seq_lens: Optional[Sequence[int]] = None, batch_sizes: Sequence[int] = (1, 3),
+          seed: int = 0, require_cuda: bool = False, tf32: bool = True) -> CheckReport:
+    """Run the parity sweep on an artifact folder; see CheckReport.passed."""
+    artifact = read_artifact(artifact_dir)
+    unknown = set(providers) - set(PROVIDERS)
+    if unknown:
+        raise UsageError(f"unknown provider {sorted(unknown)[0]!r}: choose from cpu, cuda")
+    if require_cuda and "cuda" not in providers:
+        providers = [*providers, "cuda"]
+    config = artifact.config
+    seq_lens = list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len)
+    report = CheckReport(str(artifact_dir), seed, list(batch_sizes), seq_lens,
+                         versions=artifact.meta.get("versions", {}))
+    skipped: list[RunnerInfo] = []
+    runners = _make_runners(artifact, providers, tf32, require_cuda, skipped)
+    reference = EagerRunner(runners[0].module, torch.float64)
+    model_dtype = artifact.meta["export"].get("dtype", "float32")
+    tolerances = {}
+    for r in runners:
+        default = default_tolerance(r.name, model_dtype, tf32)
+        tolerances[r.name] = Tolerance(default.atol if atol is None else atol,
+                                       default.rtol if rtol is None else rtol)
+        report.runners.append(RunnerInfo(r.name, "ran", r.device, tolerance=tolerances[r.name]))
+    report.runners.extend(skipped)
+
+    for b in batch_sizes:
+        for t in seq_lens:
+            x = np.random.default_rng([seed, b, t]).standard_normal(
+                (b, t, config.d_in)).astype(np.float32)
+            ref = reference.run(x.astype(np.float64))
+            eager = runners[0].run(x)
+            for r in runners:
+                report.results.append(_run_one(r, x, eager, ref, tolerances[r.name], b, t))
+    return report
+
+
+def _run_one(runner, x: np.ndarray, eager: np.ndarray, ref: np.ndarray, tol: Tolerance,
+             b: int, t: int) -> ShapeResult:
+    try:
+        out = runner.run(x)
+    except Exception as e:  # a model that cannot run this shape fails this row
+        return ShapeResult(runner.name, b, t, False, tolerance=tol,
+                           error=str(e).strip().splitlines()[0][:300])
+    vs_eager, vs_ref = compare(out, eager, tol), compare(out, ref, tol)
+    error = vs_eager.reason or vs_ref.reason
+    return ShapeResult(runner.name, b, t, vs_eager.passed and vs_ref.passed, vs_eager, vs_ref,
+                       tol, error)

@@ -1,0 +1,192 @@
+"""Command line: a thin click layer over mha_export's Python API.
+
+Exit codes: 0 success, 1 parity failure, 2 bad input (one line on stderr, no traceback).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from typing import Callable, Optional
+
+import click
+
+from . import check as check_mod
+from . import export as export_mod
+from .check import PROVIDERS
+from .config import LAYOUTS
+from .errors import UsageError
+from .export import ATTENTION_FORMS, DTYPES
+
+
+class BadInput(click.ClickException):
+    exit_code = 2
+
+
+def _guard(fn: Callable) -> Callable:
+    """Turn UsageError/OSError into 'Error: ...' + exit 2, and hide library chatter unless -v."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, verbose: bool = False, **kwargs):
+        if not verbose:
+            warnings.filterwarnings("ignore")
+            logging.getLogger("torch").setLevel(logging.ERROR)
+        try:
+            return fn(*args, **kwargs)
+        except UsageError as e:
+            raise BadInput(str(e)) from None
+        except OSError as e:
+            raise BadInput(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
+
+    return click.option("-v", "--verbose", is_flag=True, help="Show library warnings.")(wrapper)
+
+
+def _int_list(ctx, param, value: Optional[str]) -> Optional[list[int]]:
+    if value is None:
+        return None
+    try:
+        values = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+    if not values or min(values) <= 0:
+        raise click.BadParameter(f"expected positive integers, got {value!r}")
+    return values
+
+
+def _providers(ctx, param, value: str) -> list[str]:
+    names = [v.strip().lower() for v in value.split(",") if v.strip()]
+    bad = [n for n in names if n not in PROVIDERS]
+    if bad or not names:
+        raise click.BadParameter(f"choose from {', '.join(PROVIDERS)}, got {value!r}")
+    return names
+
+
+def model_options(fn: Callable) -> Callable:
+    opts = [
+        click.option("--heads", type=int, default=12, show_default=True, help="Attention heads."),
+        click.option("--dim", type=int, default=768, show_default=True, help="Output width."),
+        click.option("--d-in", type=int, default=None, help="Input width [default: dim]."),
+        click.option("--head-dim", type=int, default=None,
+                     help="Width of one head [default: dim/heads]."),
+        click.option("--qkv-bias/--no-qkv-bias", default=False, show_default=True,
+                     help="Biases on the q/k/v projections."),
+        click.option("--out-bias/--no-out-bias", default=True, show_default=True,
+                     help="Bias on the output projection (split/fused)."),
+        click.option("--dropout", type=float, default=0.0, show_default=True,
+                     help="Attention dropout (training only; exports run in eval mode)."),
+        click.option("--max-seq-len", type=int, default=1024, show_default=True,
+                     help="Context length; checked by default. Longer inputs also work."),
+        click.option("--causal/--no-causal", default=True, show_default=True),
+        click.option("--layout", type=click.Choice(LAYOUTS), default=None,
+                     help="Weight layout [default: the weights file's, else split]."),
+        click.option("--weights", type=click.Path(dir_okay=False), default=None,
+                     help="State dict (.pt/.pth/.bin) or .safetensors, any layout's keys."),
+        click.option("--layer", type=int, default=None,
+                     help="Which layer's attention in a full (GPT-2) checkpoint."),
+        click.option("--seed", type=int, default=0, show_default=True,
+                     help="Seed for random weights (without --weights)."),
+        click.option("-o", "--output", "output", type=click.Path(file_okay=False), default=None,
+                     help="Artifact folder [default: models/<layout>-h<heads>-d<dim>-<format>]."),
+        click.option("--force", is_flag=True, help="Replace an existing artifact folder."),
+        click.option("--check/--no-check", default=True, show_default=True,
+                     help="Run the parity check on the new artifact."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _report_export(result) -> None:
+    click.echo(f"wrote {result.path}/ ({', '.join(sorted(p.name for p in result.path.iterdir()))})")
+    if result.report is not None:
+        from .report import format_table
+        click.echo(format_table(result.report))
+        if not result.passed:
+            raise SystemExit(1)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="mha-export")
+def cli() -> None:
+    """Export causal multi-head attention to ONNX / TorchScript and prove parity with eager
+    PyTorch.
+
+    \b
+    mha-export onnx --heads 12 --dim 768          # -> models/split-h12-d768-onnx/
+    mha-export check models/split-h12-d768-onnx   # CI: exit 0 pass, 1 parity failure, 2 bad input
+    """
+
+
+@cli.command()
+@model_options
+@click.option("--attention", type=click.Choice(ATTENTION_FORMS), default="decomposed",
+              show_default=True, help="Graph form of the attention core.")
+@click.option("--opset", type=int, default=None,
+              help="ONNX opset (decomposed: 17-26, default 17; fused: 23-26, default 23).")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@_guard
+def onnx(**kw) -> None:
+    """Export to ONNX: model.onnx with inputs x [batch, seq, d_in] -> y [batch, seq, dim].
+
+    \b
+    Examples:
+      mha-export onnx --heads 12 --dim 768
+      mha-export onnx --heads 12 --dim 768 --weights gpt2.safetensors --layer 3 -o out/gpt2-l3
+      mha-export onnx --heads 8 --dim 512 --head-dim 80 --qkv-bias --opset 20 --no-check
+    """
+    _report_export(export_mod.export_onnx(**kw))
+
+
+@cli.command()
+@model_options
+@_guard
+def torchscript(**kw) -> None:
+    """Export to TorchScript: model.pt (torch.jit.script), loadable by torch.jit.load and
+    libtorch's torch::jit::load.
+
+    \b
+    Examples:
+      mha-export torchscript --heads 12 --dim 768
+      mha-export torchscript --layout fused --weights attn.pt -o out/ts --force
+    """
+    _report_export(export_mod.export_torchscript(**kw))
+
+
+@cli.command()
+@click.argument("artifact", type=click.Path())
+@click.option("--providers", default="cpu,cuda", show_default=True, callback=_providers,
+              help="ONNX Runtime providers to check.")
+@click.option("--atol", type=float, default=None, help="Absolute tolerance for every runner.")
+@click.option("--rtol", type=float, default=None, help="Relative tolerance for every runner.")
+@click.option("--seq-lens", callback=_int_list, default=None,
+              help="Comma-separated T values [default: 1,2,7,64,100,257,max-1,max,max+1].")
+@click.option("--batch-sizes", callback=_int_list, default="1,3", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the report as JSON.")
+@click.option("--require-cuda", is_flag=True,
+              help="Fail (exit 1) when the CUDA provider cannot run, instead of skipping it.")
+@click.option("--tf32/--no-tf32", default=True, show_default=True,
+              help="Allow TF32 on ORT CUDA; --no-tf32 checks CUDA with the strict fp32 tolerance.")
+@_guard
+def check(artifact: str, json_path: Optional[str], **kw) -> None:
+    """Check an artifact folder against eager PyTorch rebuilt from its config and source weights.
+
+    \b
+    Examples:
+      mha-export check models/split-h12-d768-onnx
+      mha-export check out/gpt2-l3 --providers cpu --seq-lens 1,5,300 --json parity.json
+      mha-export check out/gpt2-l3 --require-cuda --no-tf32
+    """
+    from .report import format_table
+    report = check_mod.check(artifact, **kw)
+    if json_path:
+        from .artifact import write_json_atomic
+        write_json_atomic(json_path, report.to_dict())
+    click.echo(format_table(report))
+    if not report.passed:
+        raise SystemExit(1)
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,122 @@
+"""Runners: each executes one implementation on a numpy input and says what really ran it.
+
+Runners only run; comparing is ``compare``'s job. A runner that cannot run where it was asked to
+(the CUDA provider did not load, no GPU) raises ``RunnerUnavailable`` with the reason, so it is
+reported as skipped (or failed with --require-cuda), never as a result of another device.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+
+from .model import AttentionBase
+
+ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+
+class RunnerUnavailable(Exception):
+    """The runner cannot run on the device it names; str(e) is the reason."""
+
+
+class EagerRunner:
+    """The eager PyTorch module, in float32 (the parity baseline) or float64 (the reference)."""
+
+    def __init__(self, module: AttentionBase, dtype: torch.dtype = torch.float32):
+        self.name = "eager-fp64" if dtype == torch.float64 else "eager-fp32"
+        self.device = "cpu (torch)"
+        self.module = copy.deepcopy(module).to(dtype).eval()
+        self.dtype = dtype
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.module(torch.from_numpy(x).to(self.dtype)).numpy()
+
+
+class TorchScriptRunner:
+    def __init__(self, path: str | Path):
+        self.name = "torchscript"
+        self.device = "cpu (torch.jit)"
+        self.module = torch.jit.load(str(path), map_location="cpu").eval()
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.module(torch.from_numpy(x)).numpy()
+
+
+@contextlib.contextmanager
+def native_stderr() -> Iterator[dict]:
+    """Capture what ONNX Runtime writes while loading providers: its native logger (file
+    descriptor 2) and preload_dlls' Python prints."""
+    out = {"text": ""}
+    sys.stderr.flush()
+    saved = os.dup(2)
+    printed = io.StringIO()
+    with tempfile.TemporaryFile() as buf:
+        os.dup2(buf.fileno(), 2)
+        try:
+            with contextlib.redirect_stdout(printed):
+                yield out
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            buf.seek(0)
+            out["text"] = printed.getvalue() + buf.read().decode(errors="replace")
+
+
+def _load_failure(log: str) -> str:
+    """The useful part of ORT's provider-load error line, e.g. 'libcublasLt.so.13: cannot open'."""
+    m = re.search(r"with error: ([^\n]+)", log) or re.search(r"(Failed to load[^\n]+)", log)
+    return m.group(1).strip()[:200] if m else ""
+
+
+class OrtRunner:
+    """An ONNX Runtime session on one execution provider ('cpu' or 'cuda')."""
+
+    def __init__(self, path: str | Path, provider: str = "cpu", threads: Optional[int] = None,
+                 tf32: bool = True):
+        import onnxruntime as ort
+        self.name = f"ort-{provider}"
+        wanted = ORT_PROVIDERS[provider]
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if threads:
+            opts.intra_op_num_threads = threads
+        providers: list = [wanted]
+        if provider == "cuda":
+            if wanted not in ort.get_available_providers():
+                raise RunnerUnavailable("this onnxruntime build has no CUDAExecutionProvider "
+                                        "(install onnxruntime-gpu)")
+            providers = [(wanted, {"use_tf32": "1" if tf32 else "0"})]
+        with native_stderr() as log:
+            if provider == "cuda" and hasattr(ort, "preload_dlls"):
+                with contextlib.suppress(Exception):
+                    ort.preload_dlls()
+            opts.log_severity_level = 3 if provider == "cpu" else 1
+            try:
+                self.session = ort.InferenceSession(str(path), opts, providers=providers)
+            except Exception as e:  # e.g. the CUDA provider library throws while loading
+                raise RunnerUnavailable(f"{wanted} could not start: {str(e).splitlines()[0]}")
+        used = self.session.get_providers()
+        if used[0] != wanted:
+            cause = _load_failure(log["text"]) or "provider library or GPU not available"
+            raise RunnerUnavailable(f"{wanted} did not load ({cause}); ONNX Runtime fell back "
+                                    f"to {used[0]}, which is not reported as a {provider} result")
+        self.providers = used
+        self.device = f"{provider} ({used[0]})"
+        inp = self.session.get_inputs()[0]
+        self.input_name = inp.name
+        self.input_dtype = np.float16 if inp.type == "tensor(float16)" else np.float32
+
+    def run(self, x: np.ndarray) -> np.ndarray:
+        out = self.session.run(None, {self.input_name: x.astype(self.input_dtype)})[0]
+        return out.astype(np.float32)
