@@ -11,12 +11,10 @@ from typing import Callable, Optional
 
 import click
 
-from . import check as check_mod
-from . import export as export_mod
-from .check import PROVIDERS
+from .check import PROVIDERS, check as run_check
 from .config import LAYOUTS
 from .errors import UsageError
-from .export import ATTENTION_FORMS, DTYPES
+from .export import ATTENTION_FORMS, DTYPES, export_onnx, export_torchscript
 
 
 class BadInput(click.ClickException):
@@ -134,7 +132,7 @@ def onnx(**kw) -> None:
       mha-export onnx --heads 12 --dim 768 --weights gpt2.safetensors --layer 3 -o out/gpt2-l3
       mha-export onnx --heads 8 --dim 512 --head-dim 80 --qkv-bias --opset 20 --no-check
     """
-    _report_export(export_mod.export_onnx(**kw))
+    _report_export(export_onnx(**kw))
 
 
 @cli.command()
@@ -149,7 +147,7 @@ def torchscript(**kw) -> None:
       mha-export torchscript --heads 12 --dim 768
       mha-export torchscript --layout fused --weights attn.pt -o out/ts --force
     """
-    _report_export(export_mod.export_torchscript(**kw))
+    _report_export(export_torchscript(**kw))
 
 
 @cli.command()
@@ -179,7 +177,7 @@ def check(artifact: str, json_path: Optional[str], **kw) -> None:
       mha-export check out/gpt2-l3 --require-cuda --no-tf32
     """
     from .report import format_table
-    report = check_mod.check(artifact, **kw)
+    report = run_check(artifact, **kw)
     if json_path:
         from .artifact import write_json_atomic
         write_json_atomic(json_path, report.to_dict())

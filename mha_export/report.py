@@ -35,6 +35,8 @@ def format_table(report: CheckReport) -> str:
             lines.append(f"{info.name:12s} ran on {info.device}")
         else:
             lines.append(f"{info.name:12s} {info.status.upper()}: {info.reason}")
+    if not report.tested:
+        lines.append("nothing under test ran (no model runner produced output)")
     n_pass = sum(r.passed for r in report.results)
     verdict = "PASS" if report.passed else "FAIL"
     lines.append(f"{verdict}: {n_pass}/{len(report.results)} comparisons within tolerance "

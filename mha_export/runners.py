@@ -104,7 +104,9 @@ class OrtRunner:
             opts.log_severity_level = 3 if provider == "cpu" else 1
             try:
                 self.session = ort.InferenceSession(str(path), opts, providers=providers)
-            except Exception as e:  # e.g. the CUDA provider library throws while loading
+            except Exception as e:
+                if provider == "cpu":  # a model the CPU provider cannot load is a broken model
+                    raise
                 raise RunnerUnavailable(f"{wanted} could not start: {str(e).splitlines()[0]}")
         used = self.session.get_providers()
         if used[0] != wanted:

@@ -48,8 +48,11 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise UsageError(f"{path}: refused to unpickle: the file holds more than plain tensors "
-                         f"({_first_line(e)})") from None
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if found:
+            raise UsageError(f"{path}: refused to unpickle: the file holds more than plain "
+                             f"tensors (it references {found.group(1)})") from None
+        raise UsageError(f"{path}: not a readable torch state dict (corrupt pickle)") from None
     except Exception as e:  # torch raises RuntimeError / EOFError / zipfile errors for corrupt files
         raise UsageError(f"{path}: not a readable torch state dict ({_first_line(e)})") from None
     if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
@@ -107,8 +110,9 @@ def load_module(config: MHAConfig, path: str | Path, layer: Optional[int] = None
     prefix = select_prefix(prefixes, layer)
     tensors = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
     tensors = {k: v for k, v in tensors.items() if not IGNORED_BUFFER.search(k)}
-    if source_layout == "fused":
-        tensors = _to_linear_orientation(tensors, config, gpt2=bool(_GPT2_BLOCK.search(prefix)))
+    if source_layout == "fused" and _is_conv1d(tensors, config, bool(_GPT2_BLOCK.search(prefix))):
+        tensors = {k: (v.t().contiguous() if k in ("c_attn.weight", "c_proj.weight") else v)
+                   for k, v in tensors.items()}
     try:
         source_config = config.replace(layout=source_layout)
     except UsageError as e:
@@ -118,22 +122,14 @@ def load_module(config: MHAConfig, path: str | Path, layer: Optional[int] = None
     return module if source_layout == config.layout else convert(module, config.layout)
 
 
-def _to_linear_orientation(t: dict[str, Tensor], config: MHAConfig, gpt2: bool
-                           ) -> dict[str, Tensor]:
-    """GPT-2 Conv1D stores weights as [in, out]. Transpose them for a GPT-2 checkpoint, or when
-    the shape only fits that orientation."""
-    linear_shapes = {"c_attn.weight": (3 * config.inner, config.d_in),
-                     "c_proj.weight": (config.dim, config.inner)}
-    out = dict(t)
-    for name, shape in linear_shapes.items():
-        w = t.get(name)
-        if w is None or w.dim() != 2:
-            continue
-        conv1d_shape = shape[::-1]
-        if (gpt2 and tuple(w.shape) == conv1d_shape) or (
-                tuple(w.shape) == conv1d_shape and conv1d_shape != shape):
-            out[name] = w.t().contiguous()
-    return out
+def _is_conv1d(t: dict[str, Tensor], config: MHAConfig, gpt2_prefix: bool) -> bool:
+    """GPT-2's Conv1D stores weights as [in, out]. Decide from c_attn's shape; only when that is
+    square-ambiguous (d_in == 3*inner) trust a GPT-2 block prefix (h.N.attn.)."""
+    w = t.get("c_attn.weight")
+    linear, conv1d = (3 * config.inner, config.d_in), (config.d_in, 3 * config.inner)
+    if w is None or linear == conv1d:
+        return gpt2_prefix
+    return tuple(w.shape) == conv1d
 
 
 def load_strict(module: AttentionBase, tensors: Mapping[str, Tensor], prefix: str = "") -> None:

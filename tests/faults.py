@@ -1,0 +1,120 @@
+"""Planted faults: edit an exported model after export, the way real export bugs look.
+The parity check must fail on every one of them."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+
+def _edit(path: Path, fn) -> None:
+    model = onnx.load(str(path))
+    fn(model)
+    onnx.save(model, str(path))
+
+
+def _initializer(model, name):
+    for i, t in enumerate(model.graph.initializer):
+        if t.name == name:
+            return i, numpy_helper.to_array(t).copy()
+    raise KeyError(name)
+
+
+def _set_initializer(model, name, value):
+    i, _ = _initializer(model, name)
+    model.graph.initializer[i].CopyFrom(numpy_helper.from_array(value, name))
+
+
+def all_nodes(graph):
+    """Every node, including those inside Loop / If bodies."""
+    for n in graph.node:
+        yield n
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from all_nodes(a.g)
+
+
+def _nodes(model, op_type):
+    return [n for n in all_nodes(model.graph) if n.op_type == op_type]
+
+
+def _attr(node, name, value):
+    for a in node.attribute:
+        if a.name == name:
+            node.attribute.remove(a)
+            break
+    node.attribute.append(onnx.helper.make_attribute(name, value))
+
+
+def nudge_weight(path: Path, delta: float = 1e-3) -> None:
+    """One weight element moved by delta after export."""
+    def fn(m):
+        _, w = _initializer(m, "qkv.weight")
+        w[5, 7] += delta
+        _set_initializer(m, "qkv.weight", w)
+    _edit(path, fn)
+
+
+def remove_causal_mask(path: Path) -> None:
+    def fn(m):
+        for node in _nodes(m, "Attention"):
+            _attr(node, "is_causal", 0)
+        for where in _nodes(m, "Where"):  # feed the unmasked scores straight on
+            for n in all_nodes(m.graph):
+                n.input[:] = [where.input[2] if i == where.output[0] else i for i in n.input]
+    _edit(path, fn)
+
+
+def permute_heads(path: Path, heads: int) -> None:
+    """Swap the value projections of heads 0 and 1 (the out projection no longer matches)."""
+    def fn(m):
+        _, w = _initializer(m, "qkv.weight")  # (d_in, 3*inner): [q | k | v]
+        inner = w.shape[1] // 3
+        hd = inner // heads
+        v0, v1 = 2 * inner, 2 * inner + hd
+        w[:, v0:v0 + hd], w[:, v1:v1 + hd] = w[:, v1:v1 + hd].copy(), w[:, v0:v0 + hd].copy()
+        _set_initializer(m, "qkv.weight", w)
+    _edit(path, fn)
+
+
+def wrong_scale(path: Path, head_dim: int) -> None:
+    """1/head_dim instead of 1/sqrt(head_dim)."""
+    def fn(m):
+        attention = _nodes(m, "Attention")
+        for node in attention:
+            _attr(node, "scale", 1.0 / head_dim)
+        if attention:
+            return
+        _, s = _initializer(m, "attn.scale")
+        _set_initializer(m, "attn.scale", (s * math.sqrt(head_dim) / head_dim).astype(s.dtype))
+    _edit(path, fn)
+
+
+def bake_seq_len(path: Path, t: int = 7) -> None:
+    """The sequence axis fixed at export time (as a traced export without dynamic axes does)."""
+    def fn(m):
+        for vi in (m.graph.input[0], m.graph.output[0]):
+            dim = vi.type.tensor_type.shape.dim[1]
+            dim.Clear()
+            dim.dim_value = t
+    _edit(path, fn)
+
+
+def nudge_torchscript_weight(path: Path, delta: float = 1e-3) -> None:
+    ts = torch.jit.load(str(path))
+    with torch.no_grad():
+        next(iter(ts.parameters()))[0, 0] += delta
+    ts.save(str(path))
+
+
+ONNX_FAULTS = {
+    "nudged weight": lambda p, c: nudge_weight(p),
+    "causal mask removed": lambda p, c: remove_causal_mask(p),
+    "heads permuted": lambda p, c: permute_heads(p, c.heads),
+    "wrong scale": lambda p, c: wrong_scale(p, c.head_dim),
+    "seq len baked in": lambda p, c: bake_seq_len(p),
+}

@@ -1,0 +1,106 @@
+import shutil
+
+import pytest
+
+from mha_export import MHAConfig, check, export_onnx, export_torchscript
+from mha_export.check import default_seq_lens
+from mha_export.onnx_graph import CORES
+from mha_export.runners import OrtRunner, RunnerUnavailable
+
+import faults
+
+CFG = MHAConfig(dim=64, heads=4, max_seq_len=32)
+SWEEP = dict(seq_lens=[1, 5, 32], batch_sizes=[1, 2], providers=["cpu"])
+
+
+def cuda_available(path) -> bool:
+    try:
+        OrtRunner(path, "cuda")
+        return True
+    except RunnerUnavailable:
+        return False
+
+
+@pytest.fixture(scope="module", params=sorted(CORES))
+def onnx_artifact(request, tmp_path_factory):
+    return export_onnx(CFG, tmp_path_factory.mktemp("a") / "art", attention=request.param,
+                       check=False).path
+
+
+@pytest.fixture
+def fresh_copy(onnx_artifact, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(onnx_artifact, dst)
+    return dst
+
+
+def test_default_sweep_covers_one_max_and_beyond():
+    assert default_seq_lens(1024) == [1, 2, 7, 64, 100, 257, 1023, 1024, 1025]
+    assert default_seq_lens(4) == [1, 2, 3, 4, 5]
+
+
+def test_good_artifact_passes_default_sweep(onnx_artifact):
+    report = check(onnx_artifact, providers=["cpu"])
+    assert report.passed
+    seqs = {r.seq for r in report.results}
+    assert {1, 31, 32, 33} <= seqs
+    runners = {r.runner for r in report.results}
+    assert runners == {"eager-fp32", "ort-cpu"}
+    for r in report.results:
+        assert r.vs_reference.max_abs < 1e-5
+
+
+@pytest.mark.parametrize("fault", sorted(faults.ONNX_FAULTS))
+def test_planted_fault_is_caught(fresh_copy, fault):
+    assert check(fresh_copy, **SWEEP).passed  # the copy passes before the fault ...
+    faults.ONNX_FAULTS[fault](fresh_copy / "model.onnx", CFG)
+    report = check(fresh_copy, **SWEEP)
+    assert not report.passed  # ... and fails after it
+    failed = [r for r in report.results if not r.passed]
+    assert failed and all(r.runner == "ort-cpu" for r in failed)
+
+
+def test_torchscript_fault_is_caught(tmp_path):
+    path = export_torchscript(CFG, tmp_path / "ts", check=False).path
+    assert check(path, **SWEEP).passed
+    faults.nudge_torchscript_weight(path / "model.pt")
+    report = check(path, **SWEEP)
+    assert not report.passed
+    assert {r.runner for r in report.results if not r.passed} == {"torchscript"}
+
+
+def test_tampered_source_weights_are_the_truth(fresh_copy):
+    """The checker rebuilds eager from weights.safetensors; a model that disagrees fails."""
+    from mha_export import build_module
+    from mha_export.weights import save_weights
+    save_weights(build_module(CFG, seed=99), fresh_copy / "weights.safetensors")
+    assert not check(fresh_copy, **SWEEP).passed
+
+
+def test_cuda_is_never_a_cpu_run(onnx_artifact):
+    report = check(onnx_artifact, providers=["cpu", "cuda"], seq_lens=[3], batch_sizes=[1])
+    cuda = [i for i in report.runners if i.name == "ort-cuda"]
+    assert len(cuda) == 1
+    if cuda_available(onnx_artifact / "model.onnx"):
+        assert cuda[0].status == "ran" and "CUDAExecutionProvider" in cuda[0].device
+        assert any(r.runner == "ort-cuda" for r in report.results)
+    else:
+        assert cuda[0].status == "skipped" and "CUDAExecutionProvider" in cuda[0].reason
+        assert not any(r.runner == "ort-cuda" for r in report.results)
+        assert report.passed  # skipped is not failed ...
+        strict = check(onnx_artifact, providers=["cpu"], seq_lens=[3], batch_sizes=[1],
+                       require_cuda=True)
+        assert not strict.passed  # ... unless CUDA is required
+        assert [i.status for i in strict.runners if i.name == "ort-cuda"] == ["failed"]
+
+
+def test_tolerance_override_applies(onnx_artifact):
+    report = check(onnx_artifact, providers=["cpu"], seq_lens=[4], batch_sizes=[1], atol=1e-12, rtol=0)
+    assert not report.passed  # fp32 vs fp64 is never exact: the check can fail
+
+
+def test_a_check_of_nothing_never_passes(onnx_artifact):
+    """Only CUDA asked for on a machine without it: nothing under test ran, so no PASS."""
+    report = check(onnx_artifact, providers=["cuda"], seq_lens=[2], batch_sizes=[1])
+    if not cuda_available(onnx_artifact / "model.onnx"):
+        assert not report.tested and not report.passed

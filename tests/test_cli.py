@@ -1,0 +1,124 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from mha_export.cli import cli
+
+import faults
+
+SMALL = ["--heads", "4", "--dim", "64", "--max-seq-len", "16"]
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def one_line_error(result):
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    assert lines[-1].startswith("Error: ")
+    return lines[-1]
+
+
+@pytest.mark.parametrize("command", [[], ["onnx"], ["torchscript"], ["check"]])
+def test_help_with_examples(command):
+    r = run(*command, "--help")
+    assert r.exit_code == 0
+    assert "mha-export" in r.output
+
+
+def test_export_then_check(tmp_path):
+    out = tmp_path / "art"
+    r = run("onnx", *SMALL, "-o", out)
+    assert r.exit_code == 0, r.output
+    assert "PASS" in r.output and "ort-cpu" in r.output
+    assert "SKIPPED" in r.output or "CUDAExecutionProvider" in r.output
+    r = run("check", out, "--providers", "cpu", "--seq-lens", "1,3,17", "--json", tmp_path / "p.json")
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "p.json").read_text())
+    assert report["passed"] and report["seq_lens"] == [1, 3, 17]
+
+
+def test_parity_failure_exits_1(tmp_path):
+    out = tmp_path / "art"
+    assert run("onnx", *SMALL, "-o", out, "--no-check").exit_code == 0
+    faults.remove_causal_mask(out / "model.onnx")
+    r = run("check", out, "--providers", "cpu")
+    assert r.exit_code == 1
+    assert "FAIL" in r.output
+
+
+def test_require_cuda_without_gpu_exits_1(tmp_path):
+    out = tmp_path / "art"
+    assert run("onnx", *SMALL, "-o", out, "--no-check").exit_code == 0
+    r = run("check", out, "--require-cuda", "--seq-lens", "2")
+    from test_check import cuda_available
+    assert r.exit_code == (0 if cuda_available(out / "model.onnx") else 1)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["onnx", "--heads", "7", "--dim", "768"], "not divisible"),
+    (["onnx", "--heads", "0"], "heads must be a positive integer"),
+    (["onnx", "--heads", "x"], "not a valid integer"),
+    (["onnx", "--layout", "diagonal"], "is not one of"),
+    (["onnx", *SMALL, "--opset", "9"], "opset 9 cannot be produced"),
+    (["onnx", *SMALL, "--attention", "fused", "--opset", "18"], "opset 18 cannot be produced"),
+    (["onnx", *SMALL, "--weights", "/nonexistent/w.pt"], "weights file not found"),
+    (["check", "/nonexistent"], "artifact folder not found"),
+    (["check", ".", "--seq-lens", "0,4"], "positive integers"),
+    (["check", ".", "--providers", "tpu"], "choose from cpu, cuda"),
+])
+def test_bad_input_exits_2(tmp_path, monkeypatch, args, msg):
+    monkeypatch.chdir(tmp_path)
+    r = run(*args)
+    assert msg in one_line_error(r)
+    assert not (tmp_path / "models").exists() or not any((tmp_path / "models").iterdir())
+
+
+def test_unwritable_output(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (ro / "file").write_text("x")
+    r = run("onnx", *SMALL, "-o", ro / "file" / "art")
+    one_line_error(r)
+
+
+def test_corrupt_artifact_and_weights(tmp_path):
+    out = tmp_path / "art"
+    assert run("onnx", *SMALL, "-o", out, "--no-check").exit_code == 0
+    (out / "model.onnx").write_bytes(b"garbage")
+    assert "cannot load" in one_line_error(run("check", out))
+    (out / "config.json").write_text("{not json")
+    assert "corrupt artifact config" in one_line_error(run("check", out))
+    (tmp_path / "w.safetensors").write_bytes(b"junk")
+    assert "not a readable safetensors" in one_line_error(
+        run("onnx", *SMALL, "--weights", tmp_path / "w.safetensors", "-o", tmp_path / "o2"))
+    assert not (tmp_path / "o2").exists()
+
+
+def test_wrong_shaped_weights(tmp_path):
+    from mha_export import MHAConfig, build_module
+    from mha_export.weights import save_weights
+    save_weights(build_module(MHAConfig(dim=32, heads=4), seed=0), tmp_path / "w.safetensors")
+    msg = one_line_error(run("onnx", *SMALL, "--weights", tmp_path / "w.safetensors", "-o", tmp_path / "o"))
+    assert "W_query.weight has shape [32, 32]" in msg
+
+
+def test_existing_artifact_needs_force(tmp_path):
+    out = tmp_path / "art"
+    assert run("torchscript", *SMALL, "-o", out, "--no-check").exit_code == 0
+    assert "--force" in one_line_error(run("torchscript", *SMALL, "-o", out))
+    assert run("torchscript", *SMALL, "-o", out, "--no-check", "--force").exit_code == 0
+
+
+def test_console_script_is_quiet_and_clean(tmp_path):
+    """Through the real entry point: no exporter chatter, no traceback, exit codes as documented."""
+    exe = [sys.executable, "-m", "mha_export"]
+    ok = subprocess.run([*exe, "torchscript", *SMALL, "-o", tmp_path / "ts"], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stderr == "", ok.stderr
+    bad = subprocess.run([*exe, "onnx", "--heads", "5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "Traceback" not in bad.stderr

@@ -1,0 +1,103 @@
+import json
+
+import onnx
+import pytest
+import torch
+
+from mha_export import MHAConfig, UsageError, export_onnx, export_torchscript
+from mha_export import export as export_mod
+from mha_export.artifact import read_artifact
+
+CFG = MHAConfig(dim=64, heads=4, max_seq_len=32)
+
+
+def test_onnx_artifact_is_self_describing(tmp_path):
+    result = export_onnx(CFG, tmp_path / "a")
+    assert result.passed
+    files = sorted(p.name for p in result.path.iterdir())
+    assert files == ["config.json", "model.onnx", "parity.json", "weights.safetensors"]
+    meta = json.loads((result.path / "config.json").read_text())
+    assert meta["config"] == CFG.to_dict()
+    assert meta["io"]["inputs"] == [{"name": "x", "shape": ["batch", "seq", 64]}]
+    assert meta["io"]["outputs"] == [{"name": "y", "shape": ["batch", "seq", 64]}]
+    assert meta["export"]["opset"] == 17 and meta["export"]["external_data"] is False
+    assert {"torch", "onnx", "python"} <= set(meta["versions"])
+    model = onnx.load(str(result.path / "model.onnx"))
+    props = {p.key: p.value for p in model.metadata_props}
+    assert json.loads(props["mha_export.config"]) == CFG.to_dict()
+    onnx.checker.check_model(model, full_check=True)
+    assert json.loads((result.path / "parity.json").read_text())["passed"] is True
+
+
+def test_torchscript_artifact_loads_and_is_dynamic(tmp_path):
+    result = export_torchscript(CFG, tmp_path / "ts")
+    assert result.passed
+    ts = torch.jit.load(str(result.path / "model.pt"))
+    module = read_artifact(result.path).load_source_module()
+    for b, t in [(1, 1), (2, 5), (3, 32), (1, 50)]:
+        x = torch.randn(b, t, 64)
+        assert torch.equal(ts(x), module(x))
+
+
+def test_default_folder_and_no_overwrite_without_force(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = export_onnx(heads=4, dim=64, max_seq_len=16, check=False)
+    assert str(first.path) == "models/split-h4-d64-onnx"
+    with pytest.raises(UsageError, match="--force"):
+        export_onnx(heads=4, dim=64, max_seq_len=16, check=False, seed=1)
+    export_onnx(heads=4, dim=64, max_seq_len=16, check=False, seed=1, force=True)
+    assert json.loads((first.path / "config.json").read_text())["weights"]["source"]["seed"] == 1
+    assert [p.name for p in tmp_path.joinpath("models").iterdir()] == ["split-h4-d64-onnx"]
+
+
+def test_existing_empty_folder_is_fine(tmp_path):
+    (tmp_path / "empty").mkdir()
+    export_onnx(CFG, tmp_path / "empty", check=False)
+    assert (tmp_path / "empty" / "model.onnx").is_file()
+
+
+def test_failed_export_leaves_nothing(tmp_path, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(export_mod.onnx, "save_model", broken)
+    with pytest.raises(RuntimeError):
+        export_onnx(CFG, tmp_path / "out", check=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_forced_export_keeps_the_old_artifact(tmp_path, monkeypatch):
+    export_onnx(CFG, tmp_path / "out", check=False)
+    before = (tmp_path / "out" / "model.onnx").read_bytes()
+    monkeypatch.setattr(export_mod.onnx, "save_model", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        export_onnx(CFG, tmp_path / "out", check=False, force=True, seed=5)
+    assert (tmp_path / "out" / "model.onnx").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_external_data_beyond_protobuf_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(export_mod, "PROTOBUF_LIMIT", 1000)  # pretend the model is > 2 GB
+    result = export_onnx(CFG, tmp_path / "big")
+    assert (result.path / "model.onnx.data").is_file() and result.passed
+    assert json.loads((result.path / "config.json").read_text())["export"]["external_data"] is True
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(opset=16), "opset 16 cannot be produced"),
+    (dict(opset=27), "opset 27 cannot be produced"),
+    (dict(attention="fused", opset=22), "supported: 23-"),
+    (dict(attention="flash"), "unknown attention form"),
+    (dict(layer=2), "--layer needs --weights"),
+])
+def test_bad_export_settings(tmp_path, kw, msg):
+    with pytest.raises(UsageError, match=msg):
+        export_onnx(CFG, tmp_path / "x", check=False, **kw)
+    assert not (tmp_path / "x").exists()
+
+
+def test_layout_defaults_to_the_weights_layout(tmp_path):
+    from mha_export import build_module
+    from mha_export.weights import save_weights
+    save_weights(build_module(MHAConfig(dim=64, heads=4, layout="fused"), seed=0), tmp_path / "w.safetensors")
+    r = export_onnx(heads=4, dim=64, max_seq_len=16, weights=tmp_path / "w.safetensors", output=tmp_path / "o")
+    assert read_artifact(r.path).config.layout == "fused" and r.passed

@@ -1,0 +1,88 @@
+"""Reference implementations whose checkpoints mha-export must load unchanged: the widely used
+textbook attention classes (mask buffer + masked_fill + softmax) and GPT-2's Conv1D attention."""
+import math
+
+import torch
+from torch import nn
+
+
+class CausalAttention(nn.Module):
+    def __init__(self, d_in, d_out, context_length, dropout=0.0, qkv_bias=False):
+        super().__init__()
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
+
+    def forward(self, x):
+        t = x.shape[1]
+        keys, queries, values = self.W_key(x), self.W_query(x), self.W_value(x)
+        scores = queries @ keys.transpose(1, 2)
+        scores.masked_fill_(self.mask.bool()[:t, :t], -torch.inf)
+        weights = self.dropout(torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1))
+        return weights @ values
+
+
+class MultiHeadAttentionWrapper(nn.Module):
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        self.heads = nn.ModuleList([CausalAttention(d_in, d_out, context_length, dropout, qkv_bias)
+                                    for _ in range(num_heads)])
+
+    def forward(self, x):
+        return torch.cat([head(x) for head in self.heads], dim=-1)
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
+        super().__init__()
+        self.d_out, self.num_heads, self.head_dim = d_out, num_heads, d_out // num_heads
+        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
+        self.out_proj = nn.Linear(d_out, d_out)
+        self.dropout = nn.Dropout(dropout)
+        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        def heads(z):
+            return z.view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        keys, queries, values = heads(self.W_key(x)), heads(self.W_query(x)), heads(self.W_value(x))
+        scores = queries @ keys.transpose(2, 3)
+        scores.masked_fill_(self.mask.bool()[:t, :t], -torch.inf)
+        weights = self.dropout(torch.softmax(scores / keys.shape[-1] ** 0.5, dim=-1))
+        ctx = (weights @ values).transpose(1, 2).contiguous().view(b, t, self.d_out)
+        return self.out_proj(ctx)
+
+
+def gpt2_attention(x, c_attn_w, c_attn_b, c_proj_w, c_proj_b, n_head):
+    """GPT-2's attention with Conv1D weights stored [in, out]: y = x @ W + b."""
+    b, t, d = x.shape
+    q, k, v = (x @ c_attn_w + c_attn_b).split(d, dim=2)
+    def heads(z):
+        return z.view(b, t, n_head, d // n_head).transpose(1, 2)
+    q, k, v = heads(q), heads(k), heads(v)
+    w = (q @ k.transpose(-1, -2)) / math.sqrt(d // n_head)
+    keep = torch.tril(torch.ones(t, t, dtype=torch.bool))
+    w = torch.where(keep, w, torch.finfo(w.dtype).min).softmax(-1)
+    ctx = (w @ v).transpose(1, 2).reshape(b, t, d)
+    return ctx @ c_proj_w + c_proj_b
+
+
+def gpt2_checkpoint(n_layer, d, n_head, seed=0, prefix="transformer."):
+    """A GPT-2 style full state dict (Conv1D orientation, mask buffers, other weights)."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {f"{prefix}wte.weight": torch.randn(50, d, generator=g)}
+    for i in range(n_layer):
+        p = f"{prefix}h.{i}."
+        sd[p + "ln_1.weight"] = torch.ones(d)
+        sd[p + "attn.bias"] = torch.tril(torch.ones(16, 16)).view(1, 1, 16, 16)
+        sd[p + "attn.masked_bias"] = torch.tensor(-1e4)
+        sd[p + "attn.c_attn.weight"] = torch.randn(d, 3 * d, generator=g) * 0.1
+        sd[p + "attn.c_attn.bias"] = torch.randn(3 * d, generator=g) * 0.1
+        sd[p + "attn.c_proj.weight"] = torch.randn(d, d, generator=g) * 0.1
+        sd[p + "attn.c_proj.bias"] = torch.randn(d, generator=g) * 0.1
+        sd[p + "mlp.c_fc.weight"] = torch.randn(d, 4 * d, generator=g)
+    return sd
