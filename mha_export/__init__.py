@@ -1,15 +1,24 @@
 """mha-export: causal multi-head attention -> TorchScript / ONNX, with a parity check that can fail.
 
-    config -> model -> export -> runners -> compare -> check/report
-"""
-from .check import CheckReport, check
-from .compare import Comparison, Tolerance, compare
-from .config import MHAConfig
-from .errors import UsageError
-from .export import ExportResult, export_onnx, export_torchscript
-from .model import AttentionWeights, build_module, convert
-from .weights import load_module
+    config -> model -> export -> runners -> compare -> check / report
 
-__all__ = ["MHAConfig", "build_module", "convert", "load_module", "AttentionWeights",
-           "export_onnx", "export_torchscript", "ExportResult", "check", "CheckReport",
-           "compare", "Comparison", "Tolerance", "UsageError"]
+Names are imported lazily, so that `mha_export.model` alone does not pull in ONNX Runtime (the
+benchmark measures each variant's memory in its own process).
+"""
+from importlib import import_module
+
+_EXPORTS = {
+    "MHAConfig": "config", "UsageError": "errors",
+    "build_module": "model", "convert": "model", "AttentionWeights": "model",
+    "load_module": "weights",
+    "export_onnx": "export", "export_torchscript": "export", "ExportResult": "export",
+    "check": "parity", "CheckReport": "parity",
+    "compare": "comparator", "Comparison": "comparator", "Tolerance": "comparator",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'mha_export' has no attribute {name!r}")

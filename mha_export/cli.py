@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 import click
 
-from .check import PROVIDERS, check as run_check
+from .parity import PROVIDERS, check as run_check
 from .config import LAYOUTS
 from .errors import UsageError
 from .export import ATTENTION_FORMS, DTYPES, export_onnx, export_torchscript

@@ -1,7 +1,7 @@
 """Export: config + weights -> an artifact folder holding model.onnx or model.pt.
 
 Export and validation are separate: ``export_onnx`` / ``export_torchscript`` write the folder
-and, unless ``check=False``, call :func:`mha_export.check.check` on it before it is published.
+and, unless ``check=False``, call :func:`mha_export.parity.check` on it before it is published.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ DTYPES = tuple(onnx_graph.ONNX_DTYPES)
 @dataclass
 class ExportResult:
     path: Path
-    report: Optional[Any] = None  # mha_export.check.CheckReport when the export ran the check
+    report: Optional[Any] = None  # mha_export.parity.CheckReport when the export ran the check
 
     @property
     def passed(self) -> bool:
@@ -108,7 +108,7 @@ def _publish(config: MHAConfig, fmt: str, output: str | Path | None, force: bool
         write_model(stage / MODEL_FILES[fmt])
         write_json_atomic(stage / CONFIG_FILE, meta)
         if check:
-            from .check import check as run_check
+            from .parity import check as run_check
             report = run_check(stage, **(check_options or {}))
             report.artifact = str(dest)
             write_json_atomic(stage / REPORT_FILE, report.to_dict())

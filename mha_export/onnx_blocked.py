@@ -125,7 +125,7 @@ def blocked_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig, block: i
             g, pad, "blk_pad_1d"), g.ints("blk_pads_tail", [0])], axis=0, name="blk_q_pads")],
             mode="constant", name="q_padded")  # (B, nb*bs, inner)
         ctx_b = _attention_op_body(b, c, qp, k, v, start_1d, qend_1d, kend, bias)  # (B, bs, inner)
-        ctx = _run_loop(g, b, nb, it, cond, ctx_b)  # (nb, B, bs, inner)
+        ctx = _run_loop(g, b, nb, it, cond, ctx_b, q, [-1, c.inner])  # (nb, B, bs, inner)
         ctx = g.op("Transpose", [ctx], perm=[1, 0, 2, 3], name="blk_ctx_bnsd")  # (B, nb, bs, inner)
     else:
         heads4 = g.ints("blk_heads_shape", [0, 0, c.heads, c.head_dim])
@@ -139,7 +139,7 @@ def blocked_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig, block: i
         v4 = g.op("Transpose", [g.op("Reshape", [v, heads4], name="blk_v_heads")],  # (B, T, nh, hs)
                   perm=[0, 2, 1, 3], name="blk_v_bhtd")  # (B, nh, T, hs)
         ctx_b = _plain_body(b, q4, k4, v4, start_1d, qend_1d, kend, bias)  # (B, nh, bs, hs)
-        ctx = _run_loop(g, b, nb, it, cond, ctx_b)  # (nb, B, nh, bs, hs)
+        ctx = _run_loop(g, b, nb, it, cond, ctx_b, q, [c.heads, -1, c.head_dim])  # (nb, B, nh, bs, hs)
         ctx = g.op("Transpose", [ctx], perm=[1, 0, 3, 2, 4], name="blk_ctx_bnsh")  # (B, nb, bs, nh, hs)
     ctx = g.op("Reshape", [ctx, g.ints("blk_merged_shape", [0, -1, c.inner])],
                name="blk_ctx_padded")  # (B, nb*bs, inner)
@@ -184,9 +184,11 @@ def _elem(g: GraphBuilder) -> int:
     return ONNX_DTYPES[g.dtype]
 
 
-def _run_loop(g: GraphBuilder, b: GraphBuilder, nb: str, it: str, cond: str, ctx_b: str) -> str:
-    """Wrap body builder b (iteration ``it``, condition ``cond``, scan output ctx_b) in a Loop of nb
-    iterations; returns the stacked scan output (nb, ...)."""
+def _run_loop(g: GraphBuilder, b: GraphBuilder, nb: str, it: str, cond: str, ctx_b: str,
+              batch_of: str, tail: list[int]) -> str:
+    """Wrap body builder b (iteration ``it``, condition ``cond``, scan output ctx_b of shape
+    (B, *rest)) in a Loop of nb iterations; returns the stacked scan output (nb, B, *rest).
+    ``batch_of``: an outer value with B first; ``tail``: rest, with one -1."""
     cond_out = b.op("Identity", [cond], name="cond_out")
     body = helper.make_graph(
         b.nodes, g.name("blk_body"),
@@ -195,7 +197,15 @@ def _run_loop(g: GraphBuilder, b: GraphBuilder, nb: str, it: str, cond: str, ctx
         [helper.make_tensor_value_info(cond_out, TensorProto.BOOL, []),
          helper.make_tensor_value_info(ctx_b, _elem(g), None)],
         initializer=b.initializers)
-    return g.op("Loop", [nb, ""], body=body, name="blk_loop")
+    # An explicit true condition: onnx.reference's Loop runs no iteration when it is omitted.
+    true = g.const("blk_true", np.array(True), float_dtype=False)
+    stacked = g.op("Loop", [nb, true], body=body, name="blk_loop")  # (nb, B, *rest)
+    # ORT stacks scan outputs on a new axis, onnx.reference concatenates them on axis 0: both hold
+    # the same data in the same order, so one Reshape pins the layout for either.
+    batch = g.op("Shape", [batch_of], start=0, end=1, name="blk_batch")
+    shape = g.op("Concat", [_as_1d(g, nb, "blk_count_1d"), batch, g.ints("blk_tail", tail)],
+                 axis=0, name="blk_stacked_shape")
+    return g.op("Reshape", [stacked, shape], name="blk_stacked")  # (nb, B, *rest)
 
 
 def auto_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig,

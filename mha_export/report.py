@@ -1,7 +1,7 @@
 """Human-readable rendering of a CheckReport (the JSON form is CheckReport.to_dict)."""
 from __future__ import annotations
 
-from .check import CheckReport, ShapeResult
+from .parity import CheckReport, ShapeResult
 
 HEADER = ("runner", "B", "T", "max|d| eager", "max rel eager", "max|d| fp64", "tolerance",
           "result")

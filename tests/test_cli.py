@@ -56,7 +56,7 @@ def test_require_cuda_without_gpu_exits_1(tmp_path):
     out = tmp_path / "art"
     assert run("onnx", *SMALL, "-o", out, "--no-check").exit_code == 0
     r = run("check", out, "--require-cuda", "--seq-lens", "2")
-    from test_check import cuda_available
+    from test_parity import cuda_available
     assert r.exit_code == (0 if cuda_available(out / "model.onnx") else 1)
 
 

@@ -4,7 +4,7 @@ import torch
 from mha_export import MHAConfig, UsageError, build_module, convert
 from mha_export.model import causal_mask
 
-from textbook import CausalAttention, MultiHeadAttention, MultiHeadAttentionWrapper
+from mha_export.textbook import CausalAttention, MultiHeadAttention, MultiHeadAttentionWrapper
 
 LAYOUTS = ["single", "stacked", "split", "fused"]
 

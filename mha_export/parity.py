@@ -13,7 +13,7 @@ import onnx
 import torch
 
 from .artifact import read_artifact
-from .compare import Comparison, Tolerance, compare
+from .comparator import Comparison, Tolerance, compare
 from .errors import UsageError
 from .runners import EagerRunner, OrtRunner, RunnerUnavailable, TorchScriptRunner
 

@@ -1,5 +1,7 @@
-"""Reference implementations whose checkpoints mha-export must load unchanged: the widely used
-textbook attention classes (mask buffer + masked_fill + softmax) and GPT-2's Conv1D attention."""
+"""Reference implementations that users deploy today, used as baselines by `mha-export bench` and
+by the tests: the widely used textbook attention classes (mask buffer + masked_fill + softmax,
+whose checkpoints mha-export must load unchanged) and GPT-2's Conv1D attention."""
+
 import math
 
 import torch

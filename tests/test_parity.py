@@ -3,7 +3,7 @@ import shutil
 import pytest
 
 from mha_export import MHAConfig, check, export_onnx, export_torchscript
-from mha_export.check import default_seq_lens
+from mha_export.parity import default_seq_lens
 from mha_export.onnx_graph import CORES
 from mha_export.runners import OrtRunner, RunnerUnavailable
 
