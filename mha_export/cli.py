@@ -59,39 +59,47 @@ def _providers(ctx, param, value: str) -> list[str]:
     return names
 
 
-def model_options(fn: Callable) -> Callable:
-    opts = [
-        click.option("--heads", type=int, default=12, show_default=True, help="Attention heads."),
-        click.option("--dim", type=int, default=768, show_default=True, help="Output width."),
-        click.option("--d-in", type=int, default=None, help="Input width [default: dim]."),
-        click.option("--head-dim", type=int, default=None,
-                     help="Width of one head [default: dim/heads]."),
-        click.option("--qkv-bias/--no-qkv-bias", default=False, show_default=True,
-                     help="Biases on the q/k/v projections."),
-        click.option("--out-bias/--no-out-bias", default=True, show_default=True,
-                     help="Bias on the output projection (split/fused)."),
-        click.option("--dropout", type=float, default=0.0, show_default=True,
-                     help="Attention dropout (training only; exports run in eval mode)."),
-        click.option("--max-seq-len", type=int, default=1024, show_default=True,
-                     help="Context length; checked by default. Longer inputs also work."),
-        click.option("--causal/--no-causal", default=True, show_default=True),
-        click.option("--layout", type=click.Choice(LAYOUTS), default=None,
-                     help="Weight layout [default: the weights file's, else split]."),
-        click.option("--weights", type=click.Path(dir_okay=False), default=None,
-                     help="State dict (.pt/.pth/.bin) or .safetensors, any layout's keys."),
-        click.option("--layer", type=int, default=None,
-                     help="Which layer's attention in a full (GPT-2) checkpoint."),
-        click.option("--seed", type=int, default=0, show_default=True,
-                     help="Seed for random weights (without --weights)."),
-        click.option("-o", "--output", "output", type=click.Path(file_okay=False), default=None,
-                     help="Artifact folder [default: models/<layout>-h<heads>-d<dim>-<format>]."),
-        click.option("--force", is_flag=True, help="Replace an existing artifact folder."),
-        click.option("--check/--no-check", default=True, show_default=True,
-                     help="Run the parity check on the new artifact."),
-    ]
-    for opt in reversed(opts):
+def _apply(options: list, fn: Callable) -> Callable:
+    for opt in reversed(options):
         fn = opt(fn)
     return fn
+
+
+CONFIG_OPTIONS = [
+    click.option("--heads", type=int, default=12, show_default=True, help="Attention heads."),
+    click.option("--dim", type=int, default=768, show_default=True, help="Output width."),
+    click.option("--d-in", type=int, default=None, help="Input width [default: dim]."),
+    click.option("--head-dim", type=int, default=None,
+                 help="Width of one head [default: dim/heads]."),
+    click.option("--qkv-bias/--no-qkv-bias", default=False, show_default=True,
+                 help="Biases on the q/k/v projections."),
+    click.option("--out-bias/--no-out-bias", default=True, show_default=True,
+                 help="Bias on the output projection (split/fused)."),
+    click.option("--dropout", type=float, default=0.0, show_default=True,
+                 help="Attention dropout (training only; exports run in eval mode)."),
+    click.option("--max-seq-len", type=int, default=1024, show_default=True,
+                 help="Context length; checked by default. Longer inputs also work."),
+    click.option("--causal/--no-causal", default=True, show_default=True),
+    click.option("--layout", type=click.Choice(LAYOUTS), default=None,
+                 help="Weight layout [default: the weights file's, else split]."),
+    click.option("--weights", type=click.Path(dir_okay=False), default=None,
+                 help="State dict (.pt/.pth/.bin) or .safetensors, any layout's keys."),
+    click.option("--layer", type=int, default=None,
+                 help="Which layer's attention in a full (GPT-2) checkpoint."),
+    click.option("--seed", type=int, default=0, show_default=True,
+                 help="Seed for random weights (without --weights)."),
+]
+ARTIFACT_OPTIONS = [
+    click.option("-o", "--output", "output", type=click.Path(file_okay=False), default=None,
+                 help="Artifact folder [default: models/<layout>-h<heads>-d<dim>-<format>]."),
+    click.option("--force", is_flag=True, help="Replace an existing artifact folder."),
+    click.option("--check/--no-check", default=True, show_default=True,
+                 help="Run the parity check on the new artifact."),
+]
+
+
+def model_options(fn: Callable) -> Callable:
+    return _apply(CONFIG_OPTIONS + ARTIFACT_OPTIONS, fn)
 
 
 def _report_export(result) -> None:
@@ -184,6 +192,61 @@ def check(artifact: str, json_path: Optional[str], **kw) -> None:
     click.echo(format_table(report))
     if not report.passed:
         raise SystemExit(1)
+
+
+@cli.command()
+@click.argument("artifact", type=click.Path(), required=False)
+@lambda fn: _apply(CONFIG_OPTIONS, fn)
+@click.option("--seq-lens", callback=_int_list, default="128,512,2048,8192,16384",
+              show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--providers", default="cpu,cuda", show_default=True, callback=_providers)
+@click.option("--forms", default=",".join(ATTENTION_FORMS), show_default=True,
+              help="ONNX graph forms to measure.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Intra-op threads for torch and ONNX Runtime.")
+@click.option("--budget", type=click.FloatRange(min=0), default=2.0, show_default=True,
+              help="Seconds of timed runs per measurement (at least 3-5 runs).")
+@click.option("--mem-limit-gib", type=click.FloatRange(min=1), default=16.0, show_default=True,
+              help="Address-space cap per measurement process (over it: 'out of memory').")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="PNG: latency and memory vs T, log-log.")
+@_guard
+def bench(artifact: Optional[str], seq_lens: list[int], batch: int, providers: list[str],
+          forms: str, threads: int, budget: float, mem_limit_gib: float,
+          json_path: Optional[str], plot_path: Optional[str], **config_fields) -> None:
+    """Measure eager PyTorch (textbook and SDPA), TorchScript and every ONNX graph form side by
+    side, each measurement in its own process (peak RSS per variant).
+
+    \b
+    Examples:
+      mha-export bench --heads 12 --dim 768 --json bench.json --plot bench.png
+      mha-export bench models/split-h12-d768-onnx --seq-lens 128,2048 --forms fused,blocked
+    """
+    from .bench import format_table, plot, run_bench
+    from .export import resolve_config, source_module
+    chosen = [f.strip() for f in forms.split(",") if f.strip()]
+    unknown = [f for f in chosen if f not in ATTENTION_FORMS]
+    if unknown or not chosen:
+        raise UsageError(f"--forms: choose from {', '.join(ATTENTION_FORMS)}, got {forms!r}")
+    weights, layer, seed = (config_fields.pop(k) for k in ("weights", "layer", "seed"))
+    if artifact:
+        from .artifact import read_artifact
+        art = read_artifact(artifact)
+        config, module = art.config, art.load_source_module()
+    else:
+        config = resolve_config(None, weights, layer, config_fields)
+        module, _ = source_module(config, weights, layer, seed)
+    report = run_bench(config, seq_lens, batch, providers, chosen, threads, seed, mem_limit_gib,
+                       budget, progress=lambda line: click.echo(line, err=True),
+                       weights_module=module)
+    click.echo(format_table(report))
+    if json_path:
+        from .artifact import write_json_atomic
+        write_json_atomic(json_path, report.to_dict())
+    if plot_path:
+        plot(report, plot_path)
 
 
 def main() -> None:

@@ -1,0 +1,246 @@
+"""`mha-export bench`: every variant side by side in one run, each measurement in its own process.
+
+Variants: textbook eager (mask buffer + masked_fill + softmax), eager SDPA, TorchScript, ONNX
+Runtime CPU for every graph form (and CUDA variants where a GPU and CUDA provider are present).
+Per (variant, T): median latency, tokens/s, effective GFLOP/s, fraction of a GEMM ceiling
+measured in the same run, speed-up over eager SDPA, peak RSS.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from .config import MHAConfig
+
+WORKER = Path(__file__).with_name("bench_worker.py")
+BASELINE = "sdpa-eager"
+
+
+def effective_flops(c: MHAConfig, seq: int, batch: int) -> float:
+    """Projections 2*T*(d_in*3*inner + inner*dim) + attention 2*T^2*inner (causal half of 4);
+    for d_in = dim = inner = d that is 8*T*d^2 + 2*T^2*d."""
+    attn = (2 if c.causal else 4) * seq * seq * c.inner
+    return batch * (2 * seq * (c.d_in * 3 * c.inner + c.inner * c.dim) + attn)
+
+
+@dataclass
+class BenchRow:
+    variant: str
+    seq: int
+    batch: int
+    median_ms: Optional[float] = None
+    reps: int = 0
+    tokens_per_s: Optional[float] = None
+    gflops: Optional[float] = None
+    ceiling_fraction: Optional[float] = None
+    speedup_vs_sdpa: Optional[float] = None
+    peak_rss_mib: Optional[float] = None
+    error: str = ""
+
+
+@dataclass
+class BenchReport:
+    config: dict
+    threads: int
+    gemm_ceiling_gflops: Optional[float]
+    machine: dict
+    rows: list[BenchRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def machine_info() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from .export import versions
+    return {"cpu": cpu, "date": datetime.date.today().isoformat(), "versions": versions()}
+
+
+def run_worker(spec: dict, timeout_s: float = 900) -> dict:
+    try:
+        out = subprocess.run([sys.executable, str(WORKER), json.dumps(spec)],
+                             capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    if out.returncode < 0:
+        return {"error": f"killed by signal {-out.returncode} (out of memory?)"}
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        tail = out.stderr.strip().splitlines()
+        return {"error": tail[-1][:200] if tail else f"exit code {out.returncode}"}
+
+
+def cuda_status() -> tuple[bool, str]:
+    """(usable, reason): a GPU for torch and a CUDA provider that really loads."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return False, "no CUDA device visible to torch"
+    except Exception as e:  # pragma: no cover - torch always imports here
+        return False, str(e)
+    return True, ""
+
+
+def prepare_models(config: MHAConfig, forms: Sequence[str], folder: Path, seed: int,
+                   weights_module=None) -> dict[str, Path]:
+    """One model file per variant, all from the same weights."""
+    import torch
+    from . import onnx_graph
+    from .model import build_module
+    module = weights_module or build_module(config, seed=seed)
+    paths = {}
+    for form in forms:
+        model = onnx_graph.build_model(config, module.to_weights(), form,
+                                       onnx_graph.DEFAULT_OPSET[form])
+        path = folder / f"{form}.onnx"
+        path.write_bytes(model.SerializeToString())
+        paths[form] = path
+    ts = folder / "model.pt"
+    torch.jit.script(module).save(str(ts))
+    paths["torchscript"] = ts
+    return paths
+
+
+def variant_specs(config: MHAConfig, forms: Sequence[str], models: dict[str, Path],
+                  providers: Sequence[str], cuda_ok: bool) -> list[dict]:
+    c = config.to_dict()
+    specs = [{"variant": "textbook-eager", "config": c}, {"variant": BASELINE, "config": c},
+             {"variant": "torchscript", "config": c, "model": str(models["torchscript"])}]
+    for provider in providers:
+        if provider == "cuda" and not cuda_ok:
+            continue
+        specs += [{"variant": "ort", "name": f"ort-{provider}-{form}", "provider": provider,
+                   "config": c, "model": str(models[form])} for form in forms]
+    if "cuda" in providers and cuda_ok:
+        specs += [{"variant": "sdpa-eager", "name": f"torch-cuda-sdpa-{dt}", "config": c,
+                   "device": "cuda", "dtype": dt} for dt in ("float32", "float16")]
+    return specs
+
+
+def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192, 16384),
+              batch: int = 1, providers: Sequence[str] = ("cpu", "cuda"),
+              forms: Optional[Sequence[str]] = None, threads: int = 2, seed: int = 0,
+              mem_limit_gib: float = 16.0, budget_s: float = 2.0,
+              progress: Callable[[str], None] = lambda s: None, weights_module=None
+              ) -> BenchReport:
+    from . import onnx_graph
+    forms = list(forms or onnx_graph.CORES)
+    cuda_ok, cuda_reason = cuda_status() if "cuda" in providers else (False, "not requested")
+    gemm = run_worker({"variant": "gemm", "n": 4096, "threads": threads, "min_reps": 3,
+                       "budget_s": budget_s})
+    ceiling = 2 * 4096**3 / (gemm["median_ms"] / 1e3) / 1e9 if "median_ms" in gemm else None
+    progress(f"GEMM ceiling (ORT MatMul 4096^3 fp32, {threads} threads): "
+             + (f"{ceiling:.0f} GFLOP/s" if ceiling else gemm.get("error", "?")))
+    report = BenchReport(config.to_dict(), threads, ceiling, machine_info())
+    if "cuda" in providers and not cuda_ok:
+        report.notes.append(f"CUDA variants not run: {cuda_reason}")
+    with tempfile.TemporaryDirectory(prefix="mha-bench-") as tmp:
+        models = prepare_models(config, forms, Path(tmp), seed, weights_module)
+        specs = variant_specs(config, forms, models, providers, cuda_ok)
+        total, i = len(specs) * len(seq_lens), 0
+        for seq in seq_lens:
+            for spec in specs:
+                i += 1
+                name = spec.get("name", spec["variant"])
+                spec = {**spec, "batch": batch, "seq": seq, "threads": threads,
+                        "mem_limit_gib": mem_limit_gib, "budget_s": budget_s,
+                        "min_reps": 5 if seq <= 2048 else 3}
+                result = run_worker(spec)
+                row = _row(name, config, seq, batch, result, ceiling)
+                report.rows.append(row)
+                progress(f"[{i}/{total}] {name:24s} T={seq:<6d} " + (
+                    f"{row.median_ms:10.2f} ms  {row.peak_rss_mib:8.0f} MiB" if row.median_ms
+                    else f"ERROR: {row.error}"))
+    _speedups(report)
+    return report
+
+
+def _row(name: str, c: MHAConfig, seq: int, batch: int, result: dict,
+         ceiling: Optional[float]) -> BenchRow:
+    if "error" in result:
+        return BenchRow(name, seq, batch, error=result["error"])
+    s = result["median_ms"] / 1e3
+    gflops = effective_flops(c, seq, batch) / s / 1e9
+    return BenchRow(name, seq, batch, result["median_ms"], result["reps"], batch * seq / s, gflops,
+                    gflops / ceiling if ceiling else None, None, result["peak_rss_mib"])
+
+
+def _speedups(report: BenchReport) -> None:
+    base = {r.seq: r.median_ms for r in report.rows if r.variant == BASELINE and r.median_ms}
+    for r in report.rows:
+        if r.median_ms and r.seq in base:
+            r.speedup_vs_sdpa = base[r.seq] / r.median_ms
+
+
+def format_table(report: BenchReport) -> str:
+    head = ("variant", "T", "median ms", "tokens/s", "GFLOP/s", "% GEMM", "x SDPA", "peak MiB")
+    cells = {id(r): (r.variant, str(r.seq), f"{r.median_ms:.2f}", f"{r.tokens_per_s:,.0f}",
+                     f"{r.gflops:.0f}", _pct(r.ceiling_fraction), _times(r.speedup_vs_sdpa),
+                     f"{r.peak_rss_mib:,.0f}") for r in report.rows if not r.error}
+    widths = [max(len(row[i]) for row in [head, *cells.values()]) for i in range(len(head))]
+
+    def line(row: tuple) -> str:
+        return "  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in
+                         enumerate(zip(row, widths)))
+
+    lines = [line(head), "-" * sum(w + 2 for w in widths)]
+    for r in report.rows:
+        lines.append(line(cells[id(r)]) if not r.error else
+                     f"{r.variant.ljust(widths[0])}  {str(r.seq).rjust(widths[1])}  {r.error}")
+    m = report.machine
+    if report.gemm_ceiling_gflops:
+        lines.append(f"GEMM ceiling {report.gemm_ceiling_gflops:.0f} GFLOP/s (ONNX Runtime fp32 "
+                     f"MatMul 4096^3); {report.threads} threads; {m['cpu']}; {m['date']}")
+    return "\n".join(lines + report.notes)
+
+
+def _pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def _times(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def plot(report: BenchReport, path: str | Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.8))
+    variants = list(dict.fromkeys(r.variant for r in report.rows))
+    for v in variants:
+        rows = [r for r in report.rows if r.variant == v and r.median_ms]
+        if rows:
+            ax_t.plot([r.seq for r in rows], [r.median_ms for r in rows], "o-", label=v)
+            ax_m.plot([r.seq for r in rows], [r.peak_rss_mib / 1024 for r in rows], "o-", label=v)
+    c = report.config
+    for ax, label in ((ax_t, "median latency (ms)"), (ax_m, "peak RSS (GiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length T")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.legend(fontsize=8)
+    fig.suptitle(f"causal MHA {c['heads']}x{c['dim']}, batch {report.rows[0].batch if report.rows else 1}"
+                 f", {report.threads} threads, {report.machine['cpu']} ({report.machine['date']})",
+                 fontsize=9)
+    fig.tight_layout()
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    tmp.replace(path)

@@ -1,0 +1,141 @@
+"""One benchmark measurement in its own process, so that peak RSS belongs to one variant.
+
+Run as a script (``python bench_worker.py '<json spec>'``): it imports only what its variant
+needs (an ONNX Runtime variant never imports torch). Prints one JSON line:
+{"median_ms", "reps", "peak_rss_mib", "base_rss_mib"} or {"error"}.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from typing import Callable
+
+
+def rss_mib(field: str) -> float:
+    """VmHWM (peak) or VmRSS (current) of this process, in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def time_it(fn: Callable[[], object], min_reps: int, budget_s: float) -> tuple[float, int]:
+    """Median wall time (ms) after one warm-up, at least min_reps runs or until budget_s."""
+    fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < min_reps or (time.perf_counter() - start < budget_s and len(times) < 200):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times), len(times)
+
+
+def torch_variant(spec: dict) -> Callable[[], object]:
+    import torch
+    from mha_export.config import MHAConfig
+    from mha_export.model import build_module
+    from mha_export.textbook import MultiHeadAttention
+    torch.set_num_threads(spec["threads"])
+    c = MHAConfig.from_dict(spec["config"])
+    device = spec.get("device", "cpu")
+    dtype = {"float32": torch.float32, "float16": torch.float16}[spec.get("dtype", "float32")]
+    b, t = spec["batch"], spec["seq"]
+    if spec["variant"] == "textbook-eager":  # mask buffer sized to the context (here T)
+        module = MultiHeadAttention(c.d_in, c.dim, t, 0.0, c.heads, c.qkv_bias).eval()
+    elif spec["variant"] == "torchscript":
+        module = torch.jit.load(spec["model"], map_location=device)
+    else:
+        module = build_module(c, seed=0)
+    module = module.to(device, dtype)
+    x = torch.randn(b, t, c.d_in, device=device, dtype=dtype)
+
+    def run() -> object:
+        with torch.inference_mode():
+            y = module(x)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return y
+
+    return run
+
+
+def ort_variant(spec: dict) -> Callable[[], object]:
+    import numpy as np
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = spec["threads"]
+    opts.log_severity_level = 3
+    provider = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}[spec["provider"]]
+    session = ort.InferenceSession(spec["model"], opts, providers=[provider])
+    if session.get_providers()[0] != provider:
+        raise RuntimeError(f"{provider} did not load (session uses {session.get_providers()[0]})")
+    inp = session.get_inputs()[0]
+    dtype = np.float16 if inp.type == "tensor(float16)" else np.float32
+    shape = (spec["batch"], spec["seq"], spec["config"]["d_in"])
+    x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    return lambda: session.run(None, {inp.name: x})
+
+
+def gemm_variant(spec: dict) -> Callable[[], object]:
+    """A large fp32 MatMul through ONNX Runtime: the machine's GEMM ceiling for this run."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+    n = spec["n"]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [n, n]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [n, n])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [n, n])])
+    opsets = [helper.make_opsetid("", 17)]
+    model = helper.make_model(graph, opset_imports=opsets,
+                              ir_version=helper.find_min_ir_version_for(opsets))
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = spec["threads"]
+    session = ort.InferenceSession(model.SerializeToString(), opts,
+                                   providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {k: rng.standard_normal((n, n)).astype(np.float32) for k in "ab"}
+    return lambda: session.run(None, feeds)
+
+
+def measure(spec: dict) -> dict:
+    kind = spec["variant"]
+    make = gemm_variant if kind == "gemm" else ort_variant if kind == "ort" else torch_variant
+    fn = make(spec)
+    base = rss_mib("VmRSS")
+    median, reps = time_it(fn, spec.get("min_reps", 5), spec.get("budget_s", 2.0))
+    return {"median_ms": median, "reps": reps, "peak_rss_mib": rss_mib("VmHWM"),
+            "base_rss_mib": base}
+
+
+def limit_memory(gib: float | None) -> None:
+    """Cap the address space so an oversized variant fails with an allocation error in its own
+    row instead of waking the kernel's OOM killer."""
+    if gib:
+        import resource
+        limit = int(gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    limit_memory(spec.get("mem_limit_gib"))
+    try:
+        result = measure(spec)
+    except MemoryError:
+        result = {"error": "out of memory"}
+    except Exception as e:  # reported in the variant's row, never a crash of the whole run
+        msg = str(e).strip().splitlines()
+        text = msg[0][:200] if msg else type(e).__name__
+        result = {"error": "out of memory" if "alloc" in text.lower() else text}
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

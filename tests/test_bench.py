@@ -1,0 +1,48 @@
+"""The benchmark's plumbing (speed itself is measured by `mha-export bench`, never asserted)."""
+import json
+
+from click.testing import CliRunner
+
+from mha_export import MHAConfig
+from mha_export.bench import effective_flops, run_bench
+from mha_export.cli import cli
+
+
+def test_flop_count_matches_the_documented_formula():
+    c, t, d = MHAConfig(dim=768, heads=12), 2048, 768
+    assert effective_flops(c, t, 1) == 8 * t * d * d + 2 * t * t * d
+
+
+def test_every_variant_measured_side_by_side():
+    report = run_bench(MHAConfig(dim=32, heads=2), seq_lens=[8], providers=["cpu"], budget_s=0.01)
+    names = [r.variant for r in report.rows]
+    assert names[:3] == ["textbook-eager", "sdpa-eager", "torchscript"]
+    assert any(n.startswith("ort-cpu-") for n in names)
+    for r in report.rows:
+        assert r.error == "" and r.median_ms > 0 and r.peak_rss_mib > 0 and r.speedup_vs_sdpa > 0
+    assert report.gemm_ceiling_gflops > 0
+
+
+def test_a_failing_variant_is_a_row_not_a_crash():
+    """Under a 1.5 GiB cap the textbook's (4, 8192, 8192) score matrix cannot be allocated; SDPA,
+    linear in T, still runs: the failure is reported in its own row."""
+    report = run_bench(MHAConfig(dim=64, heads=4), seq_lens=[8192], providers=["cpu"],
+                       forms=["decomposed"], budget_s=0.01, mem_limit_gib=1.5)
+    rows = {r.variant: r for r in report.rows}
+    assert "out of memory" in rows["textbook-eager"].error
+    assert rows["sdpa-eager"].error == "" and rows["sdpa-eager"].median_ms > 0
+
+
+def test_cli_writes_json_and_plot(tmp_path):
+    r = CliRunner().invoke(cli, ["bench", "--heads", "2", "--dim", "32", "--seq-lens", "4,16",
+                                 "--forms", "decomposed", "--budget", "0.01", "--providers", "cpu",
+                                 "--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png")])
+    assert r.exit_code == 0, r.output
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert {row["seq"] for row in data["rows"]} == {4, 16}
+    assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_rejects_unknown_form():
+    r = CliRunner().invoke(cli, ["bench", "--forms", "flash"])
+    assert r.exit_code == 2 and "--forms" in r.stderr
