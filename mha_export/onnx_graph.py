@@ -25,14 +25,16 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from .config import MHAConfig
+from .errors import UsageError
 from .model import AttentionWeights
 
 INPUT, OUTPUT = "x", "y"
 DYNAMIC_AXES = {INPUT: {0: "batch", 1: "seq"}, OUTPUT: {0: "batch", 1: "seq"}}
 # Highest opset ONNX Runtime 1.31 loads (27+ is refused); lowest each form can be written in.
 MAX_OPSET = 26
-MIN_OPSET = {"decomposed": 17, "fused": 23}
-DEFAULT_OPSET = {"decomposed": 17, "fused": 23}
+MIN_OPSET = {"decomposed": 17, "fused": 23, "contrib-mha": 17, "contrib-gqa": 17}
+DEFAULT_OPSET = {"decomposed": 17, "fused": 23, "contrib-mha": 17, "contrib-gqa": 17}
+CONTRIB = "com.microsoft"
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
 
@@ -122,16 +124,45 @@ def fused_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig) -> str:
                 q_num_heads=c.heads, kv_num_heads=c.heads, scale=1.0 / math.sqrt(c.head_dim))
 
 
+def contrib_mha_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig) -> str:
+    """ONNX Runtime's com.microsoft.MultiHeadAttention (unidirectional = causal), 3-D inputs."""
+    return g.op("MultiHeadAttention", [q, k, v], name="attention", domain=CONTRIB,
+                num_heads=c.heads, unidirectional=int(c.causal), scale=1.0 / math.sqrt(c.head_dim))
+
+
+def contrib_gqa_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig) -> str:
+    """ONNX Runtime's com.microsoft.GroupQueryAttention (always causal) with kv heads = heads;
+    its seqlens_k (B,) = T-1 and total_sequence_length = T come from the runtime shape."""
+    t = g.op("Cast", [g.op("Shape", [q], start=1, end=2, name="seq_len")], to=TensorProto.INT32,
+             name="seq_len_i32")  # (1,)
+    total = g.op("Squeeze", [t, g.ints("axis0", [0])], name="total_len")  # ()
+    last = g.op("Sub", [t, g.const("one_i32", np.array([1], np.int32), float_dtype=False)],
+                name="last_pos")  # (1,)
+    seqlens = g.op("Expand", [last, g.op("Shape", [q], start=0, end=1, name="batch")],
+                   name="seqlens_k")  # (B,)
+    return g.op("GroupQueryAttention", [q, k, v, "", "", seqlens, total], name="attention",
+                domain=CONTRIB, num_heads=c.heads, kv_num_heads=c.heads,
+                scale=1.0 / math.sqrt(c.head_dim))
+
+
 CORES: dict[str, Callable[[GraphBuilder, str, str, str, MHAConfig], str]] = {
     "decomposed": decomposed_core,
     "fused": fused_core,
+    "contrib-mha": contrib_mha_core,
+    "contrib-gqa": contrib_gqa_core,
 }
+CONTRIB_FORMS = ("contrib-mha", "contrib-gqa")  # ONNX Runtime only (not standard ONNX)
 
 
 def build_model(config: MHAConfig, w: AttentionWeights, form: str, opset: int,
                 dtype: str = "float32", metadata: dict[str, str] | None = None) -> onnx.ModelProto:
     g = GraphBuilder(dtype=dtype)
     c = config
+    if form == "contrib-gqa" and not c.causal:
+        raise UsageError("attention form 'contrib-gqa' is always causal: use another form")
+    if form == "contrib-gqa" and c.head_dim % 8:
+        raise UsageError(f"attention form 'contrib-gqa' needs head_dim % 8 == 0 (ONNX Runtime's "
+                         f"kernel), got {c.head_dim}")
     qkv = g.linear(INPUT, "qkv", torch.cat([w.wq, w.wk, w.wv]),
                    None if w.bq is None else torch.cat([w.bq, w.bk, w.bv]))  # (B, T, 3*inner)
     q, k, v = g.op("Split", [qkv, g.ints("qkv_split", [c.inner] * 3)], n_out=3, axis=2,
@@ -147,7 +178,10 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: str, opset: int,
         [helper.make_tensor_value_info(OUTPUT, elem, ["batch", "seq", c.dim])],
         initializer=g.initializers)
     opsets = [helper.make_opsetid("", opset)]
+    ir_version = helper.find_min_ir_version_for(opsets)
+    if form in CONTRIB_FORMS:
+        opsets.append(helper.make_opsetid(CONTRIB, 1))
     model = helper.make_model(graph, opset_imports=opsets, producer_name="mha-export",
-                              ir_version=helper.find_min_ir_version_for(opsets))
+                              ir_version=ir_version)
     helper.set_model_props(model, metadata or {})
     return model

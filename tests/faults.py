@@ -11,6 +11,10 @@ import torch
 from onnx import numpy_helper
 
 
+class NotApplicable(Exception):
+    """The fault cannot be expressed in this graph form."""
+
+
 def _edit(path: Path, fn) -> None:
     model = onnx.load(str(path))
     fn(model)
@@ -63,6 +67,10 @@ def remove_causal_mask(path: Path) -> None:
     def fn(m):
         for node in _nodes(m, "Attention"):
             _attr(node, "is_causal", 0)
+        for node in _nodes(m, "MultiHeadAttention"):
+            _attr(node, "unidirectional", 0)
+        if _nodes(m, "GroupQueryAttention"):
+            raise NotApplicable("GroupQueryAttention is causal by construction")
         for where in _nodes(m, "Where"):  # feed the unmasked scores straight on
             for n in all_nodes(m.graph):
                 n.input[:] = [where.input[2] if i == where.output[0] else i for i in n.input]
@@ -84,7 +92,8 @@ def permute_heads(path: Path, heads: int) -> None:
 def wrong_scale(path: Path, head_dim: int) -> None:
     """1/head_dim instead of 1/sqrt(head_dim)."""
     def fn(m):
-        attention = _nodes(m, "Attention")
+        attention = [n for n in all_nodes(m.graph)
+                     if any(a.name == "scale" for a in n.attribute)]
         for node in attention:
             _attr(node, "scale", 1.0 / head_dim)
         if attention:

@@ -53,7 +53,10 @@ def test_good_artifact_passes_default_sweep(onnx_artifact):
 @pytest.mark.parametrize("fault", sorted(faults.ONNX_FAULTS))
 def test_planted_fault_is_caught(fresh_copy, fault):
     assert check(fresh_copy, **SWEEP).passed  # the copy passes before the fault ...
-    faults.ONNX_FAULTS[fault](fresh_copy / "model.onnx", CFG)
+    try:
+        faults.ONNX_FAULTS[fault](fresh_copy / "model.onnx", CFG)
+    except faults.NotApplicable as e:
+        pytest.skip(str(e))
     report = check(fresh_copy, **SWEEP)
     assert not report.passed  # ... and fails after it
     failed = [r for r in report.results if not r.passed]
