@@ -21,8 +21,8 @@ Two bodies (``use_attention_op``):
 - False (opset 17+): MatMul / Add / Softmax / MatMul on (B, nh, len, hs) tensors transposed once
   outside the loop.
 
-``auto_core`` (opset 23+) wraps the single fused ``Attention`` node and the blocked loop in an ``If`` on
-the runtime T: the fused node for T < threshold, the loop above.
+``auto_core`` (opset 23+) wraps the single fused ``Attention`` node and the blocked loop in an
+``If`` on the runtime T: the fused node for T < threshold, the loop above.
 """
 from __future__ import annotations
 
@@ -35,17 +35,20 @@ from onnx import TensorProto, helper
 from .config import MHAConfig
 from .onnx_graph import ONNX_DTYPES, GraphBuilder, finite_lowest, fused_core
 
-# Lowest opset of each body (the plain body's Pad/Slice/Squeeze-with-axes-input/Softmax-13 are all <= 17).
+# Lowest opset of each body (the plain body's Pad, Slice, Squeeze with axes input, Softmax-13: 17).
 MIN_OPSET_ATTENTION_OP = 23
 MIN_OPSET_PLAIN = 17
-# auto_core: below this many tokens one fused Attention node is faster than the loop (measured, see
-# benchmarks/blocked_sweep.py); at and above it the blocked loop wins and keeps memory linear.
-AUTO_THRESHOLD = 1024
+# auto_core: below this many tokens one fused Attention node is as fast or faster (its (h, T, T)
+# scores are small); from 512 up the loop measured faster (benchmarks/blocked_sweep.py, 2-core
+# Xeon, noisy: T=128 fused 3.8-4.2 ms vs loop 3.9-4.3; T=300 9.1 vs 10.6; T=512 23.0 vs 18.9;
+# T=2048 176 vs 91-98).
+AUTO_THRESHOLD = 512
+BLOCK = 256
 
 
 @dataclass
 class _Sub(GraphBuilder):
-    """GraphBuilder for a subgraph: every name carries a prefix, so none clashes with the outer scope."""
+    """GraphBuilder for a subgraph: every name carries a prefix, so none shadows the outer scope."""
 
     prefix: str = "sub/"
 
@@ -63,7 +66,8 @@ def _scalar_dim(g: GraphBuilder, x: str, axis: int, name: str) -> str:
 
 def _ceil_div(g: GraphBuilder, a: str, b: str, name: str) -> str:
     """int64 scalars: ceil(a / b) for a, b > 0."""
-    num = g.op("Sub", [g.op("Add", [a, b], name=f"{name}_sum"), g.ints("one", 1)], name=f"{name}_num")
+    num = g.op("Sub", [g.op("Add", [a, b], name=f"{name}_sum"), g.ints("one", 1)],
+               name=f"{name}_num")
     return g.op("Div", [num, b], name=name)  # integer Div truncates; operands are positive
 
 
@@ -94,7 +98,7 @@ def _block_bias(b: GraphBuilder, diag: str, start: str, t: str) -> str:
 
 # --- the core ---------------------------------------------------------------------------------
 
-def blocked_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig, block: int = 256,
+def blocked_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig, block: int = BLOCK,
                  use_attention_op: bool = True) -> str:
     """(B, T, inner) q, k, v -> (B, T, inner) causal context, one Loop iteration per query block.
 
@@ -139,8 +143,10 @@ def blocked_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig, block: i
         v4 = g.op("Transpose", [g.op("Reshape", [v, heads4], name="blk_v_heads")],  # (B, T, nh, hs)
                   perm=[0, 2, 1, 3], name="blk_v_bhtd")  # (B, nh, T, hs)
         ctx_b = _plain_body(b, q4, k4, v4, start_1d, qend_1d, kend, bias)  # (B, nh, bs, hs)
-        ctx = _run_loop(g, b, nb, it, cond, ctx_b, q, [c.heads, -1, c.head_dim])  # (nb, B, nh, bs, hs)
-        ctx = g.op("Transpose", [ctx], perm=[1, 0, 3, 2, 4], name="blk_ctx_bnsh")  # (B, nb, bs, nh, hs)
+        ctx = _run_loop(g, b, nb, it, cond, ctx_b, q,
+                        [c.heads, -1, c.head_dim])  # (nb, B, nh, bs, hs)
+        ctx = g.op("Transpose", [ctx], perm=[1, 0, 3, 2, 4],
+                   name="blk_ctx_bnsh")  # (B, nb, bs, nh, hs)
     ctx = g.op("Reshape", [ctx, g.ints("blk_merged_shape", [0, -1, c.inner])],
                name="blk_ctx_padded")  # (B, nb*bs, inner)
     return g.op("Slice", [ctx, g.ints("blk_zero_1d", [0]), _as_1d(g, t, "blk_seq_len_1d"),
@@ -170,9 +176,12 @@ def _plain_body(b: GraphBuilder, q: str, k: str, v: str, start_1d: str, qend_1d:
                 kend_1d: str, bias: str | None) -> str:
     """MatMul/Add/Softmax/MatMul: q (B, nh, bs, hs), k^T (B, nh, hs, end) -> (B, nh, bs, hs)."""
     zero = b.ints("zero_1d_k", [0])
-    qb = b.op("Slice", [q, start_1d, qend_1d, b.ints("axes2_1d", [2])], name="q_block")  # (B, nh, bs, hs)
-    kb = b.op("Slice", [k, zero, kend_1d, b.ints("axes3_1d", [3])], name="k_prefix")  # (B, nh, hs, end)
-    vb = b.op("Slice", [v, zero, kend_1d, b.ints("axes2_1d_", [2])], name="v_prefix")  # (B, nh, end, hs)
+    qb = b.op("Slice", [q, start_1d, qend_1d, b.ints("axes2_1d", [2])],
+              name="q_block")  # (B, nh, bs, hs)
+    kb = b.op("Slice", [k, zero, kend_1d, b.ints("axes3_1d", [3])],
+              name="k_prefix")  # (B, nh, hs, end)
+    vb = b.op("Slice", [v, zero, kend_1d, b.ints("axes2_1d_", [2])],
+              name="v_prefix")  # (B, nh, end, hs)
     scores = b.op("MatMul", [qb, kb], name="scores")  # (B, nh, bs, end)
     if bias is not None:
         scores = b.op("Add", [scores, bias], name="masked_scores")  # (B, nh, bs, end)
@@ -209,7 +218,7 @@ def _run_loop(g: GraphBuilder, b: GraphBuilder, nb: str, it: str, cond: str, ctx
 
 
 def auto_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig,
-              threshold: int = AUTO_THRESHOLD, block: int = 256) -> str:
+              threshold: int = AUTO_THRESHOLD, block: int = BLOCK) -> str:
     """Opset 23+: ``If`` on the runtime T: one fused Attention node for T < threshold (fastest at
     short T, memory O(h*T^2) is small there), the blocked loop for T >= threshold."""
     t = _scalar_dim(g, q, 1, "auto_seq_len")  # ()
@@ -222,4 +231,5 @@ def auto_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig,
         branches.append(helper.make_graph(
             s.nodes, g.name(f"auto_{tag}"), [],
             [helper.make_tensor_value_info(out, _elem(g), None)], initializer=s.initializers))
-    return g.op("If", [short], then_branch=branches[0], else_branch=branches[1], name="auto_attention")
+    return g.op("If", [short], then_branch=branches[0], else_branch=branches[1],
+                name="auto_attention")  # (B, T, inner)

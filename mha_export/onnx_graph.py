@@ -15,6 +15,7 @@ The input ``x`` and output ``y`` have symbolic dims ``batch`` and ``seq``.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -32,8 +33,6 @@ INPUT, OUTPUT = "x", "y"
 DYNAMIC_AXES = {INPUT: {0: "batch", 1: "seq"}, OUTPUT: {0: "batch", 1: "seq"}}
 # Highest opset ONNX Runtime 1.31 loads (27+ is refused); lowest each form can be written in.
 MAX_OPSET = 26
-MIN_OPSET = {"decomposed": 17, "fused": 23, "contrib-mha": 17, "contrib-gqa": 17}
-DEFAULT_OPSET = {"decomposed": 17, "fused": 23, "contrib-mha": 17, "contrib-gqa": 17}
 CONTRIB = "com.microsoft"
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
@@ -145,13 +144,30 @@ def contrib_gqa_core(g: GraphBuilder, q: str, k: str, v: str, c: MHAConfig) -> s
                 scale=1.0 / math.sqrt(c.head_dim))
 
 
-CORES: dict[str, Callable[[GraphBuilder, str, str, str, MHAConfig], str]] = {
+CONTRIB_FORMS = ("contrib-mha", "contrib-gqa")  # ONNX Runtime only (not standard ONNX)
+
+
+# --- the registry of graph forms -------------------------------------------------------------
+# The blocked cores live in their own module, which builds on GraphBuilder and fused_core above.
+from .onnx_blocked import AUTO_THRESHOLD, BLOCK, auto_core, blocked_core  # noqa: E402
+
+Core = Callable[[GraphBuilder, str, str, str, MHAConfig], str]
+CORES: dict[str, Core] = {
+    "auto": auto_core,  # If on T: fused node below AUTO_THRESHOLD, blocked loop above
     "decomposed": decomposed_core,
     "fused": fused_core,
+    "blocked": blocked_core,  # Attention node per query block (opset 23)
+    "blocked-plain": functools.partial(blocked_core, use_attention_op=False),  # opset 17
     "contrib-mha": contrib_mha_core,
     "contrib-gqa": contrib_gqa_core,
 }
-CONTRIB_FORMS = ("contrib-mha", "contrib-gqa")  # ONNX Runtime only (not standard ONNX)
+MIN_OPSET = {"auto": 23, "decomposed": 17, "fused": 23, "blocked": 23, "blocked-plain": 17,
+             "contrib-mha": 17, "contrib-gqa": 17}
+DEFAULT_OPSET = dict(MIN_OPSET)
+# Lengths where a form switches code path: the parity sweep covers both sides of each.
+_BLOCK_EDGES = [BLOCK, BLOCK + 1, 2 * BLOCK + 1]
+SWITCH_SEQ_LENS = {"auto": [AUTO_THRESHOLD - 1, AUTO_THRESHOLD] + [AUTO_THRESHOLD + e for e in _BLOCK_EDGES],
+                   "blocked": _BLOCK_EDGES, "blocked-plain": _BLOCK_EDGES}
 
 
 def build_model(config: MHAConfig, w: AttentionWeights, form: str, opset: int,

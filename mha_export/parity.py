@@ -34,11 +34,14 @@ def default_tolerance(runner: str, model_dtype: str, tf32: bool) -> Tolerance:
     return FP32_CPU
 
 
-def default_seq_lens(max_seq_len: int) -> list[int]:
+def default_seq_lens(max_seq_len: int, form: str = "") -> list[int]:
     """T=1, lengths never used at export (there is no example input), T=max_seq_len and one past
-    it (longer inputs are supported: the mask comes from the runtime length)."""
+    it (longer inputs are supported: the mask comes from the runtime length), and both sides of
+    every length where the graph form switches code path (auto's threshold, block edges)."""
+    from .onnx_graph import SWITCH_SEQ_LENS
     m = max_seq_len
-    return sorted({t for t in (1, 2, 7, 64, 100, 257, m - 1, m, m + 1) if 1 <= t <= m + 1})
+    base = {t for t in (1, 2, 7, 64, 100, 257, m - 1, m, m + 1) if 1 <= t <= m + 1}
+    return sorted(base | set(SWITCH_SEQ_LENS.get(form, [])))
 
 
 @dataclass
@@ -126,7 +129,8 @@ def check(artifact_dir: str | Path, providers: Sequence[str] = PROVIDERS,
     if require_cuda and "cuda" not in providers:
         providers = [*providers, "cuda"]
     config = artifact.config
-    seq_lens = list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len)
+    form = artifact.meta["export"].get("attention", "")
+    seq_lens = list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len, form)
     report = CheckReport(str(artifact_dir), seed, list(batch_sizes), seq_lens,
                          versions=artifact.meta.get("versions", {}))
     skipped: list[RunnerInfo] = []

@@ -51,7 +51,8 @@ def test_no_baked_mask_or_sequence_sized_constant(form):
     model = build_model(c, build_module(c, seed=0).to_weights(), form, MIN_OPSET[form])
     for t in model.graph.initializer:
         assert 96 not in t.dims, t.name
-        assert t.data_type != onnx.TensorProto.BOOL, t.name
+        if not t.name.endswith((".weight", ".bias")):  # only the weights are larger than a few values
+            assert np.prod(t.dims) <= 8, t.name
 
 
 @pytest.mark.parametrize("form", FORMS)

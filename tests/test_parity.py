@@ -10,7 +10,7 @@ from mha_export.runners import OrtRunner, RunnerUnavailable
 import faults
 
 CFG = MHAConfig(dim=64, heads=4, max_seq_len=32)
-SWEEP = dict(seq_lens=[1, 5, 32], batch_sizes=[1, 2], providers=["cpu"])
+SWEEP = dict(seq_lens=[1, 5, 32, 513], batch_sizes=[1, 2], providers=["cpu"])  # 513: auto's loop
 
 
 def cuda_available(path) -> bool:
@@ -37,6 +37,8 @@ def fresh_copy(onnx_artifact, tmp_path):
 def test_default_sweep_covers_one_max_and_beyond():
     assert default_seq_lens(1024) == [1, 2, 7, 64, 100, 257, 1023, 1024, 1025]
     assert default_seq_lens(4) == [1, 2, 3, 4, 5]
+    assert {511, 512, 768, 769} <= set(default_seq_lens(32, "auto"))  # both branches of the If
+    assert {256, 257} <= set(default_seq_lens(32, "blocked"))
 
 
 def test_good_artifact_passes_default_sweep(onnx_artifact):
