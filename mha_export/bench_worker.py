@@ -131,9 +131,10 @@ def main() -> None:
     except MemoryError:
         result = {"error": "out of memory"}
     except Exception as e:  # reported in the variant's row, never a crash of the whole run
-        msg = str(e).strip().splitlines()
-        text = msg[0][:200] if msg else type(e).__name__
-        result = {"error": "out of memory" if "alloc" in text.lower() else text}
+        text = str(e).strip() or type(e).__name__
+        oom = any(w in text.lower() for w in ("alloc", "bfc_arena", "out of memory"))
+        result = {"error": f"out of memory ({text.splitlines()[0][:80]})" if oom
+                  else text.splitlines()[0][:200]}
     print(json.dumps(result), flush=True)
 
 

@@ -125,10 +125,11 @@ def cli() -> None:
 
 @cli.command()
 @model_options
-@click.option("--attention", type=click.Choice(ATTENTION_FORMS), default="decomposed",
+@click.option("--attention", type=click.Choice(ATTENTION_FORMS), default="auto",
               show_default=True, help="Graph form of the attention core.")
 @click.option("--opset", type=int, default=None,
-              help="ONNX opset (decomposed: 17-26, default 17; fused: 23-26, default 23).")
+              help="Exact ONNX opset, up to 26 [default: the form's lowest: 17 for decomposed, "
+                   "blocked-plain and contrib-*, 23 for auto, fused, blocked].")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @_guard
 def onnx(**kw) -> None:

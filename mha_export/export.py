@@ -117,7 +117,7 @@ def _publish(config: MHAConfig, fmt: str, output: str | Path | None, force: bool
 
 def export_onnx(config: Optional[MHAConfig] = None, output: str | Path | None = None, *,
                 weights: str | Path | None = None, layer: Optional[int] = None, seed: int = 0,
-                attention: str = "decomposed", opset: Optional[int] = None,
+                attention: str = "auto", opset: Optional[int] = None,
                 dtype: str = "float32", force: bool = False, check: bool = True,
                 check_options: Optional[dict] = None, **config_fields) -> ExportResult:
     """Write DIR/model.onnx (+ config.json, weights.safetensors, parity.json).

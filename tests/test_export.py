@@ -20,7 +20,8 @@ def test_onnx_artifact_is_self_describing(tmp_path):
     assert meta["config"] == CFG.to_dict()
     assert meta["io"]["inputs"] == [{"name": "x", "shape": ["batch", "seq", 64]}]
     assert meta["io"]["outputs"] == [{"name": "y", "shape": ["batch", "seq", 64]}]
-    assert meta["export"]["opset"] == 17 and meta["export"]["external_data"] is False
+    assert meta["export"]["opset"] == 23 and meta["export"]["attention"] == "auto"
+    assert meta["export"]["external_data"] is False
     assert {"torch", "onnx", "python"} <= set(meta["versions"])
     model = onnx.load(str(result.path / "model.onnx"))
     props = {p.key: p.value for p in model.metadata_props}
@@ -83,7 +84,8 @@ def test_external_data_beyond_protobuf_limit(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kw, msg", [
-    (dict(opset=16), "opset 16 cannot be produced"),
+    (dict(opset=22), "opset 22 cannot be produced"),
+    (dict(attention="decomposed", opset=16), "opset 16 cannot be produced"),
     (dict(opset=27), "opset 27 cannot be produced"),
     (dict(attention="fused", opset=22), "supported: 23-"),
     (dict(attention="flash"), "unknown attention form"),
