@@ -100,7 +100,10 @@ def staged_folder(dest: Path, force: bool) -> Iterator[Path]:
 
     On any exception the staging folder is removed and dest is left as it was."""
     prepare_destination(dest, force)
-    stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    except OSError as e:
+        raise UsageError(f"cannot create artifact folder {dest}: {e.strerror}") from None
     os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes 0700; publish with normal permissions
     try:
         yield stage

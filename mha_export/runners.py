@@ -88,7 +88,6 @@ class OrtRunner:
         self.name = f"ort-{provider}"
         wanted = ORT_PROVIDERS[provider]
         opts = ort.SessionOptions()
-        opts.log_severity_level = 3
         if threads:
             opts.intra_op_num_threads = threads
         providers: list = [wanted]
@@ -101,7 +100,7 @@ class OrtRunner:
             if provider == "cuda" and hasattr(ort, "preload_dlls"):
                 with contextlib.suppress(Exception):
                     ort.preload_dlls()
-            opts.log_severity_level = 3 if provider == "cpu" else 1
+            opts.log_severity_level = 3 if provider == "cpu" else 1  # cuda: keep the load error
             try:
                 self.session = ort.InferenceSession(str(path), opts, providers=providers)
             except Exception as e:
