@@ -42,6 +42,7 @@ class BenchRow:
     ceiling_fraction: Optional[float] = None
     speedup_vs_sdpa: Optional[float] = None
     peak_rss_mib: Optional[float] = None
+    peak_device_mib: Optional[float] = None  # torch CUDA variants only
     error: str = ""
 
 
@@ -178,7 +179,8 @@ def _row(name: str, c: MHAConfig, seq: int, batch: int, result: dict,
     s = result["median_ms"] / 1e3
     gflops = effective_flops(c, seq, batch) / s / 1e9
     return BenchRow(name, seq, batch, result["median_ms"], result["reps"], batch * seq / s, gflops,
-                    gflops / ceiling if ceiling else None, None, result["peak_rss_mib"])
+                    gflops / ceiling if ceiling else None, None, result["peak_rss_mib"],
+                    result.get("peak_device_mib"))
 
 
 def _speedups(report: BenchReport) -> None:

@@ -110,8 +110,12 @@ def measure(spec: dict) -> dict:
     fn = make(spec)
     base = rss_mib("VmRSS")
     median, reps = time_it(fn, spec.get("min_reps", 5), spec.get("budget_s", 2.0))
-    return {"median_ms": median, "reps": reps, "peak_rss_mib": rss_mib("VmHWM"),
-            "base_rss_mib": base}
+    result = {"median_ms": median, "reps": reps, "peak_rss_mib": rss_mib("VmHWM"),
+              "base_rss_mib": base}
+    if spec.get("device") == "cuda":  # torch's own count; ORT CUDA's arena is not visible here
+        import torch
+        result["peak_device_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return result
 
 
 def limit_memory(gib: float | None) -> None:

@@ -15,6 +15,7 @@ import torch
 from .artifact import read_artifact
 from .comparator import Comparison, Tolerance, compare
 from .errors import UsageError
+from .export import versions
 from .runners import EagerRunner, OrtRunner, RunnerUnavailable, TorchScriptRunner
 
 # Default per-runner tolerances, applied to both comparisons (vs eager fp32 and vs fp64).
@@ -49,6 +50,7 @@ class RunnerInfo:
     name: str
     status: str  # "ran" | "skipped" | "failed"
     device: str = ""
+    providers: list[str] = field(default_factory=list)  # what the ORT session really uses
     reason: str = ""
     tolerance: Optional[Tolerance] = None
 
@@ -73,7 +75,8 @@ class CheckReport:
     seq_lens: list[int]
     runners: list[RunnerInfo] = field(default_factory=list)
     results: list[ShapeResult] = field(default_factory=list)
-    versions: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)  # of this check's environment
+    export_versions: dict = field(default_factory=dict)  # recorded in the artifact at export
 
     @property
     def passed(self) -> bool:
@@ -132,7 +135,7 @@ def check(artifact_dir: str | Path, providers: Sequence[str] = PROVIDERS,
     form = artifact.meta["export"].get("attention", "")
     seq_lens = list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len, form)
     report = CheckReport(str(artifact_dir), seed, list(batch_sizes), seq_lens,
-                         versions=artifact.meta.get("versions", {}))
+                         versions=versions(), export_versions=artifact.meta.get("versions", {}))
     skipped: list[RunnerInfo] = []
     runners = _make_runners(artifact, providers, tf32, require_cuda, skipped)
     reference = EagerRunner(runners[0].module, torch.float64)
@@ -142,7 +145,8 @@ def check(artifact_dir: str | Path, providers: Sequence[str] = PROVIDERS,
         default = default_tolerance(r.name, model_dtype, tf32)
         tolerances[r.name] = Tolerance(default.atol if atol is None else atol,
                                        default.rtol if rtol is None else rtol)
-        report.runners.append(RunnerInfo(r.name, "ran", r.device, tolerance=tolerances[r.name]))
+        report.runners.append(RunnerInfo(r.name, "ran", r.device, getattr(r, "providers", []),
+                                         tolerance=tolerances[r.name]))
     report.runners.extend(skipped)
 
     for b in batch_sizes:
