@@ -128,6 +128,10 @@ def variant_specs(config: MHAConfig, forms: Sequence[str], models: dict[str, Pat
             continue
         specs += [{"variant": "ort", "name": f"ort-{provider}-{form}", "provider": provider,
                    "config": c, "model": str(models[form])} for form in forms]
+        if "auto" in forms:  # ORT's memory-pattern planner over-reserves around the block loop
+            specs.append({"variant": "ort", "name": f"ort-{provider}-auto-nomempattern",
+                          "provider": provider, "config": c, "model": str(models["auto"]),
+                          "mem_pattern": False})
     if "cuda" in providers and cuda_ok:
         specs += [{"variant": "sdpa-eager", "name": f"torch-cuda-sdpa-{dt}", "config": c,
                    "device": "cuda", "dtype": dt} for dt in ("float32", "float16")]

@@ -69,6 +69,7 @@ def ort_variant(spec: dict) -> Callable[[], object]:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = spec["threads"]
     opts.log_severity_level = 3
+    opts.enable_mem_pattern = spec.get("mem_pattern", True)
     provider = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}[spec["provider"]]
     session = ort.InferenceSession(spec["model"], opts, providers=[provider])
     if session.get_providers()[0] != provider:
