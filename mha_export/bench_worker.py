@@ -22,8 +22,8 @@ def rss_mib(field: str) -> float:
     return float("nan")
 
 
-def time_it(fn: Callable[[], object], min_reps: int, budget_s: float) -> tuple[float, int]:
-    """Median wall time (ms) after one warm-up, at least min_reps runs or until budget_s."""
+def time_it(fn: Callable[[], object], min_reps: int, budget_s: float) -> tuple[list[float], int]:
+    """Wall times (ms) after one warm-up: at least min_reps runs, more until budget_s."""
     fn()
     times: list[float] = []
     start = time.perf_counter()
@@ -31,7 +31,7 @@ def time_it(fn: Callable[[], object], min_reps: int, budget_s: float) -> tuple[f
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), len(times)
+    return times, len(times)
 
 
 def torch_variant(spec: dict) -> Callable[[], object]:
@@ -110,9 +110,9 @@ def measure(spec: dict) -> dict:
     make = gemm_variant if kind == "gemm" else ort_variant if kind == "ort" else torch_variant
     fn = make(spec)
     base = rss_mib("VmRSS")
-    median, reps = time_it(fn, spec.get("min_reps", 5), spec.get("budget_s", 2.0))
-    result = {"median_ms": median, "reps": reps, "peak_rss_mib": rss_mib("VmHWM"),
-              "base_rss_mib": base}
+    times, reps = time_it(fn, spec.get("min_reps", 5), spec.get("budget_s", 2.0))
+    result = {"median_ms": statistics.median(times), "min_ms": min(times), "reps": reps,
+              "peak_rss_mib": rss_mib("VmHWM"), "base_rss_mib": base}
     if spec.get("device") == "cuda":  # torch's own count; ORT CUDA's arena is not visible here
         import torch
         result["peak_device_mib"] = torch.cuda.max_memory_allocated() / 2**20

@@ -129,22 +129,21 @@ def export_onnx(config: Optional[MHAConfig] = None, output: str | Path | None = 
         raise UsageError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     module, source = source_module(config, weights, layer, seed)
     export = {"file": MODEL_FILES["onnx"], "opset": opset, "attention": attention, "dtype": dtype}
-    meta = _describe(config, "onnx", export, source)
     props = {"mha_export.config": json.dumps(config.to_dict()),
              "mha_export.export": json.dumps(export),
              "mha_export.dynamic_axes": json.dumps(onnx_graph.DYNAMIC_AXES)}
     model = onnx_graph.build_model(config, module.to_weights(), attention, opset, dtype, props)
+    external = sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_LIMIT
+    meta = _describe(config, "onnx", {**export, "external_data": external}, source)
 
     def write_model(path: Path) -> None:
-        external = sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_LIMIT
-        if external:
+        if external:  # beyond protobuf's 2 GB: weights in model.onnx.data beside it
             onnx.save_model(model, str(path), save_as_external_data=True,
                             all_tensors_to_one_file=True, location=path.name + ".data")
             onnx.checker.check_model(str(path), full_check=True)
         else:
             onnx.checker.check_model(model, full_check=True)
             onnx.save_model(model, str(path))
-        export["external_data"] = external  # meta["export"] is this dict; written next
 
     return _publish(config, "onnx", output, force, module, meta, write_model, check,
                     check_options)
