@@ -98,6 +98,10 @@ ARTIFACT_OPTIONS = [
 ]
 
 
+def config_options(fn: Callable) -> Callable:
+    return _apply(CONFIG_OPTIONS, fn)
+
+
 def model_options(fn: Callable) -> Callable:
     return _apply(CONFIG_OPTIONS + ARTIFACT_OPTIONS, fn)
 
@@ -197,7 +201,7 @@ def check(artifact: str, json_path: Optional[str], **kw) -> None:
 
 @cli.command()
 @click.argument("artifact", type=click.Path(), required=False)
-@lambda fn: _apply(CONFIG_OPTIONS, fn)
+@config_options
 @click.option("--seq-lens", callback=_int_list, default="128,512,2048,8192,16384",
               show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)

@@ -1,0 +1,26 @@
+"""The README's promises about set-up: two commands first, and CI runs exactly the test one."""
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def first_code_block() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"```\w*\n(.*?)```", text, re.S).group(1)
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_readme_starts_with_exactly_two_commands():
+    assert first_code_block() == ["make demo", "make test"]
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    ci = [l for l in (ROOT / ".ci" / "run").read_text().splitlines()
+          if l.strip() and not l.lstrip().startswith("#")]
+    assert ci[-1].strip() == first_code_block()[1]
+
+
+def test_torch_is_pinned_by_the_constraints_both_commands_use():
+    assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text().splitlines()
+    assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
