@@ -145,8 +145,13 @@ def check(artifact_dir: str | Path, providers: Sequence[str] = PROVIDERS,
         default = default_tolerance(r.name, model_dtype, tf32)
         tolerances[r.name] = Tolerance(default.atol if atol is None else atol,
                                        default.rtol if rtol is None else rtol)
-        report.runners.append(RunnerInfo(r.name, "ran", r.device, getattr(r, "providers", []),
-                                         tolerance=tolerances[r.name]))
+        info = RunnerInfo(r.name, "ran", r.device, getattr(r, "providers", []),
+                          tolerance=tolerances[r.name])
+        if cpu_nodes := getattr(r, "cpu_compute_nodes", []):
+            info.status = "failed" if require_cuda else "ran"
+            info.reason = (f"{len(cpu_nodes)} compute nodes ran on the CPU provider, not CUDA: "
+                           + ", ".join(cpu_nodes[:5]))
+        report.runners.append(info)
     report.runners.extend(skipped)
 
     for b in batch_sizes:

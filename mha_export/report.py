@@ -32,7 +32,8 @@ def format_table(report: CheckReport) -> str:
     lines.append("")
     for info in report.runners:
         if info.status == "ran":
-            lines.append(f"{info.name:12s} ran on {info.device}")
+            note = f" (WARNING: {info.reason})" if info.reason else ""
+            lines.append(f"{info.name:12s} ran on {info.device}{note}")
         else:
             lines.append(f"{info.name:12s} {info.status.upper()}: {info.reason}")
     if not report.tested:

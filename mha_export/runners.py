@@ -73,6 +73,28 @@ def native_stderr() -> Iterator[dict]:
             out["text"] = printed.getvalue() + buf.read().decode(errors="replace")
 
 
+COMPUTE_OPS = {"MatMul", "Gemm", "Softmax", "Attention", "MultiHeadAttention",
+               "GroupQueryAttention"}
+_PLACED = re.compile(r"(All nodes|Node\(s\)) placed on \[(\w+)\]\. Number of nodes: (\d+)")
+
+
+def node_placements(log: str) -> dict[str, list[str]]:
+    """{provider: ["OpType (node name)", ...]} from ONNX Runtime's verbose 'Node placements' log
+    (one block per graph and subgraph). 'All nodes placed on [X]' lists no names."""
+    placed: dict[str, list[str]] = {}
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        m = _PLACED.search(line)
+        if not m:
+            continue
+        names = placed.setdefault(m.group(2), [])
+        if m.group(1) == "All nodes":
+            continue
+        for follow in lines[i + 1: i + 1 + int(m.group(3))]:
+            names.append(follow.split("]", 1)[-1].strip())
+    return placed
+
+
 def _load_failure(log: str) -> str:
     """The useful part of ORT's provider-load error line, e.g. 'libcublasLt.so.13: cannot open'."""
     m = re.search(r"with error: ([^\n]+)", log) or re.search(r"(Failed to load[^\n]+)", log)
@@ -100,7 +122,8 @@ class OrtRunner:
             if provider == "cuda" and hasattr(ort, "preload_dlls"):
                 with contextlib.suppress(Exception):
                     ort.preload_dlls()
-            opts.log_severity_level = 3 if provider == "cpu" else 1  # cuda: keep the load error
+            # cuda: verbose, to read the load error and where each node was placed
+            opts.log_severity_level = 3 if provider == "cpu" else 0
             try:
                 self.session = ort.InferenceSession(str(path), opts, providers=providers)
             except Exception as e:
@@ -114,6 +137,11 @@ class OrtRunner:
                                     f"to {used[0]}, which is not reported as a {provider} result")
         self.providers = used
         self.device = f"{provider} ({used[0]})"
+        # Nodes that do the arithmetic but were placed on the CPU provider: a CUDA session that
+        # runs its MatMuls on the CPU is not a clean CUDA result (reported, fatal with --require-cuda).
+        self.cpu_compute_nodes = [] if provider == "cpu" else [
+            n for n in node_placements(log["text"]).get(ORT_PROVIDERS["cpu"], [])
+            if n.split(" ", 1)[0] in COMPUTE_OPS]
         inp = self.session.get_inputs()[0]
         self.input_name = inp.name
         self.input_dtype = np.float16 if inp.type == "tensor(float16)" else np.float32
