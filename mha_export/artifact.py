@@ -35,14 +35,6 @@ class Artifact:
     def config(self) -> MHAConfig:
         return MHAConfig.from_dict(self.meta["config"])
 
-    @property
-    def format(self) -> str:
-        return self.meta["format"]
-
-    @property
-    def model_path(self) -> Path:
-        return self.path / self.meta["export"]["file"]
-
     def file(self, fmt: str) -> Path | None:
         """The model file of format fmt if this folder holds one."""
         p = self.path / MODEL_FILES[fmt]

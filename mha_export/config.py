@@ -59,10 +59,6 @@ class MHAConfig:
         """Width of the concatenated heads: heads * head_dim."""
         return self.heads * self.head_dim
 
-    @property
-    def has_out_proj(self) -> bool:
-        return self.layout in ("split", "fused")
-
     def replace(self, **changes: Any) -> "MHAConfig":
         return dataclasses.replace(self, **changes)
 

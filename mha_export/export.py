@@ -78,7 +78,7 @@ def resolve_opset(form: str, opset: Optional[int]) -> int:
     if form not in onnx_graph.CORES:
         raise UsageError(f"unknown attention form {form!r}: choose one of {', '.join(ATTENTION_FORMS)}")
     if opset is None:
-        return onnx_graph.DEFAULT_OPSET[form]
+        return onnx_graph.MIN_OPSET[form]  # default: the form's lowest
     lo, hi = onnx_graph.MIN_OPSET[form], onnx_graph.MAX_OPSET
     if not lo <= opset <= hi:
         raise UsageError(f"opset {opset} cannot be produced for attention form {form!r} "

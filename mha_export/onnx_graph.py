@@ -163,7 +163,6 @@ CORES: dict[str, Core] = {
 }
 MIN_OPSET = {"auto": 23, "decomposed": 17, "fused": 23, "blocked": 23, "blocked-plain": 17,
              "contrib-mha": 17, "contrib-gqa": 17}
-DEFAULT_OPSET = dict(MIN_OPSET)
 # Lengths where a form switches code path: the parity sweep covers both sides of each.
 _BLOCK_EDGES = [BLOCK, BLOCK + 1, 2 * BLOCK + 1]
 SWITCH_SEQ_LENS = {"auto": [AUTO_THRESHOLD - 1, AUTO_THRESHOLD] + [AUTO_THRESHOLD + e for e in _BLOCK_EDGES],
