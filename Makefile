@@ -46,7 +46,7 @@ cpp-bundle: cpp
 	cp -L $(CPP_BUILD)/mha_ort $(CPP_BUILD)/ort/lib/libonnxruntime.so.1 $(CPP_BUILD)/ort/lib/libonnxruntime_providers_shared.so $(CPP_BUNDLE)/
 	if [ "$(BUNDLE_CUDA)" = 1 ]; then cp -L $(CPP_BUILD)/ort/lib/libonnxruntime_providers_cuda.so $(CPP_BUNDLE)/; fi
 	$(PYTHON) -c "import numpy as np; from mha_export import export_onnx, MHAConfig; \
-	    r = export_onnx(MHAConfig(dim=64, heads=4, max_seq_len=64), '$(CPP_BUNDLE)/.sample', check=False); \
+	    r = export_onnx(MHAConfig(dim=64, heads=4, max_seq_len=64), '$(CPP_BUNDLE)/.sample', validate=False); \
 	    np.save('$(CPP_BUNDLE)/x.npy', np.random.default_rng(0).standard_normal((2, 16, 64), dtype=np.float32))"
 	mv $(CPP_BUNDLE)/.sample/model.onnx $(CPP_BUNDLE)/model.onnx && rm -rf $(CPP_BUNDLE)/.sample
 	printf '%s\n' '#!/bin/sh' \

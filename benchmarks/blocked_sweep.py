@@ -116,10 +116,12 @@ def worker(variant: str, t: int, model_path: str | None) -> None:
 
 def build_models(variants: list[str], folder: str) -> dict[str, str]:
     sys.path.insert(0, ROOT)
-    from mha_export import onnx_graph
+    import dataclasses
+
     from mha_export.config import MHAConfig
+    from mha_export.forms import FORMS
     from mha_export.model import build_module
-    from mha_export.onnx_blocked import auto_core, blocked_core
+    from mha_export.onnx_model import build_model
 
     c = MHAConfig(dim=DIM, heads=HEADS)
     w = build_module(c, seed=0).to_weights()
@@ -128,14 +130,15 @@ def build_models(variants: list[str], folder: str) -> dict[str, str]:
         if v == "sdpa":
             continue
         kwargs, opset = VARIANTS[v]
-        if kwargs == "auto":
-            onnx_graph.CORES[v] = auto_core
-        elif kwargs is not None:
-            onnx_graph.CORES[v] = functools.partial(blocked_core, **kwargs)
-        form = "fused" if kwargs is None else v
+        if kwargs in (None, "auto"):
+            form = FORMS["attention-op" if kwargs is None else "auto"]
+        else:  # the blocked form with another block size / body
+            base = FORMS["blocked"]
+            form = dataclasses.replace(base, core=functools.partial(base.core, **kwargs),
+                                       min_opset=opset)
         paths[v] = os.path.join(folder, f"{v}.onnx")
         with open(paths[v], "wb") as f:
-            f.write(onnx_graph.build_model(c, w, form, opset).SerializeToString())
+            f.write(build_model(c, w, form, opset).SerializeToString())
     return paths
 
 

@@ -1,6 +1,7 @@
 """mha-export: causal multi-head attention -> TorchScript / ONNX, with a parity check that can fail.
 
-    config -> model -> export -> runners -> compare -> check / report
+    config -> model -> export (signature, forms, onnx_model) -> runners -> sweep/compare
+    -> parity (check_parity) -> report
 
 Names are imported lazily, so that `mha_export.model` alone does not pull in ONNX Runtime (the
 benchmark measures each variant's memory in its own process).
@@ -12,7 +13,8 @@ _EXPORTS = {
     "build_module": "model", "convert": "model", "AttentionWeights": "model",
     "load_module": "weights",
     "export_onnx": "export", "export_torchscript": "export", "ExportResult": "export",
-    "check": "parity", "CheckReport": "parity",
+    "check_parity": "parity", "CheckReport": "parity",
+    "make_signature": "signature", "Signature": "signature", "FORMS": "forms",
     "compare": "comparator", "Comparison": "comparator", "Tolerance": "comparator",
 }
 __all__ = sorted(_EXPORTS)

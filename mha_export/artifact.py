@@ -19,11 +19,13 @@ from typing import Any, Iterator
 from .config import MHAConfig
 from .errors import UsageError
 from .model import AttentionBase, build_module
+from .signature import Signature, signature_from_meta
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
 REPORT_FILE = "parity.json"
 MODEL_FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
+KIND_SUFFIX = {"full": "", "masked": "-masked", "kv-cache": "-kv"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,15 @@ class Artifact:
     @property
     def config(self) -> MHAConfig:
         return MHAConfig.from_dict(self.meta["config"])
+
+    @property
+    def signature(self) -> Signature:
+        """The named inputs/outputs the artifact declares (config.json 'io')."""
+        return signature_from_meta(self.config, self.meta)
+
+    @property
+    def export(self) -> dict[str, Any]:
+        return self.meta["export"]
 
     def file(self, fmt: str) -> Path | None:
         """The model file of format fmt if this folder holds one."""
@@ -57,7 +68,7 @@ def read_artifact(path: str | Path) -> Artifact:
         raise UsageError(f"{path} is not an mha-export artifact (no {CONFIG_FILE})")
     try:
         meta = json.loads(cfg.read_text())
-        MHAConfig.from_dict(meta["config"])
+        signature_from_meta(MHAConfig.from_dict(meta["config"]), meta)
         model_file = meta["export"]["file"]
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{cfg}: corrupt artifact config ({e.__class__.__name__}: {e})") from None
@@ -67,8 +78,10 @@ def read_artifact(path: str | Path) -> Artifact:
     return Artifact(path, meta)
 
 
-def default_folder(config: MHAConfig, fmt: str, root: str | Path = "models") -> Path:
-    return Path(root) / f"{config.slug()}-{fmt}"
+def default_folder(config: MHAConfig, fmt: str, kind: str = "full",
+                   root: str | Path = "models") -> Path:
+    """models/split-h12-d768-onnx, models/split-h12-d768-kv-onnx (decode-step model), ..."""
+    return Path(root) / f"{config.slug()}{KIND_SUFFIX[kind]}-{fmt}"
 
 
 def prepare_destination(dest: Path, force: bool) -> None:

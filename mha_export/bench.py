@@ -7,9 +7,7 @@ measured in the same run, speed-up over eager SDPA, peak RSS.
 """
 from __future__ import annotations
 
-import datetime
 import json
-import platform
 import subprocess
 import sys
 import tempfile
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from .config import MHAConfig
+from .env import machine_info
 
 WORKER = Path(__file__).with_name("bench_worker.py")
 BASELINE = "sdpa-eager"
@@ -59,19 +58,6 @@ class BenchReport:
         return asdict(self)
 
 
-def machine_info() -> dict:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    from .export import versions
-    return {"cpu": cpu, "date": datetime.date.today().isoformat(), "versions": versions()}
-
-
 def run_worker(spec: dict, timeout_s: float = 900) -> dict:
     try:
         out = subprocess.run([sys.executable, str(WORKER), json.dumps(spec)],
@@ -100,13 +86,13 @@ def prepare_models(config: MHAConfig, forms: Sequence[str], folder: Path, seed: 
                    weights_module=None) -> dict[str, Path]:
     """One model file per variant, all from the same weights."""
     import torch
-    from . import onnx_graph
+    from .forms import get_form
     from .model import build_module
+    from .onnx_model import build_model
     module = weights_module or build_module(config, seed=seed)
     paths = {}
     for form in forms:
-        model = onnx_graph.build_model(config, module.to_weights(), form,
-                                       onnx_graph.MIN_OPSET[form])
+        model = build_model(config, module.to_weights(), get_form(form))
         path = folder / f"{form}.onnx"
         path.write_bytes(model.SerializeToString())
         paths[form] = path
@@ -142,8 +128,8 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
               mem_limit_gib: float = 16.0, budget_s: float = 2.0,
               progress: Callable[[str], None] = lambda s: None, weights_module=None
               ) -> BenchReport:
-    from . import onnx_graph
-    forms = list(forms or onnx_graph.CORES)
+    from .forms import FORMS
+    forms = list(forms or FORMS)
     cuda_ok, cuda_reason = cuda_status() if "cuda" in providers else (False, "not requested")
     ceiling = gemm_ceiling(threads, budget_s, progress)
     report = BenchReport(config.to_dict(), threads, ceiling, machine_info())

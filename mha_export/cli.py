@@ -5,16 +5,20 @@ Exit codes: 0 success, 1 parity failure, 2 bad input (one line on stderr, no tra
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
+import sys
 import warnings
 from typing import Callable, Optional
 
 import click
 
-from .parity import PROVIDERS, check as run_check
 from .config import LAYOUTS
 from .errors import UsageError
-from .export import ATTENTION_FORMS, DTYPES, export_onnx, export_torchscript
+from .export import ATTENTION_FORMS, export_onnx, export_torchscript
+from .forms import ALIASES, DEFAULT
+from .onnx_model import DTYPES
+from .parity import PROVIDERS, check_parity
 
 
 class BadInput(click.ClickException):
@@ -29,6 +33,8 @@ def _guard(fn: Callable) -> Callable:
         if not verbose:
             warnings.filterwarnings("ignore")
             logging.getLogger("torch").setLevel(logging.ERROR)
+        if "verbose" in inspect.signature(fn).parameters:  # check prints every row with -v
+            kwargs["verbose"] = verbose
         try:
             return fn(*args, **kwargs)
         except UsageError as e:
@@ -36,18 +42,19 @@ def _guard(fn: Callable) -> Callable:
         except OSError as e:
             raise BadInput(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
 
-    return click.option("-v", "--verbose", is_flag=True, help="Show library warnings.")(wrapper)
+    return click.option("-v", "--verbose", is_flag=True,
+                        help="Show library warnings (check: and every sweep row).")(wrapper)
 
 
-def _int_list(ctx, param, value: Optional[str]) -> Optional[list[int]]:
+def _int_list(ctx, param, value: Optional[str], lowest: int = 1) -> Optional[list[int]]:
     if value is None:
         return None
     try:
         values = [int(v) for v in value.split(",") if v.strip()]
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
-    if not values or min(values) <= 0:
-        raise click.BadParameter(f"expected positive integers, got {value!r}")
+    if not values or min(values) < lowest:
+        raise click.BadParameter(f"expected integers >= {lowest}, got {value!r}")
     return values
 
 
@@ -93,8 +100,13 @@ ARTIFACT_OPTIONS = [
     click.option("-o", "--output", "output", type=click.Path(file_okay=False), default=None,
                  help="Artifact folder [default: models/<layout>-h<heads>-d<dim>-<format>]."),
     click.option("--force", is_flag=True, help="Replace an existing artifact folder."),
-    click.option("--check/--no-check", default=True, show_default=True,
+    click.option("--check/--no-check", "validate", default=True, show_default=True,
                  help="Run the parity check on the new artifact."),
+    click.option("--kv-cache", is_flag=True,
+                 help="Decode-step model: x, attention_mask, past_key, past_value -> y, "
+                      "present_key, present_value."),
+    click.option("--attention-mask", is_flag=True,
+                 help="Full-sequence model with a padding mask: x, attention_mask -> y."),
 ]
 
 
@@ -109,10 +121,23 @@ def model_options(fn: Callable) -> Callable:
 def _report_export(result) -> None:
     click.echo(f"wrote {result.path}/ ({', '.join(sorted(p.name for p in result.path.iterdir()))})")
     if result.report is not None:
-        from .report import format_table
-        click.echo(format_table(result.report))
+        from .report import format_report
+        click.echo(format_report(result.report))
         if not result.passed:
             raise SystemExit(1)
+
+
+def _progress(i: int, n: int, label: str) -> None:
+    """Sweep progress on stderr, only when it is a terminal."""
+    if sys.stderr.isatty():
+        click.echo(f"\r\033[K[{i}/{n}] {label}" if i < n else "\r\033[K", err=True, nl=False)
+
+
+def _attention_form(ctx, param, value: str) -> str:
+    if value in ALIASES:
+        click.echo(f"note: --attention {value} is now spelled {ALIASES[value]} (the old name "
+                   "is accepted until 0.3)", err=True)
+    return ALIASES.get(value, value)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -129,19 +154,22 @@ def cli() -> None:
 
 @cli.command()
 @model_options
-@click.option("--attention", type=click.Choice(ATTENTION_FORMS), default="auto",
-              show_default=True, help="Graph form of the attention core.")
+@click.option("--attention", type=click.Choice(ATTENTION_FORMS + tuple(ALIASES)), default=DEFAULT,
+              show_default=True, callback=_attention_form,
+              help="Graph form of the attention core (README: ONNX graph forms).")
 @click.option("--opset", type=int, default=None,
               help="Exact ONNX opset, up to 26 [default: the form's lowest: 17 for decomposed, "
-                   "blocked-plain and contrib-*, 23 for auto, fused, blocked].")
+                   "blocked-plain and contrib-*, 23 for auto, attention-op, blocked].")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @_guard
 def onnx(**kw) -> None:
-    """Export to ONNX: model.onnx with inputs x [batch, seq, d_in] -> y [batch, seq, dim].
+    """Export to ONNX: model.onnx with inputs x [batch, seq, d_in] -> y [batch, seq, dim]
+    (--kv-cache, --attention-mask: more named inputs/outputs, see README).
 
     \b
     Examples:
       mha-export onnx --heads 12 --dim 768
+      mha-export onnx --heads 12 --dim 768 --kv-cache      # -> models/split-h12-d768-kv-onnx/
       mha-export onnx --heads 12 --dim 768 --weights gpt2.safetensors --layer 3 -o out/gpt2-l3
       mha-export onnx --heads 8 --dim 512 --head-dim 80 --qkv-bias --opset 20 --no-check
     """
@@ -172,6 +200,9 @@ def torchscript(**kw) -> None:
 @click.option("--seq-lens", callback=_int_list, default=None,
               help="Comma-separated T values [default: 1,2,7,64,100,257,max-1,max,max+1].")
 @click.option("--batch-sizes", callback=_int_list, default="1,3", show_default=True)
+@click.option("--past-lens", callback=functools.partial(_int_list, lowest=0), default=None,
+              help="Cache lengths for --kv-cache models [default: 0,1,5,max-1]. 0 is allowed.",
+              )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the report as JSON.")
@@ -180,7 +211,7 @@ def torchscript(**kw) -> None:
 @click.option("--tf32/--no-tf32", default=True, show_default=True,
               help="Allow TF32 on ORT CUDA; --no-tf32 checks CUDA with the strict fp32 tolerance.")
 @_guard
-def check(artifact: str, json_path: Optional[str], **kw) -> None:
+def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
     """Check an artifact folder against eager PyTorch rebuilt from its config and source weights.
 
     \b
@@ -189,12 +220,12 @@ def check(artifact: str, json_path: Optional[str], **kw) -> None:
       mha-export check out/gpt2-l3 --providers cpu --seq-lens 1,5,300 --json parity.json
       mha-export check out/gpt2-l3 --require-cuda --no-tf32
     """
-    from .report import format_table
-    report = run_check(artifact, **kw)
+    from .report import format_report
+    report = check_parity(artifact, progress=_progress, **kw)
     if json_path:
         from .artifact import write_json_atomic
         write_json_atomic(json_path, report.to_dict())
-    click.echo(format_table(report))
+    click.echo(format_report(report, verbose))
     if not report.passed:
         raise SystemExit(1)
 

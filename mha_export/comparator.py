@@ -1,11 +1,14 @@
 """Compare one output against an expected one: a small result object, elementwise tolerances.
 
 An element passes when |actual - expected| <= atol + rtol * |expected| (numpy.allclose's rule).
-Any NaN or Inf in the output is a failure, never a pass.
+Any NaN or Inf in the output is a failure, never a pass. ``rel`` is the error relative to the
+output's scale: max |actual - expected| / max |expected| (an element-by-element ratio explodes
+where expected is near zero, and says nothing a person can act on).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -14,6 +17,12 @@ import numpy as np
 class Tolerance:
     atol: float
     rtol: float
+
+    def __post_init__(self) -> None:
+        for name, v in (("atol", self.atol), ("rtol", self.rtol)):
+            if not (v >= 0 and np.isfinite(v)):
+                from .errors import UsageError
+                raise UsageError(f"{name} must be a finite number >= 0, got {v}")
 
     def __str__(self) -> str:
         return f"atol {self.atol:g}, rtol {self.rtol:g}"
@@ -25,7 +34,7 @@ class Comparison:
     max_abs: float
     mean_abs: float
     p99_abs: float
-    max_rel: float
+    rel: float  # max_abs / max |expected|: the error relative to the output's scale
     nonfinite: int  # NaN/Inf count in the output
     worst_index: tuple  # index of the element furthest outside tolerance
     reason: str = ""
@@ -34,27 +43,35 @@ class Comparison:
         return asdict(self)
 
 
-def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance) -> Comparison:
+def _failed(reason: str, nonfinite: int = 0) -> Comparison:
+    nan = float("nan")
+    return Comparison(False, nan, nan, nan, nan, nonfinite, (), reason)
+
+
+def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
+            valid: Optional[np.ndarray] = None) -> Comparison:
+    """``valid``: a boolean mask broadcastable to the output; only those elements are compared
+    (e.g. the real tokens of a padded batch). Every element must be finite regardless."""
     actual = np.asarray(actual)
     expected = np.asarray(expected, dtype=np.float64)
     if actual.shape != expected.shape:
-        return Comparison(False, float("inf"), float("inf"), float("inf"), float("inf"), 0, (),
-                          f"shape {list(actual.shape)} != expected {list(expected.shape)}")
+        return _failed(f"shape {list(actual.shape)} != expected {list(expected.shape)}")
     a = actual.astype(np.float64)
     nonfinite = int(a.size - np.isfinite(a).sum())
     if nonfinite or not np.isfinite(expected).all():
         where = "output" if nonfinite else "expected output"
-        return Comparison(False, float("nan"), float("nan"), float("nan"), float("nan"), nonfinite,
-                          (), f"non-finite values (NaN/Inf) in the {where}")
-    if a.size == 0:
+        return _failed(f"non-finite values (NaN/Inf) in the {where}", nonfinite)
+    keep = np.ones(a.shape, bool) if valid is None else np.broadcast_to(valid, a.shape)
+    if not keep.any():
         return Comparison(True, 0.0, 0.0, 0.0, 0.0, 0, ())
-    err = np.abs(a - expected)
-    excess = err - (tol.atol + tol.rtol * np.abs(expected))
-    worst = np.unravel_index(int(np.argmax(excess)), err.shape)
-    rel = err / np.maximum(np.abs(expected), np.finfo(np.float32).tiny)
+    err = np.where(keep, np.abs(a - expected), 0.0)
+    excess = np.where(keep, err - (tol.atol + tol.rtol * np.abs(expected)), -np.inf)
+    worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(excess)), err.shape))
+    kept = err[keep]
+    scale = float(np.abs(expected[keep]).max())
     passed = bool(excess.max() <= 0)
-    reason = "" if passed else (f"{int((excess > 0).sum())} of {err.size} elements outside "
-                                f"{tol}; worst at {tuple(int(i) for i in worst)}")
-    return Comparison(passed, float(err.max()), float(err.mean()),
-                      float(np.quantile(err, 0.99)), float(rel.max()), 0,
-                      tuple(int(i) for i in worst), reason)
+    reason = "" if passed else (f"{int((excess > 0).sum())} of {kept.size} elements outside "
+                                f"{tol}; worst at {worst}")
+    return Comparison(passed, float(kept.max()), float(kept.mean()),
+                      float(np.quantile(kept, 0.99)), float(kept.max()) / max(scale, 1e-30), 0,
+                      worst, reason)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,17 @@ class MHAConfig:
     def inner(self) -> int:
         """Width of the concatenated heads: heads * head_dim."""
         return self.heads * self.head_dim
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads (the cache's second axis); equal to heads until grouped-query
+        attention lands."""
+        return self.heads
+
+    @property
+    def scale(self) -> float:
+        """Softmax scale 1/sqrt(head_dim): written once, read by every implementation."""
+        return 1.0 / math.sqrt(self.head_dim)
 
     def replace(self, **changes: Any) -> "MHAConfig":
         return dataclasses.replace(self, **changes)

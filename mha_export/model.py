@@ -8,47 +8,15 @@ and by the ONNX graph builder.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .attention import attention, merge_heads
 from .config import MHAConfig
 from .errors import UsageError
-
-
-def causal_mask(t_q: int, t_k: int, device: torch.device) -> Tensor:
-    """(t_q, t_k) bool, True where a query may NOT attend (key after query), built from the
-    runtime shape: no stored [max_seq, max_seq] buffer. Queries are aligned to the end of the keys."""
-    q_pos = torch.arange(t_k - t_q, t_k, device=device).unsqueeze(1)  # (Tq, 1)
-    k_pos = torch.arange(t_k, device=device).unsqueeze(0)  # (1, Tk)
-    return k_pos > q_pos
-
-
-def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, dropout_p: float,
-              need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
-    """Scaled dot-product attention on (B, nh, T, hs) tensors -> ((B, nh, T, hs), probs or None).
-
-    Fast path: torch's fused SDPA kernel (memory linear in T on CPU). Plain path: the textbook
-    scores -> mask -> softmax -> dropout, used when the attention probabilities are wanted.
-    """
-    if not need_weights:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal), None
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))  # (B, nh, T, T)
-    if causal:
-        scores = scores.masked_fill(causal_mask(q.size(-2), k.size(-2), q.device), float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    if dropout_p > 0.0:
-        probs = F.dropout(probs, p=dropout_p)
-    return probs @ v, probs  # (B, nh, T, hs)
-
-
-def merge_heads(ctx: Tensor) -> Tensor:
-    b, nh, t, hs = ctx.shape
-    return ctx.transpose(1, 2).reshape(b, t, nh * hs)  # (B, T, nh*hs)
 
 
 @dataclass
@@ -75,27 +43,44 @@ class AttentionBase(nn.Module):
         self.head_dim = config.head_dim
         self.causal = config.causal
         self.dropout = config.dropout
+        self.scale = config.scale
 
     def forward(self, x: Tensor) -> Tensor:
-        y, _ = self._attend(x, False)
-        return y
+        return self.attend(x, None, None, None)[0]
+
+    def forward_step(self, x: Tensor, attention_mask: Tensor, past_key: Tensor,
+                     past_value: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """The KV-cache call: (y (B, T, dim), present_key, present_value (B, N, P+T, H)).
+        Query i sits at position P + i and sees every earlier-or-equal key that attention_mask
+        (B, P+T) marks 1."""
+        return self.attend(x, attention_mask, past_key, past_value)
+
+    def attend(self, x: Tensor, attention_mask: Optional[Tensor], past_key: Optional[Tensor],
+               past_value: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        y, k, v, _ = self._attend(x, attention_mask, past_key, past_value, False)
+        return y, k, v
 
     @torch.jit.ignore
     def forward_with_weights(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """Eager only: (y, attention probabilities (B, heads, T, T))."""
-        y, probs = self._attend(x, True)
+        y, _, _, probs = self._attend(x, None, None, None, True)
         assert probs is not None
         return y, probs
 
-    def _attend(self, x: Tensor, need_weights: bool) -> Tuple[Tensor, Optional[Tensor]]:
-        q, k, v = self.project_qkv(x)  # each (B, nh, T, hs)
+    def _attend(self, x: Tensor, attention_mask: Optional[Tensor], past_key: Optional[Tensor],
+                past_value: Optional[Tensor], need_weights: bool
+                ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+        q, k, v = self.project_qkv(x)  # each (B, N, T, H)
+        if past_key is not None and past_value is not None:
+            k = torch.cat([past_key, k], dim=2)  # (B, N, P+T, H)
+            v = torch.cat([past_value, v], dim=2)
         p = self.dropout if self.training else 0.0
-        ctx, probs = attention(q, k, v, self.causal, p, need_weights)
-        return self.project_out(merge_heads(ctx)), probs
+        ctx, probs = attention(q, k, v, self.scale, self.causal, p, need_weights, attention_mask)
+        return self.project_out(merge_heads(ctx)), k, v, probs
 
     def _split_heads(self, t: Tensor) -> Tensor:
         b, n, _ = t.shape
-        return t.view(b, n, self.n_head, self.head_dim).transpose(1, 2)  # (B, nh, T, hs)
+        return t.view(b, n, self.n_head, self.head_dim).transpose(1, 2)  # (B, N, T, H)
 
     def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError

@@ -1,22 +1,29 @@
 """Parity check: rebuild the eager module from an artifact's config and source weights, run every
-runner over a (batch, seq) sweep of fresh random inputs, and compare each output with eager fp32
-and with a float64 eager reference.
+runner over a sweep of fresh random inputs, and compare each declared output with eager fp32 and
+with a float64 eager reference, each with its own tolerance.
+
+    artifact -> runners (runners.py) -> cases (sweep.py) -> compare (comparator.py) -> CheckReport
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import onnx
 import torch
 
-from .artifact import read_artifact
+from . import forms
+from .artifact import Artifact, read_artifact
 from .comparator import Comparison, Tolerance, compare
+from .env import versions
 from .errors import UsageError
-from .export import versions
-from .runners import EagerRunner, OrtRunner, RunnerUnavailable, TorchScriptRunner
+from .signature import SEQ
+from .runners import (EagerRunner, Feeds, OrtRunner, Runner, RunnerUnavailable,
+                      TorchScriptRunner)
+from .sweep import (Case, default_past_lens, default_seq_lens, make_cases, make_feeds,
+                    real_queries, require_fits)
 
 # Default per-runner tolerances, applied to both comparisons (vs eager fp32 and vs fp64).
 FP32_CPU = Tolerance(atol=1e-5, rtol=1e-4)
@@ -25,24 +32,16 @@ FP32_CPU = Tolerance(atol=1e-5, rtol=1e-4)
 FP32_CUDA_TF32 = Tolerance(atol=2e-3, rtol=1e-2)
 FLOAT16 = Tolerance(atol=2e-3, rtol=2e-2)
 PROVIDERS = ("cpu", "cuda")
+BASELINE = "eager-fp32"
 
 
-def default_tolerance(runner: str, model_dtype: str, tf32: bool) -> Tolerance:
+def default_tolerance(runner: str, output: str, model_dtype: str, tf32: bool) -> Tolerance:
+    """Per runner and output (every output of this layer has the scale of its inputs today)."""
     if runner.startswith("ort") and model_dtype == "float16":
         return FLOAT16
     if runner == "ort-cuda" and tf32:
         return FP32_CUDA_TF32
     return FP32_CPU
-
-
-def default_seq_lens(max_seq_len: int, form: str = "") -> list[int]:
-    """T=1, lengths never used at export (there is no example input), T=max_seq_len and one past
-    it (longer inputs are supported: the mask comes from the runtime length), and both sides of
-    every length where the graph form switches code path (auto's threshold, block edges)."""
-    from .onnx_graph import SWITCH_SEQ_LENS
-    m = max_seq_len
-    base = {t for t in (1, 2, 7, 64, 100, 257, m - 1, m, m + 1) if 1 <= t <= m + 1}
-    return sorted(base | set(SWITCH_SEQ_LENS.get(form, [])))
 
 
 @dataclass
@@ -52,19 +51,28 @@ class RunnerInfo:
     device: str = ""
     providers: list[str] = field(default_factory=list)  # what the ORT session really uses
     reason: str = ""
-    tolerance: Optional[Tolerance] = None
 
 
 @dataclass
-class ShapeResult:
+class OutputResult:
+    """One output of one runner on one case."""
+
     runner: str
+    output: str
     batch: int
     seq: int
+    past: int
+    padding: str
+    scenario: str
     passed: bool
     vs_eager: Optional[Comparison] = None
     vs_reference: Optional[Comparison] = None
     tolerance: Optional[Tolerance] = None
     error: str = ""
+
+    @property
+    def case(self) -> Case:
+        return Case(self.batch, self.seq, self.past, self.padding, self.scenario)
 
 
 @dataclass
@@ -73,8 +81,11 @@ class CheckReport:
     seed: int
     batch_sizes: list[int]
     seq_lens: list[int]
+    past_lens: list[int] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
     runners: list[RunnerInfo] = field(default_factory=list)
-    results: list[ShapeResult] = field(default_factory=list)
+    results: list[OutputResult] = field(default_factory=list)
     versions: dict = field(default_factory=dict)  # of this check's environment
     export_versions: dict = field(default_factory=dict)  # recorded in the artifact at export
 
@@ -86,29 +97,12 @@ class CheckReport:
     @property
     def tested(self) -> bool:
         """Something other than the eager baseline ran: a check of nothing never passes."""
-        return any(r.runner != "eager-fp32" for r in self.results)
+        return any(r.runner != BASELINE for r in self.results)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["passed"] = self.passed
         return d
-
-
-def _make_runners(artifact, providers: Sequence[str], tf32: bool, require_cuda: bool,
-                  infos: list[RunnerInfo]) -> list:
-    module = artifact.load_source_module()
-    runners: list = [EagerRunner(module, torch.float32)]
-    if ts := artifact.file("torchscript"):
-        runners.append(_load(lambda: TorchScriptRunner(ts), ts))
-    if onnx_path := artifact.file("onnx"):
-        _load(lambda: onnx.load(str(onnx_path), load_external_data=False), onnx_path)
-        for provider in providers:
-            try:
-                runners.append(_load(lambda: OrtRunner(onnx_path, provider, tf32=tf32), onnx_path))
-            except RunnerUnavailable as e:
-                status = "failed" if require_cuda else "skipped"
-                infos.append(RunnerInfo(f"ort-{provider}", status, reason=str(e)))
-    return runners
 
 
 def _load(make, path: Path):
@@ -120,60 +114,106 @@ def _load(make, path: Path):
         raise UsageError(f"cannot load {path}: {str(e).strip().splitlines()[0][:300]}") from None
 
 
-def check(artifact_dir: str | Path, providers: Sequence[str] = PROVIDERS,
-          atol: Optional[float] = None, rtol: Optional[float] = None,
-          seq_lens: Optional[Sequence[int]] = None, batch_sizes: Sequence[int] = (1, 3),
-          seed: int = 0, require_cuda: bool = False, tf32: bool = True) -> CheckReport:
+def _make_runners(artifact: Artifact, providers: Sequence[str], tf32: bool, require_cuda: bool
+                  ) -> tuple[list[Runner], list[RunnerInfo]]:
+    """The runners under test (eager fp32 first) and the ones that could not start."""
+    sig = artifact.signature
+    runners: list[Runner] = [EagerRunner(sig, artifact.load_source_module(), torch.float32)]
+    unavailable: list[RunnerInfo] = []
+    if ts := artifact.file("torchscript"):
+        runners.append(_load(lambda: TorchScriptRunner(sig, ts), ts))
+    if onnx_path := artifact.file("onnx"):
+        _load(lambda: onnx.load(str(onnx_path), load_external_data=False), onnx_path)
+        for provider in providers:
+            try:
+                runners.append(_load(lambda: OrtRunner(sig, onnx_path, provider, tf32=tf32),
+                                     onnx_path))
+            except RunnerUnavailable as e:
+                status = "failed" if require_cuda else "skipped"
+                unavailable.append(RunnerInfo(f"ort-{provider}", status, reason=str(e)))
+    return runners, unavailable
+
+
+def _runner_info(r: Runner, require_cuda: bool) -> RunnerInfo:
+    status = "failed" if r.warning and require_cuda else "ran"
+    return RunnerInfo(r.name, status, r.device, list(r.providers), r.warning)
+
+
+def _sweep_options(artifact: Artifact, seq_lens, past_lens) -> tuple[list[int], list[int], bool]:
+    config, form_name = artifact.config, artifact.export.get("attention")
+    form = forms.FORMS.get(forms.ALIASES.get(form_name, form_name)) if form_name else None
+    switch = form.switch_seq_lens if form else ()
+    seq_lens = list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len, switch)
+    past_lens = list(past_lens) if past_lens else default_past_lens(config.max_seq_len)
+    quadratic = form is None or form.memory != "linear in T"
+    return seq_lens, past_lens, quadratic
+
+
+def check_parity(artifact_dir: str | Path, providers: Sequence[str] = PROVIDERS,
+                 atol: Optional[float] = None, rtol: Optional[float] = None,
+                 seq_lens: Optional[Sequence[int]] = None, batch_sizes: Sequence[int] = (1, 3),
+                 past_lens: Optional[Sequence[int]] = None, seed: int = 0,
+                 require_cuda: bool = False, tf32: bool = True,
+                 progress: Callable[[int, int, str], None] = lambda i, n, s: None
+                 ) -> CheckReport:
     """Run the parity sweep on an artifact folder; see CheckReport.passed."""
     artifact = read_artifact(artifact_dir)
     unknown = set(providers) - set(PROVIDERS)
     if unknown:
         raise UsageError(f"unknown provider {sorted(unknown)[0]!r}: choose from cpu, cuda")
+    Tolerance(atol or 0.0, rtol or 0.0)  # a negative or NaN tolerance is bad input, now
     if require_cuda and "cuda" not in providers:
         providers = [*providers, "cuda"]
-    config = artifact.config
-    form = artifact.meta["export"].get("attention", "")
-    seq_lens = list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len, form)
+    config, sig = artifact.config, artifact.signature
+    seq_lens, past_lens, quadratic = _sweep_options(artifact, seq_lens, past_lens)
+    cases = make_cases(sig, batch_sizes, seq_lens, past_lens)
+    require_fits(config, cases, quadratic, sig.has_mask)
     report = CheckReport(str(artifact_dir), seed, list(batch_sizes), seq_lens,
+                         past_lens if sig.has_cache else [], sig.input_names, sig.output_names,
                          versions=versions(), export_versions=artifact.meta.get("versions", {}))
-    skipped: list[RunnerInfo] = []
-    runners = _make_runners(artifact, providers, tf32, require_cuda, skipped)
-    reference = EagerRunner(runners[0].module, torch.float64)
-    model_dtype = artifact.meta["export"].get("dtype", "float32")
-    tolerances = {}
-    for r in runners:
-        default = default_tolerance(r.name, model_dtype, tf32)
-        tolerances[r.name] = Tolerance(default.atol if atol is None else atol,
-                                       default.rtol if rtol is None else rtol)
-        info = RunnerInfo(r.name, "ran", r.device, getattr(r, "providers", []),
-                          tolerance=tolerances[r.name])
-        if cpu_nodes := getattr(r, "cpu_compute_nodes", []):
-            info.status = "failed" if require_cuda else "ran"
-            info.reason = (f"{len(cpu_nodes)} compute nodes ran on the CPU provider, not CUDA: "
-                           + ", ".join(cpu_nodes[:5]))
-        report.runners.append(info)
-    report.runners.extend(skipped)
-
-    for b in batch_sizes:
-        for t in seq_lens:
-            x = np.random.default_rng([seed, b, t]).standard_normal(
-                (b, t, config.d_in)).astype(np.float32)
-            ref = reference.run(x.astype(np.float64))
-            eager = runners[0].run(x)
-            for r in runners:
-                out = eager if r is runners[0] else None  # the baseline already ran
-                report.results.append(_run_one(r, x, eager, ref, tolerances[r.name], b, t, out))
+    runners, unavailable = _make_runners(artifact, providers, tf32, require_cuda)
+    report.runners = [_runner_info(r, require_cuda) for r in runners] + unavailable
+    reference = EagerRunner(sig, runners[0].source, torch.float64)
+    dtype = artifact.export.get("dtype", "float32")
+    tolerances = {(r.name, o): _override(default_tolerance(r.name, o, dtype, tf32), atol, rtol)
+                  for r in runners for o in sig.output_names}
+    for i, case in enumerate(cases):
+        progress(i, len(cases), case.label())
+        feeds = make_feeds(sig, config, case, seed)
+        expected = {"eager": runners[0].run(feeds), "reference": reference.run(feeds)}
+        valid = real_queries(feeds, case)
+        for r in runners:
+            out = expected["eager"] if r is runners[0] else None  # the baseline already ran
+            report.results += _run_case(r, feeds, case, expected, valid, tolerances, out)
+    progress(len(cases), len(cases), "")
     return report
 
 
-def _run_one(runner, x: np.ndarray, eager: np.ndarray, ref: np.ndarray, tol: Tolerance,
-             b: int, t: int, out: Optional[np.ndarray] = None) -> ShapeResult:
+def _override(default: Tolerance, atol: Optional[float], rtol: Optional[float]) -> Tolerance:
+    return Tolerance(default.atol if atol is None else atol,
+                     default.rtol if rtol is None else rtol)
+
+
+def _run_case(runner: Runner, feeds: Feeds, case: Case, expected: dict, valid,
+              tolerances: dict, out: Optional[Feeds] = None) -> list[OutputResult]:
+    sig = runner.signature
+    names = sig.output_names
+    per_token = {t.name for t in sig.outputs if t.shape[1] == SEQ}  # (B, T, ...) outputs
+    where = case.to_dict()
     try:
-        out = runner.run(x) if out is None else out
-    except Exception as e:  # a model that cannot run this shape fails this row
-        return ShapeResult(runner.name, b, t, False, tolerance=tol,
-                           error=str(e).strip().splitlines()[0][:300])
-    vs_eager, vs_ref = compare(out, eager, tol), compare(out, ref, tol)
-    error = vs_eager.reason or vs_ref.reason
-    return ShapeResult(runner.name, b, t, vs_eager.passed and vs_ref.passed, vs_eager, vs_ref,
-                       tol, error)
+        out = runner.run(feeds) if out is None else out
+    except Exception as e:  # a model that cannot run this case (e.g. out of memory) fails its row
+        error = (str(e).strip() or type(e).__name__).splitlines()[0][:300]
+        return [OutputResult(runner.name, n, **where, passed=False,
+                             tolerance=tolerances[runner.name, n], error=error) for n in names]
+    results = []
+    for n in names:
+        tol = tolerances[runner.name, n]
+        rows = valid if n in per_token else None  # padding query rows: only required finite
+        vs_eager = compare(out[n], expected["eager"][n], tol, rows)
+        vs_ref = compare(out[n], expected["reference"][n], tol, rows)
+        results.append(OutputResult(runner.name, n, **where,
+                                    passed=vs_eager.passed and vs_ref.passed, vs_eager=vs_eager,
+                                    vs_reference=vs_ref, tolerance=tol,
+                                    error=vs_eager.reason or vs_ref.reason))
+    return results

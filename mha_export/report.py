@@ -1,35 +1,69 @@
-"""Human-readable rendering of a CheckReport (the JSON form is CheckReport.to_dict)."""
+"""Human-readable rendering of a CheckReport (the JSON form is CheckReport.to_dict).
+
+The summary has one line per (runner, output) with the worst error over the whole sweep, then
+the runner status lines and the verdict; ``verbose`` adds every (case, output) row.
+"""
 from __future__ import annotations
 
-from .parity import CheckReport, ShapeResult
+from typing import Iterable, Optional
 
-HEADER = ("runner", "B", "T", "max|d| eager", "max rel eager", "max|d| fp64", "tolerance",
-          "result")
+from .parity import CheckReport, OutputResult
+
+SUMMARY = ("runner", "output", "max|d| eager", "rel eager", "max|d| fp64", "tolerance",
+           "worst case", "result")
+ROWS = ("runner", "output", "case", "max|d| eager", "rel eager", "max|d| fp64", "tolerance",
+        "result")
+MAX_FAILURE_LINES = 5
 
 
-def _num(v: float | None) -> str:
+def _num(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.2e}"
 
 
-def _row(r: ShapeResult) -> tuple[str, ...]:
-    e, ref = r.vs_eager, r.vs_reference
-    verdict = "PASS" if r.passed else "FAIL"
-    return (r.runner, str(r.batch), str(r.seq), _num(e and e.max_abs), _num(e and e.max_rel),
-            _num(ref and ref.max_abs), str(r.tolerance) if r.tolerance else "-", verdict)
+def _worst(values: Iterable[Optional[float]]) -> Optional[float]:
+    vals = [v for v in values if v is not None]
+    return max(vals) if vals else None
 
 
-def format_table(report: CheckReport) -> str:
-    rows = [HEADER] + [_row(r) for r in report.results]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
-    lines = ["  ".join(c.ljust(w) if i in (0, 6) else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
+def _table(header: tuple, rows: list[tuple]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
     lines.insert(1, "-" * len(lines[0]))
+    return lines
+
+
+def _summary_rows(report: CheckReport) -> list[tuple]:
+    groups: dict[tuple, list[OutputResult]] = {}
+    for r in report.results:
+        groups.setdefault((r.runner, r.output), []).append(r)
+    rows = []
+    for (runner, output), rs in groups.items():
+        worst = max(rs, key=lambda r: (not r.passed, max(
+            r.vs_eager.max_abs, r.vs_reference.max_abs) if r.vs_eager else 0))
+        rows.append((runner, output,
+                     _num(_worst(r.vs_eager and r.vs_eager.max_abs for r in rs)),
+                     _num(_worst(r.vs_eager and r.vs_eager.rel for r in rs)),
+                     _num(_worst(r.vs_reference and r.vs_reference.max_abs for r in rs)),
+                     str(worst.tolerance), worst.case.label(),
+                     "PASS" if all(r.passed for r in rs) else "FAIL"))
+    return rows
+
+
+def _case_row(r: OutputResult) -> tuple:
+    e, ref = r.vs_eager, r.vs_reference
+    return (r.runner, r.output, r.case.label(), _num(e and e.max_abs), _num(e and e.rel),
+            _num(ref and ref.max_abs), str(r.tolerance), "PASS" if r.passed else "FAIL")
+
+
+def format_report(report: CheckReport, verbose: bool = False) -> str:
+    lines = _table(ROWS, [_case_row(r) for r in report.results]) + [""] if verbose else []
+    lines += _table(SUMMARY, _summary_rows(report))
     failures = [r for r in report.results if not r.passed]
-    for r in failures[:10]:
-        lines.append(f"FAIL {r.runner} B={r.batch} T={r.seq}: {r.error}")
-    if len(failures) > 10:
-        lines.append(f"... and {len(failures) - 10} more failures")
-    lines.append("")
+    for r in failures[:MAX_FAILURE_LINES]:
+        lines.append(f"FAIL {r.runner} {r.output} {r.case.label()}: {r.error}")
+    if len(failures) > MAX_FAILURE_LINES:
+        lines.append(f"... and {len(failures) - MAX_FAILURE_LINES} more failing rows "
+                     "(-v or --json for all)")
     for info in report.runners:
         if info.status == "ran":
             note = f" (WARNING: {info.reason})" if info.reason else ""
@@ -39,7 +73,7 @@ def format_table(report: CheckReport) -> str:
     if not report.tested:
         lines.append("nothing under test ran (no model runner produced output)")
     n_pass = sum(r.passed for r in report.results)
-    verdict = "PASS" if report.passed else "FAIL"
-    lines.append(f"{verdict}: {n_pass}/{len(report.results)} comparisons within tolerance "
-                 f"({report.artifact})")
+    n_cases = len({r.case for r in report.results})
+    lines.append(f"{'PASS' if report.passed else 'FAIL'}: {n_pass}/{len(report.results)} "
+                 f"comparisons within tolerance over {n_cases} cases ({report.artifact})")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Runners: each executes one implementation on a numpy input and says what really ran it.
+"""Runners: each executes one implementation on named numpy inputs and says what really ran it.
 
 Runners only run; comparing is ``compare``'s job. A runner that cannot run where it was asked to
 (the CUDA provider did not load, no GPU) raises ``RunnerUnavailable`` with the reason, so it is
@@ -13,13 +13,16 @@ import os
 import re
 import sys
 import tempfile
+from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 import torch
 
+from .entry import entry_module
 from .model import AttentionBase
+from .signature import Signature
 
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -28,29 +31,59 @@ class RunnerUnavailable(Exception):
     """The runner cannot run on the device it names; str(e) is the reason."""
 
 
-class EagerRunner:
+Feeds = Dict[str, np.ndarray]
+
+
+class Runner(ABC):
+    """One implementation under test: takes and returns arrays by the signature's names."""
+
+    name: str  # "eager-fp32", "torchscript", "ort-cpu", ...
+    device: str  # what really runs it, e.g. "cuda (CUDAExecutionProvider)"
+    providers: List[str] = []  # ONNX Runtime: the session's real providers
+    warning: str = ""  # e.g. compute nodes a CUDA session placed on the CPU
+
+    def __init__(self, signature: Signature):
+        self.signature = signature
+
+    @abstractmethod
+    def run(self, feeds: Feeds) -> Feeds:
+        ...
+
+
+class TorchRunner(Runner):
+    """A torch module called positionally in the signature's input order."""
+
+    def __init__(self, signature: Signature, module: torch.nn.Module, dtype: torch.dtype):
+        super().__init__(signature)
+        self.module, self.dtype = module, dtype
+
+    def run(self, feeds: Feeds) -> Feeds:
+        args = [torch.from_numpy(feeds[t.name]) for t in self.signature.inputs]
+        args = [a.to(self.dtype) if a.is_floating_point() else a for a in args]
+        with torch.inference_mode():
+            out = self.module(*args)
+        out = out if isinstance(out, tuple) else (out,)
+        return {name: o.numpy() for name, o in zip(self.signature.output_names, out)}
+
+
+class EagerRunner(TorchRunner):
     """The eager PyTorch module, in float32 (the parity baseline) or float64 (the reference)."""
 
-    def __init__(self, module: AttentionBase, dtype: torch.dtype = torch.float32):
+    def __init__(self, signature: Signature, module: AttentionBase,
+                 dtype: torch.dtype = torch.float32):
         self.name = "eager-fp64" if dtype == torch.float64 else "eager-fp32"
         self.device = "cpu (torch)"
-        self.module = copy.deepcopy(module).to(dtype).eval()
-        self.dtype = dtype
-
-    def run(self, x: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return self.module(torch.from_numpy(x).to(self.dtype)).numpy()
+        self.source = copy.deepcopy(module).to(dtype).eval()
+        super().__init__(signature, entry_module(self.source, signature.kind, signature.input_names,
+                                                  signature.output_names), dtype)
 
 
-class TorchScriptRunner:
-    def __init__(self, path: str | Path):
+class TorchScriptRunner(TorchRunner):
+    def __init__(self, signature: Signature, path: str | Path):
         self.name = "torchscript"
         self.device = "cpu (torch.jit)"
-        self.module = torch.jit.load(str(path), map_location="cpu").eval()
-
-    def run(self, x: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return self.module(torch.from_numpy(x)).numpy()
+        super().__init__(signature, torch.jit.load(str(path), map_location="cpu").eval(),
+                         torch.float32)
 
 
 @contextlib.contextmanager
@@ -101,51 +134,72 @@ def _load_failure(log: str) -> str:
     return m.group(1).strip()[:200] if m else ""
 
 
-class OrtRunner:
-    """An ONNX Runtime session on one execution provider ('cpu' or 'cuda')."""
+class OrtRunner(Runner):
+    """An ONNX Runtime session on one execution provider ('cpu' or 'cuda'), fed by name."""
 
-    def __init__(self, path: str | Path, provider: str = "cpu", threads: Optional[int] = None,
-                 tf32: bool = True):
-        import onnxruntime as ort
+    def __init__(self, signature: Signature, path: str | Path, provider: str = "cpu",
+                 threads: Optional[int] = None, tf32: bool = True):
+        super().__init__(signature)
         self.name = f"ort-{provider}"
-        wanted = ORT_PROVIDERS[provider]
-        opts = ort.SessionOptions()
-        if threads:
-            opts.intra_op_num_threads = threads
-        providers: list = [wanted]
-        if provider == "cuda":
-            if wanted not in ort.get_available_providers():
-                raise RunnerUnavailable("this onnxruntime build has no CUDAExecutionProvider "
-                                        "(install onnxruntime-gpu)")
-            providers = [(wanted, {"use_tf32": "1" if tf32 else "0"})]
-        with native_stderr() as log:
-            if provider == "cuda" and hasattr(ort, "preload_dlls"):
-                with contextlib.suppress(Exception):
-                    ort.preload_dlls()
-            # cuda: verbose, to read the load error and where each node was placed
-            opts.log_severity_level = 3 if provider == "cpu" else 0
-            try:
-                self.session = ort.InferenceSession(str(path), opts, providers=providers)
-            except Exception as e:
-                if provider == "cpu":  # a model the CPU provider cannot load is a broken model
-                    raise
-                raise RunnerUnavailable(f"{wanted} could not start: {str(e).splitlines()[0]}")
+        self.session = _session(path, provider, threads, tf32)
         used = self.session.get_providers()
-        if used[0] != wanted:
-            cause = _load_failure(log["text"]) or "provider library or GPU not available"
-            raise RunnerUnavailable(f"{wanted} did not load ({cause}); ONNX Runtime fell back "
-                                    f"to {used[0]}, which is not reported as a {provider} result")
         self.providers = used
         self.device = f"{provider} ({used[0]})"
         # Nodes that do the arithmetic but were placed on the CPU provider: a CUDA session that
         # runs its MatMuls on the CPU is not a clean CUDA result (reported, fatal with --require-cuda).
-        self.cpu_compute_nodes = [] if provider == "cpu" else [
-            n for n in node_placements(log["text"]).get(ORT_PROVIDERS["cpu"], [])
+        cpu_nodes = [] if provider == "cpu" else [
+            n for n in node_placements(self.session.load_log).get(ORT_PROVIDERS["cpu"], [])
             if n.split(" ", 1)[0] in COMPUTE_OPS]
-        inp = self.session.get_inputs()[0]
-        self.input_name = inp.name
-        self.input_dtype = np.float16 if inp.type == "tensor(float16)" else np.float32
+        if cpu_nodes:
+            self.warning = (f"{len(cpu_nodes)} compute nodes ran on the CPU provider, not CUDA: "
+                            + ", ".join(cpu_nodes[:5]))
+        declared = {i.name: i for i in self.session.get_inputs()}
+        missing = [n for n in signature.input_names if n not in declared]
+        if missing:
+            raise ValueError(f"the model has no input named {missing[0]!r} "
+                             f"(it declares {', '.join(declared)})")
+        self.dtypes = {n: _NUMPY.get(declared[n].type, np.float32) for n in declared}
 
-    def run(self, x: np.ndarray) -> np.ndarray:
-        out = self.session.run(None, {self.input_name: x.astype(self.input_dtype)})[0]
-        return out.astype(np.float32)
+    def run(self, feeds: Feeds) -> Feeds:
+        inputs = {n: feeds[n].astype(self.dtypes[n]) for n in self.signature.input_names}
+        outs = self.session.run(self.signature.output_names, inputs)
+        return {n: (o.astype(np.float32) if o.dtype == np.float16 else o)
+                for n, o in zip(self.signature.output_names, outs)}
+
+
+_NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
+          "tensor(int64)": np.int64}
+
+
+def _session(path: str | Path, provider: str, threads: Optional[int], tf32: bool):
+    """An InferenceSession that really runs on ``provider`` (else RunnerUnavailable); its load
+    log is kept as ``session.load_log`` (CUDA: verbose, with the node placements)."""
+    import onnxruntime as ort
+    wanted = ORT_PROVIDERS[provider]
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+    providers: list = [wanted]
+    if provider == "cuda":
+        if wanted not in ort.get_available_providers():
+            raise RunnerUnavailable("this onnxruntime build has no CUDAExecutionProvider "
+                                    "(install onnxruntime-gpu)")
+        providers = [(wanted, {"use_tf32": "1" if tf32 else "0"})]
+    with native_stderr() as log:
+        if provider == "cuda" and hasattr(ort, "preload_dlls"):
+            with contextlib.suppress(Exception):
+                ort.preload_dlls()
+        opts.log_severity_level = 3 if provider == "cpu" else 0
+        try:
+            session = ort.InferenceSession(str(path), opts, providers=providers)
+        except Exception as e:
+            if provider == "cpu":  # a model the CPU provider cannot load is a broken model
+                raise
+            raise RunnerUnavailable(f"{wanted} could not start: {str(e).splitlines()[0]}")
+    used = session.get_providers()
+    if used[0] != wanted:
+        cause = _load_failure(log["text"]) or "provider library or GPU not available"
+        raise RunnerUnavailable(f"{wanted} did not load ({cause}); ONNX Runtime fell back "
+                                f"to {used[0]}, which is not reported as a {provider} result")
+    session.load_log = log["text"]
+    return session

@@ -69,7 +69,8 @@ def test_require_cuda_without_gpu_exits_1(tmp_path):
     (["onnx", *SMALL, "--attention", "fused", "--opset", "18"], "opset 18 cannot be produced"),
     (["onnx", *SMALL, "--weights", "/nonexistent/w.pt"], "weights file not found"),
     (["check", "/nonexistent"], "artifact folder not found"),
-    (["check", ".", "--seq-lens", "0,4"], "positive integers"),
+    (["check", ".", "--seq-lens", "0,4"], "expected integers >= 1"),
+    (["check", ".", "--past-lens", "-1"], "expected integers >= 0"),
     (["check", ".", "--providers", "tpu"], "choose from cpu, cuda"),
 ])
 def test_bad_input_exits_2(tmp_path, monkeypatch, args, msg):
@@ -122,3 +123,57 @@ def test_console_script_is_quiet_and_clean(tmp_path):
     assert ok.returncode == 0 and ok.stderr == "", ok.stderr
     bad = subprocess.run([*exe, "onnx", "--heads", "5"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "Traceback" not in bad.stderr
+
+
+def test_check_summary_is_short_and_verbose_has_every_row(tmp_path):
+    out = tmp_path / "art"
+    assert run("onnx", *SMALL, "-o", out, "--no-check").exit_code == 0
+    r = run("check", out, "--json", tmp_path / "p.json")
+    assert r.exit_code == 0, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) <= 20, r.output
+    assert lines[0].split()[:2] == ["runner", "output"] and lines[-1].startswith("PASS")
+    rows = json.loads((tmp_path / "p.json").read_text())["results"]
+    assert len(rows) > 20  # every (runner, case, output) is in the JSON ...
+    verbose = run("check", out, "-v").output.strip().splitlines()
+    assert len(verbose) >= len(rows) + len(lines)  # ... and printed with -v
+
+
+def test_a_failure_names_the_worst_case_and_element(tmp_path):
+    out = tmp_path / "art"
+    assert run("onnx", *SMALL, "-o", out, "--no-check").exit_code == 0
+    faults.nudge_weight(out / "model.onnx")
+    r = run("check", out, "--providers", "cpu", "--seq-lens", "3,9")
+    assert r.exit_code == 1
+    fail = [l for l in r.output.splitlines() if l.startswith("FAIL ort-cpu y")]
+    assert fail and "worst at (" in fail[0] and "B=" in fail[0]
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--atol", "-1"], "atol must be a finite number >= 0"),
+    (["--rtol", "nan"], "rtol must be a finite number >= 0"),
+    (["--batch-sizes", "100000", "--seq-lens", "100000"], "needs about"),
+])
+def test_check_refuses_bad_tolerances_and_sweeps_that_cannot_fit(tmp_path, args, msg):
+    out = tmp_path / "art"
+    assert run("onnx", *SMALL, "-o", out, "--no-check").exit_code == 0
+    assert msg in one_line_error(run("check", out, *args))
+
+
+def test_kv_cache_export_and_check(tmp_path):
+    out = tmp_path / "kv"
+    r = run("onnx", *SMALL, "--kv-cache", "-o", out)
+    assert r.exit_code == 0, r.output
+    for name in ("y", "present_key", "present_value"):
+        assert any(l.split()[:2] == ["ort-cpu", name] and l.endswith("PASS")
+                   for l in r.output.splitlines()), r.output
+    r = run("check", out, "--providers", "cpu", "--past-lens", "0,3", "--seq-lens", "1,4")
+    assert r.exit_code == 0, r.output
+
+
+def test_old_form_name_is_accepted_with_a_note(tmp_path):
+    r = CliRunner().invoke(cli, ["onnx", *SMALL, "--attention", "fused", "-o", str(tmp_path / "a"),
+                                 "--no-check"])
+    assert r.exit_code == 0 and "now spelled attention-op" in r.stderr
+    meta = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert meta["export"]["attention"] == "attention-op"

@@ -18,14 +18,17 @@ def test_onnx_artifact_is_self_describing(tmp_path):
     assert files == ["config.json", "model.onnx", "parity.json", "weights.safetensors"]
     meta = json.loads((result.path / "config.json").read_text())
     assert meta["config"] == CFG.to_dict()
-    assert meta["io"]["inputs"] == [{"name": "x", "shape": ["batch", "seq", 64]}]
-    assert meta["io"]["outputs"] == [{"name": "y", "shape": ["batch", "seq", 64]}]
+    assert [(t["name"], t["dtype"], t["shape"]) for t in meta["io"]["inputs"]] == [
+        ("x", "float", ["batch", "seq", 64])]
+    assert [(t["name"], t["shape"]) for t in meta["io"]["outputs"]] == [("y", ["batch", "seq", 64])]
+    assert meta["io"]["kind"] == "full" and meta["io"]["dynamic_axes"]["x"] == {"0": "batch", "1": "seq"}
     assert meta["export"]["opset"] == 23 and meta["export"]["attention"] == "auto"
     assert meta["export"]["external_data"] is False
     assert {"torch", "onnx", "python"} <= set(meta["versions"])
     model = onnx.load(str(result.path / "model.onnx"))
     props = {p.key: p.value for p in model.metadata_props}
     assert json.loads(props["mha_export.config"]) == CFG.to_dict()
+    assert json.loads(props["mha_export.io"]) == meta["io"]
     onnx.checker.check_model(model, full_check=True)
     assert json.loads((result.path / "parity.json").read_text())["passed"] is True
 
@@ -42,18 +45,18 @@ def test_torchscript_artifact_loads_and_is_dynamic(tmp_path):
 
 def test_default_folder_and_no_overwrite_without_force(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    first = export_onnx(heads=4, dim=64, max_seq_len=16, check=False)
+    first = export_onnx(heads=4, dim=64, max_seq_len=16, validate=False)
     assert str(first.path) == "models/split-h4-d64-onnx"
     with pytest.raises(UsageError, match="--force"):
-        export_onnx(heads=4, dim=64, max_seq_len=16, check=False, seed=1)
-    export_onnx(heads=4, dim=64, max_seq_len=16, check=False, seed=1, force=True)
+        export_onnx(heads=4, dim=64, max_seq_len=16, validate=False, seed=1)
+    export_onnx(heads=4, dim=64, max_seq_len=16, validate=False, seed=1, force=True)
     assert json.loads((first.path / "config.json").read_text())["weights"]["source"]["seed"] == 1
     assert [p.name for p in tmp_path.joinpath("models").iterdir()] == ["split-h4-d64-onnx"]
 
 
 def test_existing_empty_folder_is_fine(tmp_path):
     (tmp_path / "empty").mkdir()
-    export_onnx(CFG, tmp_path / "empty", check=False)
+    export_onnx(CFG, tmp_path / "empty", validate=False)
     assert (tmp_path / "empty" / "model.onnx").is_file()
 
 
@@ -62,16 +65,16 @@ def test_failed_export_leaves_nothing(tmp_path, monkeypatch):
         raise RuntimeError("disk full")
     monkeypatch.setattr(export_mod.onnx, "save_model", broken)
     with pytest.raises(RuntimeError):
-        export_onnx(CFG, tmp_path / "out", check=False)
+        export_onnx(CFG, tmp_path / "out", validate=False)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_failed_forced_export_keeps_the_old_artifact(tmp_path, monkeypatch):
-    export_onnx(CFG, tmp_path / "out", check=False)
+    export_onnx(CFG, tmp_path / "out", validate=False)
     before = (tmp_path / "out" / "model.onnx").read_bytes()
     monkeypatch.setattr(export_mod.onnx, "save_model", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        export_onnx(CFG, tmp_path / "out", check=False, force=True, seed=5)
+        export_onnx(CFG, tmp_path / "out", validate=False, force=True, seed=5)
     assert (tmp_path / "out" / "model.onnx").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
@@ -87,13 +90,13 @@ def test_external_data_beyond_protobuf_limit(tmp_path, monkeypatch):
     (dict(opset=22), "opset 22 cannot be produced"),
     (dict(attention="decomposed", opset=16), "opset 16 cannot be produced"),
     (dict(opset=27), "opset 27 cannot be produced"),
-    (dict(attention="fused", opset=22), "supported: 23-"),
+    (dict(attention="fused", opset=22), "supported: 23-"),  # old spelling of attention-op
     (dict(attention="flash"), "unknown attention form"),
     (dict(layer=2), "--layer needs --weights"),
 ])
 def test_bad_export_settings(tmp_path, kw, msg):
     with pytest.raises(UsageError, match=msg):
-        export_onnx(CFG, tmp_path / "x", check=False, **kw)
+        export_onnx(CFG, tmp_path / "x", validate=False, **kw)
     assert not (tmp_path / "x").exists()
 
 
@@ -103,3 +106,31 @@ def test_layout_defaults_to_the_weights_layout(tmp_path):
     save_weights(build_module(MHAConfig(dim=64, heads=4, layout="fused"), seed=0), tmp_path / "w.safetensors")
     r = export_onnx(heads=4, dim=64, max_seq_len=16, weights=tmp_path / "w.safetensors", output=tmp_path / "o")
     assert read_artifact(r.path).config.layout == "fused" and r.passed
+
+
+@pytest.mark.parametrize("kind", ["kv-cache", "attention-mask"])
+def test_decode_artifacts_declare_their_named_io(tmp_path, monkeypatch, kind):
+    monkeypatch.chdir(tmp_path)
+    flags = {"kv_cache": True} if kind == "kv-cache" else {"attention_mask": True}
+    onnx_art = export_onnx(heads=4, dim=64, max_seq_len=16, **flags)
+    ts_art = export_torchscript(heads=4, dim=64, max_seq_len=16, **flags)
+    assert onnx_art.passed and ts_art.passed
+    suffix = "-kv" if kind == "kv-cache" else "-masked"
+    assert str(onnx_art.path) == f"models/split-h4-d64{suffix}-onnx"
+    sig = read_artifact(onnx_art.path).signature
+    model = onnx.load(str(onnx_art.path / "model.onnx"))
+    assert [i.name for i in model.graph.input] == sig.input_names
+    assert [o.name for o in model.graph.output] == sig.output_names
+    ts = torch.jit.load(str(ts_art.path / "model.pt"))
+    assert list(ts.input_names) == sig.input_names and list(ts.output_names) == sig.output_names
+    if kind == "kv-cache":
+        assert sig.input_names == ["x", "attention_mask", "past_key", "past_value"]
+        assert sig.output_names == ["y", "present_key", "present_value"]
+        past = [t for t in sig.inputs if t.name == "past_key"][0]
+        assert past.shape == ("batch", 4, "past_seq", 16)
+
+
+def test_a_form_without_the_cache_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(UsageError, match="forms that can: auto"):
+        export_onnx(CFG, tmp_path / "x", attention="contrib-mha", kv_cache=True)
+    assert not (tmp_path / "x").exists()

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from mha_export import MHAConfig, UsageError, build_module, convert
-from mha_export.model import causal_mask
+from mha_export.attention import causal_mask
 
 from mha_export.textbook import CausalAttention, MultiHeadAttention, MultiHeadAttentionWrapper
 

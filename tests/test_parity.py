@@ -2,9 +2,10 @@ import shutil
 
 import pytest
 
-from mha_export import MHAConfig, check, export_onnx, export_torchscript
-from mha_export.parity import default_seq_lens
-from mha_export.onnx_graph import CORES
+from mha_export import MHAConfig, check_parity, export_onnx, export_torchscript
+from mha_export.forms import FORMS
+from mha_export.sweep import default_seq_lens
+from mha_export.signature import make_signature
 from mha_export.runners import OrtRunner, RunnerUnavailable
 
 import faults
@@ -15,16 +16,16 @@ SWEEP = dict(seq_lens=[1, 5, 32, 513], batch_sizes=[1, 2], providers=["cpu"])  #
 
 def cuda_available(path) -> bool:
     try:
-        OrtRunner(path, "cuda")
+        OrtRunner(make_signature(CFG), path, "cuda")
         return True
     except RunnerUnavailable:
         return False
 
 
-@pytest.fixture(scope="module", params=sorted(CORES))
+@pytest.fixture(scope="module", params=sorted(FORMS))
 def onnx_artifact(request, tmp_path_factory):
     return export_onnx(CFG, tmp_path_factory.mktemp("a") / "art", attention=request.param,
-                       check=False).path
+                       validate=False).path
 
 
 @pytest.fixture
@@ -37,12 +38,12 @@ def fresh_copy(onnx_artifact, tmp_path):
 def test_default_sweep_covers_one_max_and_beyond():
     assert default_seq_lens(1024) == [1, 2, 7, 64, 100, 257, 1023, 1024, 1025]
     assert default_seq_lens(4) == [1, 2, 3, 4, 5]
-    assert {511, 512, 768, 769} <= set(default_seq_lens(32, "auto"))  # both branches of the If
-    assert {256, 257} <= set(default_seq_lens(32, "blocked"))
+    assert {511, 512, 768, 769} <= set(default_seq_lens(32, FORMS["auto"].switch_seq_lens))  # both branches of the If
+    assert {256, 257} <= set(default_seq_lens(32, FORMS["blocked"].switch_seq_lens))
 
 
 def test_good_artifact_passes_default_sweep(onnx_artifact):
-    report = check(onnx_artifact, providers=["cpu"])
+    report = check_parity(onnx_artifact, providers=["cpu"])
     assert report.passed
     seqs = {r.seq for r in report.results}
     assert {1, 31, 32, 33} <= seqs
@@ -54,22 +55,22 @@ def test_good_artifact_passes_default_sweep(onnx_artifact):
 
 @pytest.mark.parametrize("fault", sorted(faults.ONNX_FAULTS))
 def test_planted_fault_is_caught(fresh_copy, fault):
-    assert check(fresh_copy, **SWEEP).passed  # the copy passes before the fault ...
+    assert check_parity(fresh_copy, **SWEEP).passed  # the copy passes before the fault ...
     try:
         faults.ONNX_FAULTS[fault](fresh_copy / "model.onnx", CFG)
     except faults.NotApplicable as e:
         pytest.skip(str(e))
-    report = check(fresh_copy, **SWEEP)
+    report = check_parity(fresh_copy, **SWEEP)
     assert not report.passed  # ... and fails after it
     failed = [r for r in report.results if not r.passed]
     assert failed and all(r.runner == "ort-cpu" for r in failed)
 
 
 def test_torchscript_fault_is_caught(tmp_path):
-    path = export_torchscript(CFG, tmp_path / "ts", check=False).path
-    assert check(path, **SWEEP).passed
+    path = export_torchscript(CFG, tmp_path / "ts", validate=False).path
+    assert check_parity(path, **SWEEP).passed
     faults.nudge_torchscript_weight(path / "model.pt")
-    report = check(path, **SWEEP)
+    report = check_parity(path, **SWEEP)
     assert not report.passed
     assert {r.runner for r in report.results if not r.passed} == {"torchscript"}
 
@@ -79,11 +80,11 @@ def test_tampered_source_weights_are_the_truth(fresh_copy):
     from mha_export import build_module
     from mha_export.weights import save_weights
     save_weights(build_module(CFG, seed=99), fresh_copy / "weights.safetensors")
-    assert not check(fresh_copy, **SWEEP).passed
+    assert not check_parity(fresh_copy, **SWEEP).passed
 
 
 def test_cuda_is_never_a_cpu_run(onnx_artifact):
-    report = check(onnx_artifact, providers=["cpu", "cuda"], seq_lens=[3], batch_sizes=[1])
+    report = check_parity(onnx_artifact, providers=["cpu", "cuda"], seq_lens=[3], batch_sizes=[1])
     cuda = [i for i in report.runners if i.name == "ort-cuda"]
     assert len(cuda) == 1
     if cuda_available(onnx_artifact / "model.onnx"):
@@ -93,29 +94,29 @@ def test_cuda_is_never_a_cpu_run(onnx_artifact):
         assert cuda[0].status == "skipped" and "CUDAExecutionProvider" in cuda[0].reason
         assert not any(r.runner == "ort-cuda" for r in report.results)
         assert report.passed  # skipped is not failed ...
-        strict = check(onnx_artifact, providers=["cpu"], seq_lens=[3], batch_sizes=[1],
+        strict = check_parity(onnx_artifact, providers=["cpu"], seq_lens=[3], batch_sizes=[1],
                        require_cuda=True)
         assert not strict.passed  # ... unless CUDA is required
         assert [i.status for i in strict.runners if i.name == "ort-cuda"] == ["failed"]
 
 
 def test_tolerance_override_applies(onnx_artifact):
-    report = check(onnx_artifact, providers=["cpu"], seq_lens=[4], batch_sizes=[1], atol=1e-12, rtol=0)
+    report = check_parity(onnx_artifact, providers=["cpu"], seq_lens=[4], batch_sizes=[1], atol=1e-12, rtol=0)
     assert not report.passed  # fp32 vs fp64 is never exact: the check can fail
 
 
 def test_a_check_of_nothing_never_passes(onnx_artifact):
     """Only CUDA asked for on a machine without it: nothing under test ran, so no PASS."""
-    report = check(onnx_artifact, providers=["cuda"], seq_lens=[2], batch_sizes=[1])
+    report = check_parity(onnx_artifact, providers=["cuda"], seq_lens=[2], batch_sizes=[1])
     if not cuda_available(onnx_artifact / "model.onnx"):
         assert not report.tested and not report.passed
 
 
-@pytest.mark.parametrize("form", sorted(CORES))
+@pytest.mark.parametrize("form", sorted(FORMS))
 def test_float16_models_pass_with_the_float16_tolerance(tmp_path, form):
     """fp16 graphs: finite mask fill (no NaN at T=1 or past a block), within atol 2e-3/rtol 2e-2."""
-    path = export_onnx(CFG, tmp_path / "f16", attention=form, dtype="float16", check=False).path
-    report = check(path, seq_lens=[1, 7, 513], batch_sizes=[2], providers=["cpu"])
+    path = export_onnx(CFG, tmp_path / "f16", attention=form, dtype="float16", validate=False).path
+    report = check_parity(path, seq_lens=[1, 7, 513], batch_sizes=[2], providers=["cpu"])
     assert report.passed, [r.error for r in report.results if not r.passed]
     ort_rows = [r for r in report.results if r.runner == "ort-cpu"]
     assert ort_rows and all(r.vs_reference.nonfinite == 0 for r in ort_rows)

@@ -2,6 +2,7 @@
 import pytest
 
 from mha_export import MHAConfig, export_onnx
+from mha_export.signature import make_signature
 from mha_export.runners import OrtRunner, RunnerUnavailable, node_placements
 
 
@@ -22,7 +23,7 @@ def test_real_cpu_session_log_is_understood(tmp_path, capfd):
     """ONNX Runtime 1.31's own verbose log for a CPU session: every node on the CPU provider."""
     import onnxruntime as ort
     from mha_export.runners import native_stderr
-    path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", check=False).path / "model.onnx"
+    path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", validate=False).path / "model.onnx"
     opts = ort.SessionOptions()
     opts.log_severity_level = 0
     with native_stderr() as log:
@@ -31,9 +32,9 @@ def test_real_cpu_session_log_is_understood(tmp_path, capfd):
 
 
 def test_cuda_runner_never_runs_on_cpu(tmp_path):
-    path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", check=False).path / "model.onnx"
+    path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", validate=False).path / "model.onnx"
     try:
-        runner = OrtRunner(path, "cuda")
+        runner = OrtRunner(make_signature(MHAConfig(dim=32, heads=2)), path, "cuda")
     except RunnerUnavailable as e:
         assert "CUDAExecutionProvider" in str(e)
         return

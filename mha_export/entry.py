@@ -1,0 +1,42 @@
+"""Entry points: the eager module's call for each signature kind (signature.KINDS), inputs in the
+declared order. torch.jit.script compiles them for TorchScript export; the declared names travel
+inside model.pt as the attributes input_names / output_names (libtorch reads them)."""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+from torch import Tensor, nn
+
+from .model import AttentionBase
+
+class EntryPoint(nn.Module):
+    def __init__(self, inner: AttentionBase, input_names: List[str], output_names: List[str]):
+        super().__init__()
+        self.inner = inner
+        self.input_names = input_names
+        self.output_names = output_names
+
+
+class FullSequence(EntryPoint):
+    def forward(self, x: Tensor) -> Tensor:
+        return self.inner(x)
+
+
+class MaskedSequence(EntryPoint):
+    def forward(self, x: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.inner.attend(x, attention_mask, None, None)[0]
+
+
+class CachedStep(EntryPoint):
+    def forward(self, x: Tensor, attention_mask: Tensor, past_key: Tensor,
+                past_value: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        return self.inner.forward_step(x, attention_mask, past_key, past_value)
+
+
+ENTRY_POINTS = {"full": FullSequence, "masked": MaskedSequence, "kv-cache": CachedStep}
+
+
+def entry_module(module: AttentionBase, kind: str, input_names: List[str],
+                 output_names: List[str]) -> EntryPoint:
+    """The module to call (and to script) for a signature kind."""
+    return ENTRY_POINTS[kind](module, list(input_names), list(output_names)).eval()

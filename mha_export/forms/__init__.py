@@ -1,0 +1,41 @@
+"""The registry of ONNX graph forms: one record per form (see ``base.GraphForm``).
+
+Adding a form: one new module here that defines its core and its ``GraphForm``, plus one entry
+in ``_FORMS`` below. Nothing else changes: the exporter, the CLI choices, the checker's sweep
+(switch lengths), the opset checks and the README table's tests all read this registry.
+"""
+from __future__ import annotations
+
+from ..errors import UsageError
+from . import attention_op, auto, blocked, contrib, decomposed
+from .base import FEATURES, AttentionIO, AttentionOut, GraphForm
+
+_FORMS = (auto.FORM, decomposed.FORM, attention_op.FORM, blocked.BLOCKED, blocked.BLOCKED_PLAIN,
+          contrib.CONTRIB_MHA, contrib.CONTRIB_GQA)
+FORMS: dict[str, GraphForm] = {f.name: f for f in _FORMS}
+# Old spellings accepted for one release (0.2): "fused" was both a weight layout and this form.
+ALIASES = {"fused": "attention-op"}
+DEFAULT = "auto"
+# Highest opset ONNX Runtime 1.31 loads (27+ is refused).
+MAX_OPSET = 26
+
+__all__ = ["FORMS", "ALIASES", "DEFAULT", "MAX_OPSET", "FEATURES", "AttentionIO", "AttentionOut",
+           "GraphForm", "get_form", "resolve_opset"]
+
+
+def get_form(name: str) -> GraphForm:
+    name = ALIASES.get(name, name)
+    if name not in FORMS:
+        raise UsageError(f"unknown attention form {name!r}: choose one of {', '.join(FORMS)}")
+    return FORMS[name]
+
+
+def resolve_opset(form: GraphForm, opset: int | None) -> int:
+    """The exact opset to write: the form's lowest by default; one it cannot be written in is an
+    error, never substituted."""
+    if opset is None:
+        return form.min_opset
+    if not form.min_opset <= opset <= MAX_OPSET:
+        raise UsageError(f"opset {opset} cannot be produced for attention form {form.name!r} "
+                         f"(supported: {form.min_opset}-{MAX_OPSET})")
+    return opset

@@ -1,0 +1,162 @@
+"""``blocked`` / ``blocked-plain``: an ONNX ``Loop`` over blocks of queries, memory linear in T.
+
+Every ONNX Runtime CPU attention kernel materialises the (N, T, S) scores. Here a ``Loop`` runs one
+block of ``bs`` queries per iteration; block i (queries [i*bs, (i+1)*bs), at key positions
+P + i*bs ...) attends only to keys [0, P + (i+1)*bs), so one block's scores are (N, bs, end) and
+nothing is computed above the diagonal block.
+
+- The block count is ``nb = ceil(T / block)`` and the block size ``bs = ceil(T / nb)`` (<= block),
+  both from the runtime T: queries are padded by fewer than ``nb`` rows (none when T < block), and
+  the ragged last block's keys come from Slice clamping at S. Padded query rows are sliced off.
+- Each block's mask comes from ``graph.masked_scores`` with the block's start: (bs, end) causal
+  comparisons (+ the padding keys of attention_mask), never a (T, S) mask.
+- Queries are scaled by 1/sqrt(H) once, before the loop (never the scores).
+
+Two bodies (``use_attention_op``): one standard ``Attention`` node per block (opset 23), or
+MatMul / Where / Softmax / MatMul (opset 17). Without a cache or padding mask the Attention body
+reads 3-D (B, len, D) slices (no transposes at all); otherwise blocks are 4-D (B, N, len, H).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from ..config import MHAConfig
+from ..graph import (GraphBuilder, additive, as_1d, ceil_div, dim, finite_lowest, masked_scores,
+                     scale_queries, split_heads)
+from .base import AttentionIO, AttentionOut, GraphForm, cache_out, keys_values
+
+BLOCK = 256
+BLOCK_EDGES = (BLOCK, BLOCK + 1, 2 * BLOCK + 1)  # one block, two, three (the last ragged)
+FEATURES = frozenset({"non-causal", "kv-cache", "attention-mask"})
+
+
+def blocked_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig, block: int = BLOCK,
+                 use_attention_op: bool = True) -> AttentionOut:
+    if block < 1:
+        raise ValueError(f"block must be positive, got {block}")
+    t = dim(g, io.q, 1, "blk_seq_len")  # () T
+    nb = ceil_div(g, t, g.ints("blk_block", block), "blk_count")  # () number of blocks
+    bs = ceil_div(g, t, nb, "blk_size")  # () queries per block, <= block
+    pad = g.op("Sub", [g.op("Mul", [nb, bs], name="blk_padded_len"), t], name="blk_pad")  # ()
+    q = scale_queries(g, io.q, c.scale)  # (B, T, D)
+    flat = use_attention_op and not io.has_cache and io.attention_mask is None
+    if flat:
+        keys, values, past = io.k, io.v, None  # (B, T, D)
+        q_axis = k_axis = v_axis = 1
+    else:
+        q = split_heads(g, q, c.heads, c.head_dim, "blk_q")  # (B, N, T, H)
+        keys, values = keys_values(g, io, c)  # (B, K, S, H)
+        past = g.op("Sub", [dim(g, keys, 2, "blk_key_len"), t], name="blk_past_len")  # () P
+        q_axis = v_axis = 2
+        k_axis = 2 if use_attention_op else 3
+    k_in = keys if use_attention_op else g.op("Transpose", [keys], perm=[0, 1, 3, 2],
+                                              name="blk_k_bhds")  # (B, K, H, S)
+    q = _pad_axis(g, q, pad, q_axis)  # (B, nb*bs, D) | (B, N, nb*bs, H)
+
+    b = g.sub("blk/")
+    it, cond = b.name("iter"), b.name("cond_in")
+    start = b.op("Mul", [it, bs], name="start")  # () first query of the block
+    first_key = start if past is None else b.op("Add", [past, start], name="first_key")  # ()
+    key_end = (b.op("Add", [first_key, bs], name="key_end") if c.causal
+               else b.ints("all_keys", np.iinfo(np.int64).max))  # () Slice clamps at S
+    zero = b.ints("zero_1d", [0])
+    end_1d = as_1d(b, key_end, "key_end_1d")  # (1,)
+    qb = b.op("Slice", [q, as_1d(b, start, "start_1d"), as_1d(b, b.op(
+        "Add", [start, bs], name="q_end"), "q_end_1d"), b.ints("q_axis", [q_axis])],
+        name="q_block")  # (B, bs, D) | (B, N, bs, H)
+    kb = b.op("Slice", [k_in, zero, end_1d, b.ints("k_axis", [k_axis])],
+              name="k_prefix")  # (B, end, D) | (B, K, end, H) | (B, K, H, end)
+    vb = b.op("Slice", [values, zero, end_1d, b.ints("v_axis", [v_axis])],
+              name="v_prefix")  # (B, end, D) | (B, K, end, H)
+    mask_b = None if io.attention_mask is None else b.op(
+        "Slice", [io.attention_mask, zero, end_1d, b.ints("mask_axis", [1])],
+        name="mask_prefix")  # (B, end)
+    masked = masked_scores(b, c.causal, bs, dim(b, kb, k_axis, "key_len"), mask_b,
+                           start=first_key)  # (B|1, 1|., bs, end) | (bs, end) bool
+    body = _attention_body if use_attention_op else _plain_body
+    ctx_b = body(b, c, qb, kb, vb, masked, flat)  # (B, bs, D) | (B, N, bs, H)
+    tail = [-1, c.inner] if flat else [c.heads, -1, c.head_dim]
+    ctx = _run_loop(g, b, nb, it, cond, ctx_b, q, tail)  # (nb, B, bs, D) | (nb, B, N, bs, H)
+    perm = [1, 0, 2, 3] if flat else [1, 0, 3, 2, 4]
+    ctx = g.op("Transpose", [ctx], perm=perm, name="blk_ctx")  # (B, nb, bs, [N,] H|D)
+    ctx = g.op("Reshape", [ctx, g.ints("blk_merged_shape", [0, -1, c.inner])],
+               name="blk_ctx_padded")  # (B, nb*bs, D)
+    ctx = g.op("Slice", [ctx, g.ints("blk_zero_1d", [0]), as_1d(g, t, "blk_seq_len_1d"),
+                         g.ints("blk_axes1_1d", [1])], name="blk_context")  # (B, T, D)
+    return cache_out(io, ctx, keys, values)
+
+
+def _pad_axis(g: GraphBuilder, x: str, pad: str, axis: int) -> str:
+    """Pad x with ``pad`` zero rows at the end of ``axis`` (x is 3-D or 4-D)."""
+    rank = 3 if axis == 1 else 4
+    pads = g.op("Concat", [g.ints("blk_pads_head", [0] * (rank + axis)), as_1d(g, pad, "blk_pad_1d"),
+                           g.ints("blk_pads_tail", [0] * (rank - axis - 1))], axis=0,
+                name="blk_q_pads")  # (2*rank,)
+    return g.op("Pad", [x, pads], mode="constant", name="q_padded")
+
+
+def _attention_body(b: GraphBuilder, c: MHAConfig, qb: str, kb: str, vb: str,
+                    masked: str | None, flat: bool) -> str:
+    """One Attention node per block (queries already scaled)."""
+    # Reshape (no copy in ORT) restores the static sizes that shape inference loses through a
+    # Slice with runtime bounds; without it ORT infers a 0 width for the output and warns.
+    if flat:
+        q_shape = kv_shape = b.ints("width_shape", [0, -1, c.inner])
+    else:
+        q_shape = b.ints("q_shape", [0, c.heads, -1, c.head_dim])
+        kv_shape = b.ints("kv_shape", [0, c.kv_heads, -1, c.head_dim])
+    qb = b.op("Reshape", [qb, q_shape], name="q_block_shaped")
+    kb = b.op("Reshape", [kb, kv_shape], name="k_prefix_shaped")
+    vb = b.op("Reshape", [vb, kv_shape], name="v_prefix_shaped")
+    inputs = [qb, kb, vb] + ([additive(b, masked, "block_bias")] if masked else [])
+    heads = dict(q_num_heads=c.heads, kv_num_heads=c.kv_heads) if flat else {}
+    return b.op("Attention", inputs, name="attention", scale=1.0, **heads)
+
+
+def _plain_body(b: GraphBuilder, c: MHAConfig, qb: str, kb: str, vb: str,
+                masked: str | None, flat: bool) -> str:
+    """q (B, N, bs, H) @ k^T (B, K, H, end) -> Where -> Softmax -> @ v -> (B, N, bs, H)."""
+    scores = b.op("MatMul", [qb, kb], name="scores")  # (B, N, bs, end)
+    if masked is not None:
+        scores = b.op("Where", [masked, b.const("mask_fill", finite_lowest(b.dtype)), scores],
+                      name="masked_scores")  # (B, N, bs, end)
+    probs = b.op("Softmax", [scores], axis=-1, name="probs")  # (B, N, bs, end)
+    return b.op("MatMul", [probs, vb], name="context")  # (B, N, bs, H)
+
+
+def _run_loop(g: GraphBuilder, b: GraphBuilder, nb: str, it: str, cond: str, ctx_b: str,
+              batch_of: str, tail: list[int]) -> str:
+    """Wrap body builder b (iteration ``it``, condition ``cond``, scan output ctx_b of shape
+    (B, *rest)) in a Loop of nb iterations; returns the stacked scan output (nb, B, *rest).
+    ``batch_of``: an outer value with B first; ``tail``: rest, with one -1."""
+    cond_out = b.op("Identity", [cond], name="cond_out")
+    body = b.subgraph(
+        g.name("blk_body"),
+        [helper.make_tensor_value_info(it, TensorProto.INT64, []),
+         helper.make_tensor_value_info(cond, TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info(cond_out, TensorProto.BOOL, []),
+         helper.make_tensor_value_info(ctx_b, g.elem, None)])
+    # An explicit true condition: onnx.reference's Loop runs no iteration when it is omitted.
+    true = g.const("blk_true", np.array(True), float_dtype=False)
+    stacked = g.op("Loop", [nb, true], body=body, name="blk_loop")  # (nb, B, *rest)
+    # ORT stacks scan outputs on a new axis, onnx.reference concatenates them on axis 0: both hold
+    # the same data in the same order, so one Reshape pins the layout for either.
+    batch = g.op("Shape", [batch_of], start=0, end=1, name="blk_batch")
+    shape = g.op("Concat", [as_1d(g, nb, "blk_count_1d"), batch, g.ints("blk_tail", tail)],
+                 axis=0, name="blk_stacked_shape")
+    return g.op("Reshape", [stacked, shape], name="blk_stacked")  # (nb, B, *rest)
+
+
+BLOCKED = GraphForm(
+    name="blocked", core=blocked_core, min_opset=23, memory="linear in T",
+    summary=f"a Loop over blocks of <= {BLOCK} queries, one Attention node per block over keys "
+            "[0, block end), mask only for the block",
+    switch_seq_lens=BLOCK_EDGES, supports=FEATURES)
+BLOCKED_PLAIN = GraphForm(
+    name="blocked-plain", core=functools.partial(blocked_core, use_attention_op=False),
+    min_opset=17, memory="linear in T",
+    summary="the same loop with MatMul/Where/Softmax/MatMul (portable)",
+    switch_seq_lens=BLOCK_EDGES, supports=FEATURES)

@@ -1,0 +1,162 @@
+"""ONNX graph building blocks shared by every graph form: the builder, runtime shapes, the heads
+split/merge, and the one attention-mask builder.
+
+Shape legend: B = batch, T = this call's length, P = past length, S = P + T keys,
+N = query heads, K = key/value heads, H = head size, D = N * H.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
+CONTRIB = "com.microsoft"
+
+
+@dataclass
+class GraphBuilder:
+    """Collects nodes and initializers; names are unique and readable (a subgraph's builder
+    carries a prefix, so none of its names shadows the outer scope)."""
+
+    dtype: str = "float32"
+    prefix: str = ""
+    nodes: list = field(default_factory=list)
+    initializers: list = field(default_factory=list)
+    _count: dict = field(default_factory=dict)
+
+    def name(self, base: str) -> str:
+        base = self.prefix + base
+        n = self._count.get(base, 0)
+        self._count[base] = n + 1
+        return base if n == 0 else f"{base}_{n}"
+
+    def sub(self, prefix: str) -> "GraphBuilder":
+        return GraphBuilder(dtype=self.dtype, prefix=self.prefix + prefix)
+
+    @property
+    def elem(self) -> int:
+        return ONNX_DTYPES[self.dtype]
+
+    def const(self, name: str, value: np.ndarray | torch.Tensor | float,
+              float_dtype: bool = True) -> str:
+        if isinstance(value, torch.Tensor):
+            value = value.detach().to(torch.float64).numpy()
+        arr = np.asarray(value)
+        if float_dtype:
+            arr = arr.astype(NUMPY_DTYPES[self.dtype])
+        name = self.name(name)
+        self.initializers.append(numpy_helper.from_array(arr, name))
+        return name
+
+    def ints(self, name: str, values: list[int] | int) -> str:
+        return self.const(name, np.array(values, dtype=np.int64), float_dtype=False)
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, name: str | None = None,
+           domain: str = "", **attrs) -> str | list[str]:
+        base = self.name(name or op_type.lower())
+        outs = [base] if n_out == 1 else [f"{base}_{i}" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=base, domain=domain, **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def linear(self, x: str, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
+        """x @ weight.T + bias (nn.Linear semantics)."""
+        y = self.op("MatMul", [x, self.const(f"{name}.weight", weight.t())], name=f"{name}_matmul")
+        if bias is not None:
+            y = self.op("Add", [y, self.const(f"{name}.bias", bias)], name=f"{name}_add")
+        return y
+
+    def subgraph(self, name: str, inputs: list, outputs: list) -> "onnx.GraphProto":  # noqa: F821
+        return helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.initializers)
+
+
+def finite_lowest(dtype: str) -> float:
+    """Mask fill that stays finite in the dtype (no -inf, so no NaN from -inf - -inf)."""
+    return float(np.finfo(NUMPY_DTYPES[dtype]).min)
+
+
+def scale_queries(g: GraphBuilder, q: str, scale: float) -> str:
+    """q * scale: the (.., T, H) queries are scaled, never the (.., T, S) scores."""
+    return g.op("Mul", [q, g.const("attn.scale", np.array(scale))], name="q_scaled")
+
+
+# --- runtime shapes ---------------------------------------------------------------------------
+
+def dim(g: GraphBuilder, x: str, axis: int, name: str) -> str:
+    """int64 scalar (): x.shape[axis] at runtime."""
+    d = g.op("Shape", [x], start=axis, end=axis + 1, name=f"{name}_1d")  # (1,)
+    return g.op("Squeeze", [d, g.ints("axes0", [0])], name=name)  # ()
+
+
+def as_1d(g: GraphBuilder, s: str, name: str) -> str:
+    return g.op("Unsqueeze", [s, g.ints("axes0", [0])], name=name)  # () -> (1,)
+
+
+def ceil_div(g: GraphBuilder, a: str, b: str, name: str) -> str:
+    """int64 scalars: ceil(a / b) for a, b > 0."""
+    num = g.op("Sub", [g.op("Add", [a, b], name=f"{name}_sum"), g.ints("one", 1)],
+               name=f"{name}_num")
+    return g.op("Div", [num, b], name=name)  # integer Div truncates; operands are positive
+
+
+# --- heads --------------------------------------------------------------------------------------
+
+def split_heads(g: GraphBuilder, x: str, heads: int, head_dim: int, name: str,
+                keys_last: bool = False) -> str:
+    """(B, T, heads*H) -> (B, heads, T, H), or (B, heads, H, T) with keys_last (for q @ k^T)."""
+    x = g.op("Reshape", [x, g.ints("heads_shape", [0, 0, heads, head_dim])],
+             name=f"{name}_heads")  # (B, T, heads, H)
+    return g.op("Transpose", [x], perm=[0, 2, 3, 1] if keys_last else [0, 2, 1, 3],
+                name=f"{name}_bhtd")  # (B, heads, T, H) | (B, heads, H, T)
+
+
+def merge_heads(g: GraphBuilder, x: str, width: int, name: str = "context") -> str:
+    """(B, N, T, H) -> (B, T, N*H)."""
+    x = g.op("Transpose", [x], perm=[0, 2, 1, 3], name=f"{name}_bthd")  # (B, T, N, H)
+    return g.op("Reshape", [x, g.ints("merged_shape", [0, 0, width])], name=f"{name}_merged")
+
+
+# --- the attention mask: one builder for every form -------------------------------------------
+
+def masked_positions(g: GraphBuilder, t_q: str, t_k: str, start: str | None = None,
+                     name: str = "causal") -> str:
+    """(t_q, t_k) bool, True where query i may NOT see key j (j > i + offset): bottom-right
+    alignment, query i sits at key position (t_k - t_q) + i, or at ``start`` + i when given
+    (a block of queries inside a longer sequence). All int64 scalars, from the runtime shapes."""
+    offset = start if start is not None else g.op("Sub", [t_k, t_q], name=f"{name}_offset")
+    zero, one = g.ints("zero", 0), g.ints("one", 1)
+    q_pos = g.op("Add", [g.op("Range", [zero, t_q, one], name=f"{name}_query_idx"), offset],
+                 name=f"{name}_query_pos")  # (t_q,)
+    k_pos = g.op("Range", [zero, t_k, one], name=f"{name}_key_pos")  # (t_k,)
+    rows = g.op("Unsqueeze", [q_pos, g.ints("axes1", [1])], name=f"{name}_rows")  # (t_q, 1)
+    return g.op("Greater", [k_pos, rows], name=f"{name}_mask")  # (t_q, t_k)
+
+
+def additive(g: GraphBuilder, masked: str, name: str) -> str:
+    """bool 'masked' -> additive float: lowest finite value where masked, 0 elsewhere."""
+    return g.op("Where", [masked, g.const("mask_fill", finite_lowest(g.dtype)),
+                          g.const("mask_zero", 0.0)], name=name)
+
+
+def padding_masked(g: GraphBuilder, attention_mask: str, name: str = "padding") -> str:
+    """(B, S) int64 attention_mask (1 = token) -> (B, 1, 1, S) bool, True at padding keys."""
+    pad = g.op("Equal", [attention_mask, g.ints("pad_value", 0)], name=f"{name}_keys")  # (B, S)
+    return g.op("Unsqueeze", [pad, g.ints("axes12", [1, 2])], name=f"{name}_mask")  # (B,1,1,S)
+
+
+def masked_scores(g: GraphBuilder, causal: bool, t_q: str, t_k: str,
+                  attention_mask: str | None, start: str | None = None) -> str | None:
+    """bool (t_q, t_k) or (B, 1, t_q, t_k), True where a score is masked: causal (bottom-right, or from
+    ``start``) and/or padding keys; None when nothing is masked."""
+    if attention_mask is None:
+        return masked_positions(g, t_q, t_k, start) if causal else None  # (t_q, t_k)
+    pad = padding_masked(g, attention_mask)  # (B, 1, 1, t_k)
+    if not causal:  # ORT's Attention wants the query axis spelled out: (B, 1, t_q, t_k)
+        rows = g.op("Concat", [g.ints("ones2", [1, 1]), as_1d(g, t_q, "rows_1d"),
+                               g.ints("one_1d", [1])], axis=0, name="rows_shape")  # (4,)
+        return g.op("Expand", [pad, rows], name="masked")  # (B, 1, t_q, t_k)
+    return g.op("Or", [masked_positions(g, t_q, t_k, start), pad],
+                name="masked")  # (B, 1, t_q, t_k)

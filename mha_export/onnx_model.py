@@ -1,0 +1,72 @@
+"""Build the ONNX model of a signature from layout-neutral weights, with one graph form's core.
+
+Every form shares the projections:
+
+    x (B, T, d_in) -> MatMul qkv.weight (+ qkv.bias) -> (B, T, 3*D) -> Split -> q, k, v
+    ... the form's attention core (forms/) ... -> context (B, T, D) -> MatMul out.weight -> y
+
+The graph is written directly from the weights (no tracing): the opset is exact and nothing of
+size max_seq_len is stored. Inputs and outputs are the signature's, by name, with its symbolic
+axes.
+"""
+from __future__ import annotations
+
+import onnx
+import torch
+from onnx import TensorProto, helper
+
+from .config import MHAConfig
+from .errors import UsageError
+from .forms import FORMS, AttentionIO, GraphForm, resolve_opset
+from .graph import ONNX_DTYPES, GraphBuilder
+from .model import AttentionWeights
+from .signature import FLOAT, Signature, TensorSpec, make_signature
+
+DTYPES = tuple(ONNX_DTYPES)
+
+
+def _value_info(t: TensorSpec, dtype: str) -> onnx.ValueInfoProto:
+    elem = ONNX_DTYPES[dtype] if t.dtype == FLOAT else TensorProto.INT64
+    return helper.make_tensor_value_info(t.name, elem, list(t.shape))
+
+
+def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
+                opset: int | None = None, dtype: str = "float32",
+                signature: Signature | None = None,
+                metadata: dict[str, str] | None = None) -> onnx.ModelProto:
+    c = config
+    sig = signature or make_signature(c)
+    needs = sig.features | ({"non-causal"} if not c.causal else set())
+    if problem := form.problem(c, frozenset(needs)):
+        able = [f.name for f in FORMS.values() if not f.problem(c, frozenset(needs))]
+        raise UsageError(f"attention form {form.name!r} {problem}"
+                         + (f" (forms that can: {', '.join(able)})" if able else ""))
+    if dtype not in ONNX_DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    opset = resolve_opset(form, opset)
+    g = GraphBuilder(dtype=dtype)
+    qkv = g.linear("x", "qkv", torch.cat([w.wq, w.wk, w.wv]),
+                   None if w.bq is None else torch.cat([w.bq, w.bk, w.bv]))  # (B, T, 3*D)
+    q, k, v = g.op("Split", [qkv, g.ints("qkv_split", [c.inner] * 3)], n_out=3, axis=2,
+                   name="qkv_split")  # 3 x (B, T, D)
+    named = set(sig.input_names)
+    io = AttentionIO(q, k, v, *(n if n in named else None
+                                for n in ("past_key", "past_value", "attention_mask")))
+    out = form.core(g, io, c)
+    y = out.context if w.wo is None else g.linear(out.context, "out", w.wo, w.bo)  # (B, T, dim)
+    results = {"y": y, "present_key": out.present_key, "present_value": out.present_value}
+    for name in sig.output_names:
+        g.nodes.append(helper.make_node("Identity", [results[name]], [name], name=f"{name}_out"))
+
+    graph = helper.make_graph(g.nodes, f"mha_{form.name}",
+                              [_value_info(t, dtype) for t in sig.inputs],
+                              [_value_info(t, dtype) for t in sig.outputs],
+                              initializer=g.initializers)
+    opsets = [helper.make_opsetid("", opset)]
+    ir_version = helper.find_min_ir_version_for(opsets)  # onnx 1.23 would write 14; ORT reads 13
+    opsets += [helper.make_opsetid(domain, version) for domain, version in form.domains]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="mha-export",
+                              ir_version=ir_version)
+    helper.set_model_props(model, metadata or {})
+    return model
+

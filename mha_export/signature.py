@@ -1,0 +1,120 @@
+"""Named inputs and outputs of an export, declared once (like Optimum's per-model config).
+
+The ONNX builder, the TorchScript entry point, config.json, the runners and the C++ programs all
+read a ``Signature``: names, dtypes, shapes with symbolic (dynamic) axes, in call order.
+
+    full      x                                              -> y
+    masked    x, attention_mask                              -> y
+    kv-cache  x, attention_mask, past_key, past_value        -> y, present_key, present_value
+
+Adding an input or output: one entry in ``TENSORS`` and its name in the ``KINDS`` that take it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .config import MHAConfig
+from .errors import UsageError
+
+FLOAT = "float"  # the model's float dtype (float32 or float16)
+BATCH, SEQ, PAST, TOTAL = "batch", "seq", "past_seq", "past_seq + seq"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # FLOAT or "int64"
+    shape: tuple  # ints and symbolic axis names
+    doc: str = ""
+
+    @property
+    def dynamic_axes(self) -> dict[int, str]:
+        return {i: d for i, d in enumerate(self.shape) if isinstance(d, str)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
+                "doc": self.doc}
+
+
+TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
+    "x": lambda c, kind: TensorSpec("x", FLOAT, (BATCH, SEQ, c.d_in), "this call's tokens"),
+    "attention_mask": lambda c, kind: TensorSpec(
+        "attention_mask", "int64", (BATCH, TOTAL if kind == "kv-cache" else SEQ),
+        "1 = real token, 0 = padding" + (", over the cache and this call"
+                                         if kind == "kv-cache" else "")),
+    "past_key": lambda c, kind: TensorSpec(
+        "past_key", FLOAT, (BATCH, c.kv_heads, PAST, c.head_dim), "cached keys; past_seq 0 at prefill"),
+    "past_value": lambda c, kind: TensorSpec(
+        "past_value", FLOAT, (BATCH, c.kv_heads, PAST, c.head_dim), "cached values"),
+    "y": lambda c, kind: TensorSpec("y", FLOAT, (BATCH, SEQ, c.dim), "output"),
+    "present_key": lambda c, kind: TensorSpec(
+        "present_key", FLOAT, (BATCH, c.kv_heads, TOTAL, c.head_dim), "past_key + this call's keys"),
+    "present_value": lambda c, kind: TensorSpec(
+        "present_value", FLOAT, (BATCH, c.kv_heads, TOTAL, c.head_dim),
+        "past_value + this call's values"),
+}
+# kind -> (input names, output names), in call order
+KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "full": (("x",), ("y",)),
+    "masked": (("x", "attention_mask"), ("y",)),
+    "kv-cache": (("x", "attention_mask", "past_key", "past_value"),
+                 ("y", "present_key", "present_value")),
+}
+
+
+@dataclass(frozen=True)
+class Signature:
+    kind: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [t.name for t in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [t.name for t in self.outputs]
+
+    @property
+    def has_cache(self) -> bool:
+        return "past_key" in self.input_names
+
+    @property
+    def has_mask(self) -> bool:
+        return "attention_mask" in self.input_names
+
+    @property
+    def features(self) -> frozenset:
+        """What a graph form must support to build this signature (see forms.FEATURES)."""
+        return frozenset(f for f, on in (("kv-cache", self.has_cache),
+                                         ("attention-mask", self.has_mask)) if on)
+
+    @property
+    def dynamic_axes(self) -> dict[str, dict[int, str]]:
+        return {t.name: t.dynamic_axes for t in (*self.inputs, *self.outputs)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "inputs": [t.to_dict() for t in self.inputs],
+                "outputs": [t.to_dict() for t in self.outputs],
+                "dynamic_axes": self.dynamic_axes}
+
+
+def make_signature(config: MHAConfig, kind: str = "full") -> Signature:
+    if kind not in KINDS:
+        raise UsageError(f"unknown signature {kind!r}: choose one of {', '.join(KINDS)}")
+    ins, outs = KINDS[kind]
+    return Signature(kind, tuple(TENSORS[n](config, kind) for n in ins),
+                     tuple(TENSORS[n](config, kind) for n in outs))
+
+
+def signature_kind(kv_cache: bool = False, attention_mask: bool = False) -> str:
+    """The CLI's --kv-cache / --attention-mask flags as a signature kind."""
+    return "kv-cache" if kv_cache else "masked" if attention_mask else "full"
+
+
+def signature_from_meta(config: MHAConfig, meta: dict) -> Signature:
+    """The signature an artifact declares (config.json 'io'); artifacts written before named
+    I/O (no 'kind') are full-sequence models."""
+    return make_signature(config, meta.get("io", {}).get("kind", "full"))

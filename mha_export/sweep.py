@@ -1,0 +1,138 @@
+"""The parity sweep: which (batch, seq, past, padding) cases to run, their named inputs, and
+whether the largest of them fits in memory before anything is allocated.
+
+Inputs are fresh random values per case (nothing was used at export: there is no example
+input). attention_mask marks padding on the left (row r of a batch starts with pads, the usual
+layout for batched generation) or on the right; row 0 is never padded.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .config import MHAConfig
+from .errors import UsageError
+from .signature import FLOAT, Signature
+
+PADDINGS = ("none", "left", "right")
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: int
+    seq: int
+    past: int = 0
+    padding: str = "none"
+    scenario: str = ""  # "" for one call; scenarios.py names its multi-call runs
+
+    def label(self) -> str:
+        s = f"{self.scenario}: " if self.scenario else ""
+        s += f"B={self.batch} T={self.seq}"
+        s += f" P={self.past}" if self.past else ""
+        return s + (f" {self.padding}-pad" if self.padding != "none" else "")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_seq_lens(max_seq_len: int, switch_seq_lens: Sequence[int] = ()) -> list[int]:
+    """T=1, lengths never used at export, T=max_seq_len and one past it (longer inputs are
+    supported: the mask comes from the runtime length), and both sides of every length where the
+    graph form switches code path."""
+    m = max_seq_len
+    base = {t for t in (1, 2, 7, 64, 100, 257, m - 1, m, m + 1) if 1 <= t <= m + 1}
+    return sorted(base | set(switch_seq_lens))
+
+
+def default_past_lens(max_seq_len: int) -> list[int]:
+    """Cache lengths for decode models: empty (prefill), one, several, and up to the context."""
+    return sorted({p for p in (0, 1, 5, max_seq_len - 1) if p >= 0})
+
+
+def make_cases(sig: Signature, batch_sizes: Sequence[int], seq_lens: Sequence[int],
+               past_lens: Sequence[int] = (0,)) -> list[Case]:
+    """Every (batch, seq) [x past]; models with an attention_mask also run padded batches."""
+    pasts = list(past_lens) if sig.has_cache else [0]
+    cases = [Case(b, t, p) for b in batch_sizes for t in seq_lens for p in pasts]
+    if sig.has_mask:  # padded batches at a few shapes: the longest T, and T=1 past a cache
+        for b in sorted({max(batch_sizes), 3}):
+            for pad in ("left", "right"):
+                cases.append(Case(b, max(seq_lens), pasts[0], pad))
+                if sig.has_cache:
+                    cases.append(Case(b, 1, max(pasts), pad))
+    return cases
+
+
+def padding_mask(case: Case) -> np.ndarray:
+    """(B, P+T) int64: row r has r * S // (2B) pads (row 0 none), on the case's side."""
+    b, s = case.batch, case.past + case.seq
+    mask = np.ones((b, s), np.int64)
+    if case.padding == "none":
+        return mask
+    for r in range(1, b):
+        n = min(s - 1, max(1, r * s // (2 * b)))
+        if case.padding == "left":
+            mask[r, :n] = 0
+        else:
+            mask[r, s - n:] = 0
+    return mask
+
+
+def make_feeds(sig: Signature, config: MHAConfig, case: Case, seed: int
+               ) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng([seed, case.batch, case.seq, case.past,
+                                 PADDINGS.index(case.padding)])
+    sizes = {"batch": case.batch, "seq": case.seq, "past_seq": case.past,
+             "past_seq + seq": case.past + case.seq}
+    feeds = {}
+    for t in sig.inputs:
+        shape = tuple(sizes[d] if isinstance(d, str) else d for d in t.shape)
+        if t.name == "attention_mask":
+            feeds[t.name] = padding_mask(case)[:, -shape[1]:]
+        elif t.dtype == FLOAT:
+            feeds[t.name] = rng.standard_normal(shape).astype(np.float32)
+        else:
+            raise ValueError(f"no sample values for input {t.name!r}")  # declare them here
+    return feeds
+
+
+def real_queries(feeds: dict[str, np.ndarray], case: Case) -> Optional[np.ndarray]:
+    """(B, T, 1) bool: the query rows that are real tokens (padding rows' outputs are only
+    required to be finite), or None when nothing is padded."""
+    mask = feeds.get("attention_mask")
+    return None if mask is None else (mask[:, -case.seq:] == 1)[:, :, None]
+
+
+def case_bytes(config: MHAConfig, case: Case, quadratic: bool, masked: bool) -> int:
+    """A generous estimate of the peak bytes one case needs across the runners: activations in
+    float64 for the reference, (N, T, S) scores where the model materialises them, and the
+    eager module's (B, 1, T, S) mask where the call has a cache or padding mask."""
+    b, t, s, c = case.batch, case.seq, case.past + case.seq, config
+    linear = 8 * b * (t * (c.d_in + c.dim + 3 * c.inner) * 3 + 4 * s * c.kv_heads * c.head_dim)
+    scores = 8 * 2 * b * c.heads * t * s if quadratic else 0
+    mask = 8 * 2 * b * t * s if masked else 0
+    return linear + scores + mask
+
+
+def available_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 2**62
+
+
+def require_fits(config: MHAConfig, cases: Sequence[Case], quadratic: bool,
+                 masked: bool) -> None:
+    """A sweep whose largest case cannot fit is bad input, refused before anything is allocated."""
+    worst = max(cases, key=lambda k: case_bytes(config, k, quadratic, masked))
+    need, have = case_bytes(config, worst, quadratic, masked), available_bytes()
+    if need > have:
+        raise UsageError(f"the sweep's largest case ({worst.label()}) needs about "
+                         f"{need / 2**30:,.1f} GiB; {have / 2**30:,.1f} GiB is available: "
+                         "use smaller --batch-sizes / --seq-lens")

@@ -1,0 +1,122 @@
+"""The ONNX builder (onnx_model.build_model) for every graph form and signature, against eager."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from mha_export import MHAConfig, UsageError, build_module
+from mha_export.forms import FORMS, MAX_OPSET, get_form
+from mha_export.entry import entry_module
+from mha_export.onnx_model import build_model
+from mha_export.signature import KINDS, make_signature
+from mha_export.sweep import Case, make_feeds, real_queries
+
+CONFIGS = [MHAConfig(dim=64, heads=4, qkv_bias=True),
+           MHAConfig(dim=48, heads=3, head_dim=20, d_in=40, layout="fused", qkv_bias=True),
+           MHAConfig(dim=32, heads=2, layout="stacked"),
+           MHAConfig(dim=32, heads=4, causal=False, out_bias=False)]
+
+
+def _session(model):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _buildable(form, config, sig) -> bool:
+    return form.problem(config, sig.features | ({"non-causal"} if not config.causal else set())) is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.slug() + ("" if c.causal else "-noncausal"))
+def test_matches_eager_at_lengths_never_seen(form, config, kind):
+    sig = make_signature(config, kind)
+    if not _buildable(FORMS[form], config, sig):
+        pytest.skip(f"{form} cannot build this (export refuses it: tested below)")
+    m = build_module(config, seed=0)
+    model = build_model(config, m.to_weights(), FORMS[form], signature=sig)
+    onnx.checker.check_model(model, full_check=True)
+    session, entry = _session(model), entry_module(m, kind, sig.input_names, sig.output_names)
+    cases = [Case(1, 1), Case(3, 7), Case(2, 33), Case(1, 300)]
+    if sig.has_cache:
+        cases += [Case(2, 1, 5), Case(3, 4, 9), Case(1, 520, 3)]
+    if sig.has_mask:
+        cases += [Case(3, 9, 4 if sig.has_cache else 0, pad) for pad in ("left", "right")]
+    for case in cases:
+        feeds = make_feeds(sig, config, case, seed=1)
+        got = dict(zip(sig.output_names, session.run(None, feeds)))
+        with torch.inference_mode():
+            want = entry(*[torch.from_numpy(feeds[n]) for n in sig.input_names])
+        want = dict(zip(sig.output_names, want if isinstance(want, tuple) else (want,)))
+        rows = real_queries(feeds, case)
+        for name in sig.output_names:
+            assert np.isfinite(got[name]).all()
+            diff = np.abs(got[name] - want[name].numpy())
+            if name == "y" and rows is not None:
+                diff = diff * rows
+            assert diff.max() <= 1e-5, (name, case)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("form", FORMS)
+def test_io_declares_named_inputs_with_symbolic_axes(form, kind):
+    c = MHAConfig(dim=64, heads=4)
+    sig = make_signature(c, kind)
+    if not _buildable(FORMS[form], c, sig):
+        pytest.skip("not buildable")
+    model = build_model(c, build_module(c, seed=0).to_weights(), FORMS[form], signature=sig)
+    declared = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+                for vi in [*model.graph.input, *model.graph.output]}
+    assert list(declared) == sig.input_names + sig.output_names
+    for spec in (*sig.inputs, *sig.outputs):
+        assert declared[spec.name] == list(spec.shape)
+    assert declared["x"] == ["batch", "seq", 64]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_no_baked_mask_or_sequence_sized_constant(form):
+    """Nothing in the graph has a max_seq_len-sized dimension (the textbook buffer would)."""
+    c = MHAConfig(dim=64, heads=4, max_seq_len=96)
+    model = build_model(c, build_module(c, seed=0).to_weights(), FORMS[form])
+    for t in model.graph.initializer:
+        assert 96 not in t.dims, t.name
+        if not t.name.endswith((".weight", ".bias")):  # only the weights are larger than a few values
+            assert np.prod(t.dims) <= 8, t.name
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_every_supported_opset_loads(form):
+    c = MHAConfig(dim=32, heads=2)
+    w = build_module(c, seed=0).to_weights()
+    x = {"x": np.ones((1, 3, 32), np.float32)}
+    outs = [_session(build_model(c, w, FORMS[form], opset)).run(None, x)[0]
+            for opset in range(FORMS[form].min_opset, MAX_OPSET + 1)]
+    for o in outs[1:]:
+        np.testing.assert_allclose(o, outs[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("config, msg", [(MHAConfig(dim=32, heads=2, causal=False), "does not support non-causal"),
+                                         (MHAConfig(dim=48, heads=4), "head_dim % 8")])
+def test_gqa_refuses_what_its_kernel_cannot_do(config, msg):
+    with pytest.raises(UsageError, match=msg):
+        build_model(config, build_module(config, seed=0).to_weights(), FORMS["contrib-gqa"])
+
+
+def test_a_form_without_the_cache_names_the_forms_that_have_it():
+    c = MHAConfig(dim=32, heads=2)
+    with pytest.raises(UsageError, match=r"'contrib-mha' does not support attention-mask, "
+                                         r"kv-cache \(forms that can: auto, decomposed"):
+        build_model(c, build_module(c, seed=0).to_weights(), FORMS["contrib-mha"],
+                    signature=make_signature(c, "kv-cache"))
+
+
+def test_old_form_name_is_an_alias_and_unknown_names_are_refused():
+    assert get_form("fused").name == "attention-op"
+    with pytest.raises(UsageError, match="unknown attention form 'flash'"):
+        get_form("flash")
+
+
+def test_opset_outside_the_form_is_refused():
+    c = MHAConfig(dim=32, heads=2)
+    with pytest.raises(UsageError, match=r"opset 17 cannot be produced .* 'auto' \(supported: 23-26\)"):
+        build_model(c, build_module(c, seed=0).to_weights(), FORMS["auto"], 17)
