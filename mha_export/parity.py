@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import torch
 
-from . import forms
+from . import forms, scenarios
 from .artifact import Artifact, read_artifact
 from .comparator import Comparison, Tolerance, compare
 from .env import versions
@@ -139,14 +139,14 @@ def _runner_info(r: Runner, require_cuda: bool) -> RunnerInfo:
     return RunnerInfo(r.name, status, r.device, list(r.providers), r.warning)
 
 
-def _sweep_options(artifact: Artifact, seq_lens, past_lens) -> tuple[list[int], list[int], bool]:
+def _sweep_options(artifact: Artifact, seq_lens, past_lens) -> tuple[list, list, tuple, bool]:
     config, form_name = artifact.config, artifact.export.get("attention")
     form = forms.FORMS.get(forms.ALIASES.get(form_name, form_name)) if form_name else None
     switch = form.switch_seq_lens if form else ()
     seq_lens = list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len, switch)
     past_lens = list(past_lens) if past_lens else default_past_lens(config.max_seq_len)
     quadratic = form is None or form.memory != "linear in T"
-    return seq_lens, past_lens, quadratic
+    return seq_lens, past_lens, switch, quadratic
 
 
 def check_parity(artifact_dir: str | Path, providers: Sequence[str] = PROVIDERS,
@@ -165,7 +165,7 @@ def check_parity(artifact_dir: str | Path, providers: Sequence[str] = PROVIDERS,
     if require_cuda and "cuda" not in providers:
         providers = [*providers, "cuda"]
     config, sig = artifact.config, artifact.signature
-    seq_lens, past_lens, quadratic = _sweep_options(artifact, seq_lens, past_lens)
+    seq_lens, past_lens, switch, quadratic = _sweep_options(artifact, seq_lens, past_lens)
     cases = make_cases(sig, batch_sizes, seq_lens, past_lens)
     require_fits(config, cases, quadratic, sig.has_mask)
     report = CheckReport(str(artifact_dir), seed, list(batch_sizes), seq_lens,
@@ -177,15 +177,28 @@ def check_parity(artifact_dir: str | Path, providers: Sequence[str] = PROVIDERS,
     dtype = artifact.export.get("dtype", "float32")
     tolerances = {(r.name, o): _override(default_tolerance(r.name, o, dtype, tf32), atol, rtol)
                   for r in runners for o in sig.output_names}
+    multi_call = scenarios.scenario_cases(switch) if sig.has_cache else []
+    total = len(cases) + len(multi_call)
     for i, case in enumerate(cases):
-        progress(i, len(cases), case.label())
+        progress(i, total, case.label())
         feeds = make_feeds(sig, config, case, seed)
         expected = {"eager": runners[0].run(feeds), "reference": reference.run(feeds)}
         valid = real_queries(feeds, case)
         for r in runners:
             out = expected["eager"] if r is runners[0] else None  # the baseline already ran
-            report.results += _run_case(r, feeds, case, expected, valid, tolerances, out)
-    progress(len(cases), len(cases), "")
+            report.results += _compared(r, case, lambda: out or r.run(feeds), expected, valid,
+                                        tolerances)
+    truths = {"eager": scenarios.eager_full(runners[0].source),
+              "reference": scenarios.eager_full(reference.source)}
+    for i, (case, split) in enumerate(multi_call, start=len(cases)):
+        progress(i, total, case.label())
+        x, mask = scenarios.scenario_inputs(config, case, seed)
+        expected = {k: scenarios.expected(case, truth, x, mask) for k, truth in truths.items()}
+        for r in runners:
+            report.results += _compared(
+                r, case, lambda: scenarios.generate(r, config, x, mask, split), expected,
+                (mask == 1)[:, :, None], tolerances)
+    progress(total, total, "")
     return report
 
 
@@ -194,14 +207,15 @@ def _override(default: Tolerance, atol: Optional[float], rtol: Optional[float]) 
                      default.rtol if rtol is None else rtol)
 
 
-def _run_case(runner: Runner, feeds: Feeds, case: Case, expected: dict, valid,
-              tolerances: dict, out: Optional[Feeds] = None) -> list[OutputResult]:
+def _compared(runner: Runner, case: Case, call: Callable[[], Feeds], expected: dict,
+              valid: Optional[np.ndarray], tolerances: dict) -> list[OutputResult]:
+    """Run ``call`` and compare each expected output with eager fp32 and the fp64 reference."""
     sig = runner.signature
-    names = sig.output_names
+    names = [n for n in sig.output_names if n in expected["eager"]]
     per_token = {t.name for t in sig.outputs if t.shape[1] == SEQ}  # (B, T, ...) outputs
     where = case.to_dict()
     try:
-        out = runner.run(feeds) if out is None else out
+        out = call()
     except Exception as e:  # a model that cannot run this case (e.g. out of memory) fails its row
         error = (str(e).strip() or type(e).__name__).splitlines()[0][:300]
         return [OutputResult(runner.name, n, **where, passed=False,

@@ -127,3 +127,48 @@ ONNX_FAULTS = {
     "wrong scale": lambda p, c: wrong_scale(p, c.head_dim),
     "seq len baked in": lambda p, c: bake_seq_len(p),
 }
+
+
+# --- faults of KV-cache models (the decode contract) -------------------------------------------
+
+def top_left_causal(path: Path) -> None:
+    """Queries aligned to the first key instead of the last (SDPA's is_causal with Tq != Tk)."""
+    def fn(m):
+        hit = False
+        for n in all_nodes(m.graph):
+            if n.name.endswith("causal_offset"):  # t_k - t_q -> t_q - t_q = 0
+                n.input[0] = n.input[1]
+                hit = True
+            elif n.name.endswith("first_key"):  # past + block start -> block start
+                n.op_type = "Identity"
+                del n.input[0]
+                del n.attribute[:]
+                hit = True
+        if not hit:
+            raise NotApplicable("no causal offset in this graph")
+    _edit(path, fn)
+
+
+def padding_ignored(path: Path) -> None:
+    """attention_mask read but never applied: padded keys leak into real rows."""
+    def fn(m):
+        for n in all_nodes(m.graph):
+            if n.name.endswith("padding_keys"):  # mask == 0 -> mask < 0 (never)
+                n.op_type = "Less"
+    _edit(path, fn)
+
+
+def cache_order_swapped(path: Path) -> None:
+    """present = [this call, past] instead of [past, this call]."""
+    def fn(m):
+        for n in all_nodes(m.graph):
+            if n.name.endswith(("all_keys", "all_values")):
+                n.input[0], n.input[1] = n.input[1], n.input[0]
+    _edit(path, fn)
+
+
+CACHE_FAULTS = {
+    "top-left causal alignment": top_left_causal,
+    "padding mask ignored": padding_ignored,
+    "cache order swapped": cache_order_swapped,
+}

@@ -121,3 +121,70 @@ def test_float16_models_pass_with_the_float16_tolerance(tmp_path, form):
     ort_rows = [r for r in report.results if r.runner == "ort-cpu"]
     assert ort_rows and all(r.vs_reference.nonfinite == 0 for r in ort_rows)
     assert max(r.vs_reference.max_abs for r in ort_rows) > 1e-5  # really ran in half precision
+
+
+KV_FORMS = sorted(f.name for f in FORMS.values() if "kv-cache" in f.supports)
+KV_SWEEP = dict(seq_lens=[1, 4], batch_sizes=[1, 3], past_lens=[0, 3], providers=["cpu"])
+
+
+@pytest.fixture(scope="module", params=KV_FORMS)
+def kv_artifact(request, tmp_path_factory):
+    return export_onnx(CFG, tmp_path_factory.mktemp("kv") / "art", attention=request.param,
+                       kv_cache=True, validate=False).path
+
+
+def test_kv_artifact_passes_the_sweep_and_the_generation_scenarios(kv_artifact):
+    report = check_parity(kv_artifact, providers=["cpu"], seq_lens=[1, 2, 9])  # default pasts
+    assert report.passed, [r.error for r in report.results if not r.passed][:3]
+    assert report.outputs == ["y", "present_key", "present_value"]
+    cases = {r.case for r in report.results}
+    assert {c.past for c in cases} >= {0, 1, 5, CFG.max_seq_len - 1}
+    assert {c.padding for c in cases} == {"none", "left", "right"}
+    scenarios = {c.scenario.split()[0] for c in cases if c.scenario}
+    assert scenarios == {"generate", "padded-vs-alone"}
+    generated = [r for r in report.results if r.runner == "ort-cpu" and r.scenario.startswith(
+        "generate") and r.output == "y"]
+    assert generated and all(r.vs_reference.max_abs < 1e-5 for r in generated)
+
+
+@pytest.mark.parametrize("fault", sorted(faults.CACHE_FAULTS))
+def test_planted_cache_fault_is_caught(kv_artifact, tmp_path, fault):
+    copy = tmp_path / "copy"
+    shutil.copytree(kv_artifact, copy)
+    try:
+        faults.CACHE_FAULTS[fault](copy / "model.onnx")
+    except faults.NotApplicable as e:
+        pytest.skip(str(e))
+    report = check_parity(copy, **KV_SWEEP)
+    assert not report.passed
+    assert {r.runner for r in report.results if not r.passed} == {"ort-cpu"}
+
+
+def test_generation_scenarios_catch_a_decode_model_that_ignores_its_past(tmp_path):
+    """A decode model that drops the cache passes no generation scenario."""
+    path = export_onnx(CFG, tmp_path / "kv", kv_cache=True, attention="decomposed",
+                       validate=False).path
+    def fn(m):
+        for n in faults.all_nodes(m.graph):
+            if n.name in ("all_keys", "all_values"):  # present = this call only (past dropped)
+                n.op_type = "Identity"
+                del n.input[0]
+                del n.attribute[:]
+    faults._edit(path / "model.onnx", fn)
+    report = check_parity(path, **KV_SWEEP)
+    failing = {r.scenario.split()[0] for r in report.results if not r.passed and r.scenario}
+    assert {"generate", "padded-vs-alone"} <= failing
+
+
+def test_torchscript_kv_model_passes(tmp_path):
+    path = export_torchscript(CFG, tmp_path / "ts", kv_cache=True, validate=False).path
+    report = check_parity(path, **KV_SWEEP)
+    assert report.passed and {r.runner for r in report.results} == {"eager-fp32", "torchscript"}
+
+
+@pytest.mark.parametrize("form", KV_FORMS)
+def test_float16_kv_models_stay_finite_and_within_tolerance(tmp_path, form):
+    path = export_onnx(CFG, tmp_path / "f16", attention=form, kv_cache=True, dtype="float16",
+                       validate=False).path
+    report = check_parity(path, **KV_SWEEP)
+    assert report.passed, [r.error for r in report.results if not r.passed][:3]
