@@ -1,6 +1,8 @@
-// mha_ort: run an mha-export ONNX model (x [batch, seq, d_in] -> y [batch, seq, dim]) with the
-// ONNX Runtime C++ API. One session runs every IN/OUT pair, so one process exercises the model's
-// dynamic axes at several shapes. Exit codes and the .npy format: see npy.hpp.
+// mha_ort: run an mha-export ONNX model with the ONNX Runtime C++ API. The inputs and outputs are
+// the ones the model declares (full: x -> y; masked: x, attention_mask -> y; kv-cache: x,
+// attention_mask, past_key, past_value -> y, present_key, present_value), always fed and fetched
+// by name. One session runs every case, so one process exercises the model's dynamic axes at
+// several shapes. Exit codes, the .npy format and the two command-line forms: see npy.hpp.
 #include <onnxruntime_cxx_api.h>
 
 #include <algorithm>
@@ -16,13 +18,17 @@
 namespace {
 
 const char* const kUsage =
-    "usage: mha_ort MODEL.onnx IN.npy OUT.npy [IN2.npy OUT2.npy ...] [--provider cpu|cuda] "
-    "[--threads N] [--info] [--verbose]\n"
+    "usage: mha_ort MODEL.onnx CASE_DIR [CASE_DIR ...] [--provider cpu|cuda] [--threads N] [--info] [--verbose]\n"
+    "       mha_ort MODEL.onnx IN.npy OUT.npy [IN2.npy OUT2.npy ...] [options]   (one-input, one-output models)\n"
+    "  CASE_DIR             a folder holding NAME.npy for every input the model declares (see --info);\n"
+    "                       every declared output is written there as NAME.npy. One session runs them all\n"
     "  --provider cpu|cuda  execution provider (default cpu); cuda never falls back to the CPU:\n"
     "                       if the CUDA provider cannot start, exit 3 with the reason\n"
     "  --threads N          intra-op threads (default: ONNX Runtime's, one per physical core)\n"
-    "  --info               print the model's inputs/outputs (symbolic dims) and its metadata\n"
+    "  --info               print the model's inputs/outputs (name, dtype, symbolic dims) and its metadata\n"
     "  --verbose            echo ONNX Runtime's log (warnings and errors) to stderr\n"
+    "float inputs: float32 or float16 .npy (converted to the model's float type); float outputs are\n"
+    "written as float32; int64 inputs (attention_mask) must be int64 .npy\n"
     "exit codes: 0 ok, 1 runtime failure, 2 bad input, 3 requested provider unavailable";
 
 using mha::Clock;
@@ -82,41 +88,81 @@ std::string type_name(ONNXTensorElementDataType t) {
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: return "float64";
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return "bfloat16";
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: return "bool";
         default: return "type#" + std::to_string(static_cast<int>(t));
     }
 }
 
-// "[batch, seq, 64]": symbolic names where the dimension is dynamic.
-std::string dims_text(const Ort::ConstTensorTypeAndShapeInfo& info) {
-    const auto shape = info.GetShape();
-    std::vector<const char*> names(shape.size(), "");
-    info.GetSymbolicDimensions(names.data(), names.size());
-    std::string s = "[";
-    for (size_t i = 0; i < shape.size(); ++i) {
-        s += i ? ", " : "";
-        s += shape[i] >= 0 ? std::to_string(shape[i]) : (*names[i] ? names[i] : "?");
+mha::Kind kind_of(ONNXTensorElementDataType t) {
+    switch (t) {
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return mha::Kind::Float;
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return mha::Kind::Int64;
+        default: return mha::Kind::Other;
     }
-    return s + "]";
 }
 
-void print_info(const std::string& path, Ort::Session& session) {
+// One declared input or output as the session reports it: name, element type, dims (-1 and a
+// symbolic name where dynamic).
+struct OrtTensor {
+    mha::TensorDecl decl;
+    ONNXTensorElementDataType type;
+};
+
+OrtTensor describe(const std::string& name, const Ort::TypeInfo& type_info) {
+    OrtTensor t;
+    t.decl.name = name;
+    if (type_info.GetONNXType() != ONNX_TYPE_TENSOR) {
+        t.type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+        t.decl.kind = mha::Kind::Other;
+        t.decl.type_text = "non-tensor";
+        return t;
+    }
+    const auto info = type_info.GetTensorTypeAndShapeInfo();
+    t.type = info.GetElementType();
+    t.decl.kind = kind_of(t.type);
+    t.decl.type_text = type_name(t.type);
+    t.decl.known_rank = true;
+    t.decl.dims = info.GetShape();
+    std::vector<const char*> names(t.decl.dims.size(), "");
+    info.GetSymbolicDimensions(names.data(), names.size());
+    for (size_t i = 0; i < names.size(); ++i) t.decl.symbols.emplace_back(t.decl.dims[i] >= 0 ? "" : names[i]);
+    return t;
+}
+
+struct ModelIO {
+    std::vector<OrtTensor> inputs, outputs;
+    mha::Declaration decl;
+};
+
+ModelIO model_io(Ort::Session& session) {
+    Ort::AllocatorWithDefaultOptions alloc;
+    ModelIO io;
+    for (size_t i = 0; i < session.GetInputCount(); ++i)
+        io.inputs.push_back(describe(session.GetInputNameAllocated(i, alloc).get(), session.GetInputTypeInfo(i)));
+    for (size_t i = 0; i < session.GetOutputCount(); ++i)
+        io.outputs.push_back(describe(session.GetOutputNameAllocated(i, alloc).get(), session.GetOutputTypeInfo(i)));
+    for (const auto& t : io.inputs) io.decl.inputs.push_back(t.decl);
+    for (const auto& t : io.outputs) io.decl.outputs.push_back(t.decl);
+    return io;
+}
+
+// Only float32/float16/int64 tensors go through .npy here; anything else is refused up front.
+void require_supported(const ModelIO& io, const std::string& path) {
+    for (const auto* list : {&io.inputs, &io.outputs})
+        for (const auto& t : *list)
+            if (t.decl.kind == mha::Kind::Other)
+                throw mha::UsageError(path + ": " + std::string(list == &io.inputs ? "input" : "output") + " '" +
+                                      t.decl.name + "' is " + t.decl.type_text +
+                                      ": only float32, float16 and int64 tensors are supported");
+}
+
+void print_info(const std::string& path, Ort::Session& session, const ModelIO& io) {
     Ort::AllocatorWithDefaultOptions alloc;
     std::cout << "model: " << path << "\n";
-    auto print_io = [&](const char* title, size_t count, auto name_of, auto type_of) {
-        std::cout << title << ":\n";
-        for (size_t i = 0; i < count; ++i) {
-            auto type_info = type_of(i);
-            auto info = type_info.GetTensorTypeAndShapeInfo();
-            std::cout << "  " << name_of(i).get() << ": " << type_name(info.GetElementType()) << " "
-                      << dims_text(info) << "\n";
-        }
-    };
-    print_io("inputs", session.GetInputCount(),
-             [&](size_t i) { return session.GetInputNameAllocated(i, alloc); },
-             [&](size_t i) { return session.GetInputTypeInfo(i); });
-    print_io("outputs", session.GetOutputCount(),
-             [&](size_t i) { return session.GetOutputNameAllocated(i, alloc); },
-             [&](size_t i) { return session.GetOutputTypeInfo(i); });
+    mha::print_declaration(io.decl);
     Ort::ModelMetadata meta = session.GetModelMetadata();
     std::vector<std::string> keys;
     for (const auto& k : meta.GetCustomMetadataMapKeysAllocated(alloc)) keys.emplace_back(k.get());
@@ -126,57 +172,64 @@ void print_info(const std::string& path, Ort::Session& session) {
         std::cout << "  " << k << ": " << meta.LookupCustomMetadataMapAllocated(k.c_str(), alloc).get() << "\n";
 }
 
-// The model's one input and first output, as this program feeds and reads them.
-struct ModelIO {
-    std::string input, output;
-    ONNXTensorElementDataType input_type, output_type;
-    int64_t width;  // input's last dimension; -1 when symbolic
-};
-
-ModelIO model_io(Ort::Session& session, const std::string& path) {
-    Ort::AllocatorWithDefaultOptions alloc;
-    if (session.GetInputCount() != 1 || session.GetOutputCount() < 1)
-        throw mha::UsageError(path + ": expected one input and at least one output (an mha-export model)");
-    const Ort::TypeInfo in_type = session.GetInputTypeInfo(0), out_type = session.GetOutputTypeInfo(0);
-    const auto in = in_type.GetTensorTypeAndShapeInfo(), out = out_type.GetTensorTypeAndShapeInfo();
-    if (in.GetShape().size() != 3)
-        throw mha::UsageError(path + ": input is not [batch, seq, d_in] (not an mha-export model)");
-    for (auto t : {in.GetElementType(), out.GetElementType()})
-        if (t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && t != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16)
-            throw mha::UsageError(path + ": " + type_name(t) + " tensors are not supported (float32/float16)");
-    return {session.GetInputNameAllocated(0, alloc).get(), session.GetOutputNameAllocated(0, alloc).get(),
-            in.GetElementType(), out.GetElementType(), in.GetShape()[2]};
-}
-
-// One forward pass. float16 models get their input converted from float32 and their output back.
-mha::Array run(Ort::Session& session, const ModelIO& io, mha::Array& x) {
+// One forward pass: every declared input fed by name, every declared output fetched by name.
+// float16 inputs are narrowed from the float32 arrays; float16 outputs widened back to float32.
+std::vector<mha::Array> run(Ort::Session& session, const ModelIO& io, const mha::Case& c) {
     const Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
-    std::vector<Ort::Float16_t> x16;
-    Ort::Value input{nullptr};
-    if (io.input_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
-        x16.reserve(x.data.size());
-        for (float v : x.data) x16.emplace_back(v);  // Float16_t(float) rounds to nearest
-        input = Ort::Value::CreateTensor<Ort::Float16_t>(cpu, x16.data(), x16.size(), x.shape.data(), x.shape.size());
-    } else {
-        input = Ort::Value::CreateTensor<float>(cpu, x.data.data(), x.data.size(), x.shape.data(), x.shape.size());
+    std::vector<std::vector<Ort::Float16_t>> halves(io.inputs.size());
+    std::vector<Ort::Value> inputs;
+    std::vector<const char*> in_names, out_names;
+    for (size_t i = 0; i < io.inputs.size(); ++i) {
+        // The arrays stay owned by the case; ORT only reads them.
+        auto& a = const_cast<mha::Array&>(c.inputs[i]);
+        in_names.push_back(io.inputs[i].decl.name.c_str());
+        const size_t n = static_cast<size_t>(a.count());
+        if (io.inputs[i].type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
+            inputs.push_back(Ort::Value::CreateTensor<int64_t>(cpu, a.ints.data(), n, a.shape.data(), a.shape.size()));
+        } else if (io.inputs[i].type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
+            halves[i].reserve(std::max<size_t>(n, 1));
+            for (float v : a.data) halves[i].emplace_back(v);  // Float16_t(float) rounds to nearest
+            inputs.push_back(
+                Ort::Value::CreateTensor<Ort::Float16_t>(cpu, halves[i].data(), n, a.shape.data(), a.shape.size()));
+        } else {
+            inputs.push_back(Ort::Value::CreateTensor<float>(cpu, a.data.data(), n, a.shape.data(), a.shape.size()));
+        }
     }
-    const char* in_names[] = {io.input.c_str()};
-    const char* out_names[] = {io.output.c_str()};
-    auto outputs = session.Run(Ort::RunOptions{nullptr}, in_names, &input, 1, out_names, 1);
+    for (const auto& t : io.outputs) out_names.push_back(t.decl.name.c_str());
+    auto outputs = session.Run(Ort::RunOptions{nullptr}, in_names.data(), inputs.data(), inputs.size(),
+                               out_names.data(), out_names.size());
 
-    auto info = outputs[0].GetTensorTypeAndShapeInfo();
-    mha::Array y;
-    y.shape = info.GetShape();
-    const size_t n = info.GetElementCount();
-    if (io.output_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16) {
-        const auto* p = outputs[0].GetTensorData<Ort::Float16_t>();
-        y.data.resize(n);
-        std::transform(p, p + n, y.data.begin(), [](Ort::Float16_t h) { return h.ToFloat(); });
-    } else {
-        const float* p = outputs[0].GetTensorData<float>();
-        y.data.assign(p, p + n);
+    std::vector<mha::Array> result;
+    for (size_t i = 0; i < outputs.size(); ++i) {
+        auto info = outputs[i].GetTensorTypeAndShapeInfo();
+        mha::Array y;
+        y.shape = info.GetShape();
+        const size_t n = info.GetElementCount();
+        switch (info.GetElementType()) {
+            case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: {
+                const auto* p = outputs[i].GetTensorData<Ort::Float16_t>();
+                y.data.resize(n);
+                std::transform(p, p + n, y.data.begin(), [](Ort::Float16_t h) { return h.ToFloat(); });
+                break;
+            }
+            case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: {
+                const float* p = outputs[i].GetTensorData<float>();
+                y.data.assign(p, p + n);
+                break;
+            }
+            case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: {
+                const int64_t* p = outputs[i].GetTensorData<int64_t>();
+                y.kind = mha::Kind::Int64;
+                y.ints.assign(p, p + n);
+                break;
+            }
+            default:
+                throw std::runtime_error("output '" + io.outputs[i].decl.name + "' has unsupported type " +
+                                         type_name(info.GetElementType()));
+        }
+        result.push_back(std::move(y));
     }
-    return y;
+    return result;
 }
 
 int main_ort(int argc, char** argv) {
@@ -186,11 +239,7 @@ int main_ort(int argc, char** argv) {
     if (provider != "cpu" && provider != "cuda")
         throw mha::UsageError("--provider must be cpu or cuda, got '" + provider + "'");
     const int threads = args.options.count("--threads") ? mha::parse_positive_int("--threads", args.option("--threads", "")) : 0;
-
-    // Every input is read and checked before anything runs: bad input leaves no output behind.
     mha::require_file(args.model, "model");
-    std::vector<mha::Array> inputs;
-    for (const auto& [in, out] : args.pairs) inputs.push_back(mha::read_npy(in));
 
     OrtLog log;
     log.echo = args.flag("--verbose");
@@ -213,19 +262,23 @@ int main_ort(int argc, char** argv) {
         throw mha::UsageError("cannot load model " + args.model + ": " + mha::first_line(what));
     }
     const std::string session_time = ms_since(t0);
+    const ModelIO io = model_io(*session);
+
     // The provider reported is the one appended above: session creation throws if it cannot start.
     std::cout << "onnxruntime " << Ort::GetVersionString() << ", provider: "
               << (provider == "cuda" ? "CUDAExecutionProvider (nodes it lacks run on CPUExecutionProvider)"
                                      : "CPUExecutionProvider")
               << ", intra-op threads: " << (threads ? std::to_string(threads) : "default") << ", session "
               << session_time << "\n";
+    if (args.flag("--info")) print_info(args.model, *session, io);
+    if (args.case_dirs.empty() && args.pairs.empty()) return 0;  // --info alone
 
-    if (args.flag("--info")) print_info(args.model, *session);
+    // Every input of every case is read and checked before anything runs: bad input leaves no
+    // output behind.
+    require_supported(io, args.model);
+    const std::vector<mha::Case> cases = mha::read_cases(args, io.decl);
 
-    const ModelIO io = model_io(*session, args.model);
-    mha::check_widths(args.pairs, inputs, io.width);
-    return mha::run_pairs(args.pairs, inputs,
-                          [&](mha::Array& x, const std::string&) { return run(*session, io, x); });
+    return mha::run_cases(io.decl, cases, [&](const mha::Case& c) { return run(*session, io, c); });
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
-// mha_torch: run an mha-export TorchScript model (model.pt: x [batch, seq, d_in] -> y [batch, seq,
-// dim]) with libtorch. One loaded module runs every IN/OUT pair. Exit codes and the .npy format:
-// see npy.hpp.
+// mha_torch: run an mha-export TorchScript model (model.pt) with libtorch. The module's forward
+// takes the declared inputs positionally in declared order; model.pt carries the declaration as
+// the attributes input_names / output_names (a model.pt without them is the old x -> y export).
+// Files are matched to inputs and outputs by those names, never by position. One loaded module
+// runs every case. Exit codes, the .npy format and the two command-line forms: see npy.hpp.
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 #include <torch/script.h>
@@ -17,9 +19,15 @@
 namespace {
 
 const char* const kUsage =
-    "usage: mha_torch MODEL.pt IN.npy OUT.npy [IN2.npy OUT2.npy ...] [--device cpu|cuda] [--threads N]\n"
+    "usage: mha_torch MODEL.pt CASE_DIR [CASE_DIR ...] [--device cpu|cuda] [--threads N] [--info]\n"
+    "       mha_torch MODEL.pt IN.npy OUT.npy [IN2.npy OUT2.npy ...] [options]   (one-input, one-output models)\n"
+    "  CASE_DIR           a folder holding NAME.npy for every input the model declares (see --info);\n"
+    "                     every declared output is written there as NAME.npy. One loaded module runs them all\n"
     "  --device cpu|cuda  where the module runs (default cpu); cuda without a usable GPU: exit 3\n"
     "  --threads N        intra-op threads (at::set_num_threads; default: libtorch's)\n"
+    "  --info             print the module's declared inputs/outputs (input_names / output_names)\n"
+    "float inputs: float32 or float16 .npy (run as float32); int64 .npy stay int64 (attention_mask);\n"
+    "outputs are written as float32\n"
     "exit codes: 0 ok, 1 runtime failure, 2 bad input, 3 requested device unavailable";
 
 using mha::Clock;
@@ -33,32 +41,105 @@ int64_t input_width(const torch::jit::Module& module) {
     return -1;
 }
 
-mha::Array forward(torch::jit::Module& module, const mha::Array& x, const torch::Device& device) {
+std::vector<std::string> string_list(const torch::jit::Module& module, const std::string& attr,
+                                     const std::string& path) {
+    const torch::IValue value = module.attr(attr);
+    if (!value.isList()) throw mha::UsageError(path + ": attribute " + attr + " is not a list of names");
+    std::vector<std::string> names;
+    for (const auto& item : value.toListRef()) {
+        if (!item.isString()) throw mha::UsageError(path + ": attribute " + attr + " is not a list of names");
+        names.push_back(item.toStringRef());
+    }
+    return names;
+}
+
+// The module's declaration. model.pt holds names only: dtypes and shapes are known for x (float32
+// [batch, seq, d_in], d_in from the first projection); other inputs take float or int64 files as
+// given (config.json "io" beside model.pt has their declared dtypes and shapes).
+mha::Declaration declaration(torch::jit::Module& module, const std::string& path, bool& declared) {
+    declared = module.hasattr("input_names") && module.hasattr("output_names");
+    const std::vector<std::string> ins = declared ? string_list(module, "input_names", path) : std::vector<std::string>{"x"};
+    const std::vector<std::string> outs = declared ? string_list(module, "output_names", path) : std::vector<std::string>{"y"};
+    if (ins.empty() || outs.empty()) throw mha::UsageError(path + ": input_names / output_names is empty");
+    const size_t takes = module.get_method("forward").function().getSchema().arguments().size() - 1;  // - self
+    if (takes != ins.size())
+        throw mha::UsageError(path + ": forward takes " + std::to_string(takes) + " inputs but input_names lists " +
+                              std::to_string(ins.size()));
+    const int64_t width = input_width(module);
+    mha::Declaration d;
+    for (const auto& name : ins) {
+        mha::TensorDecl t;
+        t.name = name;
+        t.type_text = "Tensor (dtype and dims not recorded in model.pt)";
+        if (name == "x") {
+            t.kind = mha::Kind::Float;
+            t.type_text = "float32";
+            t.known_rank = true;
+            t.dims = {-1, -1, width};
+            t.symbols = {"batch", "seq", width >= 0 ? "" : "d_in"};
+        }
+        d.inputs.push_back(t);
+    }
+    for (const auto& name : outs) {
+        mha::TensorDecl t;
+        t.name = name;
+        t.type_text = "Tensor (dtype and dims not recorded in model.pt)";
+        d.outputs.push_back(t);
+    }
+    return d;
+}
+
+std::vector<mha::Array> forward(torch::jit::Module& module, const mha::Declaration& decl, const mha::Case& c,
+                                const torch::Device& device) {
     c10::InferenceMode guard;
-    // from_blob borrows the array's memory; .to() copies only when the device differs.
-    const torch::Tensor input =
-        torch::from_blob(const_cast<float*>(x.data.data()), x.shape, torch::kFloat32).to(device);
-    const torch::IValue result = module.forward({input});
-    if (!result.isTensor()) throw std::runtime_error("the model did not return one tensor");
-    const torch::Tensor y = result.toTensor().to(torch::kCPU, torch::kFloat32).contiguous();
-    mha::Array out;
-    out.shape = y.sizes().vec();
-    out.data.assign(y.data_ptr<float>(), y.data_ptr<float>() + y.numel());
-    return out;
+    std::vector<torch::IValue> inputs;
+    for (const mha::Array& a : c.inputs) {
+        // from_blob borrows the array's memory; .to() copies only when the device differs.
+        void* data = a.kind == mha::Kind::Int64 ? static_cast<void*>(const_cast<int64_t*>(a.ints.data()))
+                                                : static_cast<void*>(const_cast<float*>(a.data.data()));
+        inputs.emplace_back(
+            torch::from_blob(data, a.shape, a.kind == mha::Kind::Int64 ? torch::kInt64 : torch::kFloat32).to(device));
+    }
+    const torch::IValue result = module.forward(inputs);
+    std::vector<torch::Tensor> tensors;
+    if (result.isTensor()) {
+        tensors.push_back(result.toTensor());
+    } else if (result.isTuple()) {
+        for (const auto& item : result.toTupleRef().elements()) {
+            if (!item.isTensor()) throw std::runtime_error("the model returned a tuple holding a non-tensor");
+            tensors.push_back(item.toTensor());
+        }
+    } else {
+        throw std::runtime_error("the model returned neither a tensor nor a tuple of tensors");
+    }
+    if (tensors.size() != decl.outputs.size())
+        throw std::runtime_error("the model returned " + std::to_string(tensors.size()) + " tensors, output_names lists " +
+                                 std::to_string(decl.outputs.size()));
+    std::vector<mha::Array> outputs;
+    for (const torch::Tensor& t : tensors) {
+        mha::Array out;
+        out.shape = t.sizes().vec();
+        if (t.scalar_type() == torch::kInt64) {
+            const torch::Tensor y = t.to(torch::kCPU).contiguous();
+            out.kind = mha::Kind::Int64;
+            out.ints.assign(y.data_ptr<int64_t>(), y.data_ptr<int64_t>() + y.numel());
+        } else {
+            const torch::Tensor y = t.to(torch::kCPU, torch::kFloat32).contiguous();
+            out.data.assign(y.data_ptr<float>(), y.data_ptr<float>() + y.numel());
+        }
+        outputs.push_back(std::move(out));
+    }
+    return outputs;
 }
 
 int main_torch(int argc, char** argv) {
-    const mha::Args args = mha::parse_args(argc, argv, kUsage, {"--device", "--threads"}, {});
+    const mha::Args args = mha::parse_args(argc, argv, kUsage, {"--device", "--threads"}, {"--info"}, {"--info"});
     const std::string device_name = args.option("--device", "cpu");
     if (device_name != "cpu" && device_name != "cuda")
         throw mha::UsageError("--device must be cpu or cuda, got '" + device_name + "'");
     if (args.options.count("--threads"))
         at::set_num_threads(mha::parse_positive_int("--threads", args.option("--threads", "")));
-
-    // Every input is read and checked before anything runs: bad input leaves no output behind.
     mha::require_file(args.model, "model");
-    std::vector<mha::Array> inputs;
-    for (const auto& [in, out] : args.pairs) inputs.push_back(mha::read_npy(in));
 
     if (device_name == "cuda" && !torch::cuda::is_available())
         throw mha::DeviceUnavailable("--device cuda: libtorch sees no usable CUDA device (CPU-only libtorch, "
@@ -76,17 +157,25 @@ int main_torch(int argc, char** argv) {
     }
     module.eval();
     const std::string load_time = ms_since(t0);
+    bool declared = false;
+    const mha::Declaration decl = declaration(module, args.model, declared);
 
-    mha::check_widths(args.pairs, inputs, input_width(module));
+    // Every input of every case is read and checked before anything runs: bad input leaves no
+    // output behind.
+    const std::vector<mha::Case> cases = mha::read_cases(args, decl);
 
     std::cout << "libtorch " << TORCH_VERSION << ", device: " << device << ", threads: " << at::get_num_threads()
               << ", load " << load_time << "\n";
-    return mha::run_pairs(args.pairs, inputs, [&](mha::Array& x, const std::string& name) {
+    if (args.flag("--info")) {
+        std::cout << "model: " << args.model
+                  << (declared ? "" : " (no input_names / output_names: an older x -> y export)") << "\n";
+        mha::print_declaration(decl);
+    }
+    return mha::run_cases(decl, cases, [&](const mha::Case& c) {
         try {
-            return forward(module, x, device);
+            return forward(module, decl, c, device);
         } catch (const c10::Error& e) {
-            throw std::runtime_error("forward failed on " + name + ": " +
-                                     mha::first_line(e.what_without_backtrace()));
+            throw std::runtime_error("forward failed on " + c.label + ": " + mha::first_line(e.what_without_backtrace()));
         }
     });
 }

@@ -22,10 +22,11 @@ WORKER = Path(__file__).with_name("bench_worker.py")
 BASELINE = "sdpa-eager"
 
 
-def effective_flops(c: MHAConfig, seq: int, batch: int) -> float:
-    """Projections 2*T*(d_in*3*inner + inner*dim) + attention 2*T^2*inner (causal half of 4);
-    for d_in = dim = inner = d that is 8*T*d^2 + 2*T^2*d."""
-    attn = (2 if c.causal else 4) * seq * seq * c.inner
+def effective_flops(c: MHAConfig, seq: int, batch: int, past: int = 0) -> float:
+    """Projections 2*T*(d_in*3*inner + inner*dim) + attention: 2*T^2*inner for a causal prefill
+    (half of 4), 4*T*P*inner more over a cache of P; for d_in = dim = inner = d and P = 0 that is
+    8*T*d^2 + 2*T^2*d."""
+    attn = (2 if c.causal else 4) * seq * seq * c.inner + 4 * seq * past * c.inner
     return batch * (2 * seq * (c.d_in * 3 * c.inner + c.inner * c.dim) + attn)
 
 
@@ -34,6 +35,7 @@ class BenchRow:
     variant: str
     seq: int
     batch: int
+    past: int = 0
     median_ms: Optional[float] = None
     reps: int = 0
     tokens_per_s: Optional[float] = None
@@ -83,30 +85,34 @@ def cuda_status() -> tuple[bool, str]:
 
 
 def prepare_models(config: MHAConfig, forms: Sequence[str], folder: Path, seed: int,
-                   weights_module=None) -> dict[str, Path]:
-    """One model file per variant, all from the same weights."""
+                   weights_module=None, kind: str = "full") -> dict[str, Path]:
+    """One model file per variant, all from the same weights, of one signature kind."""
     import torch
+    from .entry import entry_module
     from .forms import get_form
     from .model import build_module
     from .onnx_model import build_model
+    from .signature import make_signature
     module = weights_module or build_module(config, seed=seed)
+    sig = make_signature(config, kind)
     paths = {}
     for form in forms:
-        model = build_model(config, module.to_weights(), get_form(form))
+        model = build_model(config, module.to_weights(), get_form(form), signature=sig)
         path = folder / f"{form}.onnx"
         path.write_bytes(model.SerializeToString())
         paths[form] = path
     ts = folder / "model.pt"
-    torch.jit.script(module).save(str(ts))
+    torch.jit.script(entry_module(module, kind, sig.input_names, sig.output_names)).save(str(ts))
     paths["torchscript"] = ts
     return paths
 
 
 def variant_specs(config: MHAConfig, forms: Sequence[str], models: dict[str, Path],
-                  providers: Sequence[str], cuda_ok: bool) -> list[dict]:
+                  providers: Sequence[str], cuda_ok: bool, kind: str = "full") -> list[dict]:
     c = config.to_dict()
-    specs = [{"variant": "textbook-eager", "config": c}, {"variant": BASELINE, "config": c},
-             {"variant": "torchscript", "config": c, "model": str(models["torchscript"])}]
+    specs = [{"variant": "textbook-eager", "config": c}] if kind == "full" else []
+    specs += [{"variant": BASELINE, "config": c},
+              {"variant": "torchscript", "config": c, "model": str(models["torchscript"])}]
     for provider in providers:
         if provider == "cuda" and not cuda_ok:
             continue
@@ -119,37 +125,41 @@ def variant_specs(config: MHAConfig, forms: Sequence[str], models: dict[str, Pat
     if "cuda" in providers and cuda_ok:
         specs += [{"variant": "sdpa-eager", "name": f"torch-cuda-sdpa-{dt}", "config": c,
                    "device": "cuda", "dtype": dt} for dt in ("float32", "float16")]
-    return specs
+    return [{**spec, "kind": kind} for spec in specs]
 
 
 def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192, 16384),
               batch: int = 1, providers: Sequence[str] = ("cpu", "cuda"),
               forms: Optional[Sequence[str]] = None, threads: int = 2, seed: int = 0,
               mem_limit_gib: float = 16.0, budget_s: float = 2.0,
-              progress: Callable[[str], None] = lambda s: None, weights_module=None
-              ) -> BenchReport:
+              progress: Callable[[str], None] = lambda s: None, weights_module=None,
+              kv_cache: bool = False, past_lens: Sequence[int] = (0,)) -> BenchReport:
+    """Every variant at every (T, past); ``kv_cache``: the decode-step models (x,
+    attention_mask, past_key, past_value), e.g. T=1 over past 128..4096, or a long prefill."""
     from .forms import FORMS
-    forms = list(forms or FORMS)
+    kind = "kv-cache" if kv_cache else "full"
+    forms = list(forms or [f for f in FORMS if not kv_cache or "kv-cache" in FORMS[f].supports])
+    points = [(t, p) for t in seq_lens for p in (past_lens if kv_cache else [0])]
     cuda_ok, cuda_reason = cuda_status() if "cuda" in providers else (False, "not requested")
     ceiling = gemm_ceiling(threads, budget_s, progress)
     report = BenchReport(config.to_dict(), threads, ceiling, machine_info())
     if "cuda" in providers and not cuda_ok:
         report.notes.append(f"CUDA variants not run: {cuda_reason}")
     with tempfile.TemporaryDirectory(prefix="mha-bench-") as tmp:
-        models = prepare_models(config, forms, Path(tmp), seed, weights_module)
-        specs = variant_specs(config, forms, models, providers, cuda_ok)
-        total, i = len(specs) * len(seq_lens), 0
-        for seq in seq_lens:
+        models = prepare_models(config, forms, Path(tmp), seed, weights_module, kind)
+        specs = variant_specs(config, forms, models, providers, cuda_ok, kind)
+        total, i = len(specs) * len(points), 0
+        for seq, past in points:
             for spec in specs:
                 i += 1
                 name = spec.get("name", spec["variant"])
-                spec = {**spec, "batch": batch, "seq": seq, "threads": threads,
+                spec = {**spec, "batch": batch, "seq": seq, "past": past, "threads": threads,
                         "mem_limit_gib": mem_limit_gib, "budget_s": budget_s,
                         "min_reps": 5 if seq <= 2048 else 3}
                 result = run_worker(spec)
-                row = _row(name, config, seq, batch, result)
+                row = _row(name, config, seq, batch, past, result)
                 report.rows.append(row)
-                progress(f"[{i}/{total}] {name:24s} T={seq:<6d} " + (
+                progress(f"[{i}/{total}] {name:24s} T={seq:<6d} P={past:<6d} " + (
                     f"{row.median_ms:10.2f} ms  {row.peak_rss_mib:8.0f} MiB" if row.median_ms
                     else f"ERROR: {row.error}"))
     # The ceiling is the best GEMM rate seen, measured before and after the variants.
@@ -173,25 +183,27 @@ def gemm_ceiling(threads: int, budget_s: float, progress: Callable[[str], None]
     return rate
 
 
-def _row(name: str, c: MHAConfig, seq: int, batch: int, result: dict) -> BenchRow:
+def _row(name: str, c: MHAConfig, seq: int, batch: int, past: int, result: dict) -> BenchRow:
     if "error" in result:
-        return BenchRow(name, seq, batch, error=result["error"])
+        return BenchRow(name, seq, batch, past, error=result["error"])
     s = result["median_ms"] / 1e3
-    gflops = effective_flops(c, seq, batch) / s / 1e9
-    return BenchRow(name, seq, batch, result["median_ms"], result["reps"], batch * seq / s, gflops,
-                    None, None, result["peak_rss_mib"], result.get("peak_device_mib"))
+    gflops = effective_flops(c, seq, batch, past) / s / 1e9
+    return BenchRow(name, seq, batch, past, result["median_ms"], result["reps"], batch * seq / s,
+                    gflops, None, None, result["peak_rss_mib"], result.get("peak_device_mib"))
 
 
 def _speedups(report: BenchReport) -> None:
-    base = {r.seq: r.median_ms for r in report.rows if r.variant == BASELINE and r.median_ms}
+    base = {(r.seq, r.past): r.median_ms for r in report.rows
+            if r.variant == BASELINE and r.median_ms}
     for r in report.rows:
-        if r.median_ms and r.seq in base:
-            r.speedup_vs_sdpa = base[r.seq] / r.median_ms
+        if r.median_ms and (r.seq, r.past) in base:
+            r.speedup_vs_sdpa = base[r.seq, r.past] / r.median_ms
 
 
 def format_table(report: BenchReport) -> str:
-    head = ("variant", "T", "median ms", "tokens/s", "GFLOP/s", "% GEMM", "x SDPA", "peak MiB")
-    cells = {id(r): (r.variant, str(r.seq), f"{r.median_ms:.2f}", f"{r.tokens_per_s:,.0f}",
+    head = ("variant", "T", "P", "median ms", "tokens/s", "GFLOP/s", "% GEMM", "x SDPA",
+            "peak MiB")
+    cells = {id(r): (r.variant, str(r.seq), str(r.past), f"{r.median_ms:.2f}", f"{r.tokens_per_s:,.0f}",
                      f"{r.gflops:.0f}", _pct(r.ceiling_fraction), _times(r.speedup_vs_sdpa),
                      f"{r.peak_rss_mib:,.0f}") for r in report.rows if not r.error}
     widths = [max(len(row[i]) for row in [head, *cells.values()]) for i in range(len(head))]
@@ -203,7 +215,8 @@ def format_table(report: BenchReport) -> str:
     lines = [line(head), "-" * sum(w + 2 for w in widths)]
     for r in report.rows:
         lines.append(line(cells[id(r)]) if not r.error else
-                     f"{r.variant.ljust(widths[0])}  {str(r.seq).rjust(widths[1])}  {r.error}")
+                     f"{r.variant.ljust(widths[0])}  {str(r.seq).rjust(widths[1])}  "
+                     f"{str(r.past).rjust(widths[2])}  {r.error}")
     m = report.machine
     if report.gemm_ceiling_gflops:
         lines.append(f"GEMM ceiling {report.gemm_ceiling_gflops:.0f} GFLOP/s (best ONNX Runtime fp32 "

@@ -34,28 +34,49 @@ def time_it(fn: Callable[[], object], min_reps: int, budget_s: float) -> tuple[l
     return times, len(times)
 
 
+def sample_inputs(declared: list[tuple[str, list]], spec: dict) -> list:
+    """Arrays for the declared (name, shape) inputs: the symbolic axes from the spec's batch,
+    seq and past; attention_mask all ones (no padding), the rest random."""
+    import numpy as np
+    b, t, p = spec["batch"], spec["seq"], spec.get("past", 0)
+    sizes = {"batch": b, "seq": t, "past_seq": p, "past_seq + seq": p + t}
+    rng = np.random.default_rng(0)
+    out = []
+    for name, shape in declared:
+        dims = [sizes[d] if isinstance(d, str) else d for d in shape]
+        out.append(np.ones(dims, np.int64) if name == "attention_mask"
+                   else rng.standard_normal(dims).astype(np.float32))
+    return out
+
+
 def torch_variant(spec: dict) -> Callable[[], object]:
     import torch
     from mha_export.config import MHAConfig
+    from mha_export.entry import entry_module
     from mha_export.model import build_module
+    from mha_export.signature import make_signature
     from mha_export.textbook import MultiHeadAttention
     torch.set_num_threads(spec["threads"])
     c = MHAConfig.from_dict(spec["config"])
     device = spec.get("device", "cpu")
     dtype = {"float32": torch.float32, "float16": torch.float16}[spec.get("dtype", "float32")]
     b, t = spec["batch"], spec["seq"]
+    sig = make_signature(c, spec.get("kind", "full"))
     if spec["variant"] == "textbook-eager":  # mask buffer sized to the context (here T)
         module = MultiHeadAttention(c.d_in, c.dim, t, 0.0, c.heads, c.qkv_bias).eval()
     elif spec["variant"] == "torchscript":
         module = torch.jit.load(spec["model"], map_location=device)
-    else:
-        module = build_module(c, seed=0)
+    else:  # eager: the signature's entry point (a cached step: forward_step over torch.cat)
+        module = entry_module(build_module(c, seed=0), sig.kind, sig.input_names,
+                              sig.output_names)
     module = module.to(device, dtype)
-    x = torch.randn(b, t, c.d_in, device=device, dtype=dtype)
+    args = [torch.from_numpy(a).to(device) for a in sample_inputs(
+        [(i.name, i.shape) for i in sig.inputs], spec)]
+    args = [a.to(dtype) if a.is_floating_point() else a for a in args]
 
     def run() -> object:
         with torch.inference_mode():
-            y = module(x)
+            y = module(*args)
         if device == "cuda":
             torch.cuda.synchronize()
         return y
@@ -74,11 +95,11 @@ def ort_variant(spec: dict) -> Callable[[], object]:
     session = ort.InferenceSession(spec["model"], opts, providers=[provider])
     if session.get_providers()[0] != provider:
         raise RuntimeError(f"{provider} did not load (session uses {session.get_providers()[0]})")
-    inp = session.get_inputs()[0]
-    dtype = np.float16 if inp.type == "tensor(float16)" else np.float32
-    shape = (spec["batch"], spec["seq"], spec["config"]["d_in"])
-    x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
-    return lambda: session.run(None, {inp.name: x})
+    declared = session.get_inputs()
+    types = {"tensor(float16)": np.float16, "tensor(int64)": np.int64}
+    feeds = {i.name: a.astype(types.get(i.type, np.float32)) for i, a in zip(
+        declared, sample_inputs([(i.name, i.shape) for i in declared], spec))}
+    return lambda: session.run(None, feeds)
 
 
 def gemm_variant(spec: dict) -> Callable[[], object]:

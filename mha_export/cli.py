@@ -236,9 +236,14 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
 @click.option("--seq-lens", callback=_int_list, default="128,512,2048,8192,16384",
               show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--kv-cache", is_flag=True,
+              help="Measure the decode-step models: eager forward_step vs every cache-capable form.")
+@click.option("--past-lens", callback=functools.partial(_int_list, lowest=0), default="0",
+              show_default=True, help="Cache lengths with --kv-cache (e.g. --seq-lens 1 "
+                                      "--past-lens 128,1024,4096 for single-token steps).")
 @click.option("--providers", default="cpu,cuda", show_default=True, callback=_providers)
-@click.option("--forms", default=",".join(ATTENTION_FORMS), show_default=True,
-              help="ONNX graph forms to measure.")
+@click.option("--forms", default=None,
+              help="ONNX graph forms to measure [default: all; with --kv-cache, those with a cache].")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
               help="Intra-op threads for torch and ONNX Runtime.")
 @click.option("--budget", type=click.FloatRange(min=0), default=2.0, show_default=True,
@@ -249,7 +254,8 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="PNG: latency and memory vs T, log-log.")
 @_guard
-def bench(artifact: Optional[str], seq_lens: list[int], batch: int, providers: list[str],
+def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bool,
+          past_lens: list[int], providers: list[str],
           forms: str, threads: int, budget: float, mem_limit_gib: float,
           json_path: Optional[str], plot_path: Optional[str], **config_fields) -> None:
     """Measure eager PyTorch (textbook and SDPA), TorchScript and every ONNX graph form side by
@@ -258,13 +264,14 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, providers: l
     \b
     Examples:
       mha-export bench --heads 12 --dim 768 --json bench.json --plot bench.png
-      mha-export bench models/split-h12-d768-onnx --seq-lens 128,2048 --forms fused,blocked
+      mha-export bench models/split-h12-d768-onnx --seq-lens 128,2048 --forms attention-op,blocked
+      mha-export bench --kv-cache --seq-lens 1 --past-lens 128,1024,4096 --batch 8
     """
     from .bench import format_table, plot, run_bench
     from .export import resolve_config, source_module
-    chosen = [f.strip() for f in forms.split(",") if f.strip()]
-    unknown = [f for f in chosen if f not in ATTENTION_FORMS]
-    if unknown or not chosen:
+    chosen = None if forms is None else [
+        ALIASES.get(f.strip(), f.strip()) for f in forms.split(",") if f.strip()]
+    if chosen is not None and (not chosen or set(chosen) - set(ATTENTION_FORMS)):
         raise UsageError(f"--forms: choose from {', '.join(ATTENTION_FORMS)}, got {forms!r}")
     weights, layer, seed = (config_fields.pop(k) for k in ("weights", "layer", "seed"))
     if artifact:
@@ -276,7 +283,7 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, providers: l
         module, _ = source_module(config, weights, layer, seed)
     report = run_bench(config, seq_lens, batch, providers, chosen, threads, seed, mem_limit_gib,
                        budget, progress=lambda line: click.echo(line, err=True),
-                       weights_module=module)
+                       weights_module=module, kv_cache=kv_cache, past_lens=past_lens)
     click.echo(format_table(report))
     if json_path:
         from .artifact import write_json_atomic

@@ -158,17 +158,25 @@ def padding_ignored(path: Path) -> None:
     _edit(path, fn)
 
 
-def cache_order_swapped(path: Path) -> None:
-    """present = [this call, past] instead of [past, this call]."""
+def cache_mixed_up(path: Path) -> None:
+    """present = [this call, past] instead of [past, this call] (a Concat), or past_key and
+    past_value swapped (an Attention node that appends to the cache itself)."""
     def fn(m):
+        hit = False
         for n in all_nodes(m.graph):
             if n.name.endswith(("all_keys", "all_values")):
                 n.input[0], n.input[1] = n.input[1], n.input[0]
+                hit = True
+            elif n.op_type == "Attention" and len(n.input) == 6:
+                n.input[4], n.input[5] = n.input[5], n.input[4]
+                hit = True
+        if not hit:
+            raise NotApplicable("no cache in this graph")
     _edit(path, fn)
 
 
 CACHE_FAULTS = {
     "top-left causal alignment": top_left_causal,
     "padding mask ignored": padding_ignored,
-    "cache order swapped": cache_order_swapped,
+    "cache mixed up": cache_mixed_up,
 }

@@ -1,6 +1,10 @@
 """The C++ programs (cpp/): built once per session by `make cpp`, run on files exported here, and
 compared with the Python ONNX Runtime / TorchScript / eager outputs of the same files.
 
+Two command-line forms: MODEL CASE_DIR [...] (every declared input NAME read from CASE_DIR/NAME.npy,
+every declared output written there) for any signature, and the legacy MODEL IN.npy OUT.npy [...]
+for one-input, one-output models.
+
 A build failure fails these tests (it never skips them): cmake and g++ are part of the set-up.
 """
 from __future__ import annotations
@@ -19,6 +23,8 @@ import torch
 from mha_export import MHAConfig, export_onnx, export_torchscript
 from mha_export.artifact import read_artifact
 from mha_export.runners import EagerRunner, OrtRunner, RunnerUnavailable, TorchScriptRunner
+from mha_export.signature import make_signature
+from mha_export.sweep import Case, make_feeds, real_queries
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "cpp"
@@ -30,6 +36,11 @@ CONFIGS = {
     "split": MHAConfig(dim=64, heads=4, max_seq_len=64),
     "fused-in48": MHAConfig(dim=32, heads=2, d_in=48, qkv_bias=True, layout="fused", max_seq_len=64),
 }
+# The kv-cache (decode-step) export: prefill (past 0) and steps past a cache, T=1 and T>1, left
+# padding (row 0 unpadded, the others start with pads), all through one process.
+KV_CONFIG = CONFIGS["fused-in48"]
+KV_CASES = [Case(3, 9, 0, "left"), Case(3, 1, 0, "left"), Case(3, 1, 7, "left"),
+            Case(2, 5, 12, "left"), Case(1, 1, 4)]
 
 
 def _env() -> dict:
@@ -63,8 +74,11 @@ def artifacts(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("cpp-artifacts")
     out = {}
     for name, config in CONFIGS.items():
-        out[name, "onnx"] = export_onnx(config, root / f"{name}-onnx", check=False).path
-        out[name, "torchscript"] = export_torchscript(config, root / f"{name}-ts", check=False).path
+        out[name, "onnx"] = export_onnx(config, root / f"{name}-onnx", validate=False).path
+        out[name, "torchscript"] = export_torchscript(config, root / f"{name}-ts", validate=False).path
+    out["kv", "onnx"] = export_onnx(KV_CONFIG, root / "kv-onnx", kv_cache=True, validate=False).path
+    out["kv", "torchscript"] = export_torchscript(KV_CONFIG, root / "kv-ts", kv_cache=True,
+                                                  validate=False).path
     return out
 
 
@@ -87,6 +101,42 @@ def flat(pairs) -> list[Path]:
     return [p for pair in pairs for p in pair]
 
 
+def signature_of(folder: Path):
+    return read_artifact(folder).signature
+
+
+def write_case_dirs(root: Path, folder: Path, cases, seed: int = 0) -> list[tuple[Path, Case, dict]]:
+    """One CASE_DIR per case holding NAME.npy for every declared input: [(dir, case, feeds)]."""
+    art = read_artifact(folder)
+    out = []
+    for i, case in enumerate(cases):
+        d = root / f"case{i}"
+        d.mkdir(parents=True)
+        feeds = make_feeds(art.signature, art.config, case, seed)
+        for name, array in feeds.items():
+            np.save(d / f"{name}.npy", array)
+        out.append((d, case, feeds))
+    return out
+
+
+def read_outputs(case_dir: Path, sig) -> dict:
+    return {name: np.load(case_dir / f"{name}.npy") for name in sig.output_names}
+
+
+def assert_outputs_match(got: dict, want: dict, feeds: dict, case: Case, what: str) -> None:
+    """Every declared output within ATOL; y only on real query rows (padding rows: finite)."""
+    assert set(got) == set(want), (what, set(got), set(want))
+    rows = real_queries(feeds, case)
+    for name, expected in want.items():
+        actual = got[name]
+        assert actual.shape == expected.shape and actual.dtype == np.float32, (what, name)
+        assert np.isfinite(actual).all(), (what, name, case)
+        if name == "y" and rows is not None:
+            actual, expected = np.where(rows, actual, 0), np.where(rows, expected, 0)
+        np.testing.assert_allclose(actual, expected, rtol=0, atol=ATOL,
+                                   err_msg=f"{what}: {name} at {case.label()}")
+
+
 def one_error_line(r: subprocess.CompletedProcess, code: int = 2) -> str:
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     lines = r.stderr.splitlines()
@@ -105,13 +155,20 @@ def test_ort_matches_python_ort_and_eager(binaries, artifacts, tmp_path, name):
     assert r.returncode == 0, r.stderr
     assert "provider: CPUExecutionProvider" in r.stdout
     assert r.stderr == ""
-    python_ort = OrtRunner(folder / "model.onnx", "cpu")
-    eager = EagerRunner(read_artifact(folder).load_source_module())
+    sig = signature_of(folder)
+    python_ort = OrtRunner(sig, folder / "model.onnx", "cpu")
+    eager = EagerRunner(sig, read_artifact(folder).load_source_module())
     for x_path, y_path in pairs:
         x, y = np.load(x_path), np.load(y_path)
         assert y.dtype == np.float32 and y.shape == x.shape[:2] + (CONFIGS[name].dim,)
-        np.testing.assert_allclose(y, python_ort.run(x), rtol=0, atol=ATOL)
-        np.testing.assert_allclose(y, eager.run(x), rtol=0, atol=ATOL)
+        np.testing.assert_allclose(y, python_ort.run({"x": x})["y"], rtol=0, atol=ATOL)
+        np.testing.assert_allclose(y, eager.run({"x": x})["y"], rtol=0, atol=ATOL)
+    # The CASE_DIR form on the same one-input model: x.npy in, y.npy out.
+    dirs = write_case_dirs(tmp_path / "cases", folder, [Case(2, 16), Case(1, 1)])
+    r = run(binaries["ort"], folder / "model.onnx", *[d for d, _, _ in dirs])
+    assert r.returncode == 0, r.stderr
+    for d, case, feeds in dirs:
+        assert_outputs_match(read_outputs(d, sig), python_ort.run(feeds), feeds, case, "mha_ort")
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -121,25 +178,51 @@ def test_torch_matches_python_torchscript_and_eager(binaries, artifacts, tmp_pat
     r = run(binaries["torch"], folder / "model.pt", *flat(pairs), "--threads", "2")
     assert r.returncode == 0, r.stderr
     assert "device: cpu" in r.stdout
-    python_ts = TorchScriptRunner(folder / "model.pt")
-    eager = EagerRunner(read_artifact(folder).load_source_module())
+    sig = signature_of(folder)
+    python_ts = TorchScriptRunner(sig, folder / "model.pt")
+    eager = EagerRunner(sig, read_artifact(folder).load_source_module())
     for x_path, y_path in pairs:
         x, y = np.load(x_path), np.load(y_path)
         assert y.shape == x.shape[:2] + (CONFIGS[name].dim,)
-        np.testing.assert_allclose(y, python_ts.run(x), rtol=0, atol=ATOL)
-        np.testing.assert_allclose(y, eager.run(x), rtol=0, atol=ATOL)
+        np.testing.assert_allclose(y, python_ts.run({"x": x})["y"], rtol=0, atol=ATOL)
+        np.testing.assert_allclose(y, eager.run({"x": x})["y"], rtol=0, atol=ATOL)
+    dirs = write_case_dirs(tmp_path / "cases", folder, [Case(2, 16), Case(1, 1)], seed=1)
+    r = run(binaries["torch"], folder / "model.pt", *[d for d, _, _ in dirs])
+    assert r.returncode == 0, r.stderr
+    for d, case, feeds in dirs:
+        assert_outputs_match(read_outputs(d, sig), python_ts.run(feeds), feeds, case, "mha_torch")
+
+
+def test_torch_model_without_declared_names_is_x_to_y(binaries, artifacts, tmp_path):
+    """model.pt files written before named I/O have no input_names / output_names: x -> y."""
+    folder = artifacts["split", "torchscript"]
+    source = read_artifact(folder).load_source_module()
+    old = tmp_path / "old.pt"
+    torch.jit.script(source).save(str(old))
+    assert not hasattr(torch.jit.load(str(old)), "input_names")
+    dirs = write_case_dirs(tmp_path / "cases", folder, [Case(2, 7)])
+    pairs = make_inputs(tmp_path, 64, shapes=[(1, 3)])
+    r = run(binaries["torch"], old, *[d for d, _, _ in dirs])
+    assert r.returncode == 0, r.stderr
+    r2 = run(binaries["torch"], old, *flat(pairs))
+    assert r2.returncode == 0, r2.stderr
+    eager = EagerRunner(signature_of(folder), source)
+    for d, case, feeds in dirs:
+        assert_outputs_match({"y": np.load(d / "y.npy")}, eager.run(feeds), feeds, case, "old.pt")
+    np.testing.assert_allclose(np.load(pairs[0][1]), eager.run({"x": np.load(pairs[0][0])})["y"],
+                               rtol=0, atol=ATOL)
 
 
 def test_ort_float16_model_matches_python_ort(binaries, tmp_path):
     """float16 exports take float32 .npy in and give float32 out; the math is ORT's float16."""
-    folder = export_onnx(CONFIGS["split"], tmp_path / "fp16", dtype="float16", check=False).path
+    folder = export_onnx(CONFIGS["split"], tmp_path / "fp16", dtype="float16", validate=False).path
     pairs = make_inputs(tmp_path, 64, shapes=[(2, 16), (1, 1)])
     r = run(binaries["ort"], folder / "model.onnx", *flat(pairs))
     assert r.returncode == 0, r.stderr
-    python_ort = OrtRunner(folder / "model.onnx", "cpu")
+    python_ort = OrtRunner(signature_of(folder), folder / "model.onnx", "cpu")
     for x_path, y_path in pairs:
-        np.testing.assert_allclose(np.load(y_path), python_ort.run(np.load(x_path)), rtol=0,
-                                   atol=ATOL)
+        np.testing.assert_allclose(np.load(y_path), python_ort.run({"x": np.load(x_path)})["y"],
+                                   rtol=0, atol=ATOL)
 
 
 def test_ort_info_prints_symbolic_dims_and_config(binaries, artifacts):
@@ -150,7 +233,106 @@ def test_ort_info_prints_symbolic_dims_and_config(binaries, artifacts):
     line = next(l for l in r.stdout.splitlines() if l.strip().startswith("mha_export.config:"))
     config = json.loads(line.split(":", 1)[1])
     assert MHAConfig.from_dict(config) == CONFIGS["fused-in48"]
-    assert "mha_export.dynamic_axes:" in r.stdout
+    assert "mha_export.io:" in r.stdout
+
+
+# --- kv-cache: four named inputs, three named outputs, one process for every case ---------------
+
+def _kv_run(binaries, artifacts, tmp_path, program: str, seed: int):
+    fmt = "onnx" if program == "ort" else "torchscript"
+    folder = artifacts["kv", fmt]
+    model = folder / ("model.onnx" if fmt == "onnx" else "model.pt")
+    dirs = write_case_dirs(tmp_path, folder, KV_CASES, seed=seed)
+    r = run(binaries[program], model, *[d for d, _, _ in dirs], "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    return folder, model, dirs, r
+
+
+def test_ort_kv_cache_matches_python_ort_and_eager(binaries, artifacts, tmp_path):
+    folder, model, dirs, r = _kv_run(binaries, artifacts, tmp_path, "ort", seed=2)
+    sig = signature_of(folder)
+    assert sig.kind == "kv-cache"
+    python_ort = OrtRunner(sig, model, "cpu")
+    eager = EagerRunner(sig, read_artifact(folder).load_source_module())
+    for d, case, feeds in dirs:
+        got = read_outputs(d, sig)
+        b, t, p = case.batch, case.seq, case.past
+        assert got["y"].shape == (b, t, KV_CONFIG.dim)
+        assert got["present_key"].shape == (b, KV_CONFIG.kv_heads, p + t, KV_CONFIG.head_dim)
+        assert_outputs_match(got, python_ort.run(feeds), feeds, case, "mha_ort vs ort")
+        assert_outputs_match(got, eager.run(feeds), feeds, case, "mha_ort vs eager")
+        assert f"{d}: x [{b}, {t}, {KV_CONFIG.d_in}]" in r.stdout
+
+
+def test_torch_kv_cache_matches_python_torchscript_and_eager(binaries, artifacts, tmp_path):
+    folder, model, dirs, r = _kv_run(binaries, artifacts, tmp_path, "torch", seed=3)
+    sig = signature_of(folder)
+    python_ts = TorchScriptRunner(sig, model)
+    eager = EagerRunner(sig, read_artifact(folder).load_source_module())
+    for d, case, feeds in dirs:
+        got = read_outputs(d, sig)
+        assert_outputs_match(got, python_ts.run(feeds), feeds, case, "mha_torch vs torchscript")
+        assert_outputs_match(got, eager.run(feeds), feeds, case, "mha_torch vs eager")
+
+
+def test_info_lists_declared_names(binaries, artifacts):
+    r = run(binaries["ort"], artifacts["kv", "onnx"] / "model.onnx", "--info")
+    assert r.returncode == 0, r.stderr
+    c = KV_CONFIG
+    for line in (f"x: float32 [batch, seq, {c.d_in}]",
+                 "attention_mask: int64 [batch, past_seq + seq]",
+                 f"past_key: float32 [batch, {c.kv_heads}, past_seq, {c.head_dim}]",
+                 f"past_value: float32 [batch, {c.kv_heads}, past_seq, {c.head_dim}]",
+                 f"y: float32 [batch, seq, {c.dim}]",
+                 f"present_key: float32 [batch, {c.kv_heads}, past_seq + seq, {c.head_dim}]",
+                 f"present_value: float32 [batch, {c.kv_heads}, past_seq + seq, {c.head_dim}]"):
+        assert f"  {line}\n" in r.stdout, (line, r.stdout)
+    r = run(binaries["torch"], artifacts["kv", "torchscript"] / "model.pt", "--info")
+    assert r.returncode == 0, r.stderr
+    inputs, outputs = r.stdout.split("\ninputs:\n")[1].split("\noutputs:\n")
+    assert [l.split(":")[0].strip() for l in inputs.splitlines()] == [
+        "x", "attention_mask", "past_key", "past_value"]
+    assert [l.split(":")[0].strip() for l in outputs.splitlines()] == [
+        "y", "present_key", "present_value"]
+
+
+@pytest.mark.parametrize("program", ["ort", "torch"])
+def test_kv_cache_bad_case_dirs_exit_2(binaries, artifacts, tmp_path, program):
+    """A missing or mistyped input in any case: exit 2, one line naming it, no output anywhere."""
+    folder = artifacts["kv", "onnx" if program == "ort" else "torchscript"]
+    model = folder / ("model.onnx" if program == "ort" else "model.pt")
+    (good, _, _), (bad, _, feeds) = write_case_dirs(tmp_path, folder, KV_CASES[2:4])
+    outputs = signature_of(folder).output_names
+
+    def check(*args) -> str:
+        line = one_error_line(run(binaries[program], model, *args))
+        for d in (good, bad):
+            assert not [n for n in outputs if (d / f"{n}.npy").exists()], line
+            assert not list(d.glob("*.tmp")), line
+        return line
+
+    (bad / "past_value.npy").unlink()
+    line = check(good, bad)
+    assert f"{bad}: no past_value.npy" in line and "'past_value'" in line
+    np.save(bad / "past_value.npy", feeds["past_value"])
+    np.save(bad / "attention_mask.npy", feeds["attention_mask"].astype(np.int32))
+    line = check(good, bad)
+    assert "attention_mask.npy" in line and "'<i4'" in line
+    if program == "ort":  # mha_torch only knows names: dtypes and shapes are ORT's declaration
+        np.save(bad / "attention_mask.npy", feeds["attention_mask"].astype(np.float32))
+        assert "int64" in check(good, bad)
+        np.save(bad / "attention_mask.npy", feeds["attention_mask"][:, 1:])
+        assert "past_seq + seq" in check(good, bad)
+        np.save(bad / "attention_mask.npy", feeds["attention_mask"])
+        np.save(bad / "past_key.npy", feeds["past_key"][0])
+        assert "rank-4" in check(good, bad)
+    # A mixed command line and the legacy pair form are refused for this 4-input model.
+    line = check(good, bad / "x.npy")
+    assert "not both" in line
+    line = check(bad / "x.npy", tmp_path / "y.npy")
+    assert "CASE_DIR" in line and "4 inputs" in line
+    assert not (tmp_path / "y.npy").exists()
 
 
 # --- bad input: exit 2, one line, nothing written ------------------------------------------------
@@ -159,6 +341,7 @@ def _bad_inputs(folder: Path) -> dict:
     np.save(folder / "f64.npy", np.zeros((1, 4, 64)))
     np.save(folder / "rank2.npy", np.zeros((4, 64), np.float32))
     np.save(folder / "width32.npy", np.zeros((1, 4, 32), np.float32))
+    np.save(folder / "empty.npy", np.zeros((1, 0, 64), np.float32))
     np.save(folder / "fortran.npy", np.asfortranarray(np.zeros((2, 4, 64), np.float32)))
     (folder / "text.npy").write_text("not numpy\n")
     np.save(folder / "ok.npy", np.zeros((1, 4, 64), np.float32))
@@ -169,6 +352,7 @@ def _bad_inputs(folder: Path) -> dict:
             "float64": ["{model}", folder / "f64.npy", "{out}"],
             "rank 2": ["{model}", folder / "rank2.npy", "{out}"],
             "wrong width": ["{model}", folder / "width32.npy", "{out}"],
+            "no tokens": ["{model}", folder / "empty.npy", "{out}"],
             "fortran order": ["{model}", folder / "fortran.npy", "{out}"],
             "truncated": ["{model}", folder / "truncated.npy", "{out}"],
             "missing model": [folder / "absent.model", folder / "ok.npy", "{out}"],
@@ -207,7 +391,8 @@ def test_error_lines_name_the_cause(binaries, artifacts, tmp_path):
     assert "not an .npy" in error("not an npy")
     assert "'<f8'" in error("float64") and "float32" in error("float64")
     assert "rank-3" in error("rank 2")
-    assert "width 32" in error("wrong width") and "64" in error("wrong width")
+    assert "dimension 2 is 32, not 64" in error("wrong width")
+    assert "axis 'seq' is 0" in error("no tokens")
     assert "cannot load model" in error("model does not load")
 
 
@@ -215,7 +400,7 @@ def test_error_lines_name_the_cause(binaries, artifacts, tmp_path):
 
 def _python_ort_cuda_reason(model: Path) -> str | None:
     try:
-        OrtRunner(model, "cuda")
+        OrtRunner(signature_of(model.parent), model, "cuda")
         return None
     except RunnerUnavailable as e:
         return str(e)
@@ -228,8 +413,8 @@ def test_ort_provider_cuda_runs_on_cuda_or_exits_3(binaries, artifacts, tmp_path
     if _python_ort_cuda_reason(model) is None:  # a machine where CUDA works: it must be used
         assert r.returncode == 0, r.stderr
         assert "provider: CUDAExecutionProvider" in r.stdout
-        np.testing.assert_allclose(np.load(y), OrtRunner(model, "cpu").run(np.load(x)), rtol=0,
-                                   atol=1e-4)
+        cpu = OrtRunner(signature_of(model.parent), model, "cpu")
+        np.testing.assert_allclose(np.load(y), cpu.run({"x": np.load(x)})["y"], rtol=0, atol=1e-4)
     else:
         line = one_error_line(r, code=3)
         assert "CUDAExecutionProvider" in line and "not falling back to CPU" in line
@@ -244,8 +429,8 @@ def test_torch_device_cuda_runs_on_cuda_or_exits_3(binaries, artifacts, tmp_path
     if torch.cuda.is_available():
         assert r.returncode == 0, r.stderr
         assert "device: cuda" in r.stdout
-        np.testing.assert_allclose(np.load(y), TorchScriptRunner(model).run(np.load(x)),
-                                   rtol=0, atol=1e-4)
+        ts = TorchScriptRunner(signature_of(model.parent), model)
+        np.testing.assert_allclose(np.load(y), ts.run({"x": np.load(x)})["y"], rtol=0, atol=1e-4)
     else:
         line = one_error_line(r, code=3)
         assert "cuda" in line and "not falling back to CPU" in line
@@ -270,12 +455,14 @@ def test_bundle_runs_after_being_moved(binaries, tmp_path):
                        env=_env(), timeout=120)
     assert r.returncode == 0, r.stderr
     y = np.load(moved / "y.npy")
-    expected = OrtRunner(moved / "model.onnx", "cpu").run(np.load(moved / "x.npy"))
-    np.testing.assert_allclose(y, expected, rtol=0, atol=ATOL)
+    # The bundle's sample model: the Makefile's MHAConfig(dim=64, heads=4), full signature.
+    python_ort = OrtRunner(make_signature(CONFIGS["split"], "full"), moved / "model.onnx", "cpu")
+    np.testing.assert_allclose(y, python_ort.run({"x": np.load(moved / "x.npy")})["y"], rtol=0,
+                               atol=ATOL)
 
     pairs = make_inputs(tmp_path, 64, shapes=[(1, 1), (2, 9)])
     r = run(moved / "mha_ort", moved / "model.onnx", *flat(pairs), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     for x_path, y_path in pairs:
-        np.testing.assert_allclose(np.load(y_path), OrtRunner(moved / "model.onnx", "cpu").run(
-            np.load(x_path)), rtol=0, atol=ATOL)
+        np.testing.assert_allclose(np.load(y_path), python_ort.run({"x": np.load(x_path)})["y"],
+                                   rtol=0, atol=ATOL)

@@ -110,3 +110,64 @@ def test_textbook_checkpoints_load_and_agree():
         sd = {k: v for k, v in ref.state_dict().items() if not k.endswith("mask")}
         m.load_state_dict(sd)  # the same key names, unchanged
         assert (m(x) - ref(x)).abs().max() < 1e-6, kw["layout"]
+
+
+# --- the cached call (forward_step) -------------------------------------------------------------
+
+def _steps(m, x, mask, split):
+    b = x.shape[0]
+    pk = pv = torch.zeros(b, m.config.heads, 0, m.config.head_dim)
+    ys, pos = [], 0
+    for n in split:
+        y, pk, pv = m.forward_step(x[:, pos:pos + n], mask[:, :pos + n], pk, pv)
+        ys.append(y)
+        pos += n
+    return torch.cat(ys, 1), pk, pv
+
+
+@pytest.mark.parametrize("layout", ["single", "stacked", "split", "fused"])
+def test_prefill_and_steps_equal_one_full_forward(layout):
+    c = MHAConfig(dim=32, heads=1 if layout == "single" else 4, layout=layout, qkv_bias=True)
+    m = build_module(c, seed=0)
+    x = torch.randn(2, 11, 32)
+    ones = torch.ones(2, 11, dtype=torch.long)
+    with torch.inference_mode():
+        y, k, v = _steps(m, x, ones, [4, 1, 1, 3, 2])
+        full, fk, fv = m.attend(x, None, None, None)
+    assert torch.allclose(y, full, atol=1e-6) and torch.allclose(m(x), full)
+    assert torch.allclose(k, fk, atol=1e-6) and torch.allclose(v, fv, atol=1e-6)
+
+
+def test_a_cached_step_is_aligned_bottom_right_not_like_sdpa_is_causal():
+    """SDPA's is_causal aligns top-left when Tq != Tk: the last query would see only key 0."""
+    m = build_module(MHAConfig(dim=32, heads=4), seed=0)
+    x = torch.randn(1, 6, 32)
+    with torch.inference_mode():
+        _, pk, pv = m.attend(x[:, :5], None, None, None)
+        step, _, _ = m.forward_step(x[:, 5:], torch.ones(1, 6, dtype=torch.long), pk, pv)
+        q, k, v = m.project_qkv(x)
+        top_left = torch.nn.functional.scaled_dot_product_attention(
+            q[:, :, 5:], k, v, is_causal=True)  # (1, nh, 1, hs): sees key 0 only
+        wrong = m.project_out(top_left.transpose(1, 2).reshape(1, 1, 32))
+        assert torch.allclose(step, m(x)[:, 5:], atol=1e-6)
+    assert not torch.allclose(step, wrong, atol=1e-3)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_rows_equal_each_sequence_alone_and_padding_rows_stay_finite(side):
+    m = build_module(MHAConfig(dim=32, heads=4), seed=0)
+    x = torch.randn(3, 9, 32)
+    mask = torch.ones(3, 9, dtype=torch.long)
+    pads = [0, 2, 8]  # the last row has one real token
+    for r, n in enumerate(pads):
+        if n:
+            mask[r, :n] = 0 if side == "left" else 1
+            if side == "right":
+                mask[r, 9 - n:] = 0
+    with torch.inference_mode():
+        y, _, _ = _steps(m, x, mask, [6, 1, 2])
+        assert torch.isfinite(y).all()
+        for r in range(3):
+            real = mask[r] == 1
+            alone = m(x[r:r + 1, real])
+            assert torch.allclose(y[r, real], alone[0], atol=1e-5), (side, r)

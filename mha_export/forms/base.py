@@ -26,8 +26,6 @@ class AttentionIO:
     past_key: Optional[str] = None  # (B, K, P, H)
     past_value: Optional[str] = None
     attention_mask: Optional[str] = None  # (B, S) int64, 1 = token
-    keys: Optional[str] = None  # (B, K, S, H) past + this call's keys, when already built
-    values: Optional[str] = None
 
     @property
     def has_cache(self) -> bool:
@@ -67,8 +65,6 @@ class GraphForm:
 
 def keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> tuple[str, str]:
     """(B, K, S, H) keys and values: the past concatenated with this call's (= the present)."""
-    if io.keys is not None:
-        return io.keys, io.values
     k = split_heads(g, io.k, c.kv_heads, c.head_dim, "k")  # (B, K, T, H)
     v = split_heads(g, io.v, c.kv_heads, c.head_dim, "v")  # (B, K, T, H)
     if io.has_cache:
