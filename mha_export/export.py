@@ -90,6 +90,14 @@ def _publish(config: MHAConfig, fmt: str, output: str | Path | None, force: bool
     return ExportResult(dest, report)
 
 
+def _validate_flag(validate: bool, fields: dict) -> bool:
+    """``check=`` is the old spelling of ``validate=`` (accepted until 0.3)."""
+    if "check" in fields:
+        warnings.warn("export_*(check=...) is now validate=...", DeprecationWarning, 3)
+        return bool(fields.pop("check"))
+    return validate
+
+
 def _prepare(config, weights, layer, seed, kv_cache, attention_mask, fields):
     config = resolve_config(config, weights, layer, fields)
     sig = make_signature(config, signature_kind(kv_cache, attention_mask))
@@ -108,6 +116,7 @@ def export_onnx(config: Optional[MHAConfig] = None, output: str | Path | None = 
     Pass an MHAConfig or its fields as keywords (heads=12, dim=768, ...), as on the CLI.
     ``kv_cache``: the decode-step model (x, attention_mask, past_key, past_value -> y,
     present_key, present_value); ``attention_mask``: the full-sequence model with a padding mask."""
+    validate = _validate_flag(validate, config_fields)
     config, sig, module, source = _prepare(config, weights, layer, seed, kv_cache,
                                            attention_mask, config_fields)
     form = forms.get_form(attention)
@@ -140,6 +149,7 @@ def export_torchscript(config: Optional[MHAConfig] = None, output: str | Path | 
                        check_options: Optional[dict] = None, **config_fields) -> ExportResult:
     """Write DIR/model.pt (torch.jit.script: loads with torch.jit.load and libtorch); its
     forward takes the signature's inputs positionally, in the declared order."""
+    validate = _validate_flag(validate, config_fields)
     config, sig, module, source = _prepare(config, weights, layer, seed, kv_cache,
                                            attention_mask, config_fields)
     meta = _describe(config, sig, "torchscript", {"file": MODEL_FILES["torchscript"],

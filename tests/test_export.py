@@ -134,3 +134,12 @@ def test_a_form_without_the_cache_is_refused_before_anything_is_written(tmp_path
     with pytest.raises(UsageError, match="forms that can: auto"):
         export_onnx(CFG, tmp_path / "x", attention="contrib-mha", kv_cache=True)
     assert not (tmp_path / "x").exists()
+
+
+def test_old_python_spellings_still_work_with_a_warning(tmp_path):
+    import mha_export as mx
+    with pytest.warns(DeprecationWarning, match="validate"):
+        r = export_onnx(CFG, tmp_path / "a", check=False)
+    assert r.report is None
+    with pytest.warns(DeprecationWarning, match="check_parity"):
+        assert mx.check is mx.check_parity
