@@ -27,7 +27,7 @@ def effective_flops(c: MHAConfig, seq: int, batch: int, past: int = 0) -> float:
     (half of 4), 4*T*P*inner more over a cache of P; for d_in = dim = inner = d and P = 0 that is
     8*T*d^2 + 2*T^2*d."""
     attn = (2 if c.causal else 4) * seq * seq * c.inner + 4 * seq * past * c.inner
-    return batch * (2 * seq * (c.d_in * 3 * c.inner + c.inner * c.dim) + attn)
+    return batch * (2 * seq * (c.d_in * (c.inner + 2 * c.kv_inner) + c.inner * c.dim) + attn)
 
 
 @dataclass

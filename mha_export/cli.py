@@ -78,6 +78,8 @@ CONFIG_OPTIONS = [
     click.option("--d-in", type=int, default=None, help="Input width [default: dim]."),
     click.option("--head-dim", type=int, default=None,
                  help="Width of one head [default: dim/heads]."),
+    click.option("--kv-heads", type=int, default=None,
+                 help="Key/value heads, grouped-query attention [default: heads; 1 = multi-query]."),
     click.option("--qkv-bias/--no-qkv-bias", default=False, show_default=True,
                  help="Biases on the q/k/v projections."),
     click.option("--out-bias/--no-out-bias", default=True, show_default=True,

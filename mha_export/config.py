@@ -23,6 +23,7 @@ class MHAConfig:
     heads: int = 12
     d_in: int | None = None  # default: dim
     head_dim: int | None = None  # default: dim // heads
+    kv_heads: int | None = None  # key/value heads (default: heads; 1 = multi-query)
     qkv_bias: bool = False
     out_bias: bool = True  # split / fused only (single / stacked have no output projection)
     dropout: float = 0.0
@@ -48,6 +49,16 @@ class MHAConfig:
                     "(pick another head count or give --head-dim)")
             object.__setattr__(self, "head_dim", self.dim // self.heads)
         _positive("head_dim", self.head_dim)
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        _positive("kv_heads", self.kv_heads)
+        if self.heads % self.kv_heads:
+            raise UsageError(f"heads ({self.heads}) must be a multiple of kv_heads "
+                             f"({self.kv_heads}): query head h uses key/value head "
+                             "h // (heads / kv_heads)")
+        if self.layout in ("single", "stacked") and self.kv_heads != self.heads:
+            raise UsageError(f"layout {self.layout!r} has one key/value head per query head: "
+                             "kv_heads must equal heads (use split or fused)")
         if self.layout == "single" and self.heads != 1:
             raise UsageError(f"layout 'single' has exactly one head, got heads={self.heads}")
         if self.layout in ("single", "stacked") and self.inner != self.dim:
@@ -61,10 +72,14 @@ class MHAConfig:
         return self.heads * self.head_dim
 
     @property
-    def kv_heads(self) -> int:
-        """Key/value heads (the cache's second axis); equal to heads until grouped-query
-        attention lands."""
-        return self.heads
+    def kv_inner(self) -> int:
+        """Width of the concatenated key (or value) heads: kv_heads * head_dim."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def groups(self) -> int:
+        """Query heads per key/value head (1: plain multi-head attention)."""
+        return self.heads // self.kv_heads
 
     @property
     def scale(self) -> float:
@@ -92,6 +107,8 @@ class MHAConfig:
             s += f"-in{self.d_in}"
         if self.head_dim * self.heads != self.dim:
             s += f"-hd{self.head_dim}"
+        if self.kv_heads != self.heads:
+            s += f"-kv{self.kv_heads}"
         return s
 
 

@@ -113,6 +113,21 @@ def split_heads(g: GraphBuilder, x: str, heads: int, head_dim: int, name: str,
                 name=f"{name}_bhtd")  # (B, heads, T, H) | (B, heads, H, T)
 
 
+def repeat_kv(g: GraphBuilder, x: str, groups: int, name: str) -> str:
+    """(B, K, S, H) -> (B, K*groups, S, H): kv head j serves query heads j*groups ... (the
+    mapping of Hugging Face's repeat_kv and ONNX's Attention op); x itself when groups == 1."""
+    if groups == 1:
+        return x
+    x = g.op("Unsqueeze", [x, g.ints("axes2", [2])], name=f"{name}_groups")  # (B, K, 1, S, H)
+    x = g.op("Expand", [x, g.ints("group_shape", [1, 1, groups, 1, 1])],
+             name=f"{name}_expanded")  # (B, K, G, S, H)
+    shape = g.op("Concat", [g.op("Shape", [x], start=0, end=1, name=f"{name}_batch"),
+                            g.ints("minus_one", [-1]),
+                            g.op("Shape", [x], start=3, end=5, name=f"{name}_seq_head")],
+                 axis=0, name=f"{name}_repeated_shape")  # [B, -1, S, H]
+    return g.op("Reshape", [x, shape], name=f"{name}_repeated")  # (B, N, S, H)
+
+
 def merge_heads(g: GraphBuilder, x: str, width: int, name: str = "context") -> str:
     """(B, N, T, H) -> (B, T, N*H)."""
     x = g.op("Transpose", [x], perm=[0, 2, 1, 3], name=f"{name}_bthd")  # (B, T, N, H)

@@ -41,6 +41,7 @@ class AttentionBase(nn.Module):
         self.config = config
         self.n_head = config.heads
         self.head_dim = config.head_dim
+        self.kv_heads = config.kv_heads
         self.causal = config.causal
         self.dropout = config.dropout
         self.scale = config.scale
@@ -75,12 +76,16 @@ class AttentionBase(nn.Module):
             k = torch.cat([past_key, k], dim=2)  # (B, N, P+T, H)
             v = torch.cat([past_value, v], dim=2)
         p = self.dropout if self.training else 0.0
-        ctx, probs = attention(q, k, v, self.scale, self.causal, p, need_weights, attention_mask)
+        kr, vr = k, v  # (B, K, S, H): the cache keeps K heads ...
+        if self.n_head != self.kv_heads:  # ... query head h reads kv head h // (N / K)
+            kr = k.repeat_interleave(self.n_head // self.kv_heads, dim=1)  # (B, N, S, H)
+            vr = v.repeat_interleave(self.n_head // self.kv_heads, dim=1)
+        ctx, probs = attention(q, kr, vr, self.scale, self.causal, p, need_weights, attention_mask)
         return self.project_out(merge_heads(ctx)), k, v, probs
 
-    def _split_heads(self, t: Tensor) -> Tensor:
+    def _split_heads(self, t: Tensor, heads: int) -> Tensor:
         b, n, _ = t.shape
-        return t.view(b, n, self.n_head, self.head_dim).transpose(1, 2)  # (B, N, T, H)
+        return t.view(b, n, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, H)
 
     def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
@@ -148,7 +153,8 @@ class StackedHeadsAttention(AttentionBase):
 
     def __init__(self, config: MHAConfig):
         super().__init__(config)
-        one = config.replace(layout="single", heads=1, dim=config.head_dim, head_dim=config.head_dim)
+        one = config.replace(layout="single", heads=1, kv_heads=1, dim=config.head_dim,
+                             head_dim=config.head_dim)
         self.heads = nn.ModuleList([SingleHeadAttention(one) for _ in range(config.heads)])
 
     def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -191,13 +197,14 @@ class SplitHeadsAttention(AttentionBase):
         super().__init__(config)
         c = config
         self.W_query = nn.Linear(c.d_in, c.inner, bias=c.qkv_bias)
-        self.W_key = nn.Linear(c.d_in, c.inner, bias=c.qkv_bias)
-        self.W_value = nn.Linear(c.d_in, c.inner, bias=c.qkv_bias)
+        self.W_key = nn.Linear(c.d_in, c.kv_inner, bias=c.qkv_bias)
+        self.W_value = nn.Linear(c.d_in, c.kv_inner, bias=c.qkv_bias)
         self.out_proj = nn.Linear(c.inner, c.dim, bias=c.out_bias)
 
     def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        return (self._split_heads(self.W_query(x)), self._split_heads(self.W_key(x)),
-                self._split_heads(self.W_value(x)))
+        return (self._split_heads(self.W_query(x), self.n_head),
+                self._split_heads(self.W_key(x), self.kv_heads),
+                self._split_heads(self.W_value(x), self.kv_heads))
 
     def project_out(self, merged: Tensor) -> Tensor:
         return self.out_proj(merged)
@@ -221,20 +228,22 @@ class FusedQKVAttention(AttentionBase):
     def __init__(self, config: MHAConfig):
         super().__init__(config)
         c = config
-        self.c_attn = nn.Linear(c.d_in, 3 * c.inner, bias=c.qkv_bias)
+        self.c_attn = nn.Linear(c.d_in, c.inner + 2 * c.kv_inner, bias=c.qkv_bias)
+        self.qkv_sizes = [c.inner, c.kv_inner, c.kv_inner]
         self.c_proj = nn.Linear(c.inner, c.dim, bias=c.out_bias)
 
     def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        q, k, v = self.c_attn(x).split(self.n_head * self.head_dim, dim=2)  # 3 x (B, T, inner)
-        return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+        q, k, v = self.c_attn(x).split(self.qkv_sizes, dim=2)  # (B, T, N*H), 2 x (B, T, K*H)
+        return (self._split_heads(q, self.n_head), self._split_heads(k, self.kv_heads),
+                self._split_heads(v, self.kv_heads))
 
     def project_out(self, merged: Tensor) -> Tensor:
         return self.c_proj(merged)
 
     def to_weights(self) -> AttentionWeights:
-        wq, wk, wv = self.c_attn.weight.detach().chunk(3, 0)
+        wq, wk, wv = self.c_attn.weight.detach().split(self.qkv_sizes, 0)
         b = _bias(self.c_attn)
-        bq, bk, bv = (None, None, None) if b is None else b.chunk(3, 0)
+        bq, bk, bv = (None, None, None) if b is None else b.split(self.qkv_sizes, 0)
         return AttentionWeights(wq, wk, wv, bq, bk, bv, self.c_proj.weight.detach(),
                                 _bias(self.c_proj))
 

@@ -30,15 +30,21 @@ def _value_info(t: TensorSpec, dtype: str) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(t.name, elem, list(t.shape))
 
 
+def required_features(config: MHAConfig, sig: Signature) -> frozenset:
+    """What a graph form must support to build this config and signature (forms.FEATURES)."""
+    return sig.features | {f for f, on in (("non-causal", not config.causal),
+                                           ("gqa", config.kv_heads != config.heads)) if on}
+
+
 def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
                 opset: int | None = None, dtype: str = "float32",
                 signature: Signature | None = None,
                 metadata: dict[str, str] | None = None) -> onnx.ModelProto:
     c = config
     sig = signature or make_signature(c)
-    needs = sig.features | ({"non-causal"} if not c.causal else set())
-    if problem := form.problem(c, frozenset(needs)):
-        able = [f.name for f in FORMS.values() if not f.problem(c, frozenset(needs))]
+    needs = required_features(c, sig)
+    if problem := form.problem(c, needs):
+        able = [f.name for f in FORMS.values() if not f.problem(c, needs)]
         raise UsageError(f"attention form {form.name!r} {problem}"
                          + (f" (forms that can: {', '.join(able)})" if able else ""))
     if dtype not in ONNX_DTYPES:
@@ -47,8 +53,8 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
     g = GraphBuilder(dtype=dtype)
     qkv = g.linear("x", "qkv", torch.cat([w.wq, w.wk, w.wv]),
                    None if w.bq is None else torch.cat([w.bq, w.bk, w.bv]))  # (B, T, 3*D)
-    q, k, v = g.op("Split", [qkv, g.ints("qkv_split", [c.inner] * 3)], n_out=3, axis=2,
-                   name="qkv_split")  # 3 x (B, T, D)
+    q, k, v = g.op("Split", [qkv, g.ints("qkv_split", [c.inner, c.kv_inner, c.kv_inner])],
+                   n_out=3, axis=2, name="qkv_split")  # (B, T, N*H), 2 x (B, T, K*H)
     named = set(sig.input_names)
     io = AttentionIO(q, k, v, *(n if n in named else None
                                 for n in ("past_key", "past_value", "attention_mask")))

@@ -111,7 +111,7 @@ def case_bytes(config: MHAConfig, case: Case, quadratic: bool, masked: bool) -> 
     float64 for the reference, (N, T, S) scores where the model materialises them, and the
     eager module's (B, 1, T, S) mask where the call has a cache or padding mask."""
     b, t, s, c = case.batch, case.seq, case.past + case.seq, config
-    linear = 8 * b * (t * (c.d_in + c.dim + 3 * c.inner) * 3 + 4 * s * c.kv_heads * c.head_dim)
+    linear = 8 * b * (t * (c.d_in + c.dim + c.inner + 2 * c.kv_inner) * 3 + 4 * s * c.kv_heads * c.head_dim)
     scores = 8 * 2 * b * c.heads * t * s if quadratic else 0
     mask = 8 * 2 * b * t * s if masked else 0
     return linear + scores + mask

@@ -124,9 +124,10 @@ def load_module(config: MHAConfig, path: str | Path, layer: Optional[int] = None
 
 def _is_conv1d(t: dict[str, Tensor], config: MHAConfig, gpt2_prefix: bool) -> bool:
     """GPT-2's Conv1D stores weights as [in, out]. Decide from c_attn's shape; only when that is
-    square-ambiguous (d_in == 3*inner) trust a GPT-2 block prefix (h.N.attn.)."""
+    square-ambiguous (d_in == q + k + v width) trust a GPT-2 block prefix (h.N.attn.)."""
     w = t.get("c_attn.weight")
-    linear, conv1d = (3 * config.inner, config.d_in), (config.d_in, 3 * config.inner)
+    width = config.inner + 2 * config.kv_inner
+    linear, conv1d = (width, config.d_in), (config.d_in, width)
     if w is None or linear == conv1d:
         return gpt2_prefix
     return tuple(w.shape) == conv1d

@@ -177,3 +177,15 @@ def test_old_form_name_is_accepted_with_a_note(tmp_path):
     assert r.exit_code == 0 and "now spelled attention-op" in r.stderr
     meta = json.loads((tmp_path / "a" / "config.json").read_text())
     assert meta["export"]["attention"] == "attention-op"
+
+
+def test_grouped_query_export_and_a_form_that_cannot(tmp_path):
+    r = run("onnx", *SMALL, "--kv-heads", "2", "--kv-cache", "-o", tmp_path / "g")
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((tmp_path / "g" / "config.json").read_text())
+    assert cfg["config"]["kv_heads"] == 2
+    assert cfg["io"]["inputs"][2]["shape"] == ["batch", 2, "past_seq", 16]
+    msg = one_line_error(run("onnx", *SMALL, "--kv-heads", "2", "--attention", "contrib-mha",
+                             "-o", tmp_path / "m"))
+    assert "does not support gqa" in msg and "forms that can: auto" in msg
+    assert "multiple of kv_heads" in one_line_error(run("onnx", *SMALL, "--kv-heads", "3"))

@@ -171,3 +171,33 @@ def test_padded_rows_equal_each_sequence_alone_and_padding_rows_stay_finite(side
             real = mask[r] == 1
             alone = m(x[r:r + 1, real])
             assert torch.allclose(y[r, real], alone[0], atol=1e-5), (side, r)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+@pytest.mark.parametrize("layout", ["split", "fused"])
+def test_grouped_query_heads_read_kv_head_h_div_groups(layout, kv_heads):
+    """Query head h uses key/value head h // (heads / kv_heads): Hugging Face's repeat_kv."""
+    c = MHAConfig(dim=32, heads=4, kv_heads=kv_heads, layout=layout, qkv_bias=True)
+    m = build_module(c, seed=0)
+    x = torch.randn(2, 7, 32)
+    with torch.inference_mode():
+        q, k, v = m.project_qkv(x)  # (B, 4, T, 8), (B, kv_heads, T, 8) x 2
+        assert k.shape[1] == kv_heads
+        heads = []
+        for h in range(4):
+            j = h // (4 // kv_heads)
+            s = (q[:, h] @ k[:, j].transpose(-1, -2)) / 8 ** 0.5
+            s = s.masked_fill(torch.ones(7, 7, dtype=torch.bool).triu(1), float("-inf"))
+            heads.append(s.softmax(-1) @ v[:, j])
+        want = m.project_out(torch.stack(heads, 1).transpose(1, 2).reshape(2, 7, 32))
+        y, present_key, _ = m.attend(x, None, None, None)
+    assert torch.allclose(y, want, atol=1e-6) and present_key.shape == (2, kv_heads, 7, 8)
+    assert torch.allclose(convert(m, "split" if layout == "fused" else "fused")(x), y, atol=1e-6)
+
+
+def test_kv_heads_must_divide_heads_and_need_a_grouped_layout():
+    with pytest.raises(UsageError, match="multiple of kv_heads"):
+        MHAConfig(dim=48, heads=6, kv_heads=4)
+    with pytest.raises(UsageError, match="kv_heads must equal heads"):
+        MHAConfig(dim=32, heads=4, kv_heads=2, layout="stacked")
+    assert MHAConfig(dim=32, heads=4, kv_heads=2).slug() == "split-h4-d32-kv2"

@@ -8,14 +8,16 @@ import torch
 from mha_export import MHAConfig, UsageError, build_module
 from mha_export.forms import FORMS, MAX_OPSET, get_form
 from mha_export.entry import entry_module
-from mha_export.onnx_model import build_model
+from mha_export.onnx_model import build_model, required_features
 from mha_export.signature import KINDS, make_signature
 from mha_export.sweep import Case, make_feeds, real_queries
 
 CONFIGS = [MHAConfig(dim=64, heads=4, qkv_bias=True),
            MHAConfig(dim=48, heads=3, head_dim=20, d_in=40, layout="fused", qkv_bias=True),
            MHAConfig(dim=32, heads=2, layout="stacked"),
-           MHAConfig(dim=32, heads=4, causal=False, out_bias=False)]
+           MHAConfig(dim=32, heads=4, causal=False, out_bias=False),
+           MHAConfig(dim=64, heads=4, kv_heads=2, qkv_bias=True),  # grouped-query
+           MHAConfig(dim=64, heads=4, kv_heads=1, layout="fused")]  # multi-query
 
 
 def _session(model):
@@ -23,12 +25,12 @@ def _session(model):
 
 
 def _buildable(form, config, sig) -> bool:
-    return form.problem(config, sig.features | ({"non-causal"} if not config.causal else set())) is None
+    return form.problem(config, required_features(config, sig)) is None
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.slug() + ("" if c.causal else "-noncausal"))
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.slug() + ("" if c.causal else "-noncausal"))  # noqa: E501
 def test_matches_eager_at_lengths_never_seen(form, config, kind):
     sig = make_signature(config, kind)
     if not _buildable(FORMS[form], config, sig):

@@ -188,3 +188,15 @@ def test_float16_kv_models_stay_finite_and_within_tolerance(tmp_path, form):
                        validate=False).path
     report = check_parity(path, **KV_SWEEP)
     assert report.passed, [r.error for r in report.results if not r.passed][:3]
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_grouped_query_cache_models_pass_and_keep_kv_heads(tmp_path, kv_heads):
+    cfg = CFG.replace(kv_heads=kv_heads)
+    path = export_onnx(cfg, tmp_path / "gqa", kv_cache=True, validate=False).path
+    report = check_parity(path, **KV_SWEEP)
+    assert report.passed
+    ts = export_torchscript(cfg, tmp_path / "ts", kv_cache=True, validate=False).path
+    assert check_parity(ts, **KV_SWEEP).passed
+    faults.padding_ignored(path / "model.onnx")
+    assert not check_parity(path, **KV_SWEEP).passed

@@ -35,4 +35,4 @@ FORM = GraphForm(
     name="attention-op", core=attention_op_core, min_opset=23, memory="O(N*T*S)",
     summary="one standard Attention node on 3-D q/k/v (is_causal=1; with a cache or padding "
             "mask: an explicit bottom-right mask, and the node's own past/present)",
-    supports=frozenset({"non-causal", "kv-cache", "attention-mask"}))
+    supports=frozenset({"non-causal", "kv-cache", "attention-mask", "gqa"}))

@@ -25,12 +25,12 @@ from onnx import TensorProto, helper
 
 from ..config import MHAConfig
 from ..graph import (GraphBuilder, additive, as_1d, ceil_div, dim, finite_lowest, masked_scores,
-                     scale_queries, split_heads)
+                     repeat_kv, scale_queries, split_heads)
 from .base import AttentionIO, AttentionOut, GraphForm, cache_out, keys_values
 
 BLOCK = 256
 BLOCK_EDGES = (BLOCK, BLOCK + 1, 2 * BLOCK + 1)  # one block, two, three (the last ragged)
-FEATURES = frozenset({"non-causal", "kv-cache", "attention-mask"})
+FEATURES = frozenset({"non-causal", "kv-cache", "attention-mask", "gqa"})
 
 
 def blocked_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig, block: int = BLOCK,
@@ -52,8 +52,11 @@ def blocked_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig, block: int = BL
         past = g.op("Sub", [dim(g, keys, 2, "blk_key_len"), t], name="blk_past_len")  # () P
         q_axis = v_axis = 2
         k_axis = 2 if use_attention_op else 3
+    present = (keys, values)  # (B, K, S, H) when the call has a cache
+    if not use_attention_op:  # plain MatMuls: every query head gets its kv head's copy
+        keys, values = repeat_kv(g, keys, c.groups, "blk_k"), repeat_kv(g, values, c.groups, "blk_v")
     k_in = keys if use_attention_op else g.op("Transpose", [keys], perm=[0, 1, 3, 2],
-                                              name="blk_k_bhds")  # (B, K, H, S)
+                                              name="blk_k_bhds")  # (B, N, H, S)
     q = _pad_axis(g, q, pad, q_axis)  # (B, nb*bs, D) | (B, N, nb*bs, H)
 
     b = g.sub("blk/")
@@ -86,7 +89,7 @@ def blocked_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig, block: int = BL
                name="blk_ctx_padded")  # (B, nb*bs, D)
     ctx = g.op("Slice", [ctx, g.ints("blk_zero_1d", [0]), as_1d(g, t, "blk_seq_len_1d"),
                          g.ints("blk_axes1_1d", [1])], name="blk_context")  # (B, T, D)
-    return cache_out(io, ctx, keys, values)
+    return cache_out(io, ctx, *present)
 
 
 def _pad_axis(g: GraphBuilder, x: str, pad: str, axis: int) -> str:
@@ -104,7 +107,8 @@ def _attention_body(b: GraphBuilder, c: MHAConfig, qb: str, kb: str, vb: str,
     # Reshape (no copy in ORT) restores the static sizes that shape inference loses through a
     # Slice with runtime bounds; without it ORT infers a 0 width for the output and warns.
     if flat:
-        q_shape = kv_shape = b.ints("width_shape", [0, -1, c.inner])
+        q_shape = b.ints("width_shape", [0, -1, c.inner])
+        kv_shape = b.ints("kv_width_shape", [0, -1, c.kv_inner])
     else:
         q_shape = b.ints("q_shape", [0, c.heads, -1, c.head_dim])
         kv_shape = b.ints("kv_shape", [0, c.kv_heads, -1, c.head_dim])

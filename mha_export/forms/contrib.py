@@ -46,4 +46,4 @@ CONTRIB_MHA = GraphForm(
 CONTRIB_GQA = GraphForm(
     name="contrib-gqa", core=contrib_gqa_core, min_opset=17, memory="O(N*T^2)",
     summary="ONNX Runtime's com.microsoft.GroupQueryAttention (causal only; head_dim % 8 == 0)",
-    domains=((CONTRIB, 1),), refuse=_gqa_refuses, standard=False)
+    domains=((CONTRIB, 1),), supports=frozenset({"gqa"}), refuse=_gqa_refuses, standard=False)

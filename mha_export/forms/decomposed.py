@@ -3,15 +3,16 @@ onnx's reference evaluator runs. Memory O(N*T*S) for the scores."""
 from __future__ import annotations
 
 from ..config import MHAConfig
-from ..graph import (GraphBuilder, dim, finite_lowest, masked_scores, merge_heads, scale_queries,
-                     split_heads)
+from ..graph import (GraphBuilder, dim, finite_lowest, masked_scores, merge_heads, repeat_kv,
+                     scale_queries, split_heads)
 from .base import AttentionIO, AttentionOut, GraphForm, cache_out, keys_values
 
 
 def decomposed_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
     q = split_heads(g, scale_queries(g, io.q, c.scale), c.heads, c.head_dim, "q")  # (B, N, T, H)
     keys, values = keys_values(g, io, c)  # (B, K, S, H)
-    k_t = g.op("Transpose", [keys], perm=[0, 1, 3, 2], name="k_bhds")  # (B, K, H, S)
+    k_t = g.op("Transpose", [repeat_kv(g, keys, c.groups, "k")], perm=[0, 1, 3, 2],
+               name="k_bhds")  # (B, N, H, S)
     scores = g.op("MatMul", [q, k_t], name="scores")  # (B, N, T, S)
     masked = masked_scores(g, c.causal, dim(g, q, 2, "seq_len"), dim(g, keys, 2, "key_len"),
                            io.attention_mask)  # (B|1, 1|., T, S) bool
@@ -19,7 +20,8 @@ def decomposed_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attention
         scores = g.op("Where", [masked, g.const("mask_fill", finite_lowest(g.dtype)), scores],
                       name="masked_scores")  # (B, N, T, S)
     probs = g.op("Softmax", [scores], axis=-1, name="probs")  # (B, N, T, S)
-    ctx = g.op("MatMul", [probs, values], name="context")  # (B, N, T, H)
+    ctx = g.op("MatMul", [probs, repeat_kv(g, values, c.groups, "v")],
+               name="context")  # (B, N, T, H)
     return cache_out(io, merge_heads(g, ctx, c.inner), keys, values)  # (B, T, D)
 
 
@@ -27,4 +29,4 @@ FORM = GraphForm(
     name="decomposed", core=decomposed_core, min_opset=17, memory="O(N*T*S)",
     summary="MatMul, causal/padding mask from Range/Greater on the runtime lengths, Where, "
             "Softmax, MatMul: standard ops only, the portable form",
-    supports=frozenset({"non-causal", "kv-cache", "attention-mask"}))
+    supports=frozenset({"non-causal", "kv-cache", "attention-mask", "gqa"}))
