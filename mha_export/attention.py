@@ -12,22 +12,24 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def causal_mask(t_q: int, t_k: int, device: torch.device) -> Tensor:
+def causal_mask(t_q: int, t_k: int, device: torch.device, window: int = 0) -> Tensor:
     """(t_q, t_k) bool, True where a query may NOT attend (key after query), built from the
     runtime shape: no stored [max_seq, max_seq] buffer. Bottom-right alignment: query i sits at
     key position (t_k - t_q) + i, as in a cached decode step."""
     q_pos = torch.arange(t_k - t_q, t_k, device=device).unsqueeze(1)  # (Tq, 1)
     k_pos = torch.arange(t_k, device=device).unsqueeze(0)  # (1, Tk)
+    if window > 0:  # sliding window: also keys at or beyond `window` positions back
+        return (k_pos > q_pos) | (k_pos <= q_pos - window)
     return k_pos > q_pos
 
 
 def masked_scores(t_q: int, t_k: int, causal: bool, attention_mask: Optional[Tensor],
-                  device: torch.device) -> Optional[Tensor]:
+                  device: torch.device, window: int = 0) -> Optional[Tensor]:
     """bool (B|1, 1, Tq, Tk), True where a score is masked: bottom-right causal and/or padding
     keys (attention_mask (B, Tk), 1 = token); None when nothing is masked."""
     masked: Optional[Tensor] = None
     if causal:
-        masked = causal_mask(t_q, t_k, device).view(1, 1, t_q, t_k)
+        masked = causal_mask(t_q, t_k, device, window).view(1, 1, t_q, t_k)
     if attention_mask is not None:
         pad = (attention_mask == 0).view(attention_mask.size(0), 1, 1, t_k)  # (B, 1, 1, Tk)
         masked = pad if masked is None else masked | pad
@@ -46,7 +48,7 @@ def lowest_value(dtype: torch.dtype) -> float:
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropout_p: float,
-              need_weights: bool, attention_mask: Optional[Tensor] = None
+              need_weights: bool, attention_mask: Optional[Tensor] = None, window: int = 0
               ) -> Tuple[Tensor, Optional[Tensor]]:
     """Scaled dot-product attention: q (B, N, Tq, H), k/v (B, N, Tk, H) -> ((B, N, Tq, H), probs).
 
@@ -57,10 +59,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropo
     attention probabilities are wanted.
     """
     t_q, t_k = q.size(-2), k.size(-2)
-    if not need_weights and attention_mask is None and (t_q == t_k or not causal):
+    if not need_weights and attention_mask is None and window == 0 and (t_q == t_k or not causal):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal,
                                               scale=scale), None
-    masked = masked_scores(t_q, t_k, causal, attention_mask, q.device)  # (B|1, 1, Tq, Tk)
+    masked = masked_scores(t_q, t_k, causal, attention_mask, q.device, window)  # (B|1, 1, Tq, Tk)
     lowest = lowest_value(q.dtype)
     if not need_weights:
         bias: Optional[Tensor] = None

@@ -89,6 +89,8 @@ CONFIG_OPTIONS = [
     click.option("--max-seq-len", type=int, default=1024, show_default=True,
                  help="Context length; checked by default. Longer inputs also work."),
     click.option("--causal/--no-causal", default=True, show_default=True),
+    click.option("--sliding-window", type=int, default=None,
+                 help="Query i sees key j only when i - j < N (Mistral) [default: no window]."),
     click.option("--layout", type=click.Choice(LAYOUTS), default=None,
                  help="Weight layout [default: the weights file's, else split]."),
     click.option("--weights", type=click.Path(dir_okay=False), default=None,

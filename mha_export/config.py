@@ -29,6 +29,7 @@ class MHAConfig:
     dropout: float = 0.0
     max_seq_len: int = 1024
     causal: bool = True
+    sliding_window: int | None = None  # query i sees key j only when i - j < window (Mistral)
     layout: str = "split"
 
     def __post_init__(self) -> None:
@@ -49,6 +50,10 @@ class MHAConfig:
                     "(pick another head count or give --head-dim)")
             object.__setattr__(self, "head_dim", self.dim // self.heads)
         _positive("head_dim", self.head_dim)
+        if self.sliding_window is not None:
+            _positive("sliding_window", self.sliding_window)
+            if not self.causal:
+                raise UsageError("a sliding window needs a causal layer")
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         _positive("kv_heads", self.kv_heads)
@@ -109,6 +114,8 @@ class MHAConfig:
             s += f"-hd{self.head_dim}"
         if self.kv_heads != self.heads:
             s += f"-kv{self.kv_heads}"
+        if self.sliding_window:
+            s += f"-w{self.sliding_window}"
         return s
 
 

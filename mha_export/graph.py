@@ -137,7 +137,7 @@ def merge_heads(g: GraphBuilder, x: str, width: int, name: str = "context") -> s
 # --- the attention mask: one builder for every form -------------------------------------------
 
 def masked_positions(g: GraphBuilder, t_q: str, t_k: str, start: str | None = None,
-                     name: str = "causal") -> str:
+                     name: str = "causal", window: int = 0) -> str:
     """(t_q, t_k) bool, True where query i may NOT see key j (j > i + offset): bottom-right
     alignment, query i sits at key position (t_k - t_q) + i, or at ``start`` + i when given
     (a block of queries inside a longer sequence). All int64 scalars, from the runtime shapes."""
@@ -147,7 +147,12 @@ def masked_positions(g: GraphBuilder, t_q: str, t_k: str, start: str | None = No
                  name=f"{name}_query_pos")  # (t_q,)
     k_pos = g.op("Range", [zero, t_k, one], name=f"{name}_key_pos")  # (t_k,)
     rows = g.op("Unsqueeze", [q_pos, g.ints("axes1", [1])], name=f"{name}_rows")  # (t_q, 1)
-    return g.op("Greater", [k_pos, rows], name=f"{name}_mask")  # (t_q, t_k)
+    future = g.op("Greater", [k_pos, rows], name=f"{name}_mask")  # (t_q, t_k)
+    if window <= 0:
+        return future
+    oldest = g.op("Sub", [rows, g.ints("window", window - 1)], name="window_start")  # (t_q, 1)
+    behind = g.op("Less", [k_pos, oldest], name="window_behind")  # (t_q, t_k): i - j >= window
+    return g.op("Or", [future, behind], name="window_mask")  # (t_q, t_k)
 
 
 def additive(g: GraphBuilder, masked: str, name: str) -> str:
@@ -163,15 +168,16 @@ def padding_masked(g: GraphBuilder, attention_mask: str, name: str = "padding") 
 
 
 def masked_scores(g: GraphBuilder, causal: bool, t_q: str, t_k: str,
-                  attention_mask: str | None, start: str | None = None) -> str | None:
+                  attention_mask: str | None, start: str | None = None,
+                  window: int = 0) -> str | None:
     """bool (t_q, t_k) or (B, 1, t_q, t_k), True where a score is masked: causal (bottom-right, or from
     ``start``) and/or padding keys; None when nothing is masked."""
     if attention_mask is None:
-        return masked_positions(g, t_q, t_k, start) if causal else None  # (t_q, t_k)
+        return masked_positions(g, t_q, t_k, start, window=window) if causal else None
     pad = padding_masked(g, attention_mask)  # (B, 1, 1, t_k)
     if not causal:  # ORT's Attention wants the query axis spelled out: (B, 1, t_q, t_k)
         rows = g.op("Concat", [g.ints("ones2", [1, 1]), as_1d(g, t_q, "rows_1d"),
                                g.ints("one_1d", [1])], axis=0, name="rows_shape")  # (4,)
         return g.op("Expand", [pad, rows], name="masked")  # (B, 1, t_q, t_k)
-    return g.op("Or", [masked_positions(g, t_q, t_k, start), pad],
+    return g.op("Or", [masked_positions(g, t_q, t_k, start, window=window), pad],
                 name="masked")  # (B, 1, t_q, t_k)

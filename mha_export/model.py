@@ -45,6 +45,7 @@ class AttentionBase(nn.Module):
         self.causal = config.causal
         self.dropout = config.dropout
         self.scale = config.scale
+        self.window = config.sliding_window or 0
 
     def forward(self, x: Tensor) -> Tensor:
         return self.attend(x, None, None, None)[0]
@@ -80,7 +81,8 @@ class AttentionBase(nn.Module):
         if self.n_head != self.kv_heads:  # ... query head h reads kv head h // (N / K)
             kr = k.repeat_interleave(self.n_head // self.kv_heads, dim=1)  # (B, N, S, H)
             vr = v.repeat_interleave(self.n_head // self.kv_heads, dim=1)
-        ctx, probs = attention(q, kr, vr, self.scale, self.causal, p, need_weights, attention_mask)
+        ctx, probs = attention(q, kr, vr, self.scale, self.causal, p, need_weights, attention_mask,
+                               self.window)
         return self.project_out(merge_heads(ctx)), k, v, probs
 
     def _split_heads(self, t: Tensor, heads: int) -> Tensor:

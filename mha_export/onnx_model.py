@@ -33,7 +33,8 @@ def _value_info(t: TensorSpec, dtype: str) -> onnx.ValueInfoProto:
 def required_features(config: MHAConfig, sig: Signature) -> frozenset:
     """What a graph form must support to build this config and signature (forms.FEATURES)."""
     return sig.features | {f for f, on in (("non-causal", not config.causal),
-                                           ("gqa", config.kv_heads != config.heads)) if on}
+                                           ("gqa", config.kv_heads != config.heads),
+                                           ("sliding-window", bool(config.sliding_window))) if on}
 
 
 def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,

@@ -201,3 +201,20 @@ def test_kv_heads_must_divide_heads_and_need_a_grouped_layout():
     with pytest.raises(UsageError, match="kv_heads must equal heads"):
         MHAConfig(dim=32, heads=4, kv_heads=2, layout="stacked")
     assert MHAConfig(dim=32, heads=4, kv_heads=2).slug() == "split-h4-d32-kv2"
+
+
+def test_sliding_window_sees_only_the_last_window_keys_also_through_the_cache():
+    c = MHAConfig(dim=32, heads=4, sliding_window=3)
+    m = build_module(c, seed=0)
+    x = torch.randn(2, 9, 32)
+    with torch.inference_mode():
+        q, k, v = m.project_qkv(x)
+        i, j = torch.arange(9).unsqueeze(1), torch.arange(9).unsqueeze(0)
+        allowed = (j <= i) & (i - j < 3)
+        s = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(~allowed, float("-inf"))
+        want = m.project_out((s.softmax(-1) @ v).transpose(1, 2).reshape(2, 9, 32))
+        assert torch.allclose(m(x), want, atol=1e-6)
+        stepped, _, _ = _steps(m, x, torch.ones(2, 9, dtype=torch.long), [4, 1, 1, 3])
+    assert torch.allclose(stepped, want, atol=1e-6)
+    with pytest.raises(UsageError, match="sliding window needs a causal"):
+        MHAConfig(dim=32, heads=4, sliding_window=3, causal=False)

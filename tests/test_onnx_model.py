@@ -17,7 +17,8 @@ CONFIGS = [MHAConfig(dim=64, heads=4, qkv_bias=True),
            MHAConfig(dim=32, heads=2, layout="stacked"),
            MHAConfig(dim=32, heads=4, causal=False, out_bias=False),
            MHAConfig(dim=64, heads=4, kv_heads=2, qkv_bias=True),  # grouped-query
-           MHAConfig(dim=64, heads=4, kv_heads=1, layout="fused")]  # multi-query
+           MHAConfig(dim=64, heads=4, kv_heads=1, layout="fused"),  # multi-query
+           MHAConfig(dim=64, heads=4, kv_heads=2, sliding_window=5)]  # Mistral-like
 
 
 def _session(model):

@@ -200,3 +200,15 @@ def test_grouped_query_cache_models_pass_and_keep_kv_heads(tmp_path, kv_heads):
     assert check_parity(ts, **KV_SWEEP).passed
     faults.padding_ignored(path / "model.onnx")
     assert not check_parity(path, **KV_SWEEP).passed
+
+
+def test_sliding_window_cache_model_passes_past_the_window_and_a_wrong_window_fails(tmp_path):
+    cfg = CFG.replace(kv_heads=2, sliding_window=4)
+    path = export_onnx(cfg, tmp_path / "w", kv_cache=True, validate=False).path
+    assert check_parity(path, **KV_SWEEP).passed  # pasts and scenarios reach past the window
+    def widen(m):
+        for n in faults.all_nodes(m.graph):
+            if n.name.endswith("window_behind"):
+                n.op_type = "Greater"  # keys never count as too old ... (and some new ones do)
+    faults._edit(path / "model.onnx", widen)
+    assert not check_parity(path, **KV_SWEEP).passed

@@ -16,13 +16,14 @@ from .base import AttentionIO, AttentionOut, GraphForm
 
 def attention_op_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
     heads = dict(q_num_heads=c.heads, kv_num_heads=c.kv_heads, scale=c.scale)
-    if not io.has_cache and io.attention_mask is None:
+    if not io.has_cache and io.attention_mask is None and not c.sliding_window:
         return AttentionOut(g.op("Attention", [io.q, io.k, io.v], name="attention",
                                  is_causal=int(c.causal), **heads))  # (B, T, D)
     t = dim(g, io.q, 1, "seq_len")  # () T
     s = t if not io.has_cache else g.op(
         "Add", [dim(g, io.past_key, 2, "past_len"), t], name="key_len")  # () S = P + T
-    masked = masked_scores(g, c.causal, t, s, io.attention_mask)  # (B|1, 1, T, S) bool
+    masked = masked_scores(g, c.causal, t, s, io.attention_mask,
+                           window=c.sliding_window or 0)  # (B|1, 1, T, S) bool
     inputs = [io.q, io.k, io.v, additive(g, masked, "attn_bias") if masked else ""]
     if not io.has_cache:
         return AttentionOut(g.op("Attention", inputs, name="attention", **heads))  # (B, T, D)
@@ -35,4 +36,4 @@ FORM = GraphForm(
     name="attention-op", core=attention_op_core, min_opset=23, memory="O(N*T*S)",
     summary="one standard Attention node on 3-D q/k/v (is_causal=1; with a cache or padding "
             "mask: an explicit bottom-right mask, and the node's own past/present)",
-    supports=frozenset({"non-causal", "kv-cache", "attention-mask", "gqa"}))
+    supports=frozenset({"non-causal", "kv-cache", "attention-mask", "gqa", "sliding-window"}))

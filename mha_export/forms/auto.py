@@ -42,4 +42,4 @@ FORM = GraphForm(
             f"blocked loop for T >= {AUTO_THRESHOLD}",
     switch_seq_lens=(AUTO_THRESHOLD - 1, AUTO_THRESHOLD) + tuple(
         AUTO_THRESHOLD + e for e in BLOCK_EDGES),
-    supports=frozenset({"non-causal", "kv-cache", "attention-mask", "gqa"}))
+    supports=frozenset({"non-causal", "kv-cache", "attention-mask", "gqa", "sliding-window"}))

@@ -13,7 +13,7 @@ from ..config import MHAConfig
 from ..graph import GraphBuilder, split_heads
 
 # What a form may support beyond a causal full-sequence call.
-FEATURES = ("non-causal", "kv-cache", "attention-mask", "gqa")
+FEATURES = ("non-causal", "kv-cache", "attention-mask", "gqa", "sliding-window")
 
 
 @dataclass(frozen=True)

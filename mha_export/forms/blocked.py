@@ -30,7 +30,7 @@ from .base import AttentionIO, AttentionOut, GraphForm, cache_out, keys_values
 
 BLOCK = 256
 BLOCK_EDGES = (BLOCK, BLOCK + 1, 2 * BLOCK + 1)  # one block, two, three (the last ragged)
-FEATURES = frozenset({"non-causal", "kv-cache", "attention-mask", "gqa"})
+FEATURES = frozenset({"non-causal", "kv-cache", "attention-mask", "gqa", "sliding-window"})
 
 
 def blocked_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig, block: int = BLOCK,
@@ -78,7 +78,7 @@ def blocked_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig, block: int = BL
         "Slice", [io.attention_mask, zero, end_1d, b.ints("mask_axis", [1])],
         name="mask_prefix")  # (B, end)
     masked = masked_scores(b, c.causal, bs, dim(b, kb, k_axis, "key_len"), mask_b,
-                           start=first_key)  # (B|1, 1|., bs, end) | (bs, end) bool
+                           start=first_key, window=c.sliding_window or 0)  # (B|1, 1|., bs, end) | (bs, end) bool
     body = _attention_body if use_attention_op else _plain_body
     ctx_b = body(b, c, qb, kb, vb, masked, flat)  # (B, bs, D) | (B, N, bs, H)
     tail = [-1, c.inner] if flat else [c.heads, -1, c.head_dim]

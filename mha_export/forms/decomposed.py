@@ -15,7 +15,7 @@ def decomposed_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attention
                name="k_bhds")  # (B, N, H, S)
     scores = g.op("MatMul", [q, k_t], name="scores")  # (B, N, T, S)
     masked = masked_scores(g, c.causal, dim(g, q, 2, "seq_len"), dim(g, keys, 2, "key_len"),
-                           io.attention_mask)  # (B|1, 1|., T, S) bool
+                           io.attention_mask, window=c.sliding_window or 0)  # (B|1, 1|., T, S)
     if masked is not None:
         scores = g.op("Where", [masked, g.const("mask_fill", finite_lowest(g.dtype)), scores],
                       name="masked_scores")  # (B, N, T, S)
@@ -29,4 +29,4 @@ FORM = GraphForm(
     name="decomposed", core=decomposed_core, min_opset=17, memory="O(N*T*S)",
     summary="MatMul, causal/padding mask from Range/Greater on the runtime lengths, Where, "
             "Softmax, MatMul: standard ops only, the portable form",
-    supports=frozenset({"non-causal", "kv-cache", "attention-mask", "gqa"}))
+    supports=frozenset({"non-causal", "kv-cache", "attention-mask", "gqa", "sliding-window"}))
