@@ -61,9 +61,15 @@ mha::Declaration declaration(torch::jit::Module& module, const std::string& path
     const std::vector<std::string> ins = declared ? string_list(module, "input_names", path) : std::vector<std::string>{"x"};
     const std::vector<std::string> outs = declared ? string_list(module, "output_names", path) : std::vector<std::string>{"y"};
     if (ins.empty() || outs.empty()) throw mha::UsageError(path + ": input_names / output_names is empty");
-    const size_t takes = module.get_method("forward").function().getSchema().arguments().size() - 1;  // - self
-    if (takes != ins.size())
-        throw mha::UsageError(path + ": forward takes " + std::to_string(takes) + " inputs but input_names lists " +
+    // forward's arguments after self: the declared inputs first; any further ones must have a
+    // default (a rotary layer's optional position_ids when it is not declared).
+    const auto& args = module.get_method("forward").function().getSchema().arguments();
+    const size_t takes = args.size() - 1;  // - self
+    size_t required = takes;
+    while (required > 0 && args[required].default_value().has_value()) --required;
+    if (ins.size() < required || ins.size() > takes)
+        throw mha::UsageError(path + ": forward takes " + std::to_string(required) + "-" +
+                              std::to_string(takes) + " inputs but input_names lists " +
                               std::to_string(ins.size()));
     const int64_t width = input_width(module);
     mha::Declaration d;

@@ -60,7 +60,7 @@ def torch_variant(spec: dict) -> Callable[[], object]:
     c = MHAConfig.from_dict(spec["config"])
     device = spec.get("device", "cpu")
     dtype = {"float32": torch.float32, "float16": torch.float16}[spec.get("dtype", "float32")]
-    b, t = spec["batch"], spec["seq"]
+    t = spec["seq"]
     sig = make_signature(c, spec.get("kind", "full"))
     if spec["variant"] == "textbook-eager":  # mask buffer sized to the context (here T)
         module = MultiHeadAttention(c.d_in, c.dim, t, 0.0, c.heads, c.qkv_bias).eval()
@@ -105,7 +105,6 @@ def ort_variant(spec: dict) -> Callable[[], object]:
 def gemm_variant(spec: dict) -> Callable[[], object]:
     """A large fp32 MatMul through ONNX Runtime: the machine's GEMM ceiling for this run."""
     import numpy as np
-    import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
     n = spec["n"]

@@ -30,6 +30,10 @@ class MHAConfig:
     max_seq_len: int = 1024
     causal: bool = True
     sliding_window: int | None = None  # query i sees key j only when i - j < window (Mistral)
+    rotary: str = "none"  # "half" (GPT-NeoX / Llama) | "interleaved" (GPT-J) position embeddings
+    rotary_dim: int | None = None  # features of each head that rotate (default: head_dim)
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # {"rope_type": "linear" | "llama3", "factor": ..., ...}
     layout: str = "split"
 
     def __post_init__(self) -> None:
@@ -50,6 +54,7 @@ class MHAConfig:
                     "(pick another head count or give --head-dim)")
             object.__setattr__(self, "head_dim", self.dim // self.heads)
         _positive("head_dim", self.head_dim)
+        self._check_rotary()
         if self.sliding_window is not None:
             _positive("sliding_window", self.sliding_window)
             if not self.causal:
@@ -75,6 +80,30 @@ class MHAConfig:
     def inner(self) -> int:
         """Width of the concatenated heads: heads * head_dim."""
         return self.heads * self.head_dim
+
+    def _check_rotary(self) -> None:
+        from .rotary import ROTARY, SCALINGS
+        if self.rotary not in ROTARY:
+            raise UsageError(f"unknown rotary {self.rotary!r}: choose one of {', '.join(ROTARY)}")
+        if self.rotary == "none":
+            return
+        if self.rotary_dim is None:
+            object.__setattr__(self, "rotary_dim", self.head_dim)
+        _positive("rotary_dim", self.rotary_dim)
+        if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise UsageError(f"rotary_dim must be even and <= head_dim ({self.head_dim}), "
+                             f"got {self.rotary_dim}")
+        if not self.rope_theta > 0:
+            raise UsageError(f"rope_theta must be positive, got {self.rope_theta}")
+        kind = (self.rope_scaling or {}).get("rope_type", "default")
+        if kind not in SCALINGS:
+            raise UsageError(f"unsupported rope scaling type {kind!r} (supported: "
+                             f"{', '.join(SCALINGS)})")
+        needed = {"default": (), "linear": ("factor",), "llama3": (
+            "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+        missing = [k for k in needed[kind] if k not in (self.rope_scaling or {})]
+        if missing:
+            raise UsageError(f"rope scaling {kind!r} needs {', '.join(missing)}")
 
     @property
     def kv_inner(self) -> int:
@@ -116,6 +145,8 @@ class MHAConfig:
             s += f"-kv{self.kv_heads}"
         if self.sliding_window:
             s += f"-w{self.sliding_window}"
+        if self.rotary != "none":
+            s += f"-rope{self.rotary_dim}"
         return s
 
 

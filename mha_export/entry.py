@@ -1,9 +1,10 @@
 """Entry points: the eager module's call for each signature kind (signature.KINDS), inputs in the
-declared order. torch.jit.script compiles them for TorchScript export; the declared names travel
+declared order (rotary layers: position_ids last, optional in eager). torch.jit.script compiles
+them for TorchScript export; the declared names travel
 inside model.pt as the attributes input_names / output_names (libtorch reads them)."""
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from torch import Tensor, nn
 
@@ -18,19 +19,20 @@ class EntryPoint(nn.Module):
 
 
 class FullSequence(EntryPoint):
-    def forward(self, x: Tensor) -> Tensor:
-        return self.inner(x)
+    def forward(self, x: Tensor, position_ids: Optional[Tensor] = None) -> Tensor:
+        return self.inner.attend(x, None, None, None, position_ids)[0]
 
 
 class MaskedSequence(EntryPoint):
-    def forward(self, x: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.inner.attend(x, attention_mask, None, None)[0]
+    def forward(self, x: Tensor, attention_mask: Tensor,
+                position_ids: Optional[Tensor] = None) -> Tensor:
+        return self.inner.attend(x, attention_mask, None, None, position_ids)[0]
 
 
 class CachedStep(EntryPoint):
-    def forward(self, x: Tensor, attention_mask: Tensor, past_key: Tensor,
-                past_value: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        return self.inner.forward_step(x, attention_mask, past_key, past_value)
+    def forward(self, x: Tensor, attention_mask: Tensor, past_key: Tensor, past_value: Tensor,
+                position_ids: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+        return self.inner.forward_step(x, attention_mask, past_key, past_value, position_ids)
 
 
 ENTRY_POINTS = {"full": FullSequence, "masked": MaskedSequence, "kv-cache": CachedStep}

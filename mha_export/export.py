@@ -23,7 +23,7 @@ from .env import utc_now, versions
 from .errors import UsageError
 from .entry import entry_module
 from .model import AttentionBase, build_module
-from .onnx_model import DTYPES, build_model
+from .onnx_model import build_model
 from .signature import Signature, make_signature, signature_kind
 from .weights import detect_file_layout, load_module, save_weights
 

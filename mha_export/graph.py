@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import GraphProto, TensorProto, helper, numpy_helper
 
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -69,7 +69,7 @@ class GraphBuilder:
             y = self.op("Add", [y, self.const(f"{name}.bias", bias)], name=f"{name}_add")
         return y
 
-    def subgraph(self, name: str, inputs: list, outputs: list) -> "onnx.GraphProto":  # noqa: F821
+    def subgraph(self, name: str, inputs: list, outputs: list) -> GraphProto:
         return helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.initializers)
 
 
@@ -181,3 +181,58 @@ def masked_scores(g: GraphBuilder, causal: bool, t_q: str, t_k: str,
         return g.op("Expand", [pad, rows], name="masked")  # (B, 1, t_q, t_k)
     return g.op("Or", [masked_positions(g, t_q, t_k, start, window=window), pad],
                 name="masked")  # (B, 1, t_q, t_k)
+
+
+# --- rotary position embeddings (rotary.py has the math and the eager version) ----------------
+
+def rotary_cos_sin(g: GraphBuilder, position_ids: str, inv_freq: np.ndarray) -> tuple[str, str]:
+    """position_ids (B, T) int64 -> cos, sin (B, T, 1, rd/2) in the model dtype; the angles
+    position * inv_freq in float32, as the eager module and transformers compute them."""
+    pos = g.op("Cast", [position_ids], to=TensorProto.FLOAT, name="positions")  # (B, T)
+    pos = g.op("Unsqueeze", [pos, g.ints("axes_last", [2])], name="positions_3d")  # (B, T, 1)
+    freq = g.const("rotary.inv_freq", inv_freq.astype(np.float32), float_dtype=False)
+    angles = g.op("Mul", [pos, freq], name="rotary_angles")  # (B, T, rd/2) float32
+    out = []
+    for fn in ("Cos", "Sin"):
+        v = g.op(fn, [angles], name=f"rotary_{fn.lower()}")
+        if g.dtype != "float32":
+            v = g.op("Cast", [v], to=g.elem, name=f"rotary_{fn.lower()}_cast")
+        out.append(g.op("Unsqueeze", [v, g.ints("axes2", [2])],
+                        name=f"rotary_{fn.lower()}_heads"))  # (B, T, 1, rd/2)
+    return out[0], out[1]
+
+
+def rotate_heads(g: GraphBuilder, x: str, heads: int, head_dim: int, rotary_dim: int,
+                 interleaved: bool, cos: str, sin: str, name: str) -> str:
+    """(B, T, heads*H): the first rotary_dim features of each head rotated, the rest kept."""
+    half = rotary_dim // 2
+    x = g.op("Reshape", [x, g.ints("heads_shape", [0, 0, heads, head_dim])],
+             name=f"{name}_heads")  # (B, T, heads, H)
+    rest = None
+    if rotary_dim < head_dim:
+        x, rest = g.op("Split", [x, g.ints("rotary_split", [rotary_dim, head_dim - rotary_dim])],
+                       n_out=2, axis=3, name=f"{name}_rotary_part")  # (.., rd), (.., H - rd)
+    if interleaved:  # pairs (2i, 2i+1)
+        pairs = g.op("Reshape", [x, g.ints("pairs_shape", [0, 0, heads, half, 2])],
+                     name=f"{name}_pairs")  # (B, T, heads, rd/2, 2)
+        x1, x2 = (g.op("Squeeze", [p, g.ints("axes4", [4])], name=f"{name}_pair{i}")
+                  for i, p in enumerate(g.op("Split", [pairs, g.ints("ones_split", [1, 1])],
+                                             n_out=2, axis=4, name=f"{name}_pair_split")))
+    else:  # pairs (i, i + rd/2): rotate_half
+        x1, x2 = g.op("Split", [x, g.ints("halves", [half, half])], n_out=2, axis=3,
+                      name=f"{name}_halves")  # 2 x (B, T, heads, rd/2)
+    mul = lambda a, b, n: g.op("Mul", [a, b], name=f"{name}_{n}")  # noqa: E731
+    o1 = g.op("Sub", [mul(x1, cos, "x1cos"), mul(x2, sin, "x2sin")], name=f"{name}_rot1")
+    o2 = g.op("Add", [mul(x2, cos, "x2cos"), mul(x1, sin, "x1sin")], name=f"{name}_rot2")
+    if interleaved:
+        o1, o2 = (g.op("Unsqueeze", [o, g.ints("axes4", [4])], name=f"{name}_rot{i}_pair")
+                  for i, o in ((1, o1), (2, o2)))
+        rot = g.op("Reshape", [g.op("Concat", [o1, o2], axis=4, name=f"{name}_rot_pairs"),
+                               g.ints("rotated_shape", [0, 0, heads, rotary_dim])],
+                   name=f"{name}_rotated")  # (B, T, heads, rd)
+    else:
+        rot = g.op("Concat", [o1, o2], axis=3, name=f"{name}_rotated")  # (B, T, heads, rd)
+    if rest is not None:
+        rot = g.op("Concat", [rot, rest], axis=3, name=f"{name}_with_rest")  # (B, T, heads, H)
+    return g.op("Reshape", [rot, g.ints("flat_shape", [0, 0, heads * head_dim])],
+                name=f"{name}_rope")  # (B, T, heads*H)

@@ -1,11 +1,8 @@
-"""Causal multi-head attention in four weight layouts that compute one function.
-
-Every layout projects x to per-head q, k, v of shape (B, nh, T, hs), runs the one eager attention
-core below, and merges the heads back. Layouts differ only in how their weights are stored, so that
-checkpoints of the textbook implementation (single / stacked / split) and of GPT-2 (fused) load
-with their own key names. ``AttentionWeights`` is the layout-neutral form used for conversions
-and by the ONNX graph builder.
-"""
+"""Causal multi-head attention in four weight layouts that compute one function: each projects x
+to per-head q, k, v (B, heads, T, H), rotates them (rotary layers), runs the one eager attention
+core (attention.py) and merges the heads back. Layouts differ only in how their weights are stored
+(textbook single / stacked / split, GPT-2 fused); ``AttentionWeights`` is the layout-neutral form
+used for conversions and by the ONNX graph builder."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import attention, merge_heads
+from .rotary import cos_sin, inv_freq, rotate
 from .config import MHAConfig
 from .errors import UsageError
 
@@ -46,20 +44,27 @@ class AttentionBase(nn.Module):
         self.dropout = config.dropout
         self.scale = config.scale
         self.window = config.sliding_window or 0
+        self.rotary = config.rotary != "none"
+        self.interleaved = config.rotary == "interleaved"
+        freq = inv_freq(config.rotary_dim, config.rope_theta, config.rope_scaling) \
+            if self.rotary else torch.zeros(0)
+        self.register_buffer("inv_freq", freq, persistent=False)  # (rotary_dim / 2,)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.attend(x, None, None, None)[0]
 
     def forward_step(self, x: Tensor, attention_mask: Tensor, past_key: Tensor,
-                     past_value: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        """The KV-cache call: (y (B, T, dim), present_key, present_value (B, N, P+T, H)).
+                     past_value: Tensor, position_ids: Optional[Tensor] = None
+                     ) -> Tuple[Tensor, Tensor, Tensor]:
+        """The KV-cache call: (y (B, T, dim), present_key, present_value (B, K, P+T, H)).
         Query i sits at position P + i and sees every earlier-or-equal key that attention_mask
-        (B, P+T) marks 1."""
-        return self.attend(x, attention_mask, past_key, past_value)
+        (B, P+T) marks 1. Rotary layers rotate by position_ids (B, T) (default P + i)."""
+        return self.attend(x, attention_mask, past_key, past_value, position_ids)
 
     def attend(self, x: Tensor, attention_mask: Optional[Tensor], past_key: Optional[Tensor],
-               past_value: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
-        y, k, v, _ = self._attend(x, attention_mask, past_key, past_value, False)
+               past_value: Optional[Tensor], position_ids: Optional[Tensor] = None
+               ) -> Tuple[Tensor, Tensor, Tensor]:
+        y, k, v, _ = self._attend(x, attention_mask, past_key, past_value, False, position_ids)
         return y, k, v
 
     @torch.jit.ignore
@@ -70,9 +75,18 @@ class AttentionBase(nn.Module):
         return y, probs
 
     def _attend(self, x: Tensor, attention_mask: Optional[Tensor], past_key: Optional[Tensor],
-                past_value: Optional[Tensor], need_weights: bool
+                past_value: Optional[Tensor], need_weights: bool,
+                position_ids: Optional[Tensor] = None
                 ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-        q, k, v = self.project_qkv(x)  # each (B, N, T, H)
+        q, k, v = self.project_qkv(x)  # (B, N, T, H), (B, K, T, H) x 2
+        if self.rotary:  # the cache holds rotated keys
+            if position_ids is None:
+                past = 0 if past_key is None else past_key.size(2)
+                position_ids = torch.arange(past, past + x.size(1), device=x.device).expand(
+                    x.size(0), x.size(1))  # (B, T)
+            cos, sin = cos_sin(position_ids, self.inv_freq, q.dtype)  # (B, 1, T, rd/2)
+            q = rotate(q, cos, sin, self.interleaved)
+            k = rotate(k, cos, sin, self.interleaved)
         if past_key is not None and past_value is not None:
             k = torch.cat([past_key, k], dim=2)  # (B, N, P+T, H)
             v = torch.cat([past_value, v], dim=2)

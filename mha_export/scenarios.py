@@ -18,7 +18,7 @@ import torch
 
 from .config import MHAConfig
 from .runners import Feeds, Runner
-from .sweep import Case, padding_mask
+from .sweep import Case, padding_mask, positions
 
 Expect = Callable[[np.ndarray, np.ndarray], dict]  # (x, mask) -> {"y", "present_key", ...}
 
@@ -30,7 +30,7 @@ def eager_full(module) -> Expect:
     def run(x: np.ndarray, mask: np.ndarray) -> dict:
         with torch.inference_mode():
             y, k, v = module.attend(torch.from_numpy(x).to(dtype), torch.from_numpy(mask),
-                                    None, None)
+                                    None, None, torch.from_numpy(positions(mask)))
         return {"y": y.numpy(), "present_key": k.numpy(), "present_value": v.numpy()}
     return run
 
@@ -43,8 +43,11 @@ def generate(runner: Runner, config: MHAConfig, x: np.ndarray, mask: np.ndarray,
     empty = np.zeros((b, config.kv_heads, 0, config.head_dim), np.float32)
     past = {"past_key": empty, "past_value": empty}
     ys, pos = [], 0
+    rope = {"position_ids": positions(mask)} if "position_ids" in runner.signature.input_names \
+        else {}
     for n in split:
-        out = runner.run({"x": x[:, pos:pos + n], "attention_mask": mask[:, :pos + n], **past})
+        out = runner.run({"x": x[:, pos:pos + n], "attention_mask": mask[:, :pos + n], **past,
+                          **{k: v[:, pos:pos + n] for k, v in rope.items()}})
         ys.append(out["y"])
         past = {"past_key": out["present_key"], "past_value": out["present_value"]}
         pos += n

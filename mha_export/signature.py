@@ -6,6 +6,7 @@ read a ``Signature``: names, dtypes, shapes with symbolic (dynamic) axes, in cal
     full      x                                              -> y
     masked    x, attention_mask                              -> y
     kv-cache  x, attention_mask, past_key, past_value        -> y, present_key, present_value
+    (rotary layers add position_ids [batch, seq] as the last input of each)
 
 Adding an input or output: one entry in ``TENSORS`` and its name in the ``KINDS`` that take it.
 """
@@ -47,6 +48,8 @@ TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
         "past_key", FLOAT, (BATCH, c.kv_heads, PAST, c.head_dim), "cached keys; past_seq 0 at prefill"),
     "past_value": lambda c, kind: TensorSpec(
         "past_value", FLOAT, (BATCH, c.kv_heads, PAST, c.head_dim), "cached values"),
+    "position_ids": lambda c, kind: TensorSpec(
+        "position_ids", "int64", (BATCH, SEQ), "rotary position of each token of this call"),
     "y": lambda c, kind: TensorSpec("y", FLOAT, (BATCH, SEQ, c.dim), "output"),
     "present_key": lambda c, kind: TensorSpec(
         "present_key", FLOAT, (BATCH, c.kv_heads, TOTAL, c.head_dim), "past_key + this call's keys"),
@@ -105,6 +108,7 @@ def make_signature(config: MHAConfig, kind: str = "full") -> Signature:
     if kind not in KINDS:
         raise UsageError(f"unknown signature {kind!r}: choose one of {', '.join(KINDS)}")
     ins, outs = KINDS[kind]
+    ins += ("position_ids",) if config.rotary != "none" else ()  # rotary layers: the last input
     return Signature(kind, tuple(TENSORS[n](config, kind) for n in ins),
                      tuple(TENSORS[n](config, kind) for n in outs))
 

@@ -81,6 +81,12 @@ def padding_mask(case: Case) -> np.ndarray:
     return mask
 
 
+def positions(mask: np.ndarray) -> np.ndarray:
+    """(B, S) int64 rotary positions from an attention_mask: each row's real tokens count 0, 1,
+    ... (what transformers' generate does: cumsum - 1), padding at 0."""
+    return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
+
+
 def make_feeds(sig: Signature, config: MHAConfig, case: Case, seed: int
                ) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([seed, case.batch, case.seq, case.past,
@@ -92,6 +98,8 @@ def make_feeds(sig: Signature, config: MHAConfig, case: Case, seed: int
         shape = tuple(sizes[d] if isinstance(d, str) else d for d in t.shape)
         if t.name == "attention_mask":
             feeds[t.name] = padding_mask(case)[:, -shape[1]:]
+        elif t.name == "position_ids":
+            feeds[t.name] = positions(padding_mask(case))[:, -case.seq:]
         elif t.dtype == FLOAT:
             feeds[t.name] = rng.standard_normal(shape).astype(np.float32)
         else:

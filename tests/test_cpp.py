@@ -38,7 +38,9 @@ CONFIGS = {
 }
 # The kv-cache (decode-step) export: prefill (past 0) and steps past a cache, T=1 and T>1, left
 # padding (row 0 unpadded, the others start with pads), all through one process.
-KV_CONFIG = CONFIGS["fused-in48"]
+# Grouped-query (2 kv heads for 4 query heads) with partial rotary: position_ids is a 5th input.
+KV_CONFIG = MHAConfig(dim=32, heads=4, kv_heads=2, d_in=48, qkv_bias=True, layout="fused",
+                      rotary="half", rotary_dim=4, max_seq_len=64)
 KV_CASES = [Case(3, 9, 0, "left"), Case(3, 1, 0, "left"), Case(3, 1, 7, "left"),
             Case(2, 5, 12, "left"), Case(1, 1, 4)]
 
@@ -286,13 +288,14 @@ def test_info_lists_declared_names(binaries, artifacts):
                  f"past_value: float32 [batch, {c.kv_heads}, past_seq, {c.head_dim}]",
                  f"y: float32 [batch, seq, {c.dim}]",
                  f"present_key: float32 [batch, {c.kv_heads}, past_seq + seq, {c.head_dim}]",
-                 f"present_value: float32 [batch, {c.kv_heads}, past_seq + seq, {c.head_dim}]"):
+                 f"present_value: float32 [batch, {c.kv_heads}, past_seq + seq, {c.head_dim}]",
+                 "position_ids: int64 [batch, seq]"):
         assert f"  {line}\n" in r.stdout, (line, r.stdout)
     r = run(binaries["torch"], artifacts["kv", "torchscript"] / "model.pt", "--info")
     assert r.returncode == 0, r.stderr
     inputs, outputs = r.stdout.split("\ninputs:\n")[1].split("\noutputs:\n")
     assert [l.split(":")[0].strip() for l in inputs.splitlines()] == [
-        "x", "attention_mask", "past_key", "past_value"]
+        "x", "attention_mask", "past_key", "past_value", "position_ids"]
     assert [l.split(":")[0].strip() for l in outputs.splitlines()] == [
         "y", "present_key", "present_value"]
 
@@ -331,7 +334,7 @@ def test_kv_cache_bad_case_dirs_exit_2(binaries, artifacts, tmp_path, program):
     line = check(good, bad / "x.npy")
     assert "not both" in line
     line = check(bad / "x.npy", tmp_path / "y.npy")
-    assert "CASE_DIR" in line and "4 inputs" in line
+    assert "CASE_DIR" in line and f"{len(signature_of(folder).inputs)} inputs" in line
     assert not (tmp_path / "y.npy").exists()
 
 

@@ -218,3 +218,24 @@ def test_sliding_window_sees_only_the_last_window_keys_also_through_the_cache():
     assert torch.allclose(stepped, want, atol=1e-6)
     with pytest.raises(UsageError, match="sliding window needs a causal"):
         MHAConfig(dim=32, heads=4, sliding_window=3, causal=False)
+
+
+def test_rotary_layouts_match_their_textbook_definitions_and_refuse_unknown_scaling():
+    from mha_export.rotary import cos_sin, inv_freq, rotate
+    x = torch.randn(1, 1, 3, 8)
+    pos = torch.tensor([[0, 1, 5]])
+    cos, sin = cos_sin(pos, inv_freq(8, 10000.0), torch.float32)  # (1, 1, 3, 4)
+    # rotate_half (GPT-NeoX / Llama): x * cat(cos, cos) + cat(-x2, x1) * cat(sin, sin)
+    x1, x2 = x[..., :4], x[..., 4:]
+    half = x * torch.cat([cos, cos], -1) + torch.cat([-x2, x1], -1) * torch.cat([sin, sin], -1)
+    assert torch.allclose(rotate(x, cos, sin, False), half, atol=1e-6)
+    # GPT-J: rotate_every_two with cos/sin repeated per pair
+    c2, s2 = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+    every_two = torch.stack([-x[..., 1::2], x[..., ::2]], -1).flatten(-2)
+    assert torch.allclose(rotate(x, cos, sin, True), x * c2 + every_two * s2, atol=1e-6)
+    assert torch.allclose(inv_freq(8, 10000.0, {"rope_type": "linear", "factor": 4.0}),
+                          inv_freq(8, 10000.0) / 4)
+    with pytest.raises(UsageError, match="unsupported rope scaling type 'yarn'"):
+        MHAConfig(dim=32, heads=4, rotary="half", rope_scaling={"rope_type": "yarn"})
+    with pytest.raises(UsageError, match="rotary_dim must be even"):
+        MHAConfig(dim=32, heads=4, rotary="half", rotary_dim=5)

@@ -18,7 +18,13 @@ CONFIGS = [MHAConfig(dim=64, heads=4, qkv_bias=True),
            MHAConfig(dim=32, heads=4, causal=False, out_bias=False),
            MHAConfig(dim=64, heads=4, kv_heads=2, qkv_bias=True),  # grouped-query
            MHAConfig(dim=64, heads=4, kv_heads=1, layout="fused"),  # multi-query
-           MHAConfig(dim=64, heads=4, kv_heads=2, sliding_window=5)]  # Mistral-like
+           MHAConfig(dim=64, heads=4, kv_heads=2, sliding_window=5),  # Mistral-like
+           MHAConfig(dim=64, heads=4, kv_heads=2, rotary="half", qkv_bias=True),  # Llama / Qwen2
+           MHAConfig(dim=64, heads=4, rotary="half", rotary_dim=4, layout="fused"),  # NeoX partial
+           MHAConfig(dim=48, heads=3, rotary="interleaved", rope_theta=500.0,  # GPT-J, llama3
+                     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 16})]
 
 
 def _session(model):

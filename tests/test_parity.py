@@ -212,3 +212,18 @@ def test_sliding_window_cache_model_passes_past_the_window_and_a_wrong_window_fa
                 n.op_type = "Greater"  # keys never count as too old ... (and some new ones do)
     faults._edit(path / "model.onnx", widen)
     assert not check_parity(path, **KV_SWEEP).passed
+
+
+@pytest.mark.parametrize("rotary", ["half", "interleaved"])
+def test_rotary_cache_models_pass_with_a_position_offset_and_a_wrong_rotation_fails(tmp_path, rotary):
+    cfg = CFG.replace(kv_heads=2, rotary=rotary, rotary_dim=8)
+    path = export_onnx(cfg, tmp_path / "r", kv_cache=True, validate=False).path
+    report = check_parity(path, **KV_SWEEP)
+    assert report.passed and report.inputs[-1] == "position_ids"
+    ts = export_torchscript(cfg, tmp_path / "ts", kv_cache=True, validate=False).path
+    assert check_parity(ts, **KV_SWEEP).passed
+    def wrong_theta(m):  # frequencies 1% off: a wrong rope_theta or scaling
+        i, freq = faults._initializer(m, "rotary.inv_freq")
+        faults._set_initializer(m, "rotary.inv_freq", (freq * 1.01).astype(freq.dtype))
+    faults._edit(path / "model.onnx", wrong_theta)
+    assert not check_parity(path, **KV_SWEEP).passed
