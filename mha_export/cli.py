@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import click
 
-from .cli_options import _int_list, _providers, config_options, model_options
+from .cli_options import _int_list, _providers, config_options, explicit, model_options
 from .errors import UsageError
 from .export import ATTENTION_FORMS, export_onnx, export_torchscript
 from .forms import ALIASES, DEFAULT
@@ -101,7 +101,7 @@ def onnx(**kw) -> None:
       mha-export onnx --heads 12 --dim 768 --weights gpt2.safetensors --layer 3 -o out/gpt2-l3
       mha-export onnx --heads 8 --dim 512 --head-dim 80 --qkv-bias --opset 20 --no-check
     """
-    _report_export(export_onnx(**kw))
+    _report_export(export_onnx(**explicit(kw)))
 
 
 @cli.command()
@@ -116,7 +116,7 @@ def torchscript(**kw) -> None:
       mha-export torchscript --heads 12 --dim 768
       mha-export torchscript --layout fused --weights attn.pt -o out/ts --force
     """
-    _report_export(export_torchscript(**kw))
+    _report_export(export_torchscript(**explicit(kw)))
 
 
 @cli.command()
@@ -196,7 +196,8 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
       mha-export bench --kv-cache --seq-lens 1 --past-lens 128,1024,4096 --batch 8
     """
     from .bench import format_table, plot, run_bench
-    from .export import resolve_config, source_module
+    from .checkpoints import hf_config_path
+    from .export import checkpoint_module, resolve_config, source_module
     chosen = None if forms is None else [
         ALIASES.get(f.strip(), f.strip()) for f in forms.split(",") if f.strip()]
     if chosen is not None and (not chosen or set(chosen) - set(ATTENTION_FORMS)):
@@ -206,6 +207,8 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
         from .artifact import read_artifact
         art = read_artifact(artifact)
         config, module = art.config, art.load_source_module()
+    elif weights is not None and hf_config_path(weights):
+        config, module, _ = checkpoint_module(weights, layer, explicit(config_fields))
     else:
         config = resolve_config(None, weights, layer, config_fields)
         module, _ = source_module(config, weights, layer, seed)

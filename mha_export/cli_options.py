@@ -78,10 +78,11 @@ CONFIG_OPTIONS = [
                  help="Query i sees key j only when i - j < N (Mistral) [default: no window]."),
     click.option("--layout", type=click.Choice(LAYOUTS), default=None,
                  help="Weight layout [default: the weights file's, else split]."),
-    click.option("--weights", type=click.Path(dir_okay=False), default=None,
-                 help="State dict (.pt/.pth/.bin) or .safetensors, any layout's keys."),
+    click.option("--weights", type=click.Path(), default=None,
+                 help="State dict (.pt/.pth/.bin) or .safetensors in any layout's keys, or a "
+                      "Hugging Face checkpoint folder (gpt2, llama, mistral, qwen2, gpt_neox)."),
     click.option("--layer", type=int, default=None,
-                 help="Which layer's attention in a full (GPT-2) checkpoint."),
+                 help="Which layer's attention in a full checkpoint."),
     click.option("--seed", type=int, default=0, show_default=True,
                  help="Seed for random weights (without --weights)."),
 ]
@@ -97,6 +98,14 @@ ARTIFACT_OPTIONS = [
     click.option("--attention-mask", is_flag=True,
                  help="Full-sequence model with a padding mask: x, attention_mask -> y."),
 ]
+
+
+def explicit(kw: dict) -> dict:
+    """Only the options the user set: defaults stay the API's, and a Hugging Face checkpoint's
+    config.json fills what was not given (a given value that contradicts it is an error)."""
+    ctx = click.get_current_context()
+    return {k: v for k, v in kw.items()
+            if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
 
 
 def config_options(fn: Callable) -> Callable:

@@ -22,10 +22,11 @@ from .config import MHAConfig
 from .env import utc_now, versions
 from .errors import UsageError
 from .entry import entry_module
-from .model import AttentionBase, build_module
+from .checkpoints import hf_config_path, merge_fields, read_layer
+from .model import AttentionBase, build_module, convert
 from .onnx_model import build_model
 from .signature import Signature, make_signature, signature_kind
-from .weights import detect_file_layout, load_module, save_weights
+from .weights import detect_file_layout, load_module, load_strict, save_weights
 
 PROTOBUF_LIMIT = 2**31 - 2**26  # 2 GiB less a margin for the graph itself
 ATTENTION_FORMS = tuple(forms.FORMS)
@@ -99,10 +100,25 @@ def _validate_flag(validate: bool, fields: dict) -> bool:
 
 
 def _prepare(config, weights, layer, seed, kv_cache, attention_mask, fields):
-    config = resolve_config(config, weights, layer, fields)
+    if config is None and weights is not None and hf_config_path(weights):
+        config, module, source = checkpoint_module(weights, layer, fields)
+    else:
+        config = resolve_config(config, weights, layer, fields)
+        module, source = source_module(config, weights, layer, seed)
     sig = make_signature(config, signature_kind(kv_cache, attention_mask))
-    module, source = source_module(config, weights, layer, seed)
     return config, sig, module, source
+
+
+def checkpoint_module(path: str | Path, layer: Optional[int], fields: dict
+                      ) -> tuple[MHAConfig, AttentionBase, dict]:
+    """One layer of a Hugging Face checkpoint: its config from config.json (given fields must
+    agree), its weights in the checkpoint's layout, converted to the layout asked for."""
+    found, state, source = read_layer(path, layer)
+    config = MHAConfig(**merge_fields(found, fields))
+    module = build_module(config.replace(layout=found["layout"]))
+    load_strict(module, state, f"layer {layer}: ")
+    return config, (module if config.layout == found["layout"] else
+                    convert(module, config.layout)), source
 
 
 def export_onnx(config: Optional[MHAConfig] = None, output: str | Path | None = None, *,
