@@ -186,7 +186,7 @@ def masked_scores(g: GraphBuilder, causal: bool, t_q: str, t_k: str,
 # --- rotary position embeddings (rotary.py has the math and the eager version) ----------------
 
 def rotary_cos_sin(g: GraphBuilder, position_ids: str, inv_freq: np.ndarray) -> tuple[str, str]:
-    """position_ids (B, T) int64 -> cos, sin (B, T, 1, rd/2) in the model dtype; the angles
+    """position_ids (B, T) int64 -> cos, sin (B, T, rd/2) in the model dtype; the angles
     position * inv_freq in float32, as the eager module and transformers compute them."""
     pos = g.op("Cast", [position_ids], to=TensorProto.FLOAT, name="positions")  # (B, T)
     pos = g.op("Unsqueeze", [pos, g.ints("axes_last", [2])], name="positions_3d")  # (B, T, 1)
@@ -197,15 +197,24 @@ def rotary_cos_sin(g: GraphBuilder, position_ids: str, inv_freq: np.ndarray) -> 
         v = g.op(fn, [angles], name=f"rotary_{fn.lower()}")
         if g.dtype != "float32":
             v = g.op("Cast", [v], to=g.elem, name=f"rotary_{fn.lower()}_cast")
-        out.append(g.op("Unsqueeze", [v, g.ints("axes2", [2])],
-                        name=f"rotary_{fn.lower()}_heads"))  # (B, T, 1, rd/2)
+        out.append(v)  # (B, T, rd/2)
     return out[0], out[1]
+
+
+def rotary_op(g: GraphBuilder, x: str, heads: int, rotary_dim: int, interleaved: bool,
+              cos: str, sin: str, name: str) -> str:
+    """The standard RotaryEmbedding node (opset 23) on (B, T, heads*H), with cos/sin already
+    taken at this call's positions (B, T, rd/2): no position table."""
+    return g.op("RotaryEmbedding", [x, cos, sin], name=f"{name}_rope", num_heads=heads,
+                rotary_embedding_dim=rotary_dim, interleaved=int(interleaved))
 
 
 def rotate_heads(g: GraphBuilder, x: str, heads: int, head_dim: int, rotary_dim: int,
                  interleaved: bool, cos: str, sin: str, name: str) -> str:
     """(B, T, heads*H): the first rotary_dim features of each head rotated, the rest kept."""
     half = rotary_dim // 2
+    cos, sin = (g.op("Unsqueeze", [t, g.ints("axes2", [2])], name=f"{name}_{t}_heads")
+                for t in (cos, sin))  # (B, T, 1, rd/2)
     x = g.op("Reshape", [x, g.ints("heads_shape", [0, 0, heads, head_dim])],
              name=f"{name}_heads")  # (B, T, heads, H)
     rest = None

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 from .config import MHAConfig
 from .errors import UsageError
 from .forms import FORMS, AttentionIO, GraphForm, resolve_opset
-from .graph import ONNX_DTYPES, GraphBuilder, rotary_cos_sin, rotate_heads
+from .graph import ONNX_DTYPES, GraphBuilder, rotary_cos_sin, rotary_op, rotate_heads
 from .model import AttentionWeights
 from .rotary import inv_freq
 from .signature import FLOAT, Signature, TensorSpec, make_signature
@@ -57,11 +57,16 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
                    None if w.bq is None else torch.cat([w.bq, w.bk, w.bv]))  # (B, T, 3*D)
     q, k, v = g.op("Split", [qkv, g.ints("qkv_split", [c.inner, c.kv_inner, c.kv_inner])],
                    n_out=3, axis=2, name="qkv_split")  # (B, T, N*H), 2 x (B, T, K*H)
-    if c.rotary != "none":  # rotate q and k by position_ids before any core (plain ops)
+    if c.rotary != "none":  # rotate q and k by position_ids before any core
         freq = inv_freq(c.rotary_dim, c.rope_theta, c.rope_scaling).numpy()
-        cos, sin = rotary_cos_sin(g, "position_ids", freq)  # (B, T, 1, rd/2)
-        q, k = (rotate_heads(g, t, n, c.head_dim, c.rotary_dim, c.rotary == "interleaved", cos,
-                             sin, name) for t, n, name in ((q, c.heads, "q"), (k, c.kv_heads, "k")))
+        cos, sin = rotary_cos_sin(g, "position_ids", freq)  # (B, T, rd/2)
+        inter = c.rotary == "interleaved"
+        if opset >= 23:  # the standard RotaryEmbedding node
+            q, k = (rotary_op(g, t, n, c.rotary_dim, inter, cos, sin, name)
+                    for t, n, name in ((q, c.heads, "q"), (k, c.kv_heads, "k")))
+        else:  # the same rotation in plain ops (Split / Mul / Sub / Add / Concat)
+            q, k = (rotate_heads(g, t, n, c.head_dim, c.rotary_dim, inter, cos, sin, name)
+                    for t, n, name in ((q, c.heads, "q"), (k, c.kv_heads, "k")))
     named = set(sig.input_names)
     io = AttentionIO(q, k, v, *(n if n in named else None
                                 for n in ("past_key", "past_value", "attention_mask")))

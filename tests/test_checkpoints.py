@@ -255,3 +255,16 @@ def test_cli_exports_a_checkpoint_layer_and_flags_only_need_to_agree(checkpoint,
     r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), "--layer", "2",
                                  "--kv-heads", "4", "-o", str(tmp_path / "bad")])
     assert r.exit_code == 2 and "--kv-heads 4 contradicts" in r.stderr
+
+
+def test_bfloat16_checkpoints_are_upcast_for_a_float32_export(tmp_path):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("mistral", **MODELS["mistral"]))
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    r = export_onnx(weights=tmp_path / "bf16", layer=0, output=tmp_path / "a", kv_cache=True)
+    assert r.passed
+    from safetensors.torch import load_file
+    stored = load_file(str(tmp_path / "a" / "weights.safetensors"))
+    want = model.model.layers[0].self_attn.q_proj.weight.float()
+    assert all(t.dtype == torch.float32 for t in stored.values())
+    assert torch.equal(stored["W_query.weight"], want)  # bf16 -> fp32 is exact

@@ -111,7 +111,9 @@ def test_auto_switches_between_one_node_and_blocks(kind: str) -> None:
 @pytest.mark.parametrize("kind", ["full", "kv-cache"])
 @pytest.mark.parametrize("form", [f.name for f in FORMS.values() if f.standard and f.min_opset == 17])
 def test_reference_evaluator_runs_the_portable_forms(form: str, kind: str) -> None:
-    config = MHAConfig(dim=16, heads=2, qkv_bias=True)
+    """Standard ops only, rotary (in plain ops at opset 17) and grouped-query included."""
+    config = MHAConfig(dim=32, heads=4, kv_heads=2, qkv_bias=True, rotary="interleaved",
+                       rotary_dim=4)
     args = {"block": 3} if form == "blocked-plain" else {}
     if form == "decomposed":
         module = build_module(config, seed=0)
