@@ -82,7 +82,7 @@ class MHAConfig:
         return self.heads * self.head_dim
 
     def _check_rotary(self) -> None:
-        from .rotary import ROTARY, SCALINGS
+        from .rotary import ROTARY, normalized_scaling
         if self.rotary not in ROTARY:
             raise UsageError(f"unknown rotary {self.rotary!r}: choose one of {', '.join(ROTARY)}")
         if self.rotary == "none":
@@ -93,17 +93,10 @@ class MHAConfig:
         if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
             raise UsageError(f"rotary_dim must be even and <= head_dim ({self.head_dim}), "
                              f"got {self.rotary_dim}")
-        if not self.rope_theta > 0:
-            raise UsageError(f"rope_theta must be positive, got {self.rope_theta}")
-        kind = (self.rope_scaling or {}).get("rope_type", "default")
-        if kind not in SCALINGS:
-            raise UsageError(f"unsupported rope scaling type {kind!r} (supported: "
-                             f"{', '.join(SCALINGS)})")
-        needed = {"default": (), "linear": ("factor",), "llama3": (
-            "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-        missing = [k for k in needed[kind] if k not in (self.rope_scaling or {})]
-        if missing:
-            raise UsageError(f"rope scaling {kind!r} needs {', '.join(missing)}")
+        if not (isinstance(self.rope_theta, (int, float)) and math.isfinite(self.rope_theta)
+                and self.rope_theta > 0):
+            raise UsageError(f"rope_theta must be a positive number, got {self.rope_theta!r}")
+        object.__setattr__(self, "rope_scaling", normalized_scaling(self.rope_scaling))
 
     @property
     def kv_inner(self) -> int:

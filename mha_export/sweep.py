@@ -87,6 +87,14 @@ def positions(mask: np.ndarray) -> np.ndarray:
     return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
 
 
+def shifts(case: Case) -> np.ndarray:
+    """(B, T) added to the sweep's positions: row r starts 3*r later, and the second half of each
+    row jumps 2 further. Rotary attention depends only on position differences, so a uniform
+    shift would go unseen; the jump makes a model that ignores position_ids fail."""
+    t = np.arange(case.seq, dtype=np.int64)
+    return 3 * np.arange(case.batch, dtype=np.int64)[:, None] + 2 * (t >= case.seq // 2)
+
+
 def make_feeds(sig: Signature, config: MHAConfig, case: Case, seed: int
                ) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([seed, case.batch, case.seq, case.past,
@@ -99,7 +107,7 @@ def make_feeds(sig: Signature, config: MHAConfig, case: Case, seed: int
         if t.name == "attention_mask":
             feeds[t.name] = padding_mask(case)[:, -shape[1]:]
         elif t.name == "position_ids":
-            feeds[t.name] = positions(padding_mask(case))[:, -case.seq:]
+            feeds[t.name] = positions(padding_mask(case))[:, -case.seq:] + shifts(case)
         elif t.dtype == FLOAT:
             feeds[t.name] = rng.standard_normal(shape).astype(np.float32)
         else:
@@ -143,4 +151,5 @@ def require_fits(config: MHAConfig, cases: Sequence[Case], quadratic: bool,
     if need > have:
         raise UsageError(f"the sweep's largest case ({worst.label()}) needs about "
                          f"{need / 2**30:,.1f} GiB; {have / 2**30:,.1f} GiB is available: "
-                         "use smaller --batch-sizes / --seq-lens")
+                         "use smaller --batch-sizes / --seq-lens (check), or a smaller "
+                         "--max-seq-len or --no-check (export)")

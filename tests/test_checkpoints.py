@@ -222,10 +222,8 @@ def test_sharded_and_bin_checkpoints_read_only_the_layer(tmp_path, monkeypatch):
     (dict(layer=0, heads=8), "--heads 8 contradicts the checkpoint's config.json"),
     (dict(layer=0, rotary="interleaved"), "--rotary interleaved contradicts"),
 ])
-def test_bad_checkpoint_requests_are_clear_errors(checkpoint, tmp_path, args, msg):
-    name, kind, model, folder = checkpoint
-    if name != "llama":
-        pytest.skip("one family is enough for the error paths")
+def test_bad_checkpoint_requests_are_clear_errors(tmp_path, args, msg):
+    folder = _saved(tmp_path, "llama", "ckpt")
     with pytest.raises(UsageError, match=msg):
         export_onnx(weights=folder, output=tmp_path / "x", validate=False, **args)
     assert not (tmp_path / "x").exists()
@@ -238,20 +236,18 @@ def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
         export_onnx(weights=tmp_path, layer=0, output=tmp_path / "x")
 
 
-def test_cli_exports_a_checkpoint_layer_and_flags_only_need_to_agree(checkpoint, tmp_path):
+def test_cli_exports_a_checkpoint_layer_and_flags_only_need_to_agree(tmp_path):
     from click.testing import CliRunner
 
     from mha_export.cli import cli
-    name, kind, model, folder = checkpoint
-    if name != "qwen2":
-        pytest.skip("one family is enough for the CLI path")
+    folder = _saved(tmp_path, "qwen2", "ckpt")
     r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), "--layer", "2", "--kv-cache",
                                  "--kv-heads", "2", "-o", str(tmp_path / "q")])
     assert r.exit_code == 0, r.output
     assert "PASS" in r.output and "present_key" in r.output
     source = json.loads((tmp_path / "q" / "config.json").read_text())["weights"]["source"]
     assert source == {"kind": "huggingface", "path": str(folder), "model_type": "qwen2",
-                      "layer": 2}
+                      "layer": 2, "max_position_embeddings": 64}
     r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), "--layer", "2",
                                  "--kv-heads", "4", "-o", str(tmp_path / "bad")])
     assert r.exit_code == 2 and "--kv-heads 4 contradicts" in r.stderr
@@ -268,3 +264,84 @@ def test_bfloat16_checkpoints_are_upcast_for_a_float32_export(tmp_path):
     want = model.model.layers[0].self_attn.q_proj.weight.float()
     assert all(t.dtype == torch.float32 for t in stored.values())
     assert torch.equal(stored["W_query.weight"], want)  # bf16 -> fp32 is exact
+
+
+def _saved(tmp_path, kind, name, **changes):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **MODELS[kind]))
+    model.save_pretrained(tmp_path / name)
+    cfg_path = tmp_path / name / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    cfg_path.write_text(json.dumps(cfg))
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("kind, flags, msg", [
+    ("llama", dict(causal=False), "--causal False contradicts"),
+    ("gpt2", dict(rotary="half"), "--rotary half contradicts"),
+    ("gpt_neox", dict(sliding_window=2), "--sliding-window 2 contradicts"),
+    ("llama", dict(seed=3, d_in=32), "--d-in 32 contradicts"),
+])
+def test_every_flag_is_checked_against_the_checkpoint(tmp_path, kind, flags, msg):
+    folder = _saved(tmp_path, kind, "c")
+    with pytest.raises(UsageError, match=msg):
+        export_onnx(weights=folder, layer=0, output=tmp_path / "x", validate=False, **flags)
+
+
+def test_omitted_keys_take_transformers_defaults(tmp_path):
+    neox = _saved(tmp_path, "gpt_neox", "neox", rope_parameters=None, rotary_pct=None)
+    mistral = _saved(tmp_path, "mistral", "mistral", sliding_window=None)
+    qwen = _saved(tmp_path, "qwen2", "qwen", use_sliding_window=True, sliding_window=8,
+                  max_window_layers=None, layer_types=None)
+    configs = {name: read_artifact(export_onnx(weights=f, layer=1, output=tmp_path / f"o{name}",
+                                               validate=False).path).config
+               for name, f in (("neox", neox), ("mistral", mistral), ("qwen", qwen))}
+    assert configs["neox"].rotary_dim == 4  # rotary_pct 0.25 of 16
+    assert configs["mistral"].sliding_window == 4096
+    assert configs["qwen"].sliding_window is None  # layer 1 < max_window_layers 28
+
+
+def test_a_long_context_checkpoint_is_checked_over_1024_tokens(tmp_path):
+    folder = _saved(tmp_path, "llama", "long", max_position_embeddings=131072)
+    r = export_onnx(weights=folder, layer=0, output=tmp_path / "a", kv_cache=True)
+    assert r.passed and read_artifact(r.path).config.max_seq_len == 1024
+    meta = json.loads((r.path / "config.json").read_text())
+    assert meta["weights"]["source"]["max_position_embeddings"] == 131072
+
+
+def test_a_plain_weights_file_beside_an_artifacts_config_still_loads(tmp_path):
+    first = export_onnx(heads=2, dim=16, output=tmp_path / "a1", validate=False).path
+    again = export_onnx(heads=2, dim=16, weights=first / "weights.safetensors",
+                        output=tmp_path / "a2", validate=False).path
+    assert (again / "weights.safetensors").read_bytes() == (first / "weights.safetensors").read_bytes()
+
+
+def test_legacy_bin_loads_and_corrupt_files_are_one_line_errors(tmp_path):
+    folder = _saved(tmp_path, "llama", "legacy")
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    (folder / "model.safetensors").unlink()
+    torch.save(model.state_dict(), folder / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    assert export_onnx(weights=folder, layer=0, output=tmp_path / "a").passed
+    (folder / "pytorch_model.bin").unlink()
+    (folder / "model.safetensors").write_bytes(b"\xff" * 64)
+    with pytest.raises(UsageError, match="not a readable checkpoint"):
+        export_onnx(weights=folder, layer=0, output=tmp_path / "b")
+
+
+@pytest.mark.parametrize("change, msg", [
+    (dict(hidden_size=None), "missing or malformed attention setting"),
+    (dict(layer_types=["full_attention"]), "layer_types has no entry for layer 1"),
+    (dict(num_hidden_layers=None), "no layer count"),
+])
+def test_malformed_config_json_is_a_clear_error(tmp_path, change, msg):
+    folder = _saved(tmp_path, "mistral", "bad", **change)
+    with pytest.raises(UsageError, match=msg):
+        export_onnx(weights=folder, layer=1, output=tmp_path / "x")
+    (folder / "config.json").write_text("[1, 2]")
+    with pytest.raises(UsageError):
+        export_onnx(weights=folder, layer=1, output=tmp_path / "x")

@@ -1,5 +1,7 @@
 import shutil
 
+import numpy as np
+import onnx
 import pytest
 
 from mha_export import MHAConfig, check_parity, export_onnx, export_torchscript
@@ -227,3 +229,26 @@ def test_rotary_cache_models_pass_with_a_position_offset_and_a_wrong_rotation_fa
         faults._set_initializer(m, "rotary.inv_freq", (freq * 1.01).astype(freq.dtype))
     faults._edit(path / "model.onnx", wrong_theta)
     assert not check_parity(path, **KV_SWEEP).passed
+
+
+def test_a_rotary_model_that_ignores_its_position_ids_fails(tmp_path):
+    """The sweep shifts each row's positions, so positions taken from the shape are caught."""
+    cfg = CFG.replace(rotary="half")
+    path = export_onnx(cfg, tmp_path / "r", attention="decomposed", validate=False).path
+    assert check_parity(path, **SWEEP).passed
+    def from_shape(m):  # positions = Range(0, T) from x's shape, position_ids left unread
+        h, nh = onnx.helper, onnx.numpy_helper
+        m.graph.initializer.extend([nh.from_array(np.array(v, np.int64), n) for n, v in (
+            ("fp_axes0", [0]), ("fp_zero", 0), ("fp_one", 1))])
+        nodes = [h.make_node("Shape", ["x"], ["fp_len"], start=1, end=2),
+                 h.make_node("Squeeze", ["fp_len", "fp_axes0"], ["fp_t"]),
+                 h.make_node("Range", ["fp_zero", "fp_t", "fp_one"], ["fp_range"]),
+                 h.make_node("Unsqueeze", ["fp_range", "fp_axes0"], ["fp_positions"])]
+        for n in m.graph.node:
+            if n.name == "positions":
+                n.input[0] = "fp_positions"
+        for i, n in enumerate(nodes):
+            m.graph.node.insert(i, n)
+    faults._edit(path / "model.onnx", from_shape)
+    report = check_parity(path, **SWEEP)
+    assert not report.passed
