@@ -50,7 +50,8 @@ def lowest_value(dtype: torch.dtype) -> float:
 def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropout_p: float,
               need_weights: bool, attention_mask: Optional[Tensor] = None, window: int = 0
               ) -> Tuple[Tensor, Optional[Tensor]]:
-    """Scaled dot-product attention: q (B, N, Tq, H), k/v (B, N, Tk, H) -> ((B, N, Tq, H), probs).
+    """Scaled dot-product attention: q (B, N, Tq, H), k/v (B, K, Tk, H) -> ((B, N, Tq, H), probs);
+    with K < N heads, query head h reads key/value head h // (N / K) (grouped-query).
 
     Fast path: torch's fused SDPA with is_causal (memory linear in T on CPU), only where its
     top-left causal alignment is right (Tq == Tk) and nothing is padded. Otherwise SDPA with an
@@ -59,9 +60,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropo
     attention probabilities are wanted.
     """
     t_q, t_k = q.size(-2), k.size(-2)
+    gqa = q.size(1) != k.size(1)  # SDPA reads the shared heads in place (no copies)
     if not need_weights and attention_mask is None and window == 0 and (t_q == t_k or not causal):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal,
-                                              scale=scale), None
+                                              scale=scale, enable_gqa=gqa), None
     masked = masked_scores(t_q, t_k, causal, attention_mask, q.device, window)  # (B|1, 1, Tq, Tk)
     lowest = lowest_value(q.dtype)
     if not need_weights:
@@ -70,7 +72,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropo
             bias = torch.zeros(masked.shape, dtype=q.dtype, device=q.device).masked_fill(
                 masked, lowest)  # (B|1, 1, Tq, Tk)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
-                                              scale=scale), None
+                                              scale=scale, enable_gqa=gqa), None
+    if gqa:  # the plain path: each query head gets its kv head's copy
+        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)  # (B, N, Tk, H)
+        v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, N, Tq, Tk)
     if masked is not None:
         scores = scores.masked_fill(masked, lowest)

@@ -91,12 +91,8 @@ class AttentionBase(nn.Module):
             k = torch.cat([past_key, k], dim=2)  # (B, N, P+T, H)
             v = torch.cat([past_value, v], dim=2)
         p = self.dropout if self.training else 0.0
-        kr, vr = k, v  # (B, K, S, H): the cache keeps K heads ...
-        if self.n_head != self.kv_heads:  # ... query head h reads kv head h // (N / K)
-            kr = k.repeat_interleave(self.n_head // self.kv_heads, dim=1)  # (B, N, S, H)
-            vr = v.repeat_interleave(self.n_head // self.kv_heads, dim=1)
-        ctx, probs = attention(q, kr, vr, self.scale, self.causal, p, need_weights, attention_mask,
-                               self.window)
+        ctx, probs = attention(q, k, v, self.scale, self.causal, p, need_weights, attention_mask,
+                               self.window)  # k, v keep K heads: so does the cache
         return self.project_out(merge_heads(ctx)), k, v, probs
 
     def _split_heads(self, t: Tensor, heads: int) -> Tensor:

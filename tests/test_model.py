@@ -191,7 +191,9 @@ def test_grouped_query_heads_read_kv_head_h_div_groups(layout, kv_heads):
             heads.append(s.softmax(-1) @ v[:, j])
         want = m.project_out(torch.stack(heads, 1).transpose(1, 2).reshape(2, 7, 32))
         y, present_key, _ = m.attend(x, None, None, None)
+        y_plain, probs = m.forward_with_weights(x)  # the plain path repeats the kv heads
     assert torch.allclose(y, want, atol=1e-6) and present_key.shape == (2, kv_heads, 7, 8)
+    assert torch.allclose(y_plain, want, atol=1e-6) and probs.shape == (2, 4, 7, 7)
     assert torch.allclose(convert(m, "split" if layout == "fused" else "fused")(x), y, atol=1e-6)
 
 
