@@ -23,10 +23,14 @@ BASELINE = "sdpa-eager"
 
 
 def effective_flops(c: MHAConfig, seq: int, batch: int, past: int = 0) -> float:
-    """Projections 2*T*(d_in*3*inner + inner*dim) + attention: 2*T^2*inner for a causal prefill
-    (half of 4), 4*T*P*inner more over a cache of P; for d_in = dim = inner = d and P = 0 that is
+    """Projections 2*T*(d_in*(inner + 2*kv_inner) + inner*dim) + attention 4*inner per (query,
+    key) pair it really needs: T^2/2 pairs for a causal prefill (T*w - w^2/2 with a sliding
+    window w), T*P more over a cache of P; for d_in = dim = inner = d and P = 0 that is
     8*T*d^2 + 2*T^2*d."""
-    attn = (2 if c.causal else 4) * seq * seq * c.inner + 4 * seq * past * c.inner
+    w = c.sliding_window
+    pairs = (seq * seq / 2 if not w or w >= seq else seq * w - w * w / 2) if c.causal \
+        else seq * seq
+    attn = 4 * pairs * c.inner + 4 * seq * (min(past, w) if w else past) * c.inner
     return batch * (2 * seq * (c.d_in * (c.inner + 2 * c.kv_inner) + c.inner * c.dim) + attn)
 
 
@@ -110,7 +114,9 @@ def prepare_models(config: MHAConfig, forms: Sequence[str], folder: Path, seed: 
 def variant_specs(config: MHAConfig, forms: Sequence[str], models: dict[str, Path],
                   providers: Sequence[str], cuda_ok: bool, kind: str = "full") -> list[dict]:
     c = config.to_dict()
-    specs = [{"variant": "textbook-eager", "config": c}] if kind == "full" else []
+    textbook = (kind == "full" and config.rotary == "none" and not config.sliding_window
+                and config.kv_heads == config.heads and config.inner == config.dim)
+    specs = [{"variant": "textbook-eager", "config": c}] if textbook else []  # same function
     specs += [{"variant": BASELINE, "config": c},
               {"variant": "torchscript", "config": c, "model": str(models["torchscript"])}]
     for provider in providers:

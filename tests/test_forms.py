@@ -68,12 +68,13 @@ def test_blocked_matches_eager(variant: str, config_name: str, block: int) -> No
     _check(model, module, sig, [Case(b, t) for b in (1, 3) for t in seqs])
 
 
-@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("kv_heads, window", [(4, None), (2, None), (1, None), (2, 3), (4, 11)])
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_blocked_with_cache_and_padding(variant: str, kv_heads: int) -> None:
+def test_blocked_with_cache_and_padding(variant: str, kv_heads: int, window) -> None:
     """Blocks start at key position P + i*bs; each block's padding keys come from the mask;
-    grouped-query and multi-query caches keep kv_heads heads."""
-    config = CONFIGS["d64h4"].replace(kv_heads=kv_heads)
+    grouped-query and multi-query caches keep kv_heads heads; with a sliding window a block
+    reads only the keys its window reaches."""
+    config = CONFIGS["d64h4"].replace(kv_heads=kv_heads, sliding_window=window)
     model, module, sig = _model(config, VARIANTS[variant], "kv-cache", block=8)
     onnx.checker.check_model(model, full_check=True)
     cases = [Case(b, t, p) for b in (1, 3) for t in (1, 7, 8, 9, 30) for p in (0, 1, 13)]

@@ -65,20 +65,27 @@ def blocked_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig, block: int = BL
     first_key = start if past is None else b.op("Add", [past, start], name="first_key")  # ()
     key_end = (b.op("Add", [first_key, bs], name="key_end") if c.causal
                else b.ints("all_keys", np.iinfo(np.int64).max))  # () Slice clamps at S
-    zero = b.ints("zero_1d", [0])
+    key_start, first_rel = b.ints("zero", 0), first_key  # () keys [key_start, key_end)
+    if c.sliding_window:  # keys older than the block's window are never read
+        back = b.op("Sub", [first_key, b.ints("window_back", c.sliding_window - 1)],
+                    name="window_first")  # () oldest key the block's first query sees
+        key_start = b.op("Max", [back, b.ints("zero_", 0)], name="key_start")  # ()
+        first_rel = b.op("Sub", [first_key, key_start], name="first_key_rel")  # ()
+    zero = as_1d(b, key_start, "key_start_1d")  # (1,)
     end_1d = as_1d(b, key_end, "key_end_1d")  # (1,)
     qb = b.op("Slice", [q, as_1d(b, start, "start_1d"), as_1d(b, b.op(
         "Add", [start, bs], name="q_end"), "q_end_1d"), b.ints("q_axis", [q_axis])],
         name="q_block")  # (B, bs, D) | (B, N, bs, H)
     kb = b.op("Slice", [k_in, zero, end_1d, b.ints("k_axis", [k_axis])],
-              name="k_prefix")  # (B, end, D) | (B, K, end, H) | (B, K, H, end)
+              name="k_prefix")  # (B, len, D) | (B, K, len, H) | (B, K, H, len)
     vb = b.op("Slice", [values, zero, end_1d, b.ints("v_axis", [v_axis])],
-              name="v_prefix")  # (B, end, D) | (B, K, end, H)
+              name="v_prefix")  # (B, len, D) | (B, K, len, H)
     mask_b = None if io.attention_mask is None else b.op(
         "Slice", [io.attention_mask, zero, end_1d, b.ints("mask_axis", [1])],
-        name="mask_prefix")  # (B, end)
+        name="mask_prefix")  # (B, len)
+    # positions relative to key_start: query i of the block sits at first_rel + i
     masked = masked_scores(b, c.causal, bs, dim(b, kb, k_axis, "key_len"), mask_b,
-                           start=first_key, window=c.sliding_window or 0)  # (B|1, 1|., bs, end) | (bs, end) bool
+                           start=first_rel, window=c.sliding_window or 0)  # (.., bs, len) bool
     body = _attention_body if use_attention_op else _plain_body
     ctx_b = body(b, c, qb, kb, vb, masked, flat)  # (B, bs, D) | (B, N, bs, H)
     tail = [-1, c.inner] if flat else [c.heads, -1, c.head_dim]
