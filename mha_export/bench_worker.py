@@ -34,19 +34,14 @@ def time_it(fn: Callable[[], object], min_reps: int, budget_s: float) -> tuple[l
     return times, len(times)
 
 
-def sample_inputs(declared: list[tuple[str, list]], spec: dict) -> list:
-    """Arrays for the declared (name, shape) inputs: the symbolic axes from the spec's batch,
-    seq and past; attention_mask all ones (no padding), the rest random."""
-    import numpy as np
-    b, t, p = spec["batch"], spec["seq"], spec.get("past", 0)
-    sizes = {"batch": b, "seq": t, "past_seq": p, "past_seq + seq": p + t}
-    rng = np.random.default_rng(0)
-    out = []
-    for name, shape in declared:
-        dims = [sizes[d] if isinstance(d, str) else d for d in shape]
-        out.append(np.ones(dims, np.int64) if name == "attention_mask"
-                   else rng.standard_normal(dims).astype(np.float32))
-    return out
+def sample_feeds(spec: dict) -> dict:
+    """The signature's named inputs at the spec's (batch, seq, past), as the parity sweep makes
+    them (no padding); imports no torch, so an ONNX Runtime worker stays torch-free."""
+    from mha_export.config import MHAConfig
+    from mha_export.signature import make_signature
+    from mha_export.sweep import Case, make_feeds
+    sig = make_signature(MHAConfig.from_dict(spec["config"]), spec.get("kind", "full"))
+    return make_feeds(sig, Case(spec["batch"], spec["seq"], spec.get("past", 0)), seed=0)
 
 
 def torch_variant(spec: dict) -> Callable[[], object]:
@@ -70,8 +65,8 @@ def torch_variant(spec: dict) -> Callable[[], object]:
         module = entry_module(build_module(c, seed=0), sig.kind, sig.input_names,
                               sig.output_names)
     module = module.to(device, dtype)
-    args = [torch.from_numpy(a).to(device) for a in sample_inputs(
-        [(i.name, i.shape) for i in sig.inputs], spec)]
+    feeds = sample_feeds(spec)
+    args = [torch.from_numpy(feeds[n]).to(device) for n in sig.input_names]
     args = [a.to(dtype) if a.is_floating_point() else a for a in args]
 
     def run() -> object:
@@ -95,10 +90,10 @@ def ort_variant(spec: dict) -> Callable[[], object]:
     session = ort.InferenceSession(spec["model"], opts, providers=[provider])
     if session.get_providers()[0] != provider:
         raise RuntimeError(f"{provider} did not load (session uses {session.get_providers()[0]})")
-    declared = session.get_inputs()
     types = {"tensor(float16)": np.float16, "tensor(int64)": np.int64}
-    feeds = {i.name: a.astype(types.get(i.type, np.float32)) for i, a in zip(
-        declared, sample_inputs([(i.name, i.shape) for i in declared], spec))}
+    samples = sample_feeds(spec)
+    feeds = {i.name: samples[i.name].astype(types.get(i.type, np.float32))
+             for i in session.get_inputs()}
     return lambda: session.run(None, feeds)
 
 

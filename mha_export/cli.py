@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import click
 
-from .cli_options import _int_list, _providers, config_options, explicit, model_options
+from .cli_options import int_list, provider_list, config_options, explicit, model_options
 from .errors import UsageError
 from .export import ATTENTION_FORMS, export_onnx, export_torchscript
 from .forms import ALIASES, DEFAULT
@@ -121,14 +121,14 @@ def torchscript(**kw) -> None:
 
 @cli.command()
 @click.argument("artifact", type=click.Path())
-@click.option("--providers", default="cpu,cuda", show_default=True, callback=_providers,
+@click.option("--providers", default="cpu,cuda", show_default=True, callback=provider_list,
               help="ONNX Runtime providers to check.")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance for every runner.")
 @click.option("--rtol", type=float, default=None, help="Relative tolerance for every runner.")
-@click.option("--seq-lens", callback=_int_list, default=None,
+@click.option("--seq-lens", callback=int_list, default=None,
               help="Comma-separated T values [default: 1,2,7,64,100,257,max-1,max,max+1].")
-@click.option("--batch-sizes", callback=_int_list, default="1,3", show_default=True)
-@click.option("--past-lens", callback=functools.partial(_int_list, lowest=0), default=None,
+@click.option("--batch-sizes", callback=int_list, default="1,3", show_default=True)
+@click.option("--past-lens", callback=functools.partial(int_list, lowest=0), default=None,
               help="Cache lengths for --kv-cache models [default: 0,1,5,max-1]. 0 is allowed.",
               )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
@@ -161,15 +161,15 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
 @cli.command()
 @click.argument("artifact", type=click.Path(), required=False)
 @config_options
-@click.option("--seq-lens", callback=_int_list, default="128,512,2048,8192,16384",
+@click.option("--seq-lens", callback=int_list, default="128,512,2048,8192,16384",
               show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--kv-cache", is_flag=True,
               help="Measure the decode-step models: eager forward_step vs every cache-capable form.")
-@click.option("--past-lens", callback=functools.partial(_int_list, lowest=0), default="0",
+@click.option("--past-lens", callback=functools.partial(int_list, lowest=0), default="0",
               show_default=True, help="Cache lengths with --kv-cache (e.g. --seq-lens 1 "
                                       "--past-lens 128,1024,4096 for single-token steps).")
-@click.option("--providers", default="cpu,cuda", show_default=True, callback=_providers)
+@click.option("--providers", default="cpu,cuda", show_default=True, callback=provider_list)
 @click.option("--forms", default=None,
               help="ONNX graph forms to measure [default: all; with --kv-cache, those with a cache].")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,

@@ -6,11 +6,11 @@ from typing import Callable, Optional
 
 import click
 
-from .config import LAYOUTS
+from .config import LAYOUTS, ROTARY
 from .parity import PROVIDERS
 
 
-def _int_list(ctx, param, value: Optional[str], lowest: int = 1) -> Optional[list[int]]:
+def int_list(ctx, param, value: Optional[str], lowest: int = 1) -> Optional[list[int]]:
     if value is None:
         return None
     try:
@@ -22,7 +22,7 @@ def _int_list(ctx, param, value: Optional[str], lowest: int = 1) -> Optional[lis
     return values
 
 
-def _json_dict(ctx, param, value: Optional[str]) -> Optional[dict]:
+def json_object(ctx, param, value: Optional[str]) -> Optional[dict]:
     if value is None:
         return None
     try:
@@ -34,7 +34,7 @@ def _json_dict(ctx, param, value: Optional[str]) -> Optional[dict]:
     return d
 
 
-def _providers(ctx, param, value: str) -> list[str]:
+def provider_list(ctx, param, value: str) -> list[str]:
     names = [v.strip().lower() for v in value.split(",") if v.strip()]
     bad = [n for n in names if n not in PROVIDERS]
     if bad or not names:
@@ -65,13 +65,13 @@ CONFIG_OPTIONS = [
     click.option("--max-seq-len", type=int, default=1024, show_default=True,
                  help="Context length; checked by default. Longer inputs also work."),
     click.option("--causal/--no-causal", default=True, show_default=True),
-    click.option("--rotary", type=click.Choice(["none", "half", "interleaved"]), default="none",
+    click.option("--rotary", type=click.Choice(ROTARY), default="none",
                  show_default=True, help="Rotary position embeddings: half = GPT-NeoX/Llama "
                                          "rotate_half, interleaved = GPT-J; adds input position_ids."),
     click.option("--rotary-dim", type=int, default=None,
                  help="Features of each head that rotate (partial rotary) [default: head_dim]."),
     click.option("--rope-theta", type=float, default=10000.0, show_default=True),
-    click.option("--rope-scaling", callback=_json_dict, default=None,
+    click.option("--rope-scaling", callback=json_object, default=None,
                  help='Rotary frequency scaling as Hugging Face spells it, e.g. '
                       '\'{"rope_type": "linear", "factor": 2}\' (default, linear, llama3).'),
     click.option("--sliding-window", type=int, default=None,

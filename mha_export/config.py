@@ -4,11 +4,42 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from .errors import UsageError
 
 LAYOUTS = ("single", "stacked", "split", "fused")
+# Rotary position embeddings (rotary.py applies them; their settings are checked here, without
+# torch, so that an ONNX Runtime benchmark worker that reads a config never imports it).
+ROTARY = ("none", "half", "interleaved")
+SCALINGS = ("default", "linear", "llama3")
+SCALING_FIELDS = {"default": (), "linear": ("factor",), "llama3": (
+    "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def normalized_scaling(scaling: Optional[dict]) -> Optional[dict]:
+    """Hugging Face's rope_scaling dict checked: the type under "rope_type" (4.x wrote "type"),
+    one of SCALINGS, with its fields present, finite and > 0 (None for no scaling)."""
+    if scaling is None:
+        return None
+    if not isinstance(scaling, dict):
+        raise UsageError(f"rope_scaling must be a JSON object, got {scaling!r}")
+    scaling = dict(scaling)
+    kind = scaling.pop("rope_type", None) or scaling.pop("type", None)
+    scaling.pop("type", None)
+    if kind is None:
+        raise UsageError(f"rope_scaling needs a rope_type ({', '.join(SCALINGS)}), got {scaling}")
+    if kind not in SCALINGS:
+        raise UsageError(f"unsupported rope scaling type {kind!r} (supported: "
+                         f"{', '.join(SCALINGS)})")
+    for name in SCALING_FIELDS[kind]:
+        value = scaling.get(name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and value > 0):
+            raise UsageError(f"rope scaling {kind!r} needs {name} > 0, got {value!r}")
+    if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
+        raise UsageError("rope scaling 'llama3' needs high_freq_factor > low_freq_factor")
+    return None if kind == "default" else {"rope_type": kind, **scaling}
 
 
 @dataclass(frozen=True)
@@ -82,7 +113,6 @@ class MHAConfig:
         return self.heads * self.head_dim
 
     def _check_rotary(self) -> None:
-        from .rotary import ROTARY, normalized_scaling
         if self.rotary not in ROTARY:
             raise UsageError(f"unknown rotary {self.rotary!r}: choose one of {', '.join(ROTARY)}")
         if self.rotary == "none":

@@ -181,7 +181,7 @@ def check_parity(artifact_dir: str | Path, providers: Sequence[str] = PROVIDERS,
     total = len(cases) + len(multi_call)
     for i, case in enumerate(cases):
         progress(i, total, case.label())
-        feeds = make_feeds(sig, config, case, seed)
+        feeds = make_feeds(sig, case, seed)
         expected = {"eager": runners[0].run(feeds), "reference": reference.run(feeds)}
         valid = real_queries(feeds, case)
         for r in runners:

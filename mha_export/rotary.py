@@ -14,38 +14,6 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-ROTARY = ("none", "half", "interleaved")
-SCALINGS = ("default", "linear", "llama3")
-SCALING_FIELDS = {"default": (), "linear": ("factor",), "llama3": (
-    "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-
-
-def normalized_scaling(scaling: Optional[dict]) -> Optional[dict]:
-    """Hugging Face's rope_scaling dict checked: the type under "rope_type" (4.x wrote "type"),
-    one of SCALINGS, with its fields present, finite and > 0 (None for no scaling)."""
-    from .errors import UsageError
-    if scaling is None:
-        return None
-    if not isinstance(scaling, dict):
-        raise UsageError(f"rope_scaling must be a JSON object, got {scaling!r}")
-    scaling = dict(scaling)
-    kind = scaling.pop("rope_type", None) or scaling.pop("type", None)
-    scaling.pop("type", None)
-    if kind is None:
-        raise UsageError(f"rope_scaling needs a rope_type ({', '.join(SCALINGS)}), got {scaling}")
-    if kind not in SCALINGS:
-        raise UsageError(f"unsupported rope scaling type {kind!r} (supported: "
-                         f"{', '.join(SCALINGS)})")
-    for name in SCALING_FIELDS[kind]:
-        value = scaling.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                math.isfinite(value) and value > 0):
-            raise UsageError(f"rope scaling {kind!r} needs {name} > 0, got {value!r}")
-    if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
-        raise UsageError("rope scaling 'llama3' needs high_freq_factor > low_freq_factor")
-    return None if kind == "default" else {"rope_type": kind, **scaling}
-
-
 def inv_freq(rotary_dim: int, theta: float, scaling: Optional[dict] = None) -> Tensor:
     """(rotary_dim / 2,) float32, computed exactly as transformers' rope init functions."""
     freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float()

@@ -95,8 +95,7 @@ def shifts(case: Case) -> np.ndarray:
     return 3 * np.arange(case.batch, dtype=np.int64)[:, None] + 2 * (t >= case.seq // 2)
 
 
-def make_feeds(sig: Signature, config: MHAConfig, case: Case, seed: int
-               ) -> dict[str, np.ndarray]:
+def make_feeds(sig: Signature, case: Case, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([seed, case.batch, case.seq, case.past,
                                  PADDINGS.index(case.padding)])
     sizes = {"batch": case.batch, "seq": case.seq, "past_seq": case.past,

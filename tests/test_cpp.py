@@ -114,7 +114,7 @@ def write_case_dirs(root: Path, folder: Path, cases, seed: int = 0) -> list[tupl
     for i, case in enumerate(cases):
         d = root / f"case{i}"
         d.mkdir(parents=True)
-        feeds = make_feeds(art.signature, art.config, case, seed)
+        feeds = make_feeds(art.signature, case, seed)
         for name, array in feeds.items():
             np.save(d / f"{name}.npy", array)
         out.append((d, case, feeds))

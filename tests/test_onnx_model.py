@@ -52,7 +52,7 @@ def test_matches_eager_at_lengths_never_seen(form, config, kind):
     if sig.has_mask:
         cases += [Case(3, 9, 4 if sig.has_cache else 0, pad) for pad in ("left", "right")]
     for case in cases:
-        feeds = make_feeds(sig, config, case, seed=1)
+        feeds = make_feeds(sig, case, seed=1)
         got = dict(zip(sig.output_names, session.run(None, feeds)))
         with torch.inference_mode():
             want = entry(*[torch.from_numpy(feeds[n]) for n in sig.input_names])
