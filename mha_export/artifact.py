@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from .config import MHAConfig
 from .errors import UsageError
-from .model import AttentionBase, build_module
+from .layer.layouts import AttentionBase, build_module
 from .signature import Signature, signature_from_meta
 
 CONFIG_FILE = "config.json"
@@ -53,7 +53,7 @@ class Artifact:
 
     def load_source_module(self) -> AttentionBase:
         """The eager module rebuilt from config + source weights (never from the model file)."""
-        from .weights import load_strict, read_state_dict
+        from .weights.files import load_strict, read_state_dict
         module = build_module(self.config)
         load_strict(module, read_state_dict(self.path / WEIGHTS_FILE))
         return module

@@ -4,8 +4,8 @@ import json
 from click.testing import CliRunner
 
 from mha_export import MHAConfig
-from mha_export.bench import effective_flops, run_bench
-from mha_export.cli import cli
+from mha_export.bench.driver import effective_flops, run_bench
+from mha_export.cli.commands import cli
 
 
 def test_flop_count_matches_the_documented_formula():

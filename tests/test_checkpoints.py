@@ -16,8 +16,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from mha_export import UsageError, export_onnx, export_torchscript
 from mha_export.artifact import read_artifact
-from mha_export.runners import OrtRunner, TorchScriptRunner
-from mha_export.sweep import positions
+from mha_export.check.runners.base import OrtRunner, TorchScriptRunner
+from mha_export.check.sweep import positions
 
 COMMON = dict(num_hidden_layers=3, intermediate_size=32, vocab_size=60,
               max_position_embeddings=64)
@@ -239,7 +239,7 @@ def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
 def test_cli_exports_a_checkpoint_layer_and_flags_only_need_to_agree(tmp_path):
     from click.testing import CliRunner
 
-    from mha_export.cli import cli
+    from mha_export.cli.commands import cli
     folder = _saved(tmp_path, "qwen2", "ckpt")
     r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), "--layer", "2", "--kv-cache",
                                  "--kv-heads", "2", "-o", str(tmp_path / "q")])

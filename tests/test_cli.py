@@ -5,7 +5,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from mha_export.cli import cli
+from mha_export.cli.commands import cli
 
 import faults
 
@@ -103,7 +103,7 @@ def test_corrupt_artifact_and_weights(tmp_path):
 
 def test_wrong_shaped_weights(tmp_path):
     from mha_export import MHAConfig, build_module
-    from mha_export.weights import save_weights
+    from mha_export.weights.files import save_weights
     save_weights(build_module(MHAConfig(dim=32, heads=4), seed=0), tmp_path / "w.safetensors")
     msg = one_line_error(run("onnx", *SMALL, "--weights", tmp_path / "w.safetensors", "-o", tmp_path / "o"))
     assert "W_query.weight has shape [32, 32]" in msg

@@ -22,9 +22,9 @@ import torch
 
 from mha_export import MHAConfig, export_onnx, export_torchscript
 from mha_export.artifact import read_artifact
-from mha_export.runners import EagerRunner, OrtRunner, RunnerUnavailable, TorchScriptRunner
+from mha_export.check.runners.base import EagerRunner, OrtRunner, RunnerUnavailable, TorchScriptRunner
 from mha_export.signature import make_signature
-from mha_export.sweep import Case, make_feeds, real_queries
+from mha_export.check.sweep import Case, make_feeds, real_queries
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "cpp"

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mha_export import MHAConfig, UsageError, export_onnx, export_torchscript
-from mha_export import export as export_mod
+from mha_export.export import pipeline as export_mod
 from mha_export.artifact import read_artifact
 
 CFG = MHAConfig(dim=64, heads=4, max_seq_len=32)
@@ -102,7 +102,7 @@ def test_bad_export_settings(tmp_path, kw, msg):
 
 def test_layout_defaults_to_the_weights_layout(tmp_path):
     from mha_export import build_module
-    from mha_export.weights import save_weights
+    from mha_export.weights.files import save_weights
     save_weights(build_module(MHAConfig(dim=64, heads=4, layout="fused"), seed=0), tmp_path / "w.safetensors")
     r = export_onnx(heads=4, dim=64, max_seq_len=16, weights=tmp_path / "w.safetensors", output=tmp_path / "o")
     assert read_artifact(r.path).config.layout == "fused" and r.passed

@@ -13,12 +13,12 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 from mha_export.config import MHAConfig
-from mha_export.forms import FEATURES, FORMS
-from mha_export.entry import entry_module
-from mha_export.model import build_module
-from mha_export.onnx_model import build_model
+from mha_export.graph.forms import FEATURES, FORMS
+from mha_export.layer.entry import entry_module
+from mha_export.layer.layouts import build_module
+from mha_export.graph.model import build_model
 from mha_export.signature import make_signature
-from mha_export.sweep import Case, make_feeds, real_queries
+from mha_export.check.sweep import Case, make_feeds, real_queries
 
 CONFIGS = {
     "d64h4": MHAConfig(dim=64, heads=4, qkv_bias=True),

@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from mha_export import MHAConfig, UsageError, build_module, convert
-from mha_export.attention import causal_mask
+from mha_export.layer.attention import causal_mask
 
-from mha_export.textbook import CausalAttention, MultiHeadAttention, MultiHeadAttentionWrapper
+from mha_export.bench.baselines import CausalAttention, MultiHeadAttention, MultiHeadAttentionWrapper
 
 LAYOUTS = ["single", "stacked", "split", "fused"]
 
@@ -223,7 +223,7 @@ def test_sliding_window_sees_only_the_last_window_keys_also_through_the_cache():
 
 
 def test_rotary_layouts_match_their_textbook_definitions_and_refuse_unknown_scaling():
-    from mha_export.rotary import cos_sin, inv_freq, rotate
+    from mha_export.layer.rotary import cos_sin, inv_freq, rotate
     x = torch.randn(1, 1, 3, 8)
     pos = torch.tensor([[0, 1, 5]])
     cos, sin = cos_sin(pos, inv_freq(8, 10000.0), torch.float32)  # (1, 1, 3, 4)

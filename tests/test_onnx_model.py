@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from mha_export import MHAConfig, UsageError, build_module
-from mha_export.forms import FORMS, MAX_OPSET, get_form
-from mha_export.entry import entry_module
-from mha_export.onnx_model import build_model, required_features
+from mha_export.graph.forms import FORMS, MAX_OPSET, get_form
+from mha_export.layer.entry import entry_module
+from mha_export.graph.model import build_model, required_features
 from mha_export.signature import KINDS, make_signature
-from mha_export.sweep import Case, make_feeds, real_queries
+from mha_export.check.sweep import Case, make_feeds, real_queries
 
 CONFIGS = [MHAConfig(dim=64, heads=4, qkv_bias=True),
            MHAConfig(dim=48, heads=3, head_dim=20, d_in=40, layout="fused", qkv_bias=True),

@@ -5,10 +5,10 @@ import onnx
 import pytest
 
 from mha_export import MHAConfig, check_parity, export_onnx, export_torchscript
-from mha_export.forms import FORMS
-from mha_export.sweep import default_seq_lens
+from mha_export.graph.forms import FORMS
+from mha_export.check.sweep import default_seq_lens
 from mha_export.signature import make_signature
-from mha_export.runners import OrtRunner, RunnerUnavailable
+from mha_export.check.runners.base import OrtRunner, RunnerUnavailable
 
 import faults
 
@@ -80,7 +80,7 @@ def test_torchscript_fault_is_caught(tmp_path):
 def test_tampered_source_weights_are_the_truth(fresh_copy):
     """The checker rebuilds eager from weights.safetensors; a model that disagrees fails."""
     from mha_export import build_module
-    from mha_export.weights import save_weights
+    from mha_export.weights.files import save_weights
     save_weights(build_module(CFG, seed=99), fresh_copy / "weights.safetensors")
     assert not check_parity(fresh_copy, **SWEEP).passed
 

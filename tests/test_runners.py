@@ -3,7 +3,7 @@ import pytest
 
 from mha_export import MHAConfig, export_onnx
 from mha_export.signature import make_signature
-from mha_export.runners import OrtRunner, RunnerUnavailable, node_placements
+from mha_export.check.runners.base import OrtRunner, RunnerUnavailable, node_placements
 
 
 def test_node_placements_parses_ort_verbose_log():
@@ -22,7 +22,7 @@ def test_node_placements_parses_ort_verbose_log():
 def test_real_cpu_session_log_is_understood(tmp_path, capfd):
     """ONNX Runtime 1.31's own verbose log for a CPU session: every node on the CPU provider."""
     import onnxruntime as ort
-    from mha_export.runners import native_stderr
+    from mha_export.check.runners.base import native_stderr
     path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", validate=False).path / "model.onnx"
     opts = ort.SessionOptions()
     opts.log_severity_level = 0

@@ -5,9 +5,10 @@ import torch
 from safetensors.torch import save_file
 
 from mha_export import MHAConfig, UsageError, build_module, load_module
-from mha_export.weights import detect_file_layout
+from mha_export.weights.files import detect_file_layout
 
-from mha_export.textbook import MultiHeadAttention, gpt2_attention, gpt2_checkpoint
+from mha_export.bench.baselines import MultiHeadAttention
+from gpt2_reference import gpt2_attention, gpt2_checkpoint
 
 X = torch.randn(2, 9, 64, generator=torch.Generator().manual_seed(0))
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..config import MHAConfig
-from ..graph import GraphBuilder, split_heads
+from ...config import MHAConfig
+from ..builder import GraphBuilder, split_heads
 
 # What a form may support beyond a causal full-sequence call.
 FEATURES = ("non-causal", "kv-cache", "attention-mask", "gqa", "sliding-window")

@@ -8,7 +8,7 @@ from typing import List, Optional, Tuple
 
 from torch import Tensor, nn
 
-from .model import AttentionBase
+from .layouts import AttentionBase
 
 class EntryPoint(nn.Module):
     def __init__(self, inner: AttentionBase, input_names: List[str], output_names: List[str]):

@@ -6,8 +6,8 @@ from typing import Callable, Optional
 
 import click
 
-from .config import LAYOUTS, ROTARY
-from .parity import PROVIDERS
+from ..config import LAYOUTS, ROTARY
+from ..check.parity import PROVIDERS
 
 
 def int_list(ctx, param, value: Optional[str], lowest: int = 1) -> Optional[list[int]]:

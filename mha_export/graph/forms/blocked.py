@@ -23,8 +23,8 @@ import functools
 import numpy as np
 from onnx import TensorProto, helper
 
-from ..config import MHAConfig
-from ..graph import (GraphBuilder, additive, as_1d, ceil_div, dim, finite_lowest, masked_scores,
+from ...config import MHAConfig
+from ..builder import (GraphBuilder, additive, as_1d, ceil_div, dim, finite_lowest, masked_scores,
                      repeat_kv, scale_queries, split_heads)
 from .base import AttentionIO, AttentionOut, GraphForm, cache_out, keys_values
 

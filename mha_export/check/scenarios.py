@@ -16,8 +16,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .config import MHAConfig
-from .runners import Feeds, Runner
+from ..config import MHAConfig
+from .runners.base import Feeds, Runner
 from .sweep import Case, padding_mask, positions
 
 Expect = Callable[[np.ndarray, np.ndarray], dict]  # (x, mask) -> {"y", "present_key", ...}

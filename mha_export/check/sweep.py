@@ -13,9 +13,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .config import MHAConfig
-from .errors import UsageError
-from .signature import FLOAT, Signature
+from ..config import MHAConfig
+from ..errors import UsageError
+from ..signature import FLOAT, Signature
 
 PADDINGS = ("none", "left", "right")
 

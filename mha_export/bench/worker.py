@@ -1,6 +1,6 @@
 """One benchmark measurement in its own process, so that peak RSS belongs to one variant.
 
-Run as a script (``python bench_worker.py '<json spec>'``): it imports only what its variant
+Run as ``python -m mha_export.bench.worker '<json spec>'``: it imports only what its variant
 needs (an ONNX Runtime variant never imports torch). Prints one JSON line:
 {"median_ms", "reps", "peak_rss_mib", "base_rss_mib"} or {"error"}.
 """
@@ -39,7 +39,7 @@ def sample_feeds(spec: dict) -> dict:
     them (no padding); imports no torch, so an ONNX Runtime worker stays torch-free."""
     from mha_export.config import MHAConfig
     from mha_export.signature import make_signature
-    from mha_export.sweep import Case, make_feeds
+    from mha_export.check.sweep import Case, make_feeds
     sig = make_signature(MHAConfig.from_dict(spec["config"]), spec.get("kind", "full"))
     return make_feeds(sig, Case(spec["batch"], spec["seq"], spec.get("past", 0)), seed=0)
 
@@ -47,10 +47,10 @@ def sample_feeds(spec: dict) -> dict:
 def torch_variant(spec: dict) -> Callable[[], object]:
     import torch
     from mha_export.config import MHAConfig
-    from mha_export.entry import entry_module
-    from mha_export.model import build_module
+    from mha_export.layer.entry import entry_module
+    from mha_export.layer.layouts import build_module
     from mha_export.signature import make_signature
-    from mha_export.textbook import MultiHeadAttention
+    from mha_export.bench.baselines import MultiHeadAttention
     torch.set_num_threads(spec["threads"])
     c = MHAConfig.from_dict(spec["config"])
     device = spec.get("device", "cpu")

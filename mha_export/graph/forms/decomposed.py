@@ -2,8 +2,8 @@
 onnx's reference evaluator runs. Memory O(N*T*S) for the scores."""
 from __future__ import annotations
 
-from ..config import MHAConfig
-from ..graph import (GraphBuilder, dim, finite_lowest, masked_scores, merge_heads, repeat_kv,
+from ...config import MHAConfig
+from ..builder import (GraphBuilder, dim, finite_lowest, masked_scores, merge_heads, repeat_kv,
                      scale_queries, split_heads)
 from .base import AttentionIO, AttentionOut, GraphForm, cache_out, keys_values
 

@@ -15,18 +15,18 @@ from typing import Any, Callable, Optional
 import onnx
 import torch
 
-from . import forms
-from .artifact import (CONFIG_FILE, MODEL_FILES, REPORT_FILE, WEIGHTS_FILE, default_folder,
+from ..graph import forms
+from ..artifact import (CONFIG_FILE, MODEL_FILES, REPORT_FILE, WEIGHTS_FILE, default_folder,
                        staged_folder, write_json_atomic)
-from .config import MHAConfig
-from .env import utc_now, versions
-from .errors import UsageError
-from .entry import entry_module
-from .checkpoints import hf_config_path, merge_fields, read_layer
-from .model import AttentionBase, build_module, convert
-from .onnx_model import build_model
-from .signature import Signature, make_signature, signature_kind
-from .weights import detect_file_layout, load_module, load_strict, save_weights
+from ..config import MHAConfig
+from ..env import utc_now, versions
+from ..errors import UsageError
+from ..layer.entry import entry_module
+from ..weights.huggingface import hf_config_path, merge_fields, read_layer
+from ..layer.layouts import AttentionBase, build_module, convert
+from ..graph.model import build_model
+from ..signature import Signature, make_signature, signature_kind
+from ..weights.files import detect_file_layout, load_module, load_strict, save_weights
 
 PROTOBUF_LIMIT = 2**31 - 2**26  # 2 GiB less a margin for the graph itself
 ATTENTION_FORMS = tuple(forms.FORMS)
@@ -84,7 +84,7 @@ def _publish(config: MHAConfig, fmt: str, output: str | Path | None, force: bool
         write_model(stage / MODEL_FILES[fmt])
         write_json_atomic(stage / CONFIG_FILE, meta)
         if validate:
-            from .parity import check_parity  # export -> parity, never the other way round
+            from ..check.parity import check_parity  # export -> parity, never the other way round
             report = check_parity(stage, **(check_options or {}))
             report.artifact = str(dest)
             write_json_atomic(stage / REPORT_FILE, report.to_dict())

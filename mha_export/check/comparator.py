@@ -21,7 +21,7 @@ class Tolerance:
     def __post_init__(self) -> None:
         for name, v in (("atol", self.atol), ("rtol", self.rtol)):
             if not (v >= 0 and np.isfinite(v)):
-                from .errors import UsageError
+                from ..errors import UsageError
                 raise UsageError(f"{name} must be a finite number >= 0, got {v}")
 
     def __str__(self) -> str:

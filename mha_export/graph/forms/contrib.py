@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from ..config import MHAConfig
-from ..graph import CONTRIB, GraphBuilder
+from ...config import MHAConfig
+from ..builder import CONTRIB, GraphBuilder
 from .base import AttentionIO, AttentionOut, GraphForm
 
 

@@ -15,13 +15,13 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from .config import MHAConfig
-from .errors import UsageError
+from ..config import MHAConfig
+from ..errors import UsageError
 from .forms import FORMS, AttentionIO, GraphForm, resolve_opset
-from .graph import ONNX_DTYPES, GraphBuilder, rotary_cos_sin, rotary_op, rotate_heads
-from .model import AttentionWeights
-from .rotary import inv_freq
-from .signature import FLOAT, Signature, TensorSpec, make_signature
+from .builder import ONNX_DTYPES, GraphBuilder, rotary_cos_sin, rotary_op, rotate_heads
+from ..layer.layouts import AttentionWeights
+from ..layer.rotary import inv_freq
+from ..signature import FLOAT, Signature, TensorSpec, make_signature
 
 DTYPES = tuple(ONNX_DTYPES)
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor
 
-from .errors import UsageError
+from ..errors import UsageError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 # The context a checkpoint layer's export checks by default (max_seq_len): the checkpoint's

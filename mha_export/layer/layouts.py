@@ -13,8 +13,8 @@ from torch import Tensor, nn
 
 from .attention import attention, merge_heads
 from .rotary import cos_sin, inv_freq, rotate
-from .config import MHAConfig
-from .errors import UsageError
+from ..config import MHAConfig
+from ..errors import UsageError
 
 
 @dataclass

@@ -14,13 +14,15 @@ import numpy as np
 import onnx
 import torch
 
-from . import forms, scenarios
-from .artifact import Artifact, read_artifact
+from ..graph import forms
+
+from . import scenarios
+from ..artifact import Artifact, read_artifact
 from .comparator import Comparison, Tolerance, compare
-from .env import versions
-from .errors import UsageError
-from .signature import SEQ
-from .runners import (EagerRunner, Feeds, OrtRunner, Runner, RunnerUnavailable,
+from ..env import versions
+from ..errors import UsageError
+from ..signature import SEQ
+from .runners.base import (EagerRunner, Feeds, OrtRunner, Runner, RunnerUnavailable,
                       TorchScriptRunner)
 from .sweep import (Case, default_past_lens, default_seq_lens, make_cases, make_feeds,
                     real_queries, require_fits)

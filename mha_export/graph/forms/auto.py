@@ -10,8 +10,8 @@ import functools
 
 from onnx import helper
 
-from ..config import MHAConfig
-from ..graph import GraphBuilder, dim
+from ...config import MHAConfig
+from ..builder import GraphBuilder, dim
 from .attention_op import attention_op_core
 from .base import AttentionIO, AttentionOut, GraphForm
 from .blocked import BLOCK, BLOCK_EDGES, blocked_core

@@ -6,7 +6,7 @@ in ``_FORMS`` below. Nothing else changes: the exporter, the CLI choices, the ch
 """
 from __future__ import annotations
 
-from ..errors import UsageError
+from ...errors import UsageError
 from . import attention_op, auto, blocked, contrib, decomposed
 from .base import FEATURES, AttentionIO, AttentionOut, GraphForm
 

@@ -13,12 +13,12 @@ from typing import Callable, Optional
 
 import click
 
-from .cli_options import int_list, provider_list, config_options, explicit, model_options
-from .errors import UsageError
-from .export import ATTENTION_FORMS, export_onnx, export_torchscript
-from .forms import ALIASES, DEFAULT
-from .onnx_model import DTYPES
-from .parity import check_parity
+from .options import int_list, provider_list, config_options, explicit, model_options
+from ..errors import UsageError
+from ..export.pipeline import ATTENTION_FORMS, export_onnx, export_torchscript
+from ..graph.forms import ALIASES, DEFAULT
+from ..graph.model import DTYPES
+from ..check.parity import check_parity
 
 
 class BadInput(click.ClickException):
@@ -49,7 +49,7 @@ def _guard(fn: Callable) -> Callable:
 def _report_export(result) -> None:
     click.echo(f"wrote {result.path}/ ({', '.join(sorted(p.name for p in result.path.iterdir()))})")
     if result.report is not None:
-        from .report import format_report
+        from ..check.report import format_report
         click.echo(format_report(result.report))
         if not result.passed:
             raise SystemExit(1)
@@ -148,10 +148,10 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
       mha-export check out/gpt2-l3 --providers cpu --seq-lens 1,5,300 --json parity.json
       mha-export check out/gpt2-l3 --require-cuda --no-tf32
     """
-    from .report import format_report
+    from ..check.report import format_report
     report = check_parity(artifact, progress=_progress, **kw)
     if json_path:
-        from .artifact import write_json_atomic
+        from ..artifact import write_json_atomic
         write_json_atomic(json_path, report.to_dict())
     click.echo(format_report(report, verbose))
     if not report.passed:
@@ -195,16 +195,16 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
       mha-export bench models/split-h12-d768-onnx --seq-lens 128,2048 --forms attention-op,blocked
       mha-export bench --kv-cache --seq-lens 1 --past-lens 128,1024,4096 --batch 8
     """
-    from .bench import format_table, plot, run_bench
-    from .checkpoints import hf_config_path
-    from .export import checkpoint_module, resolve_config, source_module
+    from ..bench.driver import format_table, plot, run_bench
+    from ..weights.huggingface import hf_config_path
+    from ..export.pipeline import checkpoint_module, resolve_config, source_module
     chosen = None if forms is None else [
         ALIASES.get(f.strip(), f.strip()) for f in forms.split(",") if f.strip()]
     if chosen is not None and (not chosen or set(chosen) - set(ATTENTION_FORMS)):
         raise UsageError(f"--forms: choose from {', '.join(ATTENTION_FORMS)}, got {forms!r}")
     weights, layer, seed = (config_fields.pop(k) for k in ("weights", "layer", "seed"))
     if artifact:
-        from .artifact import read_artifact
+        from ..artifact import read_artifact
         art = read_artifact(artifact)
         config, module = art.config, art.load_source_module()
     elif weights is not None and hf_config_path(weights):
@@ -217,7 +217,7 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
                        weights_module=module, kv_cache=kv_cache, past_lens=past_lens)
     click.echo(format_table(report))
     if json_path:
-        from .artifact import write_json_atomic
+        from ..artifact import write_json_atomic
         write_json_atomic(json_path, report.to_dict())
     if plot_path:
         plot(report, plot_path)

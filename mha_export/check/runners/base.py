@@ -20,9 +20,9 @@ from typing import Dict, Iterator, List, Optional
 import numpy as np
 import torch
 
-from .entry import entry_module
-from .model import AttentionBase
-from .signature import Signature
+from ...layer.entry import entry_module
+from ...layer.layouts import AttentionBase
+from ...signature import Signature
 
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 

@@ -9,8 +9,8 @@ additive mask built by ``graph.masked_scores`` (bottom-right causal + padding), 
 """
 from __future__ import annotations
 
-from ..config import MHAConfig
-from ..graph import GraphBuilder, additive, dim, masked_scores
+from ...config import MHAConfig
+from ..builder import GraphBuilder, additive, dim, masked_scores
 from .base import AttentionIO, AttentionOut, GraphForm
 
 

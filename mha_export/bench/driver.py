@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .config import MHAConfig
-from .env import machine_info
+from ..config import MHAConfig
+from ..env import machine_info
 
-WORKER = Path(__file__).with_name("bench_worker.py")
+WORKER = "mha_export.bench.worker"  # run with -m: the package, not its folder, on sys.path
 BASELINE = "sdpa-eager"
 
 
@@ -66,7 +66,7 @@ class BenchReport:
 
 def run_worker(spec: dict, timeout_s: float = 900) -> dict:
     try:
-        out = subprocess.run([sys.executable, str(WORKER), json.dumps(spec)],
+        out = subprocess.run([sys.executable, "-m", WORKER, json.dumps(spec)],
                              capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s"}
@@ -92,11 +92,11 @@ def prepare_models(config: MHAConfig, forms: Sequence[str], folder: Path, seed: 
                    weights_module=None, kind: str = "full") -> dict[str, Path]:
     """One model file per variant, all from the same weights, of one signature kind."""
     import torch
-    from .entry import entry_module
-    from .forms import get_form
-    from .model import build_module
-    from .onnx_model import build_model
-    from .signature import make_signature
+    from ..layer.entry import entry_module
+    from ..graph.forms import get_form
+    from ..layer.layouts import build_module
+    from ..graph.model import build_model
+    from ..signature import make_signature
     module = weights_module or build_module(config, seed=seed)
     sig = make_signature(config, kind)
     paths = {}
@@ -142,7 +142,7 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
               kv_cache: bool = False, past_lens: Sequence[int] = (0,)) -> BenchReport:
     """Every variant at every (T, past); ``kv_cache``: the decode-step models (x,
     attention_mask, past_key, past_value), e.g. T=1 over past 128..4096, or a long prefill."""
-    from .forms import FORMS
+    from ..graph.forms import FORMS
     kind = "kv-cache" if kv_cache else "full"
     forms = list(forms or [f for f in FORMS if not kv_cache or "kv-cache" in FORMS[f].supports])
     points = [(t, p) for t in seq_lens for p in (past_lens if kv_cache else [0])]

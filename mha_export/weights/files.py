@@ -15,9 +15,9 @@ from typing import Mapping, Optional
 import torch
 from torch import Tensor
 
-from .config import MHAConfig
-from .errors import UsageError
-from .model import AttentionBase, build_module, convert
+from ..config import MHAConfig
+from ..errors import UsageError
+from ..layer.layouts import AttentionBase, build_module, convert
 
 # Key (after the prefix) that identifies each layout.
 LAYOUT_ANCHORS = {

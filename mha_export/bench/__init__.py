@@ -1,0 +1,2 @@
+"""`mha-export bench`: the driver, the per-measurement worker process and the textbook
+baselines."""

@@ -1,0 +1,1 @@
+"""Runners: one implementation under test each."""

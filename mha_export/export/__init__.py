@@ -1,0 +1,1 @@
+"""Export: the eager layer -> an artifact folder (model file + config.json + source weights)."""
