@@ -20,17 +20,10 @@ _EXPORTS = {
     "compare": "check.comparator", "Comparison": "check.comparator",
     "Tolerance": "check.comparator",
 }
-# Old names accepted until 0.3: mha_export.check is now check_parity.
-_RENAMED = {"check": ("check.parity", "check_parity")}
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-    if name in _RENAMED:
-        module, new = _RENAMED[name]
-        import warnings
-        warnings.warn(f"mha_export.{name} is now mha_export.{new}", DeprecationWarning, 2)
-        return getattr(import_module(f".{module}", __name__), new)
     raise AttributeError(f"module 'mha_export' has no attribute {name!r}")

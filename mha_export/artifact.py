@@ -1,6 +1,7 @@
 """The artifact folder: what an export writes, atomically, and how the checker reads it back.
 
-    DIR/model.onnx | model.pt   the exported model (+ model.onnx.data only beyond protobuf's 2 GB)
+    DIR/model.onnx | model.pt   the exported model, one file per export target (export/targets.py)
+                                (+ model.onnx.data only beyond protobuf's 2 GB)
     DIR/config.json             config, export settings, declared inputs/outputs/dynamic axes, versions
     DIR/weights.safetensors     the source weights the model was made from (the checker's truth)
     DIR/parity.json             the report of the check run at export (absent with --no-check)
@@ -18,45 +19,32 @@ from typing import Any, Iterator
 
 from .config import MHAConfig
 from .errors import UsageError
-from .layer.layouts import AttentionBase, build_module
+from .layer.layouts import AttentionBase
 from .signature import Signature, signature_from_meta
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
 REPORT_FILE = "parity.json"
-MODEL_FILES = {"onnx": "model.onnx", "torchscript": "model.pt"}
 KIND_SUFFIX = {"full": "", "masked": "-masked", "kv-cache": "-kv"}
 
 
 @dataclass(frozen=True)
 class Artifact:
+    """An artifact folder read back: config.json parsed once, its config and declared I/O."""
+
     path: Path
     meta: dict[str, Any]
-
-    @property
-    def config(self) -> MHAConfig:
-        return MHAConfig.from_dict(self.meta["config"])
-
-    @property
-    def signature(self) -> Signature:
-        """The named inputs/outputs the artifact declares (config.json 'io')."""
-        return signature_from_meta(self.config, self.meta)
+    config: MHAConfig
+    signature: Signature  # the named inputs/outputs it declares (config.json "io")
 
     @property
     def export(self) -> dict[str, Any]:
         return self.meta["export"]
 
-    def file(self, fmt: str) -> Path | None:
-        """The model file of format fmt if this folder holds one."""
-        p = self.path / MODEL_FILES[fmt]
-        return p if p.is_file() else None
-
     def load_source_module(self) -> AttentionBase:
         """The eager module rebuilt from config + source weights (never from the model file)."""
-        from .weights.files import load_strict, read_state_dict
-        module = build_module(self.config)
-        load_strict(module, read_state_dict(self.path / WEIGHTS_FILE))
-        return module
+        from .weights.source import load_source
+        return load_source(self.config, self.path / WEIGHTS_FILE).module
 
 
 def read_artifact(path: str | Path) -> Artifact:
@@ -68,14 +56,15 @@ def read_artifact(path: str | Path) -> Artifact:
         raise UsageError(f"{path} is not an mha-export artifact (no {CONFIG_FILE})")
     try:
         meta = json.loads(cfg.read_text())
-        signature_from_meta(MHAConfig.from_dict(meta["config"]), meta)
+        config = MHAConfig.from_dict(meta["config"])
+        signature = signature_from_meta(config, meta)
         model_file = meta["export"]["file"]
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{cfg}: corrupt artifact config ({e.__class__.__name__}: {e})") from None
     for needed in (model_file, WEIGHTS_FILE):
         if not (path / needed).is_file():
             raise UsageError(f"{path}: missing {needed}")
-    return Artifact(path, meta)
+    return Artifact(path, meta, config, signature)
 
 
 def default_folder(config: MHAConfig, fmt: str, kind: str = "full",

@@ -8,6 +8,10 @@ left-padded batch, and cached decoding (prefill + single-token steps with the mo
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +20,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from mha_export import UsageError, export_onnx, export_torchscript
 from mha_export.artifact import read_artifact
-from mha_export.check.runners.base import OrtRunner, TorchScriptRunner
+from mha_export.check.runners.ort import OrtRunner
+from mha_export.check.runners.pytorch import TorchScriptRunner
 from mha_export.check.sweep import positions
+from mha_export.weights.families import FAMILIES, Settings, supported_types
+from mha_export.weights.huggingface import _layer_pattern
 
 COMMON = dict(num_hidden_layers=3, intermediate_size=32, vocab_size=60,
               max_position_embeddings=64)
@@ -229,11 +236,54 @@ def test_bad_checkpoint_requests_are_clear_errors(tmp_path, args, msg):
     assert not (tmp_path / "x").exists()
 
 
-def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
+def test_unsupported_model_type_lists_the_registry(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    with pytest.raises(UsageError, match=r"unsupported model type 'bert' \(supported: "
-                                         r"llama, mistral, qwen2, gpt_neox, gpt2\)"):
+    with pytest.raises(UsageError) as e:
         export_onnx(weights=tmp_path, layer=0, output=tmp_path / "x")
+    assert str(e.value).endswith(f"unsupported model type 'bert' (supported: "
+                                 f"{', '.join(FAMILIES)})")
+    assert supported_types() == ", ".join(FAMILIES)
+
+
+def test_readme_table_names_exactly_the_registrys_model_types():
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = text[text.index("| `model_type` |"):].split("\n\n")[0].splitlines()[2:]
+    named = [t for row in table for t in re.findall(r"`(\w+)`", row.split("|")[1])]
+    assert sorted(named) == sorted(FAMILIES)
+
+
+def test_families_is_torch_free():
+    code = ("import sys, mha_export.weights.families; "
+            "assert not {'torch', 'onnx', 'safetensors'} & set(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_layer_pattern_allows_any_prefix_and_only_that_layer():
+    pattern = _layer_pattern(FAMILIES["qwen2"], 1)
+    found = pattern.search("language_model.model.layers.1.self_attn.q_proj.bias")
+    assert (found["module"], found["part"]) == ("q_proj", "bias")
+    assert pattern.search("layers.1.self_attn.o_proj.weight")
+    for other in ("model.layers.11.self_attn.q_proj.weight", "model.layers.1.mlp.up_proj.weight",
+                  "model.xlayers.1.self_attn.q_proj.weight", "model.layers.1.self_attn.q_proj.w"):
+        assert not pattern.search(other), other
+
+
+HEADS_64 = {"hidden_size": 64, "num_attention_heads": 4}
+
+
+@pytest.mark.parametrize("kind, config, layer, expect", [
+    ("gpt2", {}, 0, dict(heads=12, dim=768, head_dim=64)),
+    ("llama", HEADS_64, 0, dict(qkv_bias=False, out_bias=False, rotary_dim=16, kv_heads=4,
+                                rope_theta=10000.0)),
+    ("gpt_neox", HEADS_64, 0, dict(qkv_bias=True, out_bias=True, rope_theta=10000.0)),
+    ("qwen2", {**HEADS_64, "use_sliding_window": True}, 28, dict(qkv_bias=True, out_bias=False,
+                                                                sliding_window=4096)),
+])
+def test_a_key_config_json_omits_takes_the_records_default(kind, config, layer, expect):
+    """The registry alone, no checkpoint: omitted keys come from the record's defaults."""
+    family = FAMILIES[kind]
+    fields = family.fields(Settings(config, family.defaults), layer)
+    assert {k: fields[k] for k in expect} == expect
 
 
 def test_cli_exports_a_checkpoint_layer_and_flags_only_need_to_agree(tmp_path):

@@ -56,8 +56,8 @@ def test_require_cuda_without_gpu_exits_1(tmp_path):
     out = tmp_path / "art"
     assert run("onnx", *SMALL, "-o", out, "--no-check").exit_code == 0
     r = run("check", out, "--require-cuda", "--seq-lens", "2")
-    from test_parity import cuda_available
-    assert r.exit_code == (0 if cuda_available(out / "model.onnx") else 1)
+    from conftest import cuda_expected
+    assert r.exit_code == (0 if cuda_expected() else 1)
 
 
 @pytest.mark.parametrize("args, msg", [
@@ -66,7 +66,7 @@ def test_require_cuda_without_gpu_exits_1(tmp_path):
     (["onnx", "--heads", "x"], "not a valid integer"),
     (["onnx", "--layout", "diagonal"], "is not one of"),
     (["onnx", *SMALL, "--opset", "9"], "opset 9 cannot be produced"),
-    (["onnx", *SMALL, "--attention", "fused", "--opset", "18"], "opset 18 cannot be produced"),
+    (["onnx", *SMALL, "--attention", "attention-op", "--opset", "18"], "opset 18 cannot be produced"),
     (["onnx", *SMALL, "--weights", "/nonexistent/w.pt"], "weights file not found"),
     (["check", "/nonexistent"], "artifact folder not found"),
     (["check", ".", "--seq-lens", "0,4"], "expected integers >= 1"),
@@ -171,12 +171,11 @@ def test_kv_cache_export_and_check(tmp_path):
     assert r.exit_code == 0, r.output
 
 
-def test_old_form_name_is_accepted_with_a_note(tmp_path):
+def test_the_form_renamed_in_0_2_is_refused_since_0_3(tmp_path):
     r = CliRunner().invoke(cli, ["onnx", *SMALL, "--attention", "fused", "-o", str(tmp_path / "a"),
                                  "--no-check"])
-    assert r.exit_code == 0 and "now spelled attention-op" in r.stderr
-    meta = json.loads((tmp_path / "a" / "config.json").read_text())
-    assert meta["export"]["attention"] == "attention-op"
+    assert r.exit_code == 2 and "'fused' is not one of" in r.stderr
+    assert not (tmp_path / "a").exists()
 
 
 def test_grouped_query_export_and_a_form_that_cannot(tmp_path):

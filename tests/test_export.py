@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mha_export import MHAConfig, UsageError, export_onnx, export_torchscript
-from mha_export.export import pipeline as export_mod
+from mha_export.export import to_onnx as export_mod
 from mha_export.artifact import read_artifact
 
 CFG = MHAConfig(dim=64, heads=4, max_seq_len=32)
@@ -90,7 +90,7 @@ def test_external_data_beyond_protobuf_limit(tmp_path, monkeypatch):
     (dict(opset=22), "opset 22 cannot be produced"),
     (dict(attention="decomposed", opset=16), "opset 16 cannot be produced"),
     (dict(opset=27), "opset 27 cannot be produced"),
-    (dict(attention="fused", opset=22), "supported: 23-"),  # old spelling of attention-op
+    (dict(attention="attention-op", opset=22), "supported: 23-"),
     (dict(attention="flash"), "unknown attention form"),
     (dict(layer=2), "--layer needs --weights"),
 ])
@@ -136,10 +136,11 @@ def test_a_form_without_the_cache_is_refused_before_anything_is_written(tmp_path
     assert not (tmp_path / "x").exists()
 
 
-def test_old_python_spellings_still_work_with_a_warning(tmp_path):
+def test_spellings_renamed_in_0_2_are_gone_in_0_3(tmp_path):
+    """check= (now validate=) is an unknown option, mha_export.check the check subpackage."""
     import mha_export as mx
-    with pytest.warns(DeprecationWarning, match="validate"):
-        r = export_onnx(CFG, tmp_path / "a", check=False)
-    assert r.report is None
-    with pytest.warns(DeprecationWarning, match="check_parity"):
-        assert mx.check is mx.check_parity
+    import mha_export.check
+    with pytest.raises(UsageError, match="unknown fields: check"):
+        export_onnx(output=tmp_path / "a", check=False)
+    assert not (tmp_path / "a").exists()
+    assert mx.check is mha_export.check and callable(mx.check_parity)

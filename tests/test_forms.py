@@ -13,7 +13,7 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 from mha_export.config import MHAConfig
-from mha_export.graph.forms import FEATURES, FORMS
+from mha_export.graph.forms import ALL_FEATURES, FORMS, Feature, Memory
 from mha_export.layer.entry import entry_module
 from mha_export.layer.layouts import build_module
 from mha_export.graph.model import build_model
@@ -129,5 +129,5 @@ def test_reference_evaluator_runs_the_portable_forms(form: str, kind: str) -> No
 def test_registry_records_are_complete() -> None:
     for name, form in FORMS.items():
         assert form.name == name and form.min_opset in range(17, 27) and form.summary
-        assert form.supports <= set(FEATURES)
+        assert form.supports <= ALL_FEATURES and isinstance(form.memory, Memory)
         assert all(isinstance(t, int) for t in form.switch_seq_lens)

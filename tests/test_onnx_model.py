@@ -8,7 +8,7 @@ import torch
 from mha_export import MHAConfig, UsageError, build_module
 from mha_export.graph.forms import FORMS, MAX_OPSET, get_form
 from mha_export.layer.entry import entry_module
-from mha_export.graph.model import build_model, required_features
+from mha_export.graph.model import build_model
 from mha_export.signature import KINDS, make_signature
 from mha_export.check.sweep import Case, make_feeds, real_queries
 
@@ -32,7 +32,7 @@ def _session(model):
 
 
 def _buildable(form, config, sig) -> bool:
-    return form.problem(config, required_features(config, sig)) is None
+    return form.problem(config, sig) is None
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -119,8 +119,9 @@ def test_a_form_without_the_cache_names_the_forms_that_have_it():
                     signature=make_signature(c, "kv-cache"))
 
 
-def test_old_form_name_is_an_alias_and_unknown_names_are_refused():
-    assert get_form("fused").name == "attention-op"
+def test_renamed_and_unknown_form_names_are_refused():
+    with pytest.raises(UsageError, match="called 'attention-op' since 0.2"):
+        get_form("fused")
     with pytest.raises(UsageError, match="unknown attention form 'flash'"):
         get_form("flash")
 

@@ -1,3 +1,4 @@
+import dataclasses
 import shutil
 
 import numpy as np
@@ -5,23 +6,17 @@ import onnx
 import pytest
 
 from mha_export import MHAConfig, check_parity, export_onnx, export_torchscript
-from mha_export.graph.forms import FORMS
+from mha_export.graph.forms import FORMS, Feature
 from mha_export.check.sweep import default_seq_lens
 from mha_export.signature import make_signature
-from mha_export.check.runners.base import OrtRunner, RunnerUnavailable
 
 import faults
+from conftest import cuda_expected
 
 CFG = MHAConfig(dim=64, heads=4, max_seq_len=32)
 SWEEP = dict(seq_lens=[1, 5, 32, 513], batch_sizes=[1, 2], providers=["cpu"])  # 513: auto's loop
 
 
-def cuda_available(path) -> bool:
-    try:
-        OrtRunner(make_signature(CFG), path, "cuda")
-        return True
-    except RunnerUnavailable:
-        return False
 
 
 @pytest.fixture(scope="module", params=sorted(FORMS))
@@ -89,7 +84,7 @@ def test_cuda_is_never_a_cpu_run(onnx_artifact):
     report = check_parity(onnx_artifact, providers=["cpu", "cuda"], seq_lens=[3], batch_sizes=[1])
     cuda = [i for i in report.runners if i.name == "ort-cuda"]
     assert len(cuda) == 1
-    if cuda_available(onnx_artifact / "model.onnx"):
+    if cuda_expected():
         assert cuda[0].status == "ran" and "CUDAExecutionProvider" in cuda[0].device
         assert any(r.runner == "ort-cuda" for r in report.results)
     else:
@@ -107,11 +102,16 @@ def test_tolerance_override_applies(onnx_artifact):
     assert not report.passed  # fp32 vs fp64 is never exact: the check can fail
 
 
-def test_a_check_of_nothing_never_passes(onnx_artifact):
-    """Only CUDA asked for on a machine without it: nothing under test ran, so no PASS."""
-    report = check_parity(onnx_artifact, providers=["cuda"], seq_lens=[2], batch_sizes=[1])
-    if not cuda_available(onnx_artifact / "model.onnx"):
-        assert not report.tested and not report.passed
+def test_a_check_of_nothing_never_passes(onnx_artifact, monkeypatch):
+    """Only a runner that cannot run here asked for: nothing under test ran, so no PASS."""
+    from mha_export.check import runners
+    absent = dataclasses.replace(runners.RUNNERS["ort-cpu"], name="ort-absent",
+                                 unavailable=lambda: "not on this machine")
+    monkeypatch.setitem(runners.RUNNERS, "ort-absent", absent)
+    report = check_parity(onnx_artifact, runners=["ort-absent"], seq_lens=[2], batch_sizes=[1])
+    assert [(i.name, i.status) for i in report.runners] == [("eager-fp32", "ran"),
+                                                             ("ort-absent", "skipped")]
+    assert not report.tested and not report.passed
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
@@ -125,7 +125,7 @@ def test_float16_models_pass_with_the_float16_tolerance(tmp_path, form):
     assert max(r.vs_reference.max_abs for r in ort_rows) > 1e-5  # really ran in half precision
 
 
-KV_FORMS = sorted(f.name for f in FORMS.values() if "kv-cache" in f.supports)
+KV_FORMS = sorted(f.name for f in FORMS.values() if Feature.KV_CACHE in f.supports)
 KV_SWEEP = dict(seq_lens=[1, 4], batch_sizes=[1, 3], past_lens=[0, 3], providers=["cpu"])
 
 

@@ -3,7 +3,9 @@ import pytest
 
 from mha_export import MHAConfig, export_onnx
 from mha_export.signature import make_signature
-from mha_export.check.runners.base import OrtRunner, RunnerUnavailable, node_placements
+from mha_export.check.runners import RunnerUnavailable
+from mha_export.check.runners.ort import OrtRunner, node_placements
+from conftest import cuda_expected
 
 
 def test_node_placements_parses_ort_verbose_log():
@@ -22,7 +24,7 @@ def test_node_placements_parses_ort_verbose_log():
 def test_real_cpu_session_log_is_understood(tmp_path, capfd):
     """ONNX Runtime 1.31's own verbose log for a CPU session: every node on the CPU provider."""
     import onnxruntime as ort
-    from mha_export.check.runners.base import native_stderr
+    from mha_export.check.runners.ort import native_stderr
     path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", validate=False).path / "model.onnx"
     opts = ort.SessionOptions()
     opts.log_severity_level = 0
@@ -32,10 +34,12 @@ def test_real_cpu_session_log_is_understood(tmp_path, capfd):
 
 
 def test_cuda_runner_never_runs_on_cpu(tmp_path):
+    """Decided by an independent probe (cuda_expected): with a GPU the runner must run on CUDA,
+    without one it must refuse with the reason; either wrong answer fails."""
     path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", validate=False).path / "model.onnx"
-    try:
-        runner = OrtRunner(make_signature(MHAConfig(dim=32, heads=2)), path, "cuda")
-    except RunnerUnavailable as e:
-        assert "CUDAExecutionProvider" in str(e)
-        return
-    assert runner.providers[0] == "CUDAExecutionProvider"
+    sig = make_signature(MHAConfig(dim=32, heads=2))
+    if cuda_expected():
+        assert OrtRunner(sig, path, "cuda").providers[0] == "CUDAExecutionProvider"
+    else:
+        with pytest.raises(RunnerUnavailable, match="CUDAExecutionProvider"):
+            OrtRunner(sig, path, "cuda")

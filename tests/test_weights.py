@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import save_file
 
 from mha_export import MHAConfig, UsageError, build_module, load_module
-from mha_export.weights.files import detect_file_layout
+from mha_export.weights.files import read_block
 
 from mha_export.bench.baselines import MultiHeadAttention
 from gpt2_reference import gpt2_attention, gpt2_checkpoint
@@ -34,7 +34,7 @@ def test_each_layout_loads_its_keys_with_any_prefix(tmp_path, layout, prefix, ex
     if layout == "stacked":
         sd[prefix + "heads.0.mask"] = torch.triu(torch.ones(32, 32), 1)
     path = _save(tmp_path, sd, "w" + ext)
-    assert detect_file_layout(path) == layout
+    assert read_block(path).layout == layout
     m = load_module(c, path)
     x = X[..., : c.d_in]
     assert torch.equal(m(x), src(x))

@@ -88,46 +88,41 @@ def cuda_status() -> tuple[bool, str]:
     return True, ""
 
 
-def prepare_models(config: MHAConfig, forms: Sequence[str], folder: Path, seed: int,
-                   weights_module=None, kind: str = "full") -> dict[str, Path]:
-    """One model file per variant, all from the same weights, of one signature kind."""
-    import torch
-    from ..layer.entry import entry_module
-    from ..graph.forms import get_form
-    from ..layer.layouts import build_module
-    from ..graph.model import build_model
+def prepare_models(config: MHAConfig, forms: Sequence[str], folder: Path, module,
+                   kind: str = "full") -> dict[str, Path]:
+    """One model file per variant, all from the same weights, of one signature kind, written by
+    the export targets (export/targets.py) as an export would write them."""
+    from ..export.targets import TARGETS
     from ..signature import make_signature
-    module = weights_module or build_module(config, seed=seed)
     sig = make_signature(config, kind)
     paths = {}
     for form in forms:
-        model = build_model(config, module.to_weights(), get_form(form), signature=sig)
-        path = folder / f"{form}.onnx"
-        path.write_bytes(model.SerializeToString())
-        paths[form] = path
-    ts = folder / "model.pt"
-    torch.jit.script(entry_module(module, kind, sig.input_names, sig.output_names)).save(str(ts))
-    paths["torchscript"] = ts
+        paths[form] = folder / f"{form}.onnx"
+        TARGETS["onnx"].prepare(module, config, sig, attention=form).write(paths[form])
+    paths["torchscript"] = folder / TARGETS["torchscript"].model_file
+    TARGETS["torchscript"].prepare(module, config, sig).write(paths["torchscript"])
     return paths
 
 
 def variant_specs(config: MHAConfig, forms: Sequence[str], models: dict[str, Path],
                   providers: Sequence[str], cuda_ok: bool, kind: str = "full") -> list[dict]:
+    """Eager baselines, TorchScript, and every ONNX Runtime runner of the registry (one per
+    provider asked for) on every form."""
+    from ..check.runners import RUNNERS, ort_runner_names
     c = config.to_dict()
     textbook = (kind == "full" and config.rotary == "none" and not config.sliding_window
                 and config.kv_heads == config.heads and config.inner == config.dim)
     specs = [{"variant": "textbook-eager", "config": c}] if textbook else []  # same function
     specs += [{"variant": BASELINE, "config": c},
               {"variant": "torchscript", "config": c, "model": str(models["torchscript"])}]
-    for provider in providers:
-        if provider == "cuda" and not cuda_ok:
+    for name in ort_runner_names(list(providers)):
+        if RUNNERS[name].device == "cuda" and not cuda_ok:
             continue
-        specs += [{"variant": "ort", "name": f"ort-{provider}-{form}", "provider": provider,
-                   "config": c, "model": str(models[form])} for form in forms]
+        specs += [{"variant": "runner", "runner": name, "name": f"{name}-{form}", "config": c,
+                   "model": str(models[form])} for form in forms]
         if "auto" in forms:  # ORT's memory-pattern planner over-reserves around the block loop
-            specs.append({"variant": "ort", "name": f"ort-{provider}-auto-nomempattern",
-                          "provider": provider, "config": c, "model": str(models["auto"]),
-                          "mem_pattern": False})
+            specs.append({"variant": "runner", "runner": name, "name": f"{name}-auto-nomempattern",
+                          "config": c, "model": str(models["auto"]), "mem_pattern": False})
     if "cuda" in providers and cuda_ok:
         specs += [{"variant": "sdpa-eager", "name": f"torch-cuda-sdpa-{dt}", "config": c,
                    "device": "cuda", "dtype": dt} for dt in ("float32", "float16")]
@@ -142,9 +137,10 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
               kv_cache: bool = False, past_lens: Sequence[int] = (0,)) -> BenchReport:
     """Every variant at every (T, past); ``kv_cache``: the decode-step models (x,
     attention_mask, past_key, past_value), e.g. T=1 over past 128..4096, or a long prefill."""
-    from ..graph.forms import FORMS
+    from ..graph.forms import FORMS, Feature
+    from ..layer.layouts import build_module
     kind = "kv-cache" if kv_cache else "full"
-    forms = list(forms or [f for f in FORMS if not kv_cache or "kv-cache" in FORMS[f].supports])
+    forms = list(forms or [f for f in FORMS if not kv_cache or Feature.KV_CACHE in FORMS[f].supports])
     points = [(t, p) for t in seq_lens for p in (past_lens if kv_cache else [0])]
     cuda_ok, cuda_reason = cuda_status() if "cuda" in providers else (False, "not requested")
     ceiling = gemm_ceiling(threads, budget_s, progress)
@@ -152,7 +148,8 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     if "cuda" in providers and not cuda_ok:
         report.notes.append(f"CUDA variants not run: {cuda_reason}")
     with tempfile.TemporaryDirectory(prefix="mha-bench-") as tmp:
-        models = prepare_models(config, forms, Path(tmp), seed, weights_module, kind)
+        module = weights_module or build_module(config, seed=seed)
+        models = prepare_models(config, forms, Path(tmp), module, kind)
         specs = variant_specs(config, forms, models, providers, cuda_ok, kind)
         total, i = len(specs) * len(points), 0
         for seq, past in points:

@@ -79,22 +79,19 @@ def torch_variant(spec: dict) -> Callable[[], object]:
     return run
 
 
-def ort_variant(spec: dict) -> Callable[[], object]:
-    import numpy as np
-    import onnxruntime as ort
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = spec["threads"]
-    opts.log_severity_level = 3
-    opts.enable_mem_pattern = spec.get("mem_pattern", True)
-    provider = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}[spec["provider"]]
-    session = ort.InferenceSession(spec["model"], opts, providers=[provider])
-    if session.get_providers()[0] != provider:
-        raise RuntimeError(f"{provider} did not load (session uses {session.get_providers()[0]})")
-    types = {"tensor(float16)": np.float16, "tensor(int64)": np.int64}
-    samples = sample_feeds(spec)
-    feeds = {i.name: samples[i.name].astype(types.get(i.type, np.float32))
-             for i in session.get_inputs()}
-    return lambda: session.run(None, feeds)
+def runner_variant(spec: dict) -> Callable[[], object]:
+    """A registered runner under test (ONNX Runtime: torch is never imported) on the spec's
+    inputs, converted once; its session set-up is the check's own."""
+    from pathlib import Path
+
+    from mha_export.check.runners import RUNNERS, RunOptions
+    from mha_export.config import MHAConfig
+    from mha_export.signature import make_signature
+    sig = make_signature(MHAConfig.from_dict(spec["config"]), spec.get("kind", "full"))
+    options = RunOptions(threads=spec["threads"], mem_pattern=spec.get("mem_pattern", True))
+    runner = RUNNERS[spec["runner"]].open(sig, Path(spec["model"]), options)
+    prepared = runner.prepare(sample_feeds(spec))
+    return lambda: runner.run_prepared(prepared)
 
 
 def gemm_variant(spec: dict) -> Callable[[], object]:
@@ -122,7 +119,7 @@ def gemm_variant(spec: dict) -> Callable[[], object]:
 
 def measure(spec: dict) -> dict:
     kind = spec["variant"]
-    make = gemm_variant if kind == "gemm" else ort_variant if kind == "ort" else torch_variant
+    make = {"gemm": gemm_variant, "runner": runner_variant}.get(kind, torch_variant)
     fn = make(spec)
     base = rss_mib("VmRSS")
     times, reps = time_it(fn, spec.get("min_reps", 5), spec.get("budget_s", 2.0))

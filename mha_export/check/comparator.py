@@ -28,6 +28,13 @@ class Tolerance:
         return f"atol {self.atol:g}, rtol {self.rtol:g}"
 
 
+# Default tolerances (applied to both comparisons: vs eager fp32 and vs the fp64 reference).
+FP32 = Tolerance(atol=1e-5, rtol=1e-4)
+# CUDA may run fp32 MatMuls in TF32 (10-bit mantissa).
+FP32_TF32 = Tolerance(atol=2e-3, rtol=1e-2)
+FLOAT16 = Tolerance(atol=2e-3, rtol=2e-2)
+
+
 @dataclass(frozen=True)
 class Comparison:
     passed: bool

@@ -2,7 +2,8 @@
 runner over a sweep of fresh random inputs, and compare each declared output with eager fp32 and
 with a float64 eager reference, each with its own tolerance.
 
-    artifact -> runners (runners.py) -> cases (sweep.py) -> compare (comparator.py) -> CheckReport
+    artifact -> runners (runners/) -> cases (sweep.py, scenarios.py) -> compare (comparator.py)
+    -> CheckReport (report.py renders it)
 """
 from __future__ import annotations
 
@@ -11,39 +12,22 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
-import onnx
 import torch
 
-from ..graph import forms
-
-from . import scenarios
 from ..artifact import Artifact, read_artifact
-from .comparator import Comparison, Tolerance, compare
 from ..env import versions
 from ..errors import UsageError
+from ..graph import forms
 from ..signature import SEQ
-from .runners.base import (EagerRunner, Feeds, OrtRunner, Runner, RunnerUnavailable,
-                      TorchScriptRunner)
+from . import scenarios
+from .comparator import FP32, Comparison, Tolerance, compare
+from .runners import (RUNNERS, Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions,
+                      get_runner, ort_runner_names)
+from .runners.pytorch import EagerRunner
 from .sweep import (Case, default_past_lens, default_seq_lens, make_cases, make_feeds,
                     real_queries, require_fits)
 
-# Default per-runner tolerances, applied to both comparisons (vs eager fp32 and vs fp64).
-FP32_CPU = Tolerance(atol=1e-5, rtol=1e-4)
-# ONNX Runtime's CUDA provider may run fp32 MatMuls in TF32 (10-bit mantissa): pass --no-tf32
-# (provider option use_tf32=0) for a strict check with the CPU tolerance.
-FP32_CUDA_TF32 = Tolerance(atol=2e-3, rtol=1e-2)
-FLOAT16 = Tolerance(atol=2e-3, rtol=2e-2)
-PROVIDERS = ("cpu", "cuda")
 BASELINE = "eager-fp32"
-
-
-def default_tolerance(runner: str, output: str, model_dtype: str, tf32: bool) -> Tolerance:
-    """Per runner and output (every output of this layer has the scale of its inputs today)."""
-    if runner.startswith("ort") and model_dtype == "float16":
-        return FLOAT16
-    if runner == "ort-cuda" and tf32:
-        return FP32_CUDA_TF32
-    return FP32_CPU
 
 
 @dataclass
@@ -52,6 +36,7 @@ class RunnerInfo:
     status: str  # "ran" | "skipped" | "failed"
     device: str = ""
     providers: list[str] = field(default_factory=list)  # what the ORT session really uses
+    precision: str = ""  # the arithmetic it really used, e.g. "fp32, TF32 matmuls allowed"
     reason: str = ""
 
 
@@ -107,101 +92,146 @@ class CheckReport:
         return d
 
 
-def _load(make, path: Path):
+def selected_kinds(artifact: Artifact, runners: Optional[Sequence[str]],
+                   providers: Optional[Sequence[str]]) -> list[RunnerKind]:
+    """The runner kinds to run: the ones named, else every registered kind whose model file the
+    folder holds (``providers`` narrows the ONNX Runtime ones: the --providers shorthand)."""
+    if runners is not None and providers is not None:
+        raise UsageError("pass either runners or providers (ONNX Runtime's shorthand), not both")
+    if runners is not None:
+        kinds = [get_runner(name) for name in runners]
+        for kind in kinds:
+            if not (artifact.path / kind.model_file).is_file():
+                raise UsageError(f"runner {kind.name!r} runs {kind.model_file}, which "
+                                 f"{artifact.path} does not hold")
+        return kinds
+    ort = set(ort_runner_names(list(providers))) if providers is not None else None
+    return [k for k in RUNNERS.values() if (artifact.path / k.model_file).is_file()
+            and (ort is None or not k.ort_provider or k.name in ort)]
+
+
+def _cuda_kinds(artifact: Artifact, chosen: list[RunnerKind]) -> list[RunnerKind]:
+    """--require-cuda: the CUDA runners for the folder's files that were not chosen already; a
+    folder no CUDA runner can run is bad input (a check that cannot reach CUDA never passes as
+    one that did)."""
+    able = [k for k in RUNNERS.values()
+            if k.device == "cuda" and (artifact.path / k.model_file).is_file()]
+    if not able:
+        files = sorted({k.model_file for k in RUNNERS.values() if k.device == "cuda"})
+        raise UsageError(f"--require-cuda: no CUDA runner runs this folder's files (CUDA "
+                         f"runners run {', '.join(files)})")
+    return [k for k in able if k not in chosen]
+
+
+def _open(kind: RunnerKind, artifact: Artifact, options: RunOptions) -> Runner:
+    """The runner, or RunnerUnavailable; a file the runtime cannot load is bad input."""
+    if reason := kind.unavailable():
+        raise RunnerUnavailable(reason)
+    path = artifact.path / kind.model_file
     try:
-        return make()
+        return kind.open(artifact.signature, path, options)
     except RunnerUnavailable:
         raise
     except Exception as e:
         raise UsageError(f"cannot load {path}: {str(e).strip().splitlines()[0][:300]}") from None
 
 
-def _make_runners(artifact: Artifact, providers: Sequence[str], tf32: bool, require_cuda: bool
-                  ) -> tuple[list[Runner], list[RunnerInfo]]:
-    """The runners under test (eager fp32 first) and the ones that could not start."""
-    sig = artifact.signature
-    runners: list[Runner] = [EagerRunner(sig, artifact.load_source_module(), torch.float32)]
-    unavailable: list[RunnerInfo] = []
-    if ts := artifact.file("torchscript"):
-        runners.append(_load(lambda: TorchScriptRunner(sig, ts), ts))
-    if onnx_path := artifact.file("onnx"):
-        _load(lambda: onnx.load(str(onnx_path), load_external_data=False), onnx_path)
-        for provider in providers:
-            try:
-                runners.append(_load(lambda: OrtRunner(sig, onnx_path, provider, tf32=tf32),
-                                     onnx_path))
-            except RunnerUnavailable as e:
-                status = "failed" if require_cuda else "skipped"
-                unavailable.append(RunnerInfo(f"ort-{provider}", status, reason=str(e)))
-    return runners, unavailable
+def _open_runners(artifact: Artifact, kinds: Sequence[RunnerKind], options: RunOptions,
+                  require_cuda: bool) -> tuple[list[Runner], list[RunnerInfo]]:
+    """The runners under test, eager fp32 first, and what each really ran on (or why not)."""
+    runners: list[Runner] = [EagerRunner(artifact.signature, artifact.load_source_module())]
+    infos = [_runner_info(runners[0], False)]
+    for kind in kinds:
+        try:
+            runner = _open(kind, artifact, options)
+        except RunnerUnavailable as e:
+            strict = require_cuda and kind.device == "cuda"
+            infos.append(RunnerInfo(kind.name, "failed" if strict else "skipped", reason=str(e)))
+            continue
+        runners.append(runner)
+        infos.append(_runner_info(runner, require_cuda and kind.device == "cuda"))
+    return runners, infos
 
 
-def _runner_info(r: Runner, require_cuda: bool) -> RunnerInfo:
-    status = "failed" if r.warning and require_cuda else "ran"
-    return RunnerInfo(r.name, status, r.device, list(r.providers), r.warning)
+def _runner_info(r: Runner, strict: bool) -> RunnerInfo:
+    status = "failed" if r.warning and strict else "ran"
+    return RunnerInfo(r.name, status, r.device, list(r.providers), r.precision, r.warning)
 
 
-def _sweep_options(artifact: Artifact, seq_lens, past_lens) -> tuple[list, list, tuple, bool]:
+def _sweep_options(artifact: Artifact, seq_lens, past_lens):
+    """Sequence and past lengths to sweep, the form's switch lengths, and at which T the form
+    materialises its (N, T, S) scores (TorchScript and unknown forms: at every T)."""
     config, form_name = artifact.config, artifact.export.get("attention")
-    form = forms.FORMS.get(forms.ALIASES.get(form_name, form_name)) if form_name else None
+    form = forms.FORMS.get(form_name) if form_name else None
     switch = form.switch_seq_lens if form else ()
     seq_lens = list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len, switch)
     past_lens = list(past_lens) if past_lens else default_past_lens(config.max_seq_len)
-    quadratic = form is None or form.memory != "linear in T"
-    return seq_lens, past_lens, switch, quadratic
+    scores_at = form.memory.quadratic_at if form else (lambda t: True)
+    return seq_lens, past_lens, switch, scores_at
 
 
-def check_parity(artifact_dir: str | Path, providers: Sequence[str] = PROVIDERS,
+def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = None,
                  atol: Optional[float] = None, rtol: Optional[float] = None,
                  seq_lens: Optional[Sequence[int]] = None, batch_sizes: Sequence[int] = (1, 3),
                  past_lens: Optional[Sequence[int]] = None, seed: int = 0,
                  require_cuda: bool = False, tf32: bool = True,
+                 runners: Optional[Sequence[str]] = None,
                  progress: Callable[[int, int, str], None] = lambda i, n, s: None
                  ) -> CheckReport:
-    """Run the parity sweep on an artifact folder; see CheckReport.passed."""
+    """Run the parity sweep on an artifact folder; see CheckReport.passed.
+
+    ``runners``: runner names (``RUNNERS``); default: every runner for the folder's files, those
+    that cannot run here reported as skipped. ``providers``: ONNX Runtime's shorthand (cpu, cuda).
+    ``require_cuda``: a CUDA runner that cannot run, or runs compute on the CPU, fails."""
     artifact = read_artifact(artifact_dir)
-    unknown = set(providers) - set(PROVIDERS)
-    if unknown:
-        raise UsageError(f"unknown provider {sorted(unknown)[0]!r}: choose from cpu, cuda")
     Tolerance(atol or 0.0, rtol or 0.0)  # a negative or NaN tolerance is bad input, now
-    if require_cuda and "cuda" not in providers:
-        providers = [*providers, "cuda"]
+    kinds = selected_kinds(artifact, runners, providers)
+    if require_cuda:
+        kinds += _cuda_kinds(artifact, kinds)
     config, sig = artifact.config, artifact.signature
-    seq_lens, past_lens, switch, quadratic = _sweep_options(artifact, seq_lens, past_lens)
+    seq_lens, past_lens, switch, scores_at = _sweep_options(artifact, seq_lens, past_lens)
     cases = make_cases(sig, batch_sizes, seq_lens, past_lens)
-    require_fits(config, cases, quadratic, sig.has_mask)
+    require_fits(config, cases, scores_at, sig.has_mask)
     report = CheckReport(str(artifact_dir), seed, list(batch_sizes), seq_lens,
                          past_lens if sig.has_cache else [], sig.input_names, sig.output_names,
                          versions=versions(), export_versions=artifact.meta.get("versions", {}))
-    runners, unavailable = _make_runners(artifact, providers, tf32, require_cuda)
-    report.runners = [_runner_info(r, require_cuda) for r in runners] + unavailable
-    reference = EagerRunner(sig, runners[0].source, torch.float64)
+    options = RunOptions(tf32=tf32)
+    opened, report.runners = _open_runners(artifact, kinds, options, require_cuda)
     dtype = artifact.export.get("dtype", "float32")
-    tolerances = {(r.name, o): _override(default_tolerance(r.name, o, dtype, tf32), atol, rtol)
-                  for r in runners for o in sig.output_names}
+    tolerances = {(r.name, o): _override(_default_tolerance(r.name, dtype, options), atol,
+                                         rtol) for r in opened for o in sig.output_names}
     multi_call = scenarios.scenario_cases(switch) if sig.has_cache else []
     total = len(cases) + len(multi_call)
+    baseline = opened[0]
+    reference = EagerRunner(sig, baseline.source, torch.float64)
     for i, case in enumerate(cases):
         progress(i, total, case.label())
         feeds = make_feeds(sig, case, seed)
-        expected = {"eager": runners[0].run(feeds), "reference": reference.run(feeds)}
+        expected = {"eager": baseline.run(feeds), "reference": reference.run(feeds)}
         valid = real_queries(feeds, case)
-        for r in runners:
-            out = expected["eager"] if r is runners[0] else None  # the baseline already ran
-            report.results += _compared(r, case, lambda: out or r.run(feeds), expected, valid,
+        report.results += _compared(baseline, case, lambda: expected["eager"], expected, valid,
+                                    tolerances)  # the baseline already ran: its own error is 0
+        for r in opened[1:]:
+            report.results += _compared(r, case, lambda: r.run(feeds), expected, valid,
                                         tolerances)
-    truths = {"eager": scenarios.eager_full(runners[0].source),
+    truths = {"eager": scenarios.eager_full(baseline.source),
               "reference": scenarios.eager_full(reference.source)}
     for i, (case, split) in enumerate(multi_call, start=len(cases)):
         progress(i, total, case.label())
         x, mask = scenarios.scenario_inputs(config, case, seed)
         expected = {k: scenarios.expected(case, truth, x, mask) for k, truth in truths.items()}
-        for r in runners:
+        for r in opened:
             report.results += _compared(
                 r, case, lambda: scenarios.generate(r, config, x, mask, split), expected,
                 (mask == 1)[:, :, None], tolerances)
     progress(total, total, "")
     return report
+
+
+def _default_tolerance(runner: str, dtype: str, options: RunOptions) -> Tolerance:
+    """The registry's tolerance of a runner under test; the eager baseline's is fp32's."""
+    kind = RUNNERS.get(runner)
+    return kind.tolerance(dtype, options) if kind else FP32
 
 
 def _override(default: Tolerance, atol: Optional[float], rtol: Optional[float]) -> Tolerance:

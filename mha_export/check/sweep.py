@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -121,13 +121,17 @@ def real_queries(feeds: dict[str, np.ndarray], case: Case) -> Optional[np.ndarra
     return None if mask is None else (mask[:, -case.seq:] == 1)[:, :, None]
 
 
-def case_bytes(config: MHAConfig, case: Case, quadratic: bool, masked: bool) -> int:
+ScoresAt = Callable[[int], bool]  # T -> whether the model materialises (N, T, S) scores
+
+
+def case_bytes(config: MHAConfig, case: Case, scores_at: ScoresAt, masked: bool) -> int:
     """A generous estimate of the peak bytes one case needs across the runners: activations in
     float64 for the reference, (N, T, S) scores where the model materialises them, and the
     eager module's (B, 1, T, S) mask where the call has a cache or padding mask."""
     b, t, s, c = case.batch, case.seq, case.past + case.seq, config
-    linear = 8 * b * (t * (c.d_in + c.dim + c.inner + 2 * c.kv_inner) * 3 + 4 * s * c.kv_heads * c.head_dim)
-    scores = 8 * 2 * b * c.heads * t * s if quadratic else 0
+    width = c.d_in + c.dim + c.inner + 2 * c.kv_inner
+    linear = 8 * b * (t * width * 3 + 4 * s * c.kv_heads * c.head_dim)
+    scores = 8 * 2 * b * c.heads * t * s if scores_at(t) else 0
     mask = 8 * 2 * b * t * s if masked else 0
     return linear + scores + mask
 
@@ -142,11 +146,11 @@ def available_bytes() -> int:
     return 2**62
 
 
-def require_fits(config: MHAConfig, cases: Sequence[Case], quadratic: bool,
+def require_fits(config: MHAConfig, cases: Sequence[Case], scores_at: ScoresAt,
                  masked: bool) -> None:
     """A sweep whose largest case cannot fit is bad input, refused before anything is allocated."""
-    worst = max(cases, key=lambda k: case_bytes(config, k, quadratic, masked))
-    need, have = case_bytes(config, worst, quadratic, masked), available_bytes()
+    worst = max(cases, key=lambda k: case_bytes(config, k, scores_at, masked))
+    need, have = case_bytes(config, worst, scores_at, masked), available_bytes()
     if need > have:
         raise UsageError(f"the sweep's largest case ({worst.label()}) needs about "
                          f"{need / 2**30:,.1f} GiB; {have / 2**30:,.1f} GiB is available: "

@@ -1,24 +1,30 @@
 """Command line: a thin click layer over mha_export's Python API.
 
-Exit codes: 0 success, 1 parity failure, 2 bad input (one line on stderr, no traceback).
+Exit codes: 0 success, 1 parity failure, 2 bad input (one line on stderr, no traceback),
+130 interrupted (Ctrl-C), 143 terminated (SIGTERM): an interrupted run never reads as a verdict,
+and an interrupted export leaves no staging folder behind.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import logging
+import signal
 import sys
 import warnings
 from typing import Callable, Optional
 
 import click
 
-from .options import int_list, provider_list, config_options, explicit, model_options
+from ..check.parity import check_parity
 from ..errors import UsageError
 from ..export.pipeline import ATTENTION_FORMS, export_onnx, export_torchscript
-from ..graph.forms import ALIASES, DEFAULT
+from ..graph.forms import DEFAULT, MAX_OPSET, opset_summary
 from ..graph.model import DTYPES
-from ..check.parity import check_parity
+from ..check.runners import RUNNERS
+from .options import (config_options, explicit, int_list, model_options, provider_list,
+                      runner_list)
 
 
 class BadInput(click.ClickException):
@@ -61,11 +67,12 @@ def _progress(i: int, n: int, label: str) -> None:
         click.echo(f"\r\033[K[{i}/{n}] {label}" if i < n else "\r\033[K", err=True, nl=False)
 
 
-def _attention_form(ctx, param, value: str) -> str:
-    if value in ALIASES:
-        click.echo(f"note: --attention {value} is now spelled {ALIASES[value]} (the old name "
-                   "is accepted until 0.3)", err=True)
-    return ALIASES.get(value, value)
+def require_extra(module: str, extra: str, flag: str) -> None:
+    """An optional dependency checked before any work: one line naming the extra to install."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise UsageError(f"{flag} needs {module}: pip install 'mha-export[{extra}]'") from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -82,12 +89,11 @@ def cli() -> None:
 
 @cli.command()
 @model_options
-@click.option("--attention", type=click.Choice(ATTENTION_FORMS + tuple(ALIASES)), default=DEFAULT,
-              show_default=True, callback=_attention_form,
-              help="Graph form of the attention core (README: ONNX graph forms).")
+@click.option("--attention", type=click.Choice(ATTENTION_FORMS), default=DEFAULT,
+              show_default=True, help="Graph form of the attention core (README: ONNX graph forms).")
 @click.option("--opset", type=int, default=None,
-              help="Exact ONNX opset, up to 26 [default: the form's lowest: 17 for decomposed, "
-                   "blocked-plain and contrib-*, 23 for auto, attention-op, blocked].")
+              help=f"Exact ONNX opset, up to {MAX_OPSET} [default: the form's lowest: "
+                   f"{opset_summary()}].")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @_guard
 def onnx(**kw) -> None:
@@ -121,8 +127,11 @@ def torchscript(**kw) -> None:
 
 @cli.command()
 @click.argument("artifact", type=click.Path())
-@click.option("--providers", default="cpu,cuda", show_default=True, callback=provider_list,
-              help="ONNX Runtime providers to check.")
+@click.option("--runners", callback=runner_list, default=None,
+              help=f"Runners to check, by name ({', '.join(RUNNERS)}) [default: every runner for "
+                   "the folder's files; those that cannot run here are listed as SKIPPED].")
+@click.option("--providers", default=None, callback=provider_list,
+              help="ONNX Runtime's shorthand: cpu,cuda = runners ort-cpu,ort-cuda.")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance for every runner.")
 @click.option("--rtol", type=float, default=None, help="Relative tolerance for every runner.")
 @click.option("--seq-lens", callback=int_list, default=None,
@@ -147,6 +156,7 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
       mha-export check models/split-h12-d768-onnx
       mha-export check out/gpt2-l3 --providers cpu --seq-lens 1,5,300 --json parity.json
       mha-export check out/gpt2-l3 --require-cuda --no-tf32
+      mha-export check out/ts --runners torchscript
     """
     from ..check.report import format_report
     report = check_parity(artifact, progress=_progress, **kw)
@@ -169,7 +179,8 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
 @click.option("--past-lens", callback=functools.partial(int_list, lowest=0), default="0",
               show_default=True, help="Cache lengths with --kv-cache (e.g. --seq-lens 1 "
                                       "--past-lens 128,1024,4096 for single-token steps).")
-@click.option("--providers", default="cpu,cuda", show_default=True, callback=provider_list)
+@click.option("--providers", default="cpu,cuda", show_default=True, callback=provider_list,
+              help="ONNX Runtime providers to measure (CUDA rows only where a GPU runs them).")
 @click.option("--forms", default=None,
               help="ONNX graph forms to measure [default: all; with --kv-cache, those with a cache].")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
@@ -195,11 +206,10 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
       mha-export bench models/split-h12-d768-onnx --seq-lens 128,2048 --forms attention-op,blocked
       mha-export bench --kv-cache --seq-lens 1 --past-lens 128,1024,4096 --batch 8
     """
+    if plot_path:
+        require_extra("matplotlib", "plot", "--plot")
     from ..bench.driver import format_table, plot, run_bench
-    from ..weights.huggingface import hf_config_path
-    from ..export.pipeline import checkpoint_module, resolve_config, source_module
-    chosen = None if forms is None else [
-        ALIASES.get(f.strip(), f.strip()) for f in forms.split(",") if f.strip()]
+    chosen = None if forms is None else [f.strip() for f in forms.split(",") if f.strip()]
     if chosen is not None and (not chosen or set(chosen) - set(ATTENTION_FORMS)):
         raise UsageError(f"--forms: choose from {', '.join(ATTENTION_FORMS)}, got {forms!r}")
     weights, layer, seed = (config_fields.pop(k) for k in ("weights", "layer", "seed"))
@@ -207,11 +217,10 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
         from ..artifact import read_artifact
         art = read_artifact(artifact)
         config, module = art.config, art.load_source_module()
-    elif weights is not None and hf_config_path(weights):
-        config, module, _ = checkpoint_module(weights, layer, explicit(config_fields))
     else:
-        config = resolve_config(None, weights, layer, config_fields)
-        module, _ = source_module(config, weights, layer, seed)
+        from ..weights.source import load_source
+        source = load_source(None, weights, layer, seed, explicit(config_fields))
+        config, module = source.config, source.module
     report = run_bench(config, seq_lens, batch, providers, chosen, threads, seed, mem_limit_gib,
                        budget, progress=lambda line: click.echo(line, err=True),
                        weights_module=module, kv_cache=kv_cache, past_lens=past_lens)
@@ -223,5 +232,26 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
         plot(report, plot_path)
 
 
+class Terminated(BaseException):
+    """SIGTERM (timeout, CI runners, container stops): unwinds like Ctrl-C, so every staging
+    folder is removed on the way out."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
 def main() -> None:
-    cli()
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        code = cli.main(standalone_mode=False)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:  # click's form of KeyboardInterrupt (Ctrl-C)
+        click.echo("interrupted", err=True)
+        sys.exit(130)
+    except Terminated:
+        click.echo("terminated", err=True)
+        sys.exit(143)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,13 +1,19 @@
 """The CLI's shared options and their parsers (cli.py holds the commands)."""
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import click
 
-from ..config import LAYOUTS, ROTARY
-from ..check.parity import PROVIDERS
+from ..check.runners import RUNNERS, ort_runner_names
+from ..config import LAYOUTS, ROTARY, SCALINGS, MHAConfig
+from ..errors import UsageError
+from ..weights.families import FAMILIES
+
+# The layer's defaults are MHAConfig's: the CLI shows them, never re-declares them.
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(MHAConfig)}
 
 
 def int_list(ctx, param, value: Optional[str], lowest: int = 1) -> Optional[list[int]]:
@@ -34,11 +40,26 @@ def json_object(ctx, param, value: Optional[str]) -> Optional[dict]:
     return d
 
 
-def provider_list(ctx, param, value: str) -> list[str]:
+def provider_list(ctx, param, value: Optional[str]) -> Optional[list[str]]:
+    """--providers cpu,cuda: ONNX Runtime's execution providers (the runners ort-cpu, ort-cuda)."""
+    if value is None:
+        return None
     names = [v.strip().lower() for v in value.split(",") if v.strip()]
-    bad = [n for n in names if n not in PROVIDERS]
+    try:
+        ort_runner_names(names)
+    except UsageError as e:
+        raise click.BadParameter(str(e)) from None
+    return names
+
+
+def runner_list(ctx, param, value: Optional[str]) -> Optional[list[str]]:
+    """--runners NAMES: runner names from the registry."""
+    if value is None:
+        return None
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [n for n in names if n not in RUNNERS]
     if bad or not names:
-        raise click.BadParameter(f"choose from {', '.join(PROVIDERS)}, got {value!r}")
+        raise click.BadParameter(f"choose from {', '.join(RUNNERS)}, got {value!r}")
     return names
 
 
@@ -49,38 +70,38 @@ def _apply(options: list, fn: Callable) -> Callable:
 
 
 CONFIG_OPTIONS = [
-    click.option("--heads", type=int, default=12, show_default=True, help="Attention heads."),
-    click.option("--dim", type=int, default=768, show_default=True, help="Output width."),
+    click.option("--heads", type=int, default=DEFAULTS["heads"], show_default=True, help="Attention heads."),
+    click.option("--dim", type=int, default=DEFAULTS["dim"], show_default=True, help="Output width."),
     click.option("--d-in", type=int, default=None, help="Input width [default: dim]."),
     click.option("--head-dim", type=int, default=None,
                  help="Width of one head [default: dim/heads]."),
     click.option("--kv-heads", type=int, default=None,
                  help="Key/value heads, grouped-query attention [default: heads; 1 = multi-query]."),
-    click.option("--qkv-bias/--no-qkv-bias", default=False, show_default=True,
+    click.option("--qkv-bias/--no-qkv-bias", default=DEFAULTS["qkv_bias"], show_default=True,
                  help="Biases on the q/k/v projections."),
-    click.option("--out-bias/--no-out-bias", default=True, show_default=True,
+    click.option("--out-bias/--no-out-bias", default=DEFAULTS["out_bias"], show_default=True,
                  help="Bias on the output projection (split/fused)."),
-    click.option("--dropout", type=float, default=0.0, show_default=True,
+    click.option("--dropout", type=float, default=DEFAULTS["dropout"], show_default=True,
                  help="Attention dropout (training only; exports run in eval mode)."),
-    click.option("--max-seq-len", type=int, default=1024, show_default=True,
+    click.option("--max-seq-len", type=int, default=DEFAULTS["max_seq_len"], show_default=True,
                  help="Context length; checked by default. Longer inputs also work."),
-    click.option("--causal/--no-causal", default=True, show_default=True),
-    click.option("--rotary", type=click.Choice(ROTARY), default="none",
+    click.option("--causal/--no-causal", default=DEFAULTS["causal"], show_default=True),
+    click.option("--rotary", type=click.Choice(ROTARY), default=DEFAULTS["rotary"],
                  show_default=True, help="Rotary position embeddings: half = GPT-NeoX/Llama "
                                          "rotate_half, interleaved = GPT-J; adds input position_ids."),
     click.option("--rotary-dim", type=int, default=None,
                  help="Features of each head that rotate (partial rotary) [default: head_dim]."),
-    click.option("--rope-theta", type=float, default=10000.0, show_default=True),
+    click.option("--rope-theta", type=float, default=DEFAULTS["rope_theta"], show_default=True),
     click.option("--rope-scaling", callback=json_object, default=None,
                  help='Rotary frequency scaling as Hugging Face spells it, e.g. '
-                      '\'{"rope_type": "linear", "factor": 2}\' (default, linear, llama3).'),
+                      '\'{"rope_type": "linear", "factor": 2}\' ' + f"({', '.join(SCALINGS)})."),
     click.option("--sliding-window", type=int, default=None,
                  help="Query i sees key j only when i - j < N (Mistral) [default: no window]."),
     click.option("--layout", type=click.Choice(LAYOUTS), default=None,
-                 help="Weight layout [default: the weights file's, else split]."),
+                 help=f"Weight layout [default: the weights file's, else {DEFAULTS['layout']}]."),
     click.option("--weights", type=click.Path(), default=None,
                  help="State dict (.pt/.pth/.bin) or .safetensors in any layout's keys, or a "
-                      "Hugging Face checkpoint folder (gpt2, llama, mistral, qwen2, gpt_neox)."),
+                      f"Hugging Face checkpoint folder ({', '.join(FAMILIES)})."),
     click.option("--layer", type=int, default=None,
                  help="Which layer's attention in a full checkpoint."),
     click.option("--seed", type=int, default=0, show_default=True,

@@ -167,7 +167,7 @@ def padding_masked(g: GraphBuilder, attention_mask: str, name: str = "padding") 
     return g.op("Unsqueeze", [pad, g.ints("axes12", [1, 2])], name=f"{name}_mask")  # (B,1,1,S)
 
 
-def masked_scores(g: GraphBuilder, causal: bool, t_q: str, t_k: str,
+def score_mask(g: GraphBuilder, causal: bool, t_q: str, t_k: str,
                   attention_mask: str | None, start: str | None = None,
                   window: int = 0) -> str | None:
     """bool (t_q, t_k) or (B, 1, t_q, t_k), True where a score is masked: causal (bottom-right, or from

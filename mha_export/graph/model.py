@@ -31,42 +31,29 @@ def _value_info(t: TensorSpec, dtype: str) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(t.name, elem, list(t.shape))
 
 
-def required_features(config: MHAConfig, sig: Signature) -> frozenset:
-    """What a graph form must support to build this config and signature (forms.FEATURES)."""
-    return sig.features | {f for f, on in (("non-causal", not config.causal),
-                                           ("gqa", config.kv_heads != config.heads),
-                                           ("sliding-window", bool(config.sliding_window))) if on}
-
-
-def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
-                opset: int | None = None, dtype: str = "float32",
-                signature: Signature | None = None,
-                metadata: dict[str, str] | None = None) -> onnx.ModelProto:
-    c = config
-    sig = signature or make_signature(c)
-    needs = required_features(c, sig)
-    if problem := form.problem(c, needs):
-        able = [f.name for f in FORMS.values() if not f.problem(c, needs)]
+def check_buildable(config: MHAConfig, form: GraphForm, sig: Signature, dtype: str) -> None:
+    """A form that cannot build this config and signature, or an unknown dtype: a UsageError
+    naming the forms that can."""
+    if problem := form.problem(config, sig):
+        able = [f.name for f in FORMS.values() if not f.problem(config, sig)]
         raise UsageError(f"attention form {form.name!r} {problem}"
                          + (f" (forms that can: {', '.join(able)})" if able else ""))
     if dtype not in ONNX_DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+
+
+def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
+                opset: int | None = None, dtype: str = "float32",
+                signature: Signature | None = None) -> onnx.ModelProto:
+    """The ONNX model; ``opset`` None: the form's lowest (``resolve_opset``)."""
+    c = config
+    sig = signature or make_signature(c)
+    check_buildable(c, form, sig, dtype)
     opset = resolve_opset(form, opset)
     g = GraphBuilder(dtype=dtype)
-    qkv = g.linear("x", "qkv", torch.cat([w.wq, w.wk, w.wv]),
-                   None if w.bq is None else torch.cat([w.bq, w.bk, w.bv]))  # (B, T, 3*D)
-    q, k, v = g.op("Split", [qkv, g.ints("qkv_split", [c.inner, c.kv_inner, c.kv_inner])],
-                   n_out=3, axis=2, name="qkv_split")  # (B, T, N*H), 2 x (B, T, K*H)
+    q, k, v = _project_qkv(g, c, w)  # (B, T, N*H), 2 x (B, T, K*H)
     if c.rotary != "none":  # rotate q and k by position_ids before any core
-        freq = inv_freq(c.rotary_dim, c.rope_theta, c.rope_scaling).numpy()
-        cos, sin = rotary_cos_sin(g, "position_ids", freq)  # (B, T, rd/2)
-        inter = c.rotary == "interleaved"
-        if opset >= 23:  # the standard RotaryEmbedding node
-            q, k = (rotary_op(g, t, n, c.rotary_dim, inter, cos, sin, name)
-                    for t, n, name in ((q, c.heads, "q"), (k, c.kv_heads, "k")))
-        else:  # the same rotation in plain ops (Split / Mul / Sub / Add / Concat)
-            q, k = (rotate_heads(g, t, n, c.head_dim, c.rotary_dim, inter, cos, sin, name)
-                    for t, n, name in ((q, c.heads, "q"), (k, c.kv_heads, "k")))
+        q, k = _rotate_qk(g, c, q, k, opset)
     named = set(sig.input_names)
     io = AttentionIO(q, k, v, *(n if n in named else None
                                 for n in ("past_key", "past_value", "attention_mask")))
@@ -75,7 +62,6 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
     results = {"y": y, "present_key": out.present_key, "present_value": out.present_value}
     for name in sig.output_names:
         g.nodes.append(helper.make_node("Identity", [results[name]], [name], name=f"{name}_out"))
-
     graph = helper.make_graph(g.nodes, f"mha_{form.name}",
                               [_value_info(t, dtype) for t in sig.inputs],
                               [_value_info(t, dtype) for t in sig.outputs],
@@ -83,8 +69,26 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
     opsets = [helper.make_opsetid("", opset)]
     ir_version = helper.find_min_ir_version_for(opsets)  # onnx 1.23 would write 14; ORT reads 13
     opsets += [helper.make_opsetid(domain, version) for domain, version in form.domains]
-    model = helper.make_model(graph, opset_imports=opsets, producer_name="mha-export",
-                              ir_version=ir_version)
-    helper.set_model_props(model, metadata or {})
-    return model
+    return helper.make_model(graph, opset_imports=opsets, producer_name="mha-export",
+                             ir_version=ir_version)
 
+
+def _project_qkv(g: GraphBuilder, c: MHAConfig, w: AttentionWeights) -> list[str]:
+    """x (B, T, d_in) -> one MatMul (+ bias) -> Split -> q (B, T, N*H), k, v (B, T, K*H)."""
+    qkv = g.linear("x", "qkv", torch.cat([w.wq, w.wk, w.wv]),
+                   None if w.bq is None else torch.cat([w.bq, w.bk, w.bv]))  # (B, T, 3*D)
+    return g.op("Split", [qkv, g.ints("qkv_split", [c.inner, c.kv_inner, c.kv_inner])],
+                n_out=3, axis=2, name="qkv_split")
+
+
+def _rotate_qk(g: GraphBuilder, c: MHAConfig, q: str, k: str, opset: int) -> tuple[str, str]:
+    """q, k rotated by position_ids: the standard RotaryEmbedding node from opset 23, the same
+    rotation in plain ops (Split / Mul / Sub / Add / Concat) below."""
+    freq = inv_freq(c.rotary_dim, c.rope_theta, c.rope_scaling).numpy()
+    cos, sin = rotary_cos_sin(g, "position_ids", freq)  # (B, T, rd/2)
+    interleaved = c.rotary == "interleaved"
+    if opset >= 23:
+        return (rotary_op(g, q, c.heads, c.rotary_dim, interleaved, cos, sin, "q"),
+                rotary_op(g, k, c.kv_heads, c.rotary_dim, interleaved, cos, sin, "k"))
+    return (rotate_heads(g, q, c.heads, c.head_dim, c.rotary_dim, interleaved, cos, sin, "q"),
+            rotate_heads(g, k, c.kv_heads, c.head_dim, c.rotary_dim, interleaved, cos, sin, "k"))

@@ -23,7 +23,7 @@ def causal_mask(t_q: int, t_k: int, device: torch.device, window: int = 0) -> Te
     return k_pos > q_pos
 
 
-def masked_scores(t_q: int, t_k: int, causal: bool, attention_mask: Optional[Tensor],
+def score_mask(t_q: int, t_k: int, causal: bool, attention_mask: Optional[Tensor],
                   device: torch.device, window: int = 0) -> Optional[Tensor]:
     """bool (B|1, 1, Tq, Tk), True where a score is masked: bottom-right causal and/or padding
     keys (attention_mask (B, Tk), 1 = token); None when nothing is masked."""
@@ -64,7 +64,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropo
     if not need_weights and attention_mask is None and window == 0 and (t_q == t_k or not causal):
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal,
                                               scale=scale, enable_gqa=gqa), None
-    masked = masked_scores(t_q, t_k, causal, attention_mask, q.device, window)  # (B|1, 1, Tq, Tk)
+    masked = score_mask(t_q, t_k, causal, attention_mask, q.device, window)  # (B|1, 1, Tq, Tk)
     lowest = lowest_value(q.dtype)
     if not need_weights:
         bias: Optional[Tensor] = None

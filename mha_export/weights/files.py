@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
@@ -96,30 +97,47 @@ def select_prefix(prefixes: list[str], layer: Optional[int]) -> str:
     return prefixes[0]
 
 
-def detect_file_layout(path: str | Path, layer: Optional[int] = None) -> str:
-    layout, prefixes = detect_layout(list(read_state_dict(path)))
-    select_prefix(prefixes, layer)
-    return layout
+@dataclass(frozen=True)
+class Block:
+    """One attention block's tensors from a plain file: the file's layout, the key prefix that
+    was stripped, and the tensors (buffers the module rebuilds left out)."""
+
+    layout: str
+    prefix: str
+    tensors: dict[str, Tensor]
+
+
+def read_block(path: str | Path, layer: Optional[int] = None) -> Block:
+    """The file read once: the block of ``layer`` (or the only one)."""
+    state = read_state_dict(path)
+    layout, prefixes = detect_layout(list(state))
+    prefix = select_prefix(prefixes, layer)
+    tensors = {k[len(prefix):]: v for k, v in state.items()
+               if k.startswith(prefix) and not IGNORED_BUFFER.search(k[len(prefix):])}
+    return Block(layout, prefix, tensors)
+
+
+def module_from_block(config: MHAConfig, block: Block) -> AttentionBase:
+    """An eval-mode module of config.layout holding the block's weights (converted if needed)."""
+    tensors = block.tensors
+    gpt2_prefix = bool(_GPT2_BLOCK.search(block.prefix))
+    if block.layout == "fused" and _is_conv1d(tensors, config, gpt2_prefix):
+        tensors = {k: (v.t().contiguous() if k in ("c_attn.weight", "c_proj.weight") else v)
+                   for k, v in tensors.items()}
+    try:
+        source_config = config.replace(layout=block.layout)
+    except UsageError as e:
+        raise UsageError(f"weights are in layout {block.layout!r}, which does not fit: {e}"
+                         ) from None
+    module = build_module(source_config)
+    load_strict(module, tensors, block.prefix)
+    return module if block.layout == config.layout else convert(module, config.layout)
 
 
 def load_module(config: MHAConfig, path: str | Path, layer: Optional[int] = None
                 ) -> AttentionBase:
     """An eval-mode module of config.layout holding the file's weights (converted if needed)."""
-    sd = read_state_dict(path)
-    source_layout, prefixes = detect_layout(list(sd))
-    prefix = select_prefix(prefixes, layer)
-    tensors = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
-    tensors = {k: v for k, v in tensors.items() if not IGNORED_BUFFER.search(k)}
-    if source_layout == "fused" and _is_conv1d(tensors, config, bool(_GPT2_BLOCK.search(prefix))):
-        tensors = {k: (v.t().contiguous() if k in ("c_attn.weight", "c_proj.weight") else v)
-                   for k, v in tensors.items()}
-    try:
-        source_config = config.replace(layout=source_layout)
-    except UsageError as e:
-        raise UsageError(f"weights are in layout {source_layout!r}, which does not fit: {e}") from None
-    module = build_module(source_config)
-    load_strict(module, tensors, prefix)
-    return module if source_layout == config.layout else convert(module, config.layout)
+    return module_from_block(config, read_block(path, layer))
 
 
 def _is_conv1d(t: dict[str, Tensor], config: MHAConfig, gpt2_prefix: bool) -> bool:

@@ -3,152 +3,31 @@
     --weights FOLDER (config.json + model.safetensors | model.safetensors.index.json (sharded) |
     pytorch_model.bin), or one weights file with its config.json beside it; --layer N.
 
-One ``Family`` record per checkpoint layout (what varies is a registry entry): which model types
-it serves, the layer's tensor names, the MHAConfig fields it reads from config.json (both the
-transformers 4.x spellings — rope_theta, rope_scaling, rotary_pct, rotary_emb_base — and 5.x —
-rope_parameters, partial_rotary_factor, layer_types), and how its tensors map onto one of our
-layouts. Only the chosen layer's tensors are read: safetensors files are opened lazily, sharded
-checkpoints open only the shards that hold them, and .bin files are memory-mapped.
+What varies by model type is a record in ``families`` (tensor names, config.json fields and their
+defaults, conversion to our layout); this module reads: it finds config.json, picks the record
+for its model_type, and reads only the chosen layer's tensors — safetensors files are opened
+lazily, sharded checkpoints open only the shards that hold them, and .bin files are
+memory-mapped.
 """
 from __future__ import annotations
 
 import json
 import re
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
 from ..errors import UsageError
+from .families import FAMILIES, Family, Settings, supported_types
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 # The context a checkpoint layer's export checks by default (max_seq_len): the checkpoint's
 # max_position_embeddings, at most this (131072 for Llama 3 would be a sweep no machine runs);
 # --max-seq-len sets it, and longer inputs work either way.
 CHECKED_CONTEXT = 1024
-
-
-@dataclass(frozen=True)
-class Family:
-    model_types: tuple
-    layout: str  # the mha-export layout its tensors map onto
-    keys: str  # regex of the layer's attention tensors after "...{N}.", group 1 = our name part
-    layer_root: str  # regex before "{N}." ("layers" or "h")
-    fields: Callable[[dict, int], dict]  # config.json, layer -> MHAConfig fields
-    tensors: Callable[[dict, dict], dict]  # (config fields, {name: tensor}) -> our state dict
-    layer_count: str = "num_hidden_layers"
-
-
-def _rope(cfg: dict, partial_key: str = "partial_rotary_factor", partial_default: float = 1.0
-          ) -> dict:
-    """Rotary fields from 5.x rope_parameters or 4.x rope_theta / rope_scaling; an omitted key
-    takes transformers' default for the model type."""
-    params = dict(cfg.get("rope_parameters") or {})
-    scaling = dict(cfg.get("rope_scaling") or {})
-    theta = params.get("rope_theta", cfg.get("rope_theta", cfg.get("rotary_emb_base", 10000.0)))
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    extra = {k: v for k, v in {**scaling, **params}.items()
-             if k not in ("rope_theta", "rope_type", "type", "partial_rotary_factor")}
-    partial = params.get("partial_rotary_factor", cfg.get(partial_key, partial_default))
-    return {"rope_theta": float(theta), "partial": float(partial),
-            "rope_scaling": None if kind == "default" else {"rope_type": kind, **extra}}
-
-
-def _window(cfg: dict, layer: int) -> Optional[int]:
-    """The layer's sliding window: 5.x layer_types, else Qwen2's use_sliding_window rule, else
-    Mistral's sliding_window (transformers' defaults where a key is omitted: Mistral 4096,
-    Qwen2 max_window_layers 28)."""
-    kind = cfg["model_type"]
-    window = cfg.get("sliding_window", 4096 if kind in ("mistral", "qwen2") else None)
-    if "layer_types" in cfg:
-        types = cfg["layer_types"]
-        if not isinstance(types, list) or len(types) <= layer:
-            raise UsageError(f"config.json: layer_types has no entry for layer {layer}")
-        return window if types[layer] == "sliding_attention" else None
-    if kind == "qwen2":
-        on = cfg.get("use_sliding_window", False) and layer >= cfg.get("max_window_layers", 28)
-        return window if on else None
-    return window if kind == "mistral" else None
-
-
-def _llama_fields(cfg: dict, layer: int) -> dict:
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    rope = _rope(cfg)
-    bias = {"llama": cfg.get("attention_bias", False), "mistral": False, "qwen2": True}
-    qkv_bias = bias[cfg["model_type"]]
-    return {"dim": cfg["hidden_size"], "d_in": cfg["hidden_size"], "heads": heads,
-            "head_dim": head_dim, "causal": True,
-            "kv_heads": cfg.get("num_key_value_heads") or heads, "qkv_bias": qkv_bias,
-            "out_bias": qkv_bias and cfg["model_type"] == "llama", "rotary": "half",
-            "rotary_dim": int(head_dim * rope["partial"]), "rope_theta": rope["rope_theta"],
-            "rope_scaling": rope["rope_scaling"], "sliding_window": _window(cfg, layer),
-            "max_seq_len": cfg.get("max_position_embeddings", 1024)}
-
-
-def _llama_tensors(fields: dict, t: dict) -> dict:
-    names = {"q_proj": "W_query", "k_proj": "W_key", "v_proj": "W_value", "o_proj": "out_proj"}
-    return {f"{names[k.split('.')[0]]}.{k.split('.')[1]}": v for k, v in t.items()}
-
-
-def _neox_fields(cfg: dict, layer: int) -> dict:
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg["hidden_size"] // heads
-    rope = _rope(cfg, partial_key="rotary_pct", partial_default=0.25)
-    bias = cfg.get("attention_bias", True)
-    return {"dim": cfg["hidden_size"], "d_in": cfg["hidden_size"], "heads": heads,
-            "head_dim": head_dim, "kv_heads": heads, "causal": True, "sliding_window": None,
-            "qkv_bias": bias, "out_bias": bias,
-            "rotary": "half", "rotary_dim": int(head_dim * rope["partial"]),
-            "rope_theta": rope["rope_theta"], "rope_scaling": rope["rope_scaling"],
-            "max_seq_len": cfg.get("max_position_embeddings", 1024)}
-
-
-def _neox_tensors(fields: dict, t: dict) -> dict:
-    """query_key_value holds, per head, [q_h; k_h; v_h] rows: (heads, 3, H, in) -> q | k | v."""
-    heads, head_dim = fields["heads"], fields["dim"] // fields["heads"]
-    out = {"out_proj.weight": t["dense.weight"]}
-    if "dense.bias" in t:
-        out["out_proj.bias"] = t["dense.bias"]
-    for part in ("weight", "bias"):
-        if f"query_key_value.{part}" not in t:
-            continue
-        qkv = t[f"query_key_value.{part}"]
-        per_head = qkv.reshape(heads, 3, head_dim, *qkv.shape[1:])  # (N, 3, H[, in])
-        for i, name in enumerate(("W_query", "W_key", "W_value")):
-            out[f"{name}.{part}"] = per_head[:, i].reshape(heads * head_dim, *qkv.shape[1:])
-    return out
-
-
-def _gpt2_fields(cfg: dict, layer: int) -> dict:
-    if not cfg.get("scale_attn_weights", True) or cfg.get("scale_attn_by_inverse_layer_idx"):
-        raise UsageError("this GPT-2 checkpoint scales attention differently "
-                         "(scale_attn_weights / scale_attn_by_inverse_layer_idx): not supported")
-    heads = cfg.get("n_head", 12)
-    dim = cfg.get("n_embd", 768)
-    return {"dim": dim, "d_in": dim, "heads": heads, "head_dim": dim // heads, "kv_heads": heads,
-            "causal": True, "sliding_window": None, "rotary": "none", "qkv_bias": True,
-            "out_bias": True, "max_seq_len": cfg.get("n_positions", 1024)}
-
-
-def _gpt2_tensors(fields: dict, t: dict) -> dict:
-    """Conv1D stores [in, out]: transposed to nn.Linear's [out, in]."""
-    return {k: (v.t().contiguous() if k.endswith("weight") else v) for k, v in t.items()}
-
-
-FAMILIES = (
-    Family(("llama", "mistral", "qwen2"), "split",
-           r"self_attn\.((?:q|k|v|o)_proj\.(?:weight|bias))", r"layers", _llama_fields,
-           _llama_tensors),
-    Family(("gpt_neox",), "split", r"attention\.((?:query_key_value|dense)\.(?:weight|bias))",
-           r"layers", _neox_fields, _neox_tensors),
-    Family(("gpt2",), "fused", r"attn\.((?:c_attn|c_proj)\.(?:weight|bias))", r"h",
-           _gpt2_fields, _gpt2_tensors, layer_count="n_layer"),
-)
-SUPPORTED = tuple(t for f in FAMILIES for t in f.model_types)
 
 
 def hf_config_path(path: str | Path) -> Optional[Path]:
@@ -162,7 +41,8 @@ def hf_config_path(path: str | Path) -> Optional[Path]:
         return cfg if path.is_dir() and cfg.is_file() else None
 
 
-def _read_config(cfg_path: Path) -> dict:
+def _read_config(cfg_path: Path) -> tuple[Family, dict]:
+    """The family of config.json's model_type, and config.json."""
     try:
         cfg = json.loads(cfg_path.read_text())
     except ValueError as e:
@@ -170,10 +50,19 @@ def _read_config(cfg_path: Path) -> dict:
     if not isinstance(cfg, dict):
         raise UsageError(f"{cfg_path}: expected a JSON object")
     kind = cfg.get("model_type")
-    if kind not in SUPPORTED:
+    family = FAMILIES.get(kind) if isinstance(kind, str) else None
+    if family is None:
         raise UsageError(f"{cfg_path}: unsupported model type {kind!r} (supported: "
-                         f"{', '.join(SUPPORTED)})")
-    return cfg
+                         f"{supported_types()})")
+    return family, cfg
+
+
+def _layer_pattern(family: Family, layer: int) -> re.Pattern:
+    """Names of the layer's attention tensors after any prefix, e.g.
+    model.layers.2.self_attn.q_proj.weight: groups "module" (the checkpoint's) and "part"."""
+    attention = re.escape(family.attention.format(layer=layer))
+    modules = "|".join(map(re.escape, family.tensors))
+    return re.compile(rf"(?:^|\.){attention}\.(?P<module>{modules})\.(?P<part>weight|bias)$")
 
 
 def _weights_file(path: Path) -> Path:
@@ -211,27 +100,20 @@ def _layer_tensors(file: Path, pattern: re.Pattern) -> dict[str, Tensor]:
     return {k: v for k, v in state.items() if pattern.search(k)}
 
 
-def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict]:
-    """(MHAConfig fields, state dict in their layout, source description) of one layer."""
-    path = Path(path)
-    cfg_path = hf_config_path(path)
-    cfg = _read_config(cfg_path)
-    family = next(f for f in FAMILIES if cfg["model_type"] in f.model_types)
-    count = cfg.get(family.layer_count)
-    if not isinstance(count, int) or count <= 0:
-        raise UsageError(f"{cfg_path}: no layer count ({family.layer_count})")
-    if layer is None:
-        raise UsageError(f"{path} is a {cfg['model_type']} checkpoint with {count} layers: "
-                         "pick one with --layer N")
-    if not 0 <= layer < (count or 0):
-        raise UsageError(f"--layer {layer} is out of range: the checkpoint has {count} layers "
-                         f"(0-{(count or 1) - 1})")
+def _layer_fields(cfg_path: Path, family: Family, cfg: dict, layer: int) -> dict:
+    """MHAConfig fields of the layer: the family's, its layout, and the checked context."""
+    settings = Settings(cfg, family.defaults)
     try:
-        fields = {**family.fields(cfg, layer), "layout": family.layout}
+        return {**family.fields(settings, layer), "layout": family.layout,
+                "max_seq_len": min(settings.get(family.context, CHECKED_CONTEXT),
+                                   CHECKED_CONTEXT)}
     except (KeyError, TypeError, ZeroDivisionError) as e:
         raise UsageError(f"{cfg_path}: missing or malformed attention setting ({e})") from None
-    fields["max_seq_len"] = min(fields["max_seq_len"], CHECKED_CONTEXT)
-    pattern = re.compile(rf"(^|\.){family.layer_root}\.{layer}\.{family.keys}$")
+
+
+def _read_tensors(path: Path, family: Family, layer: int) -> dict[str, Tensor]:
+    """The layer's attention tensors, float32, under our module names."""
+    pattern = _layer_pattern(family, layer)
     file = _weights_file(path)
     try:
         found = _layer_tensors(file, pattern)
@@ -242,11 +124,32 @@ def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict
         raise UsageError(f"{file}: not a readable checkpoint ({text})") from None
     if not found:
         raise UsageError(f"{path}: no attention tensors for layer {layer}")
-    tensors = {pattern.search(k).group(2): v.float() for k, v in found.items()}
-    source = {"kind": "huggingface", "path": str(path), "model_type": cfg["model_type"],
-              "layer": layer, "max_position_embeddings": cfg.get(
-                  "max_position_embeddings", cfg.get("n_positions"))}
-    return fields, family.tensors(fields, tensors), source
+    named = {}
+    for name, tensor in found.items():
+        match = pattern.search(name)
+        named[f"{family.tensors[match['module']]}.{match['part']}"] = tensor.float()
+    return named
+
+
+def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict]:
+    """(MHAConfig fields, state dict in their layout, source description) of one layer."""
+    path = Path(path)
+    cfg_path = hf_config_path(path)
+    family, cfg = _read_config(cfg_path)
+    count = cfg.get(family.layer_count)  # as written: a guessed count would pick a wrong layer
+    if not isinstance(count, int) or count <= 0:
+        raise UsageError(f"{cfg_path}: no layer count ({family.layer_count})")
+    if layer is None:
+        raise UsageError(f"{path} is a {family.model_type} checkpoint with {count} layers: "
+                         "pick one with --layer N")
+    if not 0 <= layer < count:
+        raise UsageError(f"--layer {layer} is out of range: the checkpoint has {count} layers "
+                         f"(0-{count - 1})")
+    fields = _layer_fields(cfg_path, family, cfg, layer)
+    state = family.convert(fields, _read_tensors(path, family, layer))
+    source = {"kind": "huggingface", "path": str(path), "model_type": family.model_type,
+              "layer": layer, "max_position_embeddings": cfg.get(family.context)}
+    return fields, state, source
 
 
 def merge_fields(from_checkpoint: dict, given: dict[str, Any]) -> dict:

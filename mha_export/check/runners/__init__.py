@@ -1,1 +1,76 @@
-"""Runners: one implementation under test each."""
+"""The registry of runners under test: one ``RunnerKind`` record per runner (see ``base``).
+
+Adding a runner (another runtime, say): one module here with its ``Runner`` subclass (it imports
+its runtime), and one record in ``_KINDS`` below whose ``open`` imports that module lazily. The
+check's selection (``--runners``), its SKIPPED lines, the CUDA requirement, the default
+tolerances and the bench read these records; nothing else changes.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from ...errors import UsageError
+from ...signature import Signature
+from ..comparator import FLOAT16, FP32, FP32_TF32, Tolerance
+from .base import Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions
+
+__all__ = ["RUNNERS", "Feeds", "Runner", "RunnerKind", "RunnerUnavailable", "RunOptions",
+           "get_runner", "ort_runner_names"]
+
+
+def _open_ort(provider: str):
+    def open_(sig: Signature, path: Path, options: RunOptions) -> Runner:
+        from .ort import OrtRunner
+        return OrtRunner(sig, path, provider, options.threads, options.tf32,
+                         options.mem_pattern)
+    return open_
+
+
+def _open_torchscript(sig: Signature, path: Path, options: RunOptions) -> Runner:
+    from .pytorch import TorchScriptRunner
+    return TorchScriptRunner(sig, path)
+
+
+def _cuda_missing() -> Optional[str]:
+    from .ort import cuda_provider_missing
+    return cuda_provider_missing()
+
+
+def _ort_cpu_tolerance(dtype: str, options: RunOptions) -> Tolerance:
+    return FLOAT16 if dtype == "float16" else FP32
+
+
+def _ort_cuda_tolerance(dtype: str, options: RunOptions) -> Tolerance:
+    """TF32 keeps a 10-bit mantissa in fp32 matmuls: --no-tf32 checks CUDA with FP32."""
+    if dtype == "float16":
+        return FLOAT16
+    return FP32_TF32 if options.tf32 else FP32
+
+
+_KINDS = (
+    RunnerKind("torchscript", "model.pt", "cpu", "torch.jit", _open_torchscript,
+               lambda dtype, options: FP32),
+    RunnerKind("ort-cpu", "model.onnx", "cpu", "ONNX Runtime (CPUExecutionProvider)",
+               _open_ort("cpu"), _ort_cpu_tolerance, ort_provider="cpu"),
+    RunnerKind("ort-cuda", "model.onnx", "cuda", "ONNX Runtime (CUDAExecutionProvider)",
+               _open_ort("cuda"), _ort_cuda_tolerance, unavailable=_cuda_missing,
+               ort_provider="cuda"),
+)
+RUNNERS: dict[str, RunnerKind] = {k.name: k for k in _KINDS}
+
+
+def get_runner(name: str) -> RunnerKind:
+    if name not in RUNNERS:
+        raise UsageError(f"unknown runner {name!r}: choose from {', '.join(RUNNERS)}")
+    return RUNNERS[name]
+
+
+def ort_runner_names(providers: list[str]) -> list[str]:
+    """The ``--providers cpu,cuda`` shorthand as runner names (ort-cpu, ort-cuda)."""
+    by_provider = {k.ort_provider: k.name for k in _KINDS if k.ort_provider}
+    unknown = [p for p in providers if p not in by_provider]
+    if unknown or not providers:
+        raise UsageError(f"unknown provider {(unknown or [''])[0]!r}: choose from "
+                         f"{', '.join(by_provider)}")
+    return [by_provider[p] for p in providers]

@@ -8,23 +8,26 @@ from __future__ import annotations
 
 from ...errors import UsageError
 from . import attention_op, auto, blocked, contrib, decomposed
-from .base import FEATURES, AttentionIO, AttentionOut, GraphForm
+from .base import (ALL_FEATURES, AttentionIO, AttentionOut, Feature, GraphForm, Memory,
+                   required_features)
 
 _FORMS = (auto.FORM, decomposed.FORM, attention_op.FORM, blocked.BLOCKED, blocked.BLOCKED_PLAIN,
           contrib.CONTRIB_MHA, contrib.CONTRIB_GQA)
 FORMS: dict[str, GraphForm] = {f.name: f for f in _FORMS}
-# Old spellings accepted for one release (0.2): "fused" was both a weight layout and this form.
-ALIASES = {"fused": "attention-op"}
+# Renamed in 0.2, refused since 0.3 with the new name in the error.
+RENAMED = {"fused": "attention-op"}
 DEFAULT = "auto"
 # Highest opset ONNX Runtime 1.31 loads (27+ is refused).
 MAX_OPSET = 26
 
-__all__ = ["FORMS", "ALIASES", "DEFAULT", "MAX_OPSET", "FEATURES", "AttentionIO", "AttentionOut",
-           "GraphForm", "get_form", "resolve_opset"]
+__all__ = ["FORMS", "DEFAULT", "MAX_OPSET", "ALL_FEATURES", "Feature", "Memory", "AttentionIO",
+           "AttentionOut", "GraphForm", "get_form", "resolve_opset", "required_features",
+           "opset_summary"]
 
 
 def get_form(name: str) -> GraphForm:
-    name = ALIASES.get(name, name)
+    if name in RENAMED:
+        raise UsageError(f"attention form {name!r} is called {RENAMED[name]!r} since 0.2")
     if name not in FORMS:
         raise UsageError(f"unknown attention form {name!r}: choose one of {', '.join(FORMS)}")
     return FORMS[name]
@@ -39,3 +42,11 @@ def resolve_opset(form: GraphForm, opset: int | None) -> int:
         raise UsageError(f"opset {opset} cannot be produced for attention form {form.name!r} "
                          f"(supported: {form.min_opset}-{MAX_OPSET})")
     return opset
+
+
+def opset_summary() -> str:
+    """Each form's lowest opset: '17 for decomposed, blocked-plain, ...; 23 for auto, ...'."""
+    by_opset: dict[int, list[str]] = {}
+    for form in FORMS.values():
+        by_opset.setdefault(form.min_opset, []).append(form.name)
+    return "; ".join(f"{opset} for {', '.join(names)}" for opset, names in sorted(by_opset.items()))

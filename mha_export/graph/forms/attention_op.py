@@ -4,14 +4,14 @@ Without cache or padding mask: 3-D q/k/v (B, T, D) with ``is_causal=1`` (ONNX Ru
 kernel reads 3-D inputs with strided GEMMs: no transposes). With a cache: still 3-D q/k/v, the
 node's own past_key/past_value inputs and present outputs (ONNX Runtime appends the new keys
 itself: half the time of a separate Concat for a single-token step at P = 1024, measured), and an
-additive mask built by ``graph.masked_scores`` (bottom-right causal + padding), never
+additive mask built by ``builder.score_mask`` (bottom-right causal + padding), never
 ``is_causal`` (whose alignment for T != S differed between kernels).
 """
 from __future__ import annotations
 
 from ...config import MHAConfig
-from ..builder import GraphBuilder, additive, dim, masked_scores
-from .base import AttentionIO, AttentionOut, GraphForm
+from ..builder import GraphBuilder, additive, dim, score_mask
+from .base import ALL_FEATURES, QUADRATIC, AttentionIO, AttentionOut, GraphForm
 
 
 def attention_op_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
@@ -22,7 +22,7 @@ def attention_op_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attenti
     t = dim(g, io.q, 1, "seq_len")  # () T
     s = t if not io.has_cache else g.op(
         "Add", [dim(g, io.past_key, 2, "past_len"), t], name="key_len")  # () S = P + T
-    masked = masked_scores(g, c.causal, t, s, io.attention_mask,
+    masked = score_mask(g, c.causal, t, s, io.attention_mask,
                            window=c.sliding_window or 0)  # (B|1, 1, T, S) bool
     inputs = [io.q, io.k, io.v, additive(g, masked, "attn_bias") if masked else ""]
     if not io.has_cache:
@@ -33,7 +33,7 @@ def attention_op_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attenti
 
 
 FORM = GraphForm(
-    name="attention-op", core=attention_op_core, min_opset=23, memory="O(N*T*S)",
+    name="attention-op", core=attention_op_core, min_opset=23, memory=QUADRATIC,
     summary="one standard Attention node on 3-D q/k/v (is_causal=1; with a cache or padding "
             "mask: an explicit bottom-right mask, and the node's own past/present)",
-    supports=frozenset({"non-causal", "kv-cache", "attention-mask", "gqa", "sliding-window"}))
+    supports=ALL_FEATURES)

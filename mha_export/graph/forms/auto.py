@@ -13,7 +13,7 @@ from onnx import helper
 from ...config import MHAConfig
 from ..builder import GraphBuilder, dim
 from .attention_op import attention_op_core
-from .base import AttentionIO, AttentionOut, GraphForm
+from .base import ALL_FEATURES, AttentionIO, AttentionOut, GraphForm, Memory
 from .blocked import BLOCK, BLOCK_EDGES, blocked_core
 
 AUTO_THRESHOLD = 512
@@ -37,9 +37,9 @@ def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
 
 
 FORM = GraphForm(
-    name="auto", core=auto_core, min_opset=23, memory="linear in T above 512",
+    name="auto", core=auto_core, min_opset=23, memory=Memory(linear_from=AUTO_THRESHOLD),
     summary=f"an If on the runtime T: the attention-op node for T < {AUTO_THRESHOLD}, the "
             f"blocked loop for T >= {AUTO_THRESHOLD}",
     switch_seq_lens=(AUTO_THRESHOLD - 1, AUTO_THRESHOLD) + tuple(
         AUTO_THRESHOLD + e for e in BLOCK_EDGES),
-    supports=frozenset({"non-causal", "kv-cache", "attention-mask", "gqa", "sliding-window"}))
+    supports=ALL_FEATURES)

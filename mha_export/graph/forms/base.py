@@ -6,14 +6,57 @@ N = query heads, K = key/value heads, H = head size, D = N * H.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ...config import MHAConfig
+from ...signature import Signature
 from ..builder import GraphBuilder, split_heads
 
-# What a form may support beyond a causal full-sequence call.
-FEATURES = ("non-causal", "kv-cache", "attention-mask", "gqa", "sliding-window")
+
+class Feature(enum.Enum):
+    """What a form may support beyond a causal full-sequence call."""
+
+    NON_CAUSAL = "non-causal"
+    KV_CACHE = "kv-cache"
+    ATTENTION_MASK = "attention-mask"
+    GQA = "gqa"
+    SLIDING_WINDOW = "sliding-window"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+ALL_FEATURES = frozenset(Feature)
+
+
+def required_features(config: MHAConfig, sig: Signature) -> frozenset[Feature]:
+    """What a graph form must support to build this config and signature."""
+    wanted = {Feature.KV_CACHE: sig.has_cache, Feature.ATTENTION_MASK: sig.has_mask,
+              Feature.NON_CAUSAL: not config.causal, Feature.GQA: config.kv_heads != config.heads,
+              Feature.SLIDING_WINDOW: bool(config.sliding_window)}
+    return frozenset(f for f, on in wanted.items() if on)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Whether a form materialises the (N, T, S) attention scores of a call of T queries: below
+    ``linear_from`` it does (None: at every T; 0: never, memory linear in T)."""
+
+    linear_from: Optional[int]
+
+    def quadratic_at(self, t: int) -> bool:
+        return self.linear_from is None or t < self.linear_from
+
+    def __str__(self) -> str:
+        if self.linear_from is None:
+            return "O(N*T*S)"
+        return "linear in T" + (f" from T = {self.linear_from}" if self.linear_from else "")
+
+
+QUADRATIC = Memory(None)
+LINEAR = Memory(0)
 
 
 @dataclass(frozen=True)
@@ -48,16 +91,16 @@ class GraphForm:
     core: Core
     min_opset: int
     summary: str
-    memory: str  # "O(N*T^2)" or "linear in T"
+    memory: Memory
     domains: tuple = ()  # extra (domain, version) opset imports
     switch_seq_lens: tuple = ()  # lengths where the form changes code path (checked both sides)
-    supports: frozenset = frozenset()  # of FEATURES
+    supports: frozenset[Feature] = frozenset()
     refuse: Callable[[MHAConfig], Optional[str]] = lambda c: None  # why a config cannot be built
     standard: bool = True  # only standard ONNX ops (runs outside ONNX Runtime)
 
-    def problem(self, config: MHAConfig, needs: frozenset) -> Optional[str]:
-        """Why this form cannot build config with the wanted features, or None."""
-        missing = sorted(needs - self.supports)
+    def problem(self, config: MHAConfig, sig: Signature) -> Optional[str]:
+        """Why this form cannot build config with this signature, or None."""
+        missing = sorted(str(f) for f in required_features(config, sig) - self.supports)
         if missing:
             return f"does not support {', '.join(missing)}"
         return self.refuse(config)

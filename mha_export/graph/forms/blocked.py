@@ -8,7 +8,7 @@ nothing is computed above the diagonal block.
 - The block count is ``nb = ceil(T / block)`` and the block size ``bs = ceil(T / nb)`` (<= block),
   both from the runtime T: queries are padded by fewer than ``nb`` rows (none when T < block), and
   the ragged last block's keys come from Slice clamping at S. Padded query rows are sliced off.
-- Each block's mask comes from ``graph.masked_scores`` with the block's start: (bs, end) causal
+- Each block's mask comes from ``builder.score_mask`` with the block's start: (bs, end) causal
   comparisons (+ the padding keys of attention_mask), never a (T, S) mask.
 - Queries are scaled by 1/sqrt(H) once, before the loop (never the scores).
 
@@ -19,84 +19,116 @@ reads 3-D (B, len, D) slices (no transposes at all); otherwise blocks are 4-D (B
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 from onnx import TensorProto, helper
 
 from ...config import MHAConfig
-from ..builder import (GraphBuilder, additive, as_1d, ceil_div, dim, finite_lowest, masked_scores,
+from ..builder import (GraphBuilder, additive, as_1d, ceil_div, dim, finite_lowest, score_mask,
                      repeat_kv, scale_queries, split_heads)
-from .base import AttentionIO, AttentionOut, GraphForm, cache_out, keys_values
+from .base import (ALL_FEATURES, LINEAR, AttentionIO, AttentionOut, GraphForm, cache_out,
+                   keys_values)
 
 BLOCK = 256
 BLOCK_EDGES = (BLOCK, BLOCK + 1, 2 * BLOCK + 1)  # one block, two, three (the last ragged)
-FEATURES = frozenset({"non-causal", "kv-cache", "attention-mask", "gqa", "sliding-window"})
+
+
+@dataclass(frozen=True)
+class _Operands:
+    """What the loop slices per block: queries padded to whole blocks, keys and values (all
+    blocks read prefixes of them), the past length and the axis of each that is sliced."""
+
+    queries: str  # (B, nb*bs, D) | (B, N, nb*bs, H)
+    keys: str  # (B, S, D) | (B, K, S, H) | (B, K, H, S) for the plain body
+    values: str  # (B, S, D) | (B, K, S, H)
+    past: str | None  # () P; None for a flat call (no cache)
+    query_axis: int
+    key_axis: int
+    value_axis: int
+    flat: bool  # 3-D (B, len, D) slices: no cache, no padding mask, Attention body
 
 
 def blocked_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig, block: int = BLOCK,
                  use_attention_op: bool = True) -> AttentionOut:
     if block < 1:
         raise ValueError(f"block must be positive, got {block}")
-    t = dim(g, io.q, 1, "blk_seq_len")  # () T
-    nb = ceil_div(g, t, g.ints("blk_block", block), "blk_count")  # () number of blocks
-    bs = ceil_div(g, t, nb, "blk_size")  # () queries per block, <= block
-    pad = g.op("Sub", [g.op("Mul", [nb, bs], name="blk_padded_len"), t], name="blk_pad")  # ()
-    q = scale_queries(g, io.q, c.scale)  # (B, T, D)
-    flat = use_attention_op and not io.has_cache and io.attention_mask is None
-    if flat:
-        keys, values, past = io.k, io.v, None  # (B, T, D)
-        q_axis = k_axis = v_axis = 1
-    else:
-        q = split_heads(g, q, c.heads, c.head_dim, "blk_q")  # (B, N, T, H)
-        keys, values = keys_values(g, io, c)  # (B, K, S, H)
-        past = g.op("Sub", [dim(g, keys, 2, "blk_key_len"), t], name="blk_past_len")  # () P
-        q_axis = v_axis = 2
-        k_axis = 2 if use_attention_op else 3
-    present = (keys, values)  # (B, K, S, H) when the call has a cache
-    if not use_attention_op:  # plain MatMuls: every query head gets its kv head's copy
-        keys, values = repeat_kv(g, keys, c.groups, "blk_k"), repeat_kv(g, values, c.groups, "blk_v")
-    k_in = keys if use_attention_op else g.op("Transpose", [keys], perm=[0, 1, 3, 2],
-                                              name="blk_k_bhds")  # (B, N, H, S)
-    q = _pad_axis(g, q, pad, q_axis)  # (B, nb*bs, D) | (B, N, nb*bs, H)
-
-    b = g.sub("blk/")
-    it, cond = b.name("iter"), b.name("cond_in")
-    start = b.op("Mul", [it, bs], name="start")  # () first query of the block
-    first_key = start if past is None else b.op("Add", [past, start], name="first_key")  # ()
-    key_end = (b.op("Add", [first_key, bs], name="key_end") if c.causal
-               else b.ints("all_keys", np.iinfo(np.int64).max))  # () Slice clamps at S
-    key_start, first_rel = b.ints("zero", 0), first_key  # () keys [key_start, key_end)
-    if c.sliding_window:  # keys older than the block's window are never read
-        back = b.op("Sub", [first_key, b.ints("window_back", c.sliding_window - 1)],
-                    name="window_first")  # () oldest key the block's first query sees
-        key_start = b.op("Max", [back, b.ints("zero_", 0)], name="key_start")  # ()
-        first_rel = b.op("Sub", [first_key, key_start], name="first_key_rel")  # ()
-    zero = as_1d(b, key_start, "key_start_1d")  # (1,)
-    end_1d = as_1d(b, key_end, "key_end_1d")  # (1,)
-    qb = b.op("Slice", [q, as_1d(b, start, "start_1d"), as_1d(b, b.op(
-        "Add", [start, bs], name="q_end"), "q_end_1d"), b.ints("q_axis", [q_axis])],
-        name="q_block")  # (B, bs, D) | (B, N, bs, H)
-    kb = b.op("Slice", [k_in, zero, end_1d, b.ints("k_axis", [k_axis])],
-              name="k_prefix")  # (B, len, D) | (B, K, len, H) | (B, K, H, len)
-    vb = b.op("Slice", [values, zero, end_1d, b.ints("v_axis", [v_axis])],
-              name="v_prefix")  # (B, len, D) | (B, K, len, H)
-    mask_b = None if io.attention_mask is None else b.op(
-        "Slice", [io.attention_mask, zero, end_1d, b.ints("mask_axis", [1])],
-        name="mask_prefix")  # (B, len)
-    # positions relative to key_start: query i of the block sits at first_rel + i
-    masked = masked_scores(b, c.causal, bs, dim(b, kb, k_axis, "key_len"), mask_b,
-                           start=first_rel, window=c.sliding_window or 0)  # (.., bs, len) bool
-    body = _attention_body if use_attention_op else _plain_body
-    ctx_b = body(b, c, qb, kb, vb, masked, flat)  # (B, bs, D) | (B, N, bs, H)
-    tail = [-1, c.inner] if flat else [c.heads, -1, c.head_dim]
-    ctx = _run_loop(g, b, nb, it, cond, ctx_b, q, tail)  # (nb, B, bs, D) | (nb, B, N, bs, H)
-    perm = [1, 0, 2, 3] if flat else [1, 0, 3, 2, 4]
+    seq_len = dim(g, io.q, 1, "blk_seq_len")  # () T
+    n_blocks = ceil_div(g, seq_len, g.ints("blk_block", block), "blk_count")  # ()
+    block_size = ceil_div(g, seq_len, n_blocks, "blk_size")  # () queries per block, <= block
+    padding = g.op("Sub", [g.op("Mul", [n_blocks, block_size], name="blk_padded_len"), seq_len],
+                   name="blk_pad")  # () query rows added to fill the last block
+    operands, present = _operands(g, io, c, use_attention_op, seq_len, padding)
+    body = g.sub("blk/")
+    iteration, cond = body.name("iter"), body.name("cond_in")
+    context = _block_context(body, io, c, operands, iteration, block_size, use_attention_op)
+    tail = [-1, c.inner] if operands.flat else [c.heads, -1, c.head_dim]
+    ctx = _run_loop(g, body, n_blocks, iteration, cond, context, operands.queries,
+                    tail)  # (nb, B, bs, D) | (nb, B, N, bs, H)
+    perm = [1, 0, 2, 3] if operands.flat else [1, 0, 3, 2, 4]
     ctx = g.op("Transpose", [ctx], perm=perm, name="blk_ctx")  # (B, nb, bs, [N,] H|D)
     ctx = g.op("Reshape", [ctx, g.ints("blk_merged_shape", [0, -1, c.inner])],
                name="blk_ctx_padded")  # (B, nb*bs, D)
-    ctx = g.op("Slice", [ctx, g.ints("blk_zero_1d", [0]), as_1d(g, t, "blk_seq_len_1d"),
+    ctx = g.op("Slice", [ctx, g.ints("blk_zero_1d", [0]), as_1d(g, seq_len, "blk_seq_len_1d"),
                          g.ints("blk_axes1_1d", [1])], name="blk_context")  # (B, T, D)
     return cache_out(io, ctx, *present)
+
+
+def _operands(g: GraphBuilder, io: AttentionIO, c: MHAConfig, use_attention_op: bool,
+              seq_len: str, padding: str) -> tuple[_Operands, tuple[str, str]]:
+    """The loop's operands, and the present keys/values (B, K, S, H) of a call with a cache."""
+    q = scale_queries(g, io.q, c.scale)  # (B, T, D)
+    if use_attention_op and not io.has_cache and io.attention_mask is None:
+        ops = _Operands(_pad_axis(g, q, padding, 1), io.k, io.v, None, 1, 1, 1, True)
+        return ops, (io.k, io.v)
+    q = split_heads(g, q, c.heads, c.head_dim, "blk_q")  # (B, N, T, H)
+    keys, values = keys_values(g, io, c)  # (B, K, S, H)
+    past = g.op("Sub", [dim(g, keys, 2, "blk_key_len"), seq_len], name="blk_past_len")  # () P
+    present = (keys, values)
+    if use_attention_op:
+        return _Operands(_pad_axis(g, q, padding, 2), keys, values, past, 2, 2, 2, False), present
+    # plain MatMuls: every query head gets its kv head's copy, keys transposed for q @ k^T
+    keys_t = g.op("Transpose", [repeat_kv(g, keys, c.groups, "blk_k")], perm=[0, 1, 3, 2],
+                  name="blk_k_bhds")  # (B, N, H, S)
+    values = repeat_kv(g, values, c.groups, "blk_v")  # (B, N, S, H)
+    return _Operands(_pad_axis(g, q, padding, 2), keys_t, values, past, 2, 3, 2, False), present
+
+
+def _block_context(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operands,
+                   iteration: str, block_size: str, use_attention_op: bool) -> str:
+    """The loop body: block ``iteration``'s queries [start, start + bs) sit at key positions
+    P + start ...; they read keys [key_start, key_end) only. Returns the block's context."""
+    start = b.op("Mul", [iteration, block_size], name="start")  # () first query of the block
+    first_key = start if ops.past is None else b.op("Add", [ops.past, start],
+                                                    name="first_key")  # ()
+    key_end = (b.op("Add", [first_key, block_size], name="key_end") if c.causal
+               else b.ints("all_keys", np.iinfo(np.int64).max))  # () Slice clamps at S
+    key_start, first_rel = b.ints("zero", 0), first_key  # ()
+    if c.sliding_window:  # keys older than the block's window are never read
+        oldest = b.op("Sub", [first_key, b.ints("window_back", c.sliding_window - 1)],
+                      name="window_first")  # () oldest key the block's first query sees
+        key_start = b.op("Max", [oldest, b.ints("zero_", 0)], name="key_start")  # ()
+        first_rel = b.op("Sub", [first_key, key_start], name="first_key_rel")  # ()
+    key_start_1d = as_1d(b, key_start, "key_start_1d")  # (1,)
+    key_end_1d = as_1d(b, key_end, "key_end_1d")  # (1,)
+    query_end = b.op("Add", [start, block_size], name="q_end")  # ()
+    q_block = b.op("Slice", [ops.queries, as_1d(b, start, "start_1d"),
+                             as_1d(b, query_end, "q_end_1d"), b.ints("q_axis", [ops.query_axis])],
+                   name="q_block")  # (B, bs, D) | (B, N, bs, H)
+    k_block = b.op("Slice", [ops.keys, key_start_1d, key_end_1d, b.ints("k_axis", [ops.key_axis])],
+                   name="k_prefix")  # (B, len, D) | (B, K, len, H) | (B, N, H, len)
+    v_block = b.op("Slice", [ops.values, key_start_1d, key_end_1d,
+                             b.ints("v_axis", [ops.value_axis])],
+                   name="v_prefix")  # (B, len, D) | (B, K, len, H)
+    mask_block = None if io.attention_mask is None else b.op(
+        "Slice", [io.attention_mask, key_start_1d, key_end_1d, b.ints("mask_axis", [1])],
+        name="mask_prefix")  # (B, len)
+    # positions relative to key_start: query i of the block sits at first_rel + i
+    masked = score_mask(b, c.causal, block_size, dim(b, k_block, ops.key_axis, "key_len"),
+                        mask_block, start=first_rel,
+                        window=c.sliding_window or 0)  # (.., bs, len) bool
+    body = _attention_body if use_attention_op else _plain_body
+    return body(b, c, q_block, k_block, v_block, masked, ops.flat)  # (B, bs, D) | (B, N, bs, H)
 
 
 def _pad_axis(g: GraphBuilder, x: str, pad: str, axis: int) -> str:
@@ -162,12 +194,12 @@ def _run_loop(g: GraphBuilder, b: GraphBuilder, nb: str, it: str, cond: str, ctx
 
 
 BLOCKED = GraphForm(
-    name="blocked", core=blocked_core, min_opset=23, memory="linear in T",
+    name="blocked", core=blocked_core, min_opset=23, memory=LINEAR,
     summary=f"a Loop over blocks of <= {BLOCK} queries, one Attention node per block over keys "
             "[0, block end), mask only for the block",
-    switch_seq_lens=BLOCK_EDGES, supports=FEATURES)
+    switch_seq_lens=BLOCK_EDGES, supports=ALL_FEATURES)
 BLOCKED_PLAIN = GraphForm(
     name="blocked-plain", core=functools.partial(blocked_core, use_attention_op=False),
-    min_opset=17, memory="linear in T",
+    min_opset=17, memory=LINEAR,
     summary="the same loop with MatMul/Where/Softmax/MatMul (portable)",
-    switch_seq_lens=BLOCK_EDGES, supports=FEATURES)
+    switch_seq_lens=BLOCK_EDGES, supports=ALL_FEATURES)

@@ -11,7 +11,7 @@ from onnx import TensorProto
 
 from ...config import MHAConfig
 from ..builder import CONTRIB, GraphBuilder
-from .base import AttentionIO, AttentionOut, GraphForm
+from .base import QUADRATIC, AttentionIO, AttentionOut, Feature, GraphForm
 
 
 def contrib_mha_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
@@ -40,10 +40,10 @@ def _gqa_refuses(c: MHAConfig) -> str | None:
 
 
 CONTRIB_MHA = GraphForm(
-    name="contrib-mha", core=contrib_mha_core, min_opset=17, memory="O(N*T^2)",
+    name="contrib-mha", core=contrib_mha_core, min_opset=17, memory=QUADRATIC,
     summary="ONNX Runtime's com.microsoft.MultiHeadAttention (unidirectional=1)",
-    domains=((CONTRIB, 1),), supports=frozenset({"non-causal"}), standard=False)
+    domains=((CONTRIB, 1),), supports=frozenset({Feature.NON_CAUSAL}), standard=False)
 CONTRIB_GQA = GraphForm(
-    name="contrib-gqa", core=contrib_gqa_core, min_opset=17, memory="O(N*T^2)",
+    name="contrib-gqa", core=contrib_gqa_core, min_opset=17, memory=QUADRATIC,
     summary="ONNX Runtime's com.microsoft.GroupQueryAttention (causal only; head_dim % 8 == 0)",
-    domains=((CONTRIB, 1),), supports=frozenset({"gqa"}), refuse=_gqa_refuses, standard=False)
+    domains=((CONTRIB, 1),), supports=frozenset({Feature.GQA}), refuse=_gqa_refuses, standard=False)

@@ -3,9 +3,10 @@ onnx's reference evaluator runs. Memory O(N*T*S) for the scores."""
 from __future__ import annotations
 
 from ...config import MHAConfig
-from ..builder import (GraphBuilder, dim, finite_lowest, masked_scores, merge_heads, repeat_kv,
-                     scale_queries, split_heads)
-from .base import AttentionIO, AttentionOut, GraphForm, cache_out, keys_values
+from ..builder import (GraphBuilder, dim, finite_lowest, merge_heads, repeat_kv,
+                     scale_queries, score_mask, split_heads)
+from .base import (ALL_FEATURES, QUADRATIC, AttentionIO, AttentionOut, GraphForm, cache_out,
+                   keys_values)
 
 
 def decomposed_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
@@ -14,7 +15,7 @@ def decomposed_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attention
     k_t = g.op("Transpose", [repeat_kv(g, keys, c.groups, "k")], perm=[0, 1, 3, 2],
                name="k_bhds")  # (B, N, H, S)
     scores = g.op("MatMul", [q, k_t], name="scores")  # (B, N, T, S)
-    masked = masked_scores(g, c.causal, dim(g, q, 2, "seq_len"), dim(g, keys, 2, "key_len"),
+    masked = score_mask(g, c.causal, dim(g, q, 2, "seq_len"), dim(g, keys, 2, "key_len"),
                            io.attention_mask, window=c.sliding_window or 0)  # (B|1, 1|., T, S)
     if masked is not None:
         scores = g.op("Where", [masked, g.const("mask_fill", finite_lowest(g.dtype)), scores],
@@ -26,7 +27,7 @@ def decomposed_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attention
 
 
 FORM = GraphForm(
-    name="decomposed", core=decomposed_core, min_opset=17, memory="O(N*T*S)",
+    name="decomposed", core=decomposed_core, min_opset=17, memory=QUADRATIC,
     summary="MatMul, causal/padding mask from Range/Greater on the runtime lengths, Where, "
             "Softmax, MatMul: standard ops only, the portable form",
-    supports=frozenset({"non-causal", "kv-cache", "attention-mask", "gqa", "sliding-window"}))
+    supports=ALL_FEATURES)

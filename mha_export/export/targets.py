@@ -1,0 +1,18 @@
+"""The registry of export targets: one ``ExportTarget`` record per file format an export writes.
+
+Adding a target (say torch.export + AOTInductor): one module here whose ``prepare`` builds the
+model in memory and returns how to write it, one record in ``_TARGETS``, and a runner for its file
+in ``check/runners`` (the check finds runners by the file they run). The pipeline (staging,
+config.json, source weights, the parity check at export) is shared.
+"""
+from __future__ import annotations
+
+from . import to_onnx, to_torchscript
+from .base import ExportTarget
+
+
+_TARGETS = (
+    ExportTarget("onnx", to_onnx.MODEL_FILE, to_onnx.prepare),
+    ExportTarget("torchscript", to_torchscript.MODEL_FILE, to_torchscript.prepare),
+)
+TARGETS: dict[str, ExportTarget] = {t.name: t for t in _TARGETS}

@@ -1,0 +1,45 @@
+"""The ONNX target: model.onnx written directly from the weights with one graph form's core
+(graph/), at an exact opset, checked by onnx.checker before it is published."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import onnx
+from onnx import helper
+
+from ..config import MHAConfig
+from ..graph import forms
+from ..graph.model import build_model
+from ..layer.layouts import AttentionBase
+from ..signature import Signature
+from .base import Prepared
+
+MODEL_FILE = "model.onnx"
+PROTOBUF_LIMIT = 2**31 - 2**26  # 2 GiB less a margin for the graph itself
+
+
+def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
+            attention: str = forms.DEFAULT, opset: Optional[int] = None,
+            dtype: str = "float32") -> Prepared:
+    form = forms.get_form(attention)
+    model = build_model(config, module.to_weights(), form, opset, dtype, sig)
+    opset = model.opset_import[0].version  # the form's lowest when none was asked for
+    export = {"file": MODEL_FILE, "opset": opset, "attention": form.name, "dtype": dtype}
+    helper.set_model_props(model, {"mha_export.config": json.dumps(config.to_dict()),
+                                   "mha_export.export": json.dumps(export),
+                                   "mha_export.io": json.dumps(sig.to_dict())})
+    external = sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_LIMIT
+    return Prepared({**export, "external_data": external},
+                    lambda path: _write(model, path, external))
+
+
+def _write(model: onnx.ModelProto, path: Path, external: bool) -> None:
+    if external:  # beyond protobuf's 2 GB: weights in model.onnx.data beside it
+        onnx.save_model(model, str(path), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=path.name + ".data")
+        onnx.checker.check_model(str(path), full_check=True)
+    else:
+        onnx.checker.check_model(model, full_check=True)
+        onnx.save_model(model, str(path))
