@@ -2,7 +2,8 @@
 
     DIR/model.onnx | model.pt   the exported model, one file per export target (export/targets.py)
                                 (+ model.onnx.data only beyond protobuf's 2 GB)
-    DIR/config.json             config, export settings, declared inputs/outputs/dynamic axes, versions
+    DIR/config.json             config, export settings, declared inputs/outputs/dynamic axes,
+                                versions
     DIR/weights.safetensors     the source weights the model was made from (the checker's truth)
     DIR/parity.json             the report of the check run at export (absent with --no-check)
 """

@@ -45,14 +45,16 @@ TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
         "1 = real token, 0 = padding" + (", over the cache and this call"
                                          if kind == "kv-cache" else "")),
     "past_key": lambda c, kind: TensorSpec(
-        "past_key", FLOAT, (BATCH, c.kv_heads, PAST, c.head_dim), "cached keys; past_seq 0 at prefill"),
+        "past_key", FLOAT, (BATCH, c.kv_heads, PAST, c.head_dim),
+        "cached keys; past_seq 0 at prefill"),
     "past_value": lambda c, kind: TensorSpec(
         "past_value", FLOAT, (BATCH, c.kv_heads, PAST, c.head_dim), "cached values"),
     "position_ids": lambda c, kind: TensorSpec(
         "position_ids", "int64", (BATCH, SEQ), "rotary position of each token of this call"),
     "y": lambda c, kind: TensorSpec("y", FLOAT, (BATCH, SEQ, c.dim), "output"),
     "present_key": lambda c, kind: TensorSpec(
-        "present_key", FLOAT, (BATCH, c.kv_heads, TOTAL, c.head_dim), "past_key + this call's keys"),
+        "present_key", FLOAT, (BATCH, c.kv_heads, TOTAL, c.head_dim),
+        "past_key + this call's keys"),
     "present_value": lambda c, kind: TensorSpec(
         "present_value", FLOAT, (BATCH, c.kv_heads, TOTAL, c.head_dim),
         "past_value + this call's values"),
@@ -87,71 +89,6 @@ class Signature:
     @property
     def has_mask(self) -> bool:
         return "attention_mask" in self.input_names
-
-    @property
-    def dynamic_axes(self) -> dict[int, str]:
-        return {i: d for i, d in enumerate(self.shape) if isinstance(d, str)}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape),
-                "doc": self.doc}
-
-
-TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
-    "x": lambda c, kind: TensorSpec("x", FLOAT, (BATCH, SEQ, c.d_in), "this call's tokens"),
-    "attention_mask": lambda c, kind: TensorSpec(
-        "attention_mask", "int64", (BATCH, TOTAL if kind == "kv-cache" else SEQ),
-        "1 = real token, 0 = padding" + (", over the cache and this call"
-                                         if kind == "kv-cache" else "")),
-    "past_key": lambda c, kind: TensorSpec(
-        "past_key", FLOAT, (BATCH, c.kv_heads, PAST, c.head_dim), "cached keys; past_seq 0 at prefill"),
-    "past_value": lambda c, kind: TensorSpec(
-        "past_value", FLOAT, (BATCH, c.kv_heads, PAST, c.head_dim), "cached values"),
-    "position_ids": lambda c, kind: TensorSpec(
-        "position_ids", "int64", (BATCH, SEQ), "rotary position of each token of this call"),
-    "y": lambda c, kind: TensorSpec("y", FLOAT, (BATCH, SEQ, c.dim), "output"),
-    "present_key": lambda c, kind: TensorSpec(
-        "present_key", FLOAT, (BATCH, c.kv_heads, TOTAL, c.head_dim), "past_key + this call's keys"),
-    "present_value": lambda c, kind: TensorSpec(
-        "present_value", FLOAT, (BATCH, c.kv_heads, TOTAL, c.head_dim),
-        "past_value + this call's values"),
-}
-# kind -> (input names, output names), in call order
-KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "full": (("x",), ("y",)),
-    "masked": (("x", "attention_mask"), ("y",)),
-    "kv-cache": (("x", "attention_mask", "past_key", "past_value"),
-                 ("y", "present_key", "present_value")),
-}
-
-
-@dataclass(frozen=True)
-class Signature:
-    kind: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-
-    @property
-    def input_names(self) -> list[str]:
-        return [t.name for t in self.inputs]
-
-    @property
-    def output_names(self) -> list[str]:
-        return [t.name for t in self.outputs]
-
-    @property
-    def has_cache(self) -> bool:
-        return "past_key" in self.input_names
-
-    @property
-    def has_mask(self) -> bool:
-        return "attention_mask" in self.input_names
-
-    @property
-    def features(self) -> frozenset:
-        """What a graph form must support to build this signature (see forms.FEATURES)."""
-        return frozenset(f for f, on in (("kv-cache", self.has_cache),
-                                         ("attention-mask", self.has_mask)) if on)
 
     @property
     def dynamic_axes(self) -> dict[str, dict[int, str]]:

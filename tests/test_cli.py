@@ -1,6 +1,8 @@
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -188,3 +190,42 @@ def test_grouped_query_export_and_a_form_that_cannot(tmp_path):
                              "-o", tmp_path / "m"))
     assert "does not support gqa" in msg and "forms that can: auto" in msg
     assert "multiple of kv_heads" in one_line_error(run("onnx", *SMALL, "--kv-heads", "3"))
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_an_interrupted_export_cleans_up_and_never_reads_as_a_verdict(tmp_path, signum, code):
+    """SIGTERM (timeout, CI, container stops) and Ctrl-C while the export is staged: the staging
+    folder is removed and the exit code says interrupted (143 / 130), not 'parity failure' (1)."""
+    proc = subprocess.Popen([sys.executable, "-m", "mha_export", "onnx", "--heads", "12",
+                             "--dim", "768", "-o", str(tmp_path / "x")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".x.*.tmp")) and proc.poll() is None:
+        assert time.monotonic() < deadline, "the export never staged its folder"
+        time.sleep(0.05)
+    time.sleep(0.5)  # inside the export or its parity check
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_plot_without_matplotlib_is_refused_before_any_work(tmp_path, monkeypatch):
+    import mha_export.bench.driver as driver
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    monkeypatch.setattr(driver, "run_bench", lambda *a, **k: pytest.fail("measured first"))
+    r = CliRunner().invoke(cli, ["bench", *SMALL, "--plot", str(tmp_path / "b.png")])
+    assert r.exit_code == 2, r.output
+    assert "pip install 'mha-export[plot]'" in one_line_error(r)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_check_selects_runners_by_name(tmp_path):
+    out = tmp_path / "ts"
+    assert run("torchscript", *SMALL, "-o", out, "--no-check").exit_code == 0
+    r = run("check", out, "--runners", "torchscript", "--seq-lens", "3")
+    assert r.exit_code == 0 and "torchscript" in r.output, r.output
+    assert "does not hold" in one_line_error(run("check", out, "--runners", "ort-cpu"))
+    assert "choose from" in one_line_error(run("check", out, "--runners", "tvm"))
+    assert "no CUDA runner" in one_line_error(run("check", out, "--require-cuda"))

@@ -43,3 +43,22 @@ def test_cuda_runner_never_runs_on_cpu(tmp_path):
     else:
         with pytest.raises(RunnerUnavailable, match="CUDAExecutionProvider"):
             OrtRunner(sig, path, "cuda")
+
+
+def test_registry_records_and_default_selection(tmp_path):
+    """Every runner's file is one an export target writes; by default a check runs every runner
+    for the folder's files, and reports what each really ran on (or why it could not)."""
+    from mha_export import check_parity
+    from mha_export.artifact import read_artifact
+    from mha_export.check.parity import selected_kinds
+    from mha_export.check.runners import RUNNERS
+    from mha_export.export.targets import TARGETS
+    assert {k.model_file for k in RUNNERS.values()} <= {t.model_file for t in TARGETS.values()}
+    path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", validate=False).path
+    art = read_artifact(path)
+    assert [k.name for k in selected_kinds(art, None, None)] == ["ort-cpu", "ort-cuda"]
+    assert [k.name for k in selected_kinds(art, None, ["cpu"])] == ["ort-cpu"]
+    report = check_parity(path, seq_lens=[2], batch_sizes=[1])
+    infos = {i.name: i for i in report.runners}
+    assert infos["ort-cpu"].status == "ran" and infos["ort-cpu"].precision == "fp32"
+    assert infos["ort-cuda"].status == ("ran" if cuda_expected() else "skipped")

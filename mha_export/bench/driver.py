@@ -140,7 +140,8 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     from ..graph.forms import FORMS, Feature
     from ..layer.layouts import build_module
     kind = "kv-cache" if kv_cache else "full"
-    forms = list(forms or [f for f in FORMS if not kv_cache or Feature.KV_CACHE in FORMS[f].supports])
+    forms = list(forms or [name for name, form in FORMS.items()
+                           if not kv_cache or Feature.KV_CACHE in form.supports])
     points = [(t, p) for t in seq_lens for p in (past_lens if kv_cache else [0])]
     cuda_ok, cuda_reason = cuda_status() if "cuda" in providers else (False, "not requested")
     ceiling = gemm_ceiling(threads, budget_s, progress)
@@ -206,9 +207,10 @@ def _speedups(report: BenchReport) -> None:
 def format_table(report: BenchReport) -> str:
     head = ("variant", "T", "P", "median ms", "tokens/s", "GFLOP/s", "% GEMM", "x SDPA",
             "peak MiB")
-    cells = {id(r): (r.variant, str(r.seq), str(r.past), f"{r.median_ms:.2f}", f"{r.tokens_per_s:,.0f}",
-                     f"{r.gflops:.0f}", _pct(r.ceiling_fraction), _times(r.speedup_vs_sdpa),
-                     f"{r.peak_rss_mib:,.0f}") for r in report.rows if not r.error}
+    cells = {id(r): (r.variant, str(r.seq), str(r.past), f"{r.median_ms:.2f}",
+                     f"{r.tokens_per_s:,.0f}", f"{r.gflops:.0f}", _pct(r.ceiling_fraction),
+                     _times(r.speedup_vs_sdpa), f"{r.peak_rss_mib:,.0f}")
+             for r in report.rows if not r.error}
     widths = [max(len(row[i]) for row in [head, *cells.values()]) for i in range(len(head))]
 
     def line(row: tuple) -> str:
@@ -222,8 +224,9 @@ def format_table(report: BenchReport) -> str:
                      f"{str(r.past).rjust(widths[2])}  {r.error}")
     m = report.machine
     if report.gemm_ceiling_gflops:
-        lines.append(f"GEMM ceiling {report.gemm_ceiling_gflops:.0f} GFLOP/s (best ONNX Runtime fp32 "
-                     f"MatMul 4096^3, before and after); {report.threads} threads; {m['cpu']}; {m['date']}")
+        lines.append(f"GEMM ceiling {report.gemm_ceiling_gflops:.0f} GFLOP/s (best ONNX Runtime "
+                     f"fp32 MatMul 4096^3, before and after); {report.threads} threads; "
+                     f"{m['cpu']}; {m['date']}")
     return "\n".join(lines + report.notes)
 
 
@@ -254,7 +257,8 @@ def plot(report: BenchReport, path: str | Path) -> None:
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
     ax_t.legend(fontsize=8)
-    fig.suptitle(f"causal MHA {c['heads']}x{c['dim']}, batch {report.rows[0].batch if report.rows else 1}"
+    batch = report.rows[0].batch if report.rows else 1
+    fig.suptitle(f"causal MHA {c['heads']}x{c['dim']}, batch {batch}"
                  f", {report.threads} threads, {report.machine['cpu']} ({report.machine['date']})",
                  fontsize=9)
     fig.tight_layout()

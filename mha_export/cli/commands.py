@@ -90,7 +90,8 @@ def cli() -> None:
 @cli.command()
 @model_options
 @click.option("--attention", type=click.Choice(ATTENTION_FORMS), default=DEFAULT,
-              show_default=True, help="Graph form of the attention core (README: ONNX graph forms).")
+              show_default=True,
+              help="Graph form of the attention core (README: ONNX graph forms).")
 @click.option("--opset", type=int, default=None,
               help=f"Exact ONNX opset, up to {MAX_OPSET} [default: the form's lowest: "
                    f"{opset_summary()}].")
@@ -175,14 +176,16 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
               show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--kv-cache", is_flag=True,
-              help="Measure the decode-step models: eager forward_step vs every cache-capable form.")
+              help="Measure the decode-step models: eager forward_step vs every cache-capable "
+                   "form.")
 @click.option("--past-lens", callback=functools.partial(int_list, lowest=0), default="0",
               show_default=True, help="Cache lengths with --kv-cache (e.g. --seq-lens 1 "
                                       "--past-lens 128,1024,4096 for single-token steps).")
 @click.option("--providers", default="cpu,cuda", show_default=True, callback=provider_list,
               help="ONNX Runtime providers to measure (CUDA rows only where a GPU runs them).")
 @click.option("--forms", default=None,
-              help="ONNX graph forms to measure [default: all; with --kv-cache, those with a cache].")
+              help="ONNX graph forms to measure [default: all; with --kv-cache, those with a "
+                   "cache].")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
               help="Intra-op threads for torch and ONNX Runtime.")
 @click.option("--budget", type=click.FloatRange(min=0), default=2.0, show_default=True,

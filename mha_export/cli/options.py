@@ -70,13 +70,16 @@ def _apply(options: list, fn: Callable) -> Callable:
 
 
 CONFIG_OPTIONS = [
-    click.option("--heads", type=int, default=DEFAULTS["heads"], show_default=True, help="Attention heads."),
-    click.option("--dim", type=int, default=DEFAULTS["dim"], show_default=True, help="Output width."),
+    click.option("--heads", type=int, default=DEFAULTS["heads"], show_default=True,
+                 help="Attention heads."),
+    click.option("--dim", type=int, default=DEFAULTS["dim"], show_default=True,
+                 help="Output width."),
     click.option("--d-in", type=int, default=None, help="Input width [default: dim]."),
     click.option("--head-dim", type=int, default=None,
                  help="Width of one head [default: dim/heads]."),
     click.option("--kv-heads", type=int, default=None,
-                 help="Key/value heads, grouped-query attention [default: heads; 1 = multi-query]."),
+                 help="Key/value heads, grouped-query attention [default: heads; "
+                      "1 = multi-query]."),
     click.option("--qkv-bias/--no-qkv-bias", default=DEFAULTS["qkv_bias"], show_default=True,
                  help="Biases on the q/k/v projections."),
     click.option("--out-bias/--no-out-bias", default=DEFAULTS["out_bias"], show_default=True,
@@ -88,7 +91,7 @@ CONFIG_OPTIONS = [
     click.option("--causal/--no-causal", default=DEFAULTS["causal"], show_default=True),
     click.option("--rotary", type=click.Choice(ROTARY), default=DEFAULTS["rotary"],
                  show_default=True, help="Rotary position embeddings: half = GPT-NeoX/Llama "
-                                         "rotate_half, interleaved = GPT-J; adds input position_ids."),
+                 "rotate_half, interleaved = GPT-J; adds input position_ids."),
     click.option("--rotary-dim", type=int, default=None,
                  help="Features of each head that rotate (partial rotary) [default: head_dim]."),
     click.option("--rope-theta", type=float, default=DEFAULTS["rope_theta"], show_default=True),

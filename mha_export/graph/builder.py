@@ -59,7 +59,8 @@ class GraphBuilder:
            domain: str = "", **attrs) -> str | list[str]:
         base = self.name(name or op_type.lower())
         outs = [base] if n_out == 1 else [f"{base}_{i}" for i in range(n_out)]
-        self.nodes.append(helper.make_node(op_type, inputs, outs, name=base, domain=domain, **attrs))
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=base, domain=domain,
+                                           **attrs))
         return outs[0] if n_out == 1 else outs
 
     def linear(self, x: str, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
@@ -170,8 +171,8 @@ def padding_masked(g: GraphBuilder, attention_mask: str, name: str = "padding") 
 def score_mask(g: GraphBuilder, causal: bool, t_q: str, t_k: str,
                   attention_mask: str | None, start: str | None = None,
                   window: int = 0) -> str | None:
-    """bool (t_q, t_k) or (B, 1, t_q, t_k), True where a score is masked: causal (bottom-right, or from
-    ``start``) and/or padding keys; None when nothing is masked."""
+    """bool (t_q, t_k) or (B, 1, t_q, t_k), True where a score is masked: causal (bottom-right,
+    or from ``start``) and/or padding keys; None when nothing is masked."""
     if attention_mask is None:
         return masked_positions(g, t_q, t_k, start, window=window) if causal else None
     pad = padding_masked(g, attention_mask)  # (B, 1, 1, t_k)

@@ -43,9 +43,11 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
         try:
             return load_file(str(path))
         except (SafetensorError, OSError, ValueError) as e:
-            raise UsageError(f"{path}: not a readable safetensors file ({_first_line(e)})") from None
+            raise UsageError(f"{path}: not a readable safetensors file ({_first_line(e)})"
+                             ) from None
     if path.suffix not in (".pt", ".pth", ".bin"):
-        raise UsageError(f"{path}: unsupported weights format (use .safetensors, .pt, .pth or .bin)")
+        raise UsageError(f"{path}: unsupported weights format "
+                         "(use .safetensors, .pt, .pth or .bin)")
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -54,7 +56,7 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
             raise UsageError(f"{path}: refused to unpickle: the file holds more than plain "
                              f"tensors (it references {found.group(1)})") from None
         raise UsageError(f"{path}: not a readable torch state dict (corrupt pickle)") from None
-    except Exception as e:  # torch raises RuntimeError / EOFError / zipfile errors for corrupt files
+    except Exception as e:  # corrupt files: torch raises RuntimeError / EOFError / zipfile errors
         raise UsageError(f"{path}: not a readable torch state dict ({_first_line(e)})") from None
     if isinstance(obj, Mapping) and isinstance(obj.get("state_dict"), Mapping):
         obj = obj["state_dict"]

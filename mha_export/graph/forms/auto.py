@@ -1,6 +1,7 @@
 """``auto`` (the default): an ``If`` on the runtime T of the call: one ``Attention`` node for
 T < 512 (fastest for short calls and single-token decode steps, where it appends to the cache
-itself; its (N, T, S) scores are small there), the ``blocked`` loop from 512 on (memory linear in T).
+itself; its (N, T, S) scores are small there), the ``blocked`` loop from 512 on (memory linear
+in T).
 
 The threshold was measured (benchmarks/blocked_sweep.py, 2-core Xeon, noisy: T=128 one node
 3.8-4.2 ms vs loop 3.9-4.3; T=300 9.1 vs 10.6; T=512 23.0 vs 18.9; T=2048 176 vs 91-98)."""

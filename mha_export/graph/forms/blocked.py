@@ -134,7 +134,8 @@ def _block_context(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operand
 def _pad_axis(g: GraphBuilder, x: str, pad: str, axis: int) -> str:
     """Pad x with ``pad`` zero rows at the end of ``axis`` (x is 3-D or 4-D)."""
     rank = 3 if axis == 1 else 4
-    pads = g.op("Concat", [g.ints("blk_pads_head", [0] * (rank + axis)), as_1d(g, pad, "blk_pad_1d"),
+    pads = g.op("Concat", [g.ints("blk_pads_head", [0] * (rank + axis)),
+                           as_1d(g, pad, "blk_pad_1d"),
                            g.ints("blk_pads_tail", [0] * (rank - axis - 1))], axis=0,
                 name="blk_q_pads")  # (2*rank,)
     return g.op("Pad", [x, pads], mode="constant", name="q_padded")
