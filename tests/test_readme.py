@@ -24,3 +24,14 @@ def test_ci_runs_exactly_the_readme_test_command():
 def test_torch_is_pinned_by_the_constraints_both_commands_use():
     assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text().splitlines()
     assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
+
+
+def test_architecture_tree_names_every_stage_folder():
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Architecture"):text.index("## Performance")]
+    folders = {p.parent.name for p in (ROOT / "mha_export").glob("*/__init__.py")}
+    assert folders == {"layer", "weights", "graph", "export", "check", "bench", "cli"}
+    for name in folders:
+        assert f"  {name}/" in section, name
+    for where in ("graph/forms/", "check/runners/", "weights/families.py", "export/targets.py"):
+        assert where in section, where

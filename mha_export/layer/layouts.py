@@ -167,6 +167,8 @@ class StackedHeadsAttention(AttentionBase):
         super().__init__(config)
         one = config.replace(layout="single", heads=1, kv_heads=1, dim=config.head_dim,
                              head_dim=config.head_dim)
+        # A ModuleList (elsewhere `heads` is a count): the name is the textbook checkpoint's own,
+        # heads.{i}.W_query.weight, which this layout loads unchanged.
         self.heads = nn.ModuleList([SingleHeadAttention(one) for _ in range(config.heads)])
 
     def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
