@@ -7,39 +7,16 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .errors import UsageError
+from .rope_types import SCALING_FIELDS, SCALINGS, normalized_scaling  # noqa: F401
 
 LAYOUTS = ("single", "stacked", "split", "fused")
-# Rotary position embeddings (rotary.py applies them; their settings are checked here, without
-# torch, so that an ONNX Runtime benchmark worker that reads a config never imports it).
+# RMSNorm of q and k after the projections: over each head's features (Qwen3, Gemma 3, Qwen3.5) or
+# over the whole projection before the heads split (OLMo 2).
+QK_NORMS = ("none", "head", "full")
+# Rotary position embeddings (layer/rotary.py applies them); their settings are checked without
+# torch (rope_types.py), so that an ONNX Runtime benchmark worker that reads a config never
+# imports it.
 ROTARY = ("none", "half", "interleaved")
-SCALINGS = ("default", "linear", "llama3")
-SCALING_FIELDS = {"default": (), "linear": ("factor",), "llama3": (
-    "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-
-
-def normalized_scaling(scaling: Optional[dict]) -> Optional[dict]:
-    """Hugging Face's rope_scaling dict checked: the type under "rope_type" (4.x wrote "type"),
-    one of SCALINGS, with its fields present, finite and > 0 (None for no scaling)."""
-    if scaling is None:
-        return None
-    if not isinstance(scaling, dict):
-        raise UsageError(f"rope_scaling must be a JSON object, got {scaling!r}")
-    scaling = dict(scaling)
-    kind = scaling.pop("rope_type", None) or scaling.pop("type", None)
-    scaling.pop("type", None)
-    if kind is None:
-        raise UsageError(f"rope_scaling needs a rope_type ({', '.join(SCALINGS)}), got {scaling}")
-    if kind not in SCALINGS:
-        raise UsageError(f"unsupported rope scaling type {kind!r} (supported: "
-                         f"{', '.join(SCALINGS)})")
-    for name in SCALING_FIELDS[kind]:
-        value = scaling.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                math.isfinite(value) and value > 0):
-            raise UsageError(f"rope scaling {kind!r} needs {name} > 0, got {value!r}")
-    if kind == "llama3" and scaling["high_freq_factor"] <= scaling["low_freq_factor"]:
-        raise UsageError("rope scaling 'llama3' needs high_freq_factor > low_freq_factor")
-    return None if kind == "default" else {"rope_type": kind, **scaling}
 
 
 @dataclass(frozen=True)
@@ -65,6 +42,13 @@ class MHAConfig:
     rotary_dim: int | None = None  # features of each head that rotate (default: head_dim)
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None  # {"rope_type": "linear" | "llama3", "factor": ..., ...}
+    qk_norm: str = "none"  # QK_NORMS: RMSNorm on q and k before rotary
+    qk_norm_eps: float = 1e-6
+    norm_offset: float = 0.0  # the norm multiplies by (norm_offset + weight): 1 for Gemma, Qwen3.5
+    softmax_scale: float | None = None  # default 1/sqrt(head_dim) (Gemma, Granite set their own)
+    softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
+    sinks: bool = False  # a learned logit per head joins the softmax denominator (gpt-oss)
+    output_gate: bool = False  # y = out_proj(attention * sigmoid(x @ W_gate)) (Qwen3.5)
     layout: str = "split"
 
     def __post_init__(self) -> None:
@@ -86,6 +70,7 @@ class MHAConfig:
             object.__setattr__(self, "head_dim", self.dim // self.heads)
         _positive("head_dim", self.head_dim)
         self._check_rotary()
+        self._check_logits()
         if self.sliding_window is not None:
             _positive("sliding_window", self.sliding_window)
             if not self.causal:
@@ -97,6 +82,11 @@ class MHAConfig:
             raise UsageError(f"heads ({self.heads}) must be a multiple of kv_heads "
                              f"({self.kv_heads}): query head h uses key/value head "
                              "h // (heads / kv_heads)")
+        extras = [n for n, on in (("qk_norm", self.qk_norm != "none"), ("sinks", self.sinks),
+                                  ("output_gate", self.output_gate)) if on]
+        if self.layout in ("single", "stacked") and extras:
+            raise UsageError(f"{extras[0]} has weights only the split and fused layouts hold "
+                             f"(layout {self.layout!r})")
         if self.layout in ("single", "stacked") and self.kv_heads != self.heads:
             raise UsageError(f"layout {self.layout!r} has one key/value head per query head: "
                              "kv_heads must equal heads (use split or fused)")
@@ -126,7 +116,21 @@ class MHAConfig:
         if not (isinstance(self.rope_theta, (int, float)) and math.isfinite(self.rope_theta)
                 and self.rope_theta > 0):
             raise UsageError(f"rope_theta must be a positive number, got {self.rope_theta!r}")
-        object.__setattr__(self, "rope_scaling", normalized_scaling(self.rope_scaling))
+        object.__setattr__(self, "rope_scaling",
+                           normalized_scaling(self.rope_scaling, self.rotary_dim))
+
+    def _check_logits(self) -> None:
+        """q/k norm, the softmax scale, softcapping: each a finite positive number where set."""
+        if self.qk_norm not in QK_NORMS:
+            raise UsageError(f"unknown qk_norm {self.qk_norm!r}: choose one of "
+                             f"{', '.join(QK_NORMS)}")
+        for name in ("qk_norm_eps", "softmax_scale", "softcap"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and not isinstance(
+                    value, bool) and math.isfinite(value) and value > 0):
+                raise UsageError(f"{name} must be a positive number, got {value!r}")
+        if not (isinstance(self.norm_offset, (int, float)) and math.isfinite(self.norm_offset)):
+            raise UsageError(f"norm_offset must be a finite number, got {self.norm_offset!r}")
 
     @property
     def kv_inner(self) -> int:
@@ -140,8 +144,8 @@ class MHAConfig:
 
     @property
     def scale(self) -> float:
-        """Softmax scale 1/sqrt(head_dim): written once, read by every implementation."""
-        return 1.0 / math.sqrt(self.head_dim)
+        """Softmax scale (default 1/sqrt(head_dim)): written once, read by every implementation."""
+        return self.softmax_scale or 1.0 / math.sqrt(self.head_dim)
 
     def replace(self, **changes: Any) -> "MHAConfig":
         return dataclasses.replace(self, **changes)
@@ -170,7 +174,10 @@ class MHAConfig:
             s += f"-w{self.sliding_window}"
         if self.rotary != "none":
             s += f"-rope{self.rotary_dim}"
-        return s
+        if self.qk_norm != "none":
+            s += f"-qkn{self.qk_norm}"
+        return s + "".join(f"-{tag}" for tag, on in (("cap", self.softcap), ("sinks", self.sinks),
+                                                     ("gate", self.output_gate)) if on)
 
 
 def _positive(name: str, value: Any) -> None:

@@ -6,6 +6,9 @@ read a ``Signature``: names, dtypes, shapes with symbolic (dynamic) axes, in cal
     full      x                                              -> y
     masked    x, attention_mask                              -> y
     kv-cache  x, attention_mask, past_key, past_value        -> y, present_key, present_value
+    static-cache  x, past_key, past_value, past_lengths      -> y, present_key, present_value
+              (past/present: one app-owned buffer [batch, kv_heads, max_cache, head_dim],
+              written in place at past_lengths[b] ...; entries beyond are never read)
     (rotary layers add position_ids [batch, seq] as the last input of each)
 
 Adding an input or output: one entry in ``TENSORS`` and its name in the ``KINDS`` that take it.
@@ -20,6 +23,7 @@ from .errors import UsageError
 
 FLOAT = "float"  # the model's float dtype (float32 or float16)
 BATCH, SEQ, PAST, TOTAL = "batch", "seq", "past_seq", "past_seq + seq"
+CACHE = "max_cache"  # the capacity of an app-owned static cache buffer
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,14 @@ class TensorSpec:
                 "doc": self.doc}
 
 
+STATIC = "static-cache"
+
+
+def _cache_len(kind: str, growing: str) -> str:
+    """The cache's length axis: the fixed buffer's capacity, or the growing cache's length."""
+    return CACHE if kind == STATIC else growing
+
+
 TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
     "x": lambda c, kind: TensorSpec("x", FLOAT, (BATCH, SEQ, c.d_in), "this call's tokens"),
     "attention_mask": lambda c, kind: TensorSpec(
@@ -45,19 +57,26 @@ TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
         "1 = real token, 0 = padding" + (", over the cache and this call"
                                          if kind == "kv-cache" else "")),
     "past_key": lambda c, kind: TensorSpec(
-        "past_key", FLOAT, (BATCH, c.kv_heads, PAST, c.head_dim),
-        "cached keys; past_seq 0 at prefill"),
+        "past_key", FLOAT, (BATCH, c.kv_heads, _cache_len(kind, PAST), c.head_dim),
+        "the key buffer: entries [0, past_lengths[b]) of row b are valid" if kind == STATIC
+        else "cached keys; past_seq 0 at prefill"),
     "past_value": lambda c, kind: TensorSpec(
-        "past_value", FLOAT, (BATCH, c.kv_heads, PAST, c.head_dim), "cached values"),
+        "past_value", FLOAT, (BATCH, c.kv_heads, _cache_len(kind, PAST), c.head_dim),
+        "the value buffer" if kind == STATIC else "cached values"),
+    "past_lengths": lambda c, kind: TensorSpec(
+        "past_lengths", "int64", (BATCH,),
+        "valid cache entries of each row before this call; this call writes the next seq"),
     "position_ids": lambda c, kind: TensorSpec(
         "position_ids", "int64", (BATCH, SEQ), "rotary position of each token of this call"),
     "y": lambda c, kind: TensorSpec("y", FLOAT, (BATCH, SEQ, c.dim), "output"),
     "present_key": lambda c, kind: TensorSpec(
-        "present_key", FLOAT, (BATCH, c.kv_heads, TOTAL, c.head_dim),
-        "past_key + this call's keys"),
+        "present_key", FLOAT, (BATCH, c.kv_heads, _cache_len(kind, TOTAL), c.head_dim),
+        "the key buffer after this call's write (bind it to past_key's memory: no copy)"
+        if kind == STATIC else "past_key + this call's keys"),
     "present_value": lambda c, kind: TensorSpec(
-        "present_value", FLOAT, (BATCH, c.kv_heads, TOTAL, c.head_dim),
-        "past_value + this call's values"),
+        "present_value", FLOAT, (BATCH, c.kv_heads, _cache_len(kind, TOTAL), c.head_dim),
+        "the value buffer after this call's write" if kind == STATIC
+        else "past_value + this call's values"),
 }
 # kind -> (input names, output names), in call order
 KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -65,6 +84,8 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "masked": (("x", "attention_mask"), ("y",)),
     "kv-cache": (("x", "attention_mask", "past_key", "past_value"),
                  ("y", "present_key", "present_value")),
+    "static-cache": (("x", "past_key", "past_value", "past_lengths"),
+                     ("y", "present_key", "present_value")),
 }
 
 
@@ -85,6 +106,11 @@ class Signature:
     @property
     def has_cache(self) -> bool:
         return "past_key" in self.input_names
+
+    @property
+    def static_cache(self) -> bool:
+        """An app-owned buffer written in place (past_lengths), not a growing cache."""
+        return self.kind == STATIC
 
     @property
     def has_mask(self) -> bool:
@@ -109,9 +135,13 @@ def make_signature(config: MHAConfig, kind: str = "full") -> Signature:
                      tuple(TENSORS[n](config, kind) for n in outs))
 
 
-def signature_kind(kv_cache: bool = False, attention_mask: bool = False) -> str:
-    """The CLI's --kv-cache / --attention-mask flags as a signature kind."""
-    return "kv-cache" if kv_cache else "masked" if attention_mask else "full"
+def signature_kind(kv_cache: bool = False, attention_mask: bool = False,
+                   static_cache: bool = False) -> str:
+    """The CLI's --kv-cache / --static-cache / --attention-mask flags as a signature kind."""
+    if sum((kv_cache, attention_mask, static_cache)) > 1:
+        raise UsageError("choose one of --kv-cache, --static-cache and --attention-mask")
+    return ("kv-cache" if kv_cache else STATIC if static_cache
+            else "masked" if attention_mask else "full")
 
 
 def signature_from_meta(config: MHAConfig, meta: dict) -> Signature:

@@ -180,3 +180,99 @@ CACHE_FAULTS = {
     "padding mask ignored": padding_ignored,
     "cache mixed up": cache_mixed_up,
 }
+
+
+# --- faults of the newer layers' options (issue 13) ----------------------------------------------
+
+def _bypass(m, node_name: str, keep_input: int = 0) -> None:
+    """Every consumer of node ``node_name`` reads its input ``keep_input`` instead: the node's
+    effect is skipped."""
+    node = next(n for n in all_nodes(m.graph) if n.name == node_name)
+    out, src = node.output[0], node.input[keep_input]
+    for n in all_nodes(m.graph):
+        n.input[:] = [src if i == out else i for i in n.input]
+    for o in m.graph.output:
+        if o.name == out:
+            raise NotApplicable(f"{node_name} is a graph output")
+
+
+def qk_norm_skipped(path: Path) -> None:
+    """q and k go on un-normalised (the norms' nodes stay, unread)."""
+    def fn(m):
+        names = {n.name for n in all_nodes(m.graph)}
+        for which in ("q_norm", "k_norm"):
+            last = f"{which}_flat" if f"{which}_flat" in names else f"{which}_scaled"
+            first = next(n for n in all_nodes(m.graph) if n.name == f"{which}_square")
+            out = next(n for n in all_nodes(m.graph) if n.name == last).output[0]
+            for n in all_nodes(m.graph):
+                n.input[:] = [first.input[0] if i == out else i for i in n.input]
+    _edit(path, fn)
+
+
+def norm_offset_dropped(path: Path, offset: float) -> None:
+    """Gemma's (1 + w) read as w."""
+    def fn(m):
+        for name in ("q_norm.weight", "k_norm.weight"):
+            _, w = _initializer(m, name)
+            _set_initializer(m, name, (w - offset).astype(w.dtype))
+    _edit(path, fn)
+
+
+def full_norm_per_head(path: Path, head_dim: int) -> None:
+    """OLMo 2's norm over the whole projection computed per head instead: the mean-square column
+    (W, 1) of 1/W becomes a block-diagonal (W, W) of per-head means."""
+    def fn(m):
+        for name in ("q_norm.mean", "k_norm.mean"):
+            _, col = _initializer(m, name)
+            width = col.shape[0]
+            blocks = np.kron(np.eye(width // head_dim), np.full((head_dim, head_dim), 1 / head_dim))
+            _set_initializer(m, name, blocks.astype(col.dtype))
+    _edit(path, fn)
+
+
+def softcap_after_mask(path: Path) -> None:
+    """cap * tanh(s / cap) applied to the masked scores: a masked score becomes -cap, not the
+    lowest value, and leaks probability (the order ONNX's spec once had, onnx/onnx#7865)."""
+    def fn(m):
+        graphs = [m.graph] + [a.g for n in all_nodes(m.graph) for a in n.attribute
+                              if a.type == onnx.AttributeProto.GRAPH]
+        for g in graphs:
+            nodes = {n.name.rsplit("/", 1)[-1]: n for n in g.node}
+            if "capped_in" not in nodes:
+                continue
+            div, mul, where = nodes["capped_in"], nodes["capped_scores"], nodes["masked_scores"]
+            raw, capped, masked = div.input[0], mul.output[0], where.output[0]
+            for n in g.node:  # softmax (or the sinks' concat) reads the capped masked scores
+                if n is not div:
+                    n.input[:] = [capped if i == masked else i for i in n.input]
+            where.input[2], div.input[0] = raw, masked
+            order = [n for n in g.node if n is not where]
+            order.insert(order.index(div), where)  # Where now runs before the cap
+            del g.node[:]
+            g.node.extend(order)
+    _edit(path, fn)
+
+
+def sinks_dropped(path: Path) -> None:
+    """The sink logits no longer take any probability (a softmax over the keys alone)."""
+    def fn(m):
+        _, s = _initializer(m, "attn.sinks")
+        _set_initializer(m, "attn.sinks", np.full_like(s, -1e4))
+    _edit(path, fn)
+
+
+def output_gate_skipped(path: Path) -> None:
+    _edit(path, lambda m: _bypass(m, "gated_context"))
+
+
+# name -> (layer options, fault)
+OPTION_FAULTS = {
+    "q/k norm skipped": (dict(qk_norm="head"), lambda p, c: qk_norm_skipped(p)),
+    "(1 + w) norm read as w": (dict(qk_norm="head", norm_offset=1.0),
+                               lambda p, c: norm_offset_dropped(p, c.norm_offset)),
+    "OLMo 2 norm applied per head": (dict(qk_norm="full"),
+                                     lambda p, c: full_norm_per_head(p, c.head_dim)),
+    "softcap after the mask": (dict(softcap=2.0), lambda p, c: softcap_after_mask(p)),
+    "sinks dropped": (dict(sinks=True), lambda p, c: sinks_dropped(p)),
+    "output gate skipped": (dict(output_gate=True), lambda p, c: output_gate_skipped(p)),
+}

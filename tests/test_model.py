@@ -237,7 +237,7 @@ def test_rotary_layouts_match_their_textbook_definitions_and_refuse_unknown_scal
     assert torch.allclose(rotate(x, cos, sin, True), x * c2 + every_two * s2, atol=1e-6)
     assert torch.allclose(inv_freq(8, 10000.0, {"rope_type": "linear", "factor": 4.0}),
                           inv_freq(8, 10000.0) / 4)
-    with pytest.raises(UsageError, match="unsupported rope scaling type 'yarn'"):
-        MHAConfig(dim=32, heads=4, rotary="half", rope_scaling={"rope_type": "yarn"})
+    with pytest.raises(UsageError, match="unsupported rope scaling type 'dynamic'"):
+        MHAConfig(dim=32, heads=4, rotary="half", rope_scaling={"rope_type": "dynamic"})
     with pytest.raises(UsageError, match="rotary_dim must be even"):
         MHAConfig(dim=32, heads=4, rotary="half", rotary_dim=5)

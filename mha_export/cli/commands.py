@@ -89,9 +89,9 @@ def cli() -> None:
 
 @cli.command()
 @model_options
-@click.option("--attention", type=click.Choice(ATTENTION_FORMS), default=DEFAULT,
-              show_default=True,
-              help="Graph form of the attention core (README: ONNX graph forms).")
+@click.option("--attention", type=click.Choice(ATTENTION_FORMS), default=None,
+              help=f"Graph form of the attention core (README: ONNX graph forms) [default: "
+                   f"{DEFAULT}; blocked-plain for layers {DEFAULT} cannot build: softcap, sinks].")
 @click.option("--opset", type=int, default=None,
               help=f"Exact ONNX opset, up to {MAX_OPSET} [default: the form's lowest: "
                    f"{opset_summary()}].")

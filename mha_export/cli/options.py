@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 import click
 
 from ..check.runners import RUNNERS, ort_runner_names
-from ..config import LAYOUTS, ROTARY, SCALINGS, MHAConfig
+from ..config import LAYOUTS, QK_NORMS, ROTARY, SCALINGS, MHAConfig
 from ..errors import UsageError
 from ..weights.families import FAMILIES
 
@@ -98,6 +98,21 @@ CONFIG_OPTIONS = [
     click.option("--rope-scaling", callback=json_object, default=None,
                  help='Rotary frequency scaling as Hugging Face spells it, e.g. '
                       '\'{"rope_type": "linear", "factor": 2}\' ' + f"({', '.join(SCALINGS)})."),
+    click.option("--qk-norm", type=click.Choice(QK_NORMS), default=DEFAULTS["qk_norm"],
+                 show_default=True, help="RMSNorm of q and k before rotary: head = over each "
+                 "head's features (Qwen3, Gemma 3), full = over the whole projection (OLMo 2)."),
+    click.option("--qk-norm-eps", type=float, default=DEFAULTS["qk_norm_eps"], show_default=True),
+    click.option("--norm-offset", type=float, default=DEFAULTS["norm_offset"], show_default=True,
+                 help="The q/k norm multiplies by (offset + weight): 1 for Gemma 3, Qwen3.5."),
+    click.option("--softmax-scale", type=float, default=None,
+                 help="Softmax scale [default: 1/sqrt(head_dim)] (Gemma: query_pre_attn_scalar"
+                      "^-0.5, Granite: attention_multiplier)."),
+    click.option("--softcap", type=float, default=None,
+                 help="Logit softcapping cap*tanh(s/cap), before the mask (Gemma 2)."),
+    click.option("--sinks/--no-sinks", default=DEFAULTS["sinks"], show_default=True,
+                 help="A learned logit per head joins the softmax denominator (gpt-oss)."),
+    click.option("--output-gate/--no-output-gate", default=DEFAULTS["output_gate"],
+                 show_default=True, help="y = out_proj(attention * sigmoid(x W_gate)) (Qwen3.5)."),
     click.option("--sliding-window", type=int, default=None,
                  help="Query i sees key j only when i - j < N (Mistral) [default: no window]."),
     click.option("--layout", type=click.Choice(LAYOUTS), default=None,

@@ -74,10 +74,11 @@ def _describe(source: Source, sig: Signature, target: str, export: dict) -> dict
 
 
 def export_onnx(config: Optional[MHAConfig] = None, output: str | Path | None = None, *,
-                attention: str = forms.DEFAULT, opset: Optional[int] = None,
+                attention: Optional[str] = None, opset: Optional[int] = None,
                 dtype: str = "float32", **options) -> ExportResult:
-    """Write DIR/model.onnx with one graph form's attention core at an exact opset (the form's
-    lowest by default); ``options`` as ``export_artifact``'s."""
+    """Write DIR/model.onnx with one graph form's attention core (default: ``auto``, or a
+    memory-linear form that can build the layer) at an exact opset (the form's lowest by
+    default); ``options`` as ``export_artifact``'s."""
     return export_artifact("onnx", config, output, target_options=dict(
         attention=attention, opset=opset, dtype=dtype), **options)
 

@@ -21,9 +21,9 @@ PROTOBUF_LIMIT = 2**31 - 2**26  # 2 GiB less a margin for the graph itself
 
 
 def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
-            attention: str = forms.DEFAULT, opset: Optional[int] = None,
+            attention: Optional[str] = None, opset: Optional[int] = None,
             dtype: str = "float32") -> Prepared:
-    form = forms.get_form(attention)
+    form = forms.get_form(attention) if attention else forms.default_form(config, sig)
     model = build_model(config, module.to_weights(), form, opset, dtype, sig)
     opset = model.opset_import[0].version  # the form's lowest when none was asked for
     export = {"file": MODEL_FILE, "opset": opset, "attention": form.name, "dtype": dtype}

@@ -18,9 +18,10 @@ from onnx import TensorProto, helper
 from ..config import MHAConfig
 from ..errors import UsageError
 from .forms import FORMS, AttentionIO, GraphForm, resolve_opset
-from .builder import ONNX_DTYPES, GraphBuilder, rotary_cos_sin, rotary_op, rotate_heads
+from .builder import ONNX_DTYPES, GraphBuilder
+from .rotary import rotary_cos_sin, rotary_op, rotate_heads
 from ..layer.layouts import AttentionWeights
-from ..layer.rotary import inv_freq
+from .norm import heads_rms_norm, rms_norm
 from ..signature import FLOAT, Signature, TensorSpec, make_signature
 
 DTYPES = tuple(ONNX_DTYPES)
@@ -52,13 +53,21 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
     opset = resolve_opset(form, opset)
     g = GraphBuilder(dtype=dtype)
     q, k, v = _project_qkv(g, c, w)  # (B, T, N*H), 2 x (B, T, K*H)
+    if c.qk_norm != "none":  # before rotary, as transformers
+        q, k = _normalize_qk(g, c, w, q, k)
     if c.rotary != "none":  # rotate q and k by position_ids before any core
         q, k = _rotate_qk(g, c, q, k, opset)
     named = set(sig.input_names)
+    sinks = None if w.sinks is None else g.const("attn.sinks", w.sinks.reshape(1, -1, 1, 1))
     io = AttentionIO(q, k, v, *(n if n in named else None
-                                for n in ("past_key", "past_value", "attention_mask")))
+                                for n in ("past_key", "past_value", "attention_mask")),
+                     sinks=sinks)  # sinks (1, N, 1, 1)
     out = form.core(g, io, c)
-    y = out.context if w.wo is None else g.linear(out.context, "out", w.wo, w.bo)  # (B, T, dim)
+    context = out.context  # (B, T, N*H)
+    if w.wg is not None:  # output gate: context * sigmoid(x @ W_gate^T + b)
+        gate = g.op("Sigmoid", [g.linear("x", "gate", w.wg, w.bg)], name="gate")  # (B, T, N*H)
+        context = g.op("Mul", [context, gate], name="gated_context")
+    y = context if w.wo is None else g.linear(context, "out", w.wo, w.bo)  # (B, T, dim)
     results = {"y": y, "present_key": out.present_key, "present_value": out.present_value}
     for name in sig.output_names:
         g.nodes.append(helper.make_node("Identity", [results[name]], [name], name=f"{name}_out"))
@@ -81,11 +90,21 @@ def _project_qkv(g: GraphBuilder, c: MHAConfig, w: AttentionWeights) -> list[str
                 n_out=3, axis=2, name="qkv_split")
 
 
+def _normalize_qk(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, q: str, k: str
+                  ) -> tuple[str, str]:
+    """RMSNorm of q and k over each head's features, or over the whole projection (OLMo 2)."""
+    args = dict(eps=c.qk_norm_eps, offset=c.norm_offset)
+    if c.qk_norm == "full":
+        return (rms_norm(g, q, w.q_norm, name="q_norm", **args),
+                rms_norm(g, k, w.k_norm, name="k_norm", **args))
+    return (heads_rms_norm(g, q, c.heads, c.head_dim, w.q_norm, name="q_norm", **args),
+            heads_rms_norm(g, k, c.kv_heads, c.head_dim, w.k_norm, name="k_norm", **args))
+
+
 def _rotate_qk(g: GraphBuilder, c: MHAConfig, q: str, k: str, opset: int) -> tuple[str, str]:
     """q, k rotated by position_ids: the standard RotaryEmbedding node from opset 23, the same
     rotation in plain ops (Split / Mul / Sub / Add / Concat) below."""
-    freq = inv_freq(c.rotary_dim, c.rope_theta, c.rope_scaling).numpy()
-    cos, sin = rotary_cos_sin(g, "position_ids", freq)  # (B, T, rd/2)
+    cos, sin = rotary_cos_sin(g, "position_ids", c)  # (B, T, rd/2)
     interleaved = c.rotary == "interleaved"
     if opset >= 23:
         return (rotary_op(g, q, c.heads, c.rotary_dim, interleaved, cos, sin, "q"),

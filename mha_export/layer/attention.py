@@ -23,12 +23,27 @@ def causal_mask(t_q: int, t_k: int, device: torch.device, window: int = 0) -> Te
     return k_pos > q_pos
 
 
+def row_causal_mask(query_start: Tensor, t_q: int, t_k: int, window: int = 0) -> Tensor:
+    """(B, 1, t_q, t_k) bool, True where a query may NOT attend: row b's query i sits at key
+    position query_start[b] + i (a static cache: each row's own valid length)."""
+    q_pos = (query_start.view(-1, 1) + torch.arange(t_q, device=query_start.device)).view(
+        -1, 1, t_q, 1)  # (B, 1, Tq, 1)
+    k_pos = torch.arange(t_k, device=query_start.device).view(1, 1, 1, t_k)  # (1, 1, 1, Tk)
+    if window > 0:
+        return (k_pos > q_pos) | (k_pos <= q_pos - window)
+    return k_pos > q_pos
+
+
 def score_mask(t_q: int, t_k: int, causal: bool, attention_mask: Optional[Tensor],
-                  device: torch.device, window: int = 0) -> Optional[Tensor]:
-    """bool (B|1, 1, Tq, Tk), True where a score is masked: bottom-right causal and/or padding
-    keys (attention_mask (B, Tk), 1 = token); None when nothing is masked."""
+               device: torch.device, window: int = 0, query_start: Optional[Tensor] = None
+               ) -> Optional[Tensor]:
+    """bool (B|1, 1, Tq, Tk), True where a score is masked: bottom-right causal (or from each
+    row's ``query_start``) and/or padding keys (attention_mask (B, Tk), 1 = token); None when
+    nothing is masked."""
     masked: Optional[Tensor] = None
-    if causal:
+    if query_start is not None:
+        masked = row_causal_mask(query_start, t_q, t_k, window)  # (B, 1, Tq, Tk)
+    elif causal:
         masked = causal_mask(t_q, t_k, device, window).view(1, 1, t_q, t_k)
     if attention_mask is not None:
         pad = (attention_mask == 0).view(attention_mask.size(0), 1, 1, t_k)  # (B, 1, 1, Tk)
@@ -48,41 +63,61 @@ def lowest_value(dtype: torch.dtype) -> float:
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropout_p: float,
-              need_weights: bool, attention_mask: Optional[Tensor] = None, window: int = 0
-              ) -> Tuple[Tensor, Optional[Tensor]]:
+              need_weights: bool, attention_mask: Optional[Tensor] = None, window: int = 0,
+              softcap: float = 0.0, sinks: Optional[Tensor] = None,
+              query_start: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """Scaled dot-product attention: q (B, N, Tq, H), k/v (B, K, Tk, H) -> ((B, N, Tq, H), probs);
     with K < N heads, query head h reads key/value head h // (N / K) (grouped-query).
 
     Fast path: torch's fused SDPA with is_causal (memory linear in T on CPU), only where its
     top-left causal alignment is right (Tq == Tk) and nothing is padded. Otherwise SDPA with an
     explicit bottom-right + padding mask filled with the dtype's lowest finite value (a row with
-    nothing to attend stays finite). Plain path: scores -> mask -> softmax -> dropout, when the
-    attention probabilities are wanted.
+    nothing to attend stays finite). Plain path: scores -> softcap -> mask -> softmax (with the
+    sinks' column) -> dropout, when the probabilities are wanted or SDPA cannot compute the layer
+    (softcapping, sinks). ``query_start`` (B,): row b's queries sit at key positions
+    query_start[b] + i (a static cache), instead of bottom-right alignment.
     """
     t_q, t_k = q.size(-2), k.size(-2)
     gqa = q.size(1) != k.size(1)  # SDPA reads the shared heads in place (no copies)
-    if not need_weights and attention_mask is None and window == 0 and (t_q == t_k or not causal):
+    plain = need_weights or softcap > 0.0 or sinks is not None
+    aligned = query_start is None and (t_q == t_k or not causal)
+    if not plain and attention_mask is None and window == 0 and aligned:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal,
                                               scale=scale, enable_gqa=gqa), None
-    masked = score_mask(t_q, t_k, causal, attention_mask, q.device, window)  # (B|1, 1, Tq, Tk)
+    masked = score_mask(t_q, t_k, causal, attention_mask, q.device, window,
+                        query_start)  # (B|1, 1, Tq, Tk)
     lowest = lowest_value(q.dtype)
-    if not need_weights:
+    if not plain:
         bias: Optional[Tensor] = None
         if masked is not None:
             bias = torch.zeros(masked.shape, dtype=q.dtype, device=q.device).masked_fill(
                 masked, lowest)  # (B|1, 1, Tq, Tk)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
                                               scale=scale, enable_gqa=gqa), None
-    if gqa:  # the plain path: each query head gets its kv head's copy
-        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)  # (B, N, Tk, H)
-        v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)
-    scores = (q @ k.transpose(-2, -1)) * scale  # (B, N, Tq, Tk)
-    if masked is not None:
-        scores = scores.masked_fill(masked, lowest)
-    probs = torch.softmax(scores, dim=-1)
+    probs = attention_probs(q, k, scale, masked, softcap, sinks)  # (B, N, Tq, Tk)
     if dropout_p > 0.0:
         probs = F.dropout(probs, p=dropout_p)
+    if gqa:
+        v = v.repeat_interleave(q.size(1) // v.size(1), dim=1)  # (B, N, Tk, H)
     return probs @ v, probs  # (B, N, Tq, H)
+
+
+def attention_probs(q: Tensor, k: Tensor, scale: float, masked: Optional[Tensor],
+                    softcap: float = 0.0, sinks: Optional[Tensor] = None) -> Tensor:
+    """The textbook path, in transformers' order: scores * scale -> cap * tanh(s / cap) ->
+    masked -> softmax over the keys and one sink logit per head (dropped afterwards)."""
+    if q.size(1) != k.size(1):  # each query head gets its kv head's copy
+        k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)  # (B, N, Tk, H)
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, N, Tq, Tk)
+    if softcap > 0.0:
+        scores = torch.tanh(scores / softcap) * softcap
+    if masked is not None:
+        scores = scores.masked_fill(masked, lowest_value(q.dtype))
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(
+        scores.size(0), scores.size(1), scores.size(2), 1)  # (B, N, Tq, 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]  # (B, N, Tq, Tk)
 
 
 def merge_heads(ctx: Tensor) -> Tensor:

@@ -35,7 +35,14 @@ class CachedStep(EntryPoint):
         return self.inner.forward_step(x, attention_mask, past_key, past_value, position_ids)
 
 
-ENTRY_POINTS = {"full": FullSequence, "masked": MaskedSequence, "kv-cache": CachedStep}
+class StaticCacheStep(EntryPoint):
+    def forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
+                position_ids: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+        return self.inner.forward_static(x, past_key, past_value, past_lengths, position_ids)
+
+
+ENTRY_POINTS = {"full": FullSequence, "masked": MaskedSequence, "kv-cache": CachedStep,
+                "static-cache": StaticCacheStep}
 
 
 def entry_module(module: AttentionBase, kind: str, input_names: List[str],

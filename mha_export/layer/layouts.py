@@ -5,119 +5,14 @@ core (attention.py) and merges the heads back. Layouts differ only in how their 
 used for conversions and by the ONNX graph builder."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from .attention import attention, merge_heads
-from .rotary import cos_sin, inv_freq, rotate
 from ..config import MHAConfig
 from ..errors import UsageError
-
-
-@dataclass
-class AttentionWeights:
-    """Layout-neutral weights in nn.Linear orientation ([out, in])."""
-
-    wq: Tensor  # (inner, d_in)
-    wk: Tensor
-    wv: Tensor
-    bq: Optional[Tensor] = None  # (inner,)
-    bk: Optional[Tensor] = None
-    bv: Optional[Tensor] = None
-    wo: Optional[Tensor] = None  # (dim, inner); None: no output projection
-    bo: Optional[Tensor] = None  # (dim,)
-
-
-class AttentionBase(nn.Module):
-    """Shared forward: project -> attention core -> merge heads -> (optional) output projection."""
-
-    def __init__(self, config: MHAConfig):
-        super().__init__()
-        self.config = config
-        self.n_head = config.heads
-        self.head_dim = config.head_dim
-        self.kv_heads = config.kv_heads
-        self.causal = config.causal
-        self.dropout = config.dropout
-        self.scale = config.scale
-        self.window = config.sliding_window or 0
-        self.rotary = config.rotary != "none"
-        self.interleaved = config.rotary == "interleaved"
-        freq = inv_freq(config.rotary_dim, config.rope_theta, config.rope_scaling) \
-            if self.rotary else torch.zeros(0)
-        self.register_buffer("inv_freq", freq, persistent=False)  # (rotary_dim / 2,)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.attend(x, None, None, None)[0]
-
-    def forward_step(self, x: Tensor, attention_mask: Tensor, past_key: Tensor,
-                     past_value: Tensor, position_ids: Optional[Tensor] = None
-                     ) -> Tuple[Tensor, Tensor, Tensor]:
-        """The KV-cache call: (y (B, T, dim), present_key, present_value (B, K, P+T, H)).
-        Query i sits at position P + i and sees every earlier-or-equal key that attention_mask
-        (B, P+T) marks 1. Rotary layers rotate by position_ids (B, T) (default P + i)."""
-        return self.attend(x, attention_mask, past_key, past_value, position_ids)
-
-    def attend(self, x: Tensor, attention_mask: Optional[Tensor], past_key: Optional[Tensor],
-               past_value: Optional[Tensor], position_ids: Optional[Tensor] = None
-               ) -> Tuple[Tensor, Tensor, Tensor]:
-        y, k, v, _ = self._attend(x, attention_mask, past_key, past_value, False, position_ids)
-        return y, k, v
-
-    @torch.jit.ignore
-    def forward_with_weights(self, x: Tensor) -> Tuple[Tensor, Tensor]:
-        """Eager only: (y, attention probabilities (B, heads, T, T))."""
-        y, _, _, probs = self._attend(x, None, None, None, True)
-        assert probs is not None
-        return y, probs
-
-    def _attend(self, x: Tensor, attention_mask: Optional[Tensor], past_key: Optional[Tensor],
-                past_value: Optional[Tensor], need_weights: bool,
-                position_ids: Optional[Tensor] = None
-                ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-        q, k, v = self.project_qkv(x)  # (B, N, T, H), (B, K, T, H) x 2
-        if self.rotary:  # the cache holds rotated keys
-            if position_ids is None:
-                past = 0 if past_key is None else past_key.size(2)
-                position_ids = torch.arange(past, past + x.size(1), device=x.device).expand(
-                    x.size(0), x.size(1))  # (B, T)
-            cos, sin = cos_sin(position_ids, self.inv_freq, q.dtype)  # (B, 1, T, rd/2)
-            q = rotate(q, cos, sin, self.interleaved)
-            k = rotate(k, cos, sin, self.interleaved)
-        if past_key is not None and past_value is not None:
-            k = torch.cat([past_key, k], dim=2)  # (B, N, P+T, H)
-            v = torch.cat([past_value, v], dim=2)
-        p = self.dropout if self.training else 0.0
-        ctx, probs = attention(q, k, v, self.scale, self.causal, p, need_weights, attention_mask,
-                               self.window)  # k, v keep K heads: so does the cache
-        return self.project_out(merge_heads(ctx)), k, v, probs
-
-    def _split_heads(self, t: Tensor, heads: int) -> Tensor:
-        b, n, _ = t.shape
-        return t.view(b, n, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, H)
-
-    def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        raise NotImplementedError
-
-    def project_out(self, merged: Tensor) -> Tensor:
-        return merged
-
-    # --- conversions -----------------------------------------------------------------------
-    def to_weights(self) -> AttentionWeights:
-        raise NotImplementedError
-
-    def load_weights(self, w: AttentionWeights) -> None:
-        raise NotImplementedError
-
-
-def _copy(dst: nn.Linear, weight: Tensor, bias: Optional[Tensor]) -> None:
-    with torch.no_grad():
-        dst.weight.copy_(weight)
-        if dst.bias is not None:
-            dst.bias.copy_(bias if bias is not None else torch.zeros_like(dst.bias))
+from .base import AttentionBase, AttentionWeights, copy_linear
 
 
 def _bias(linear: nn.Linear) -> Optional[Tensor]:
@@ -155,9 +50,9 @@ class SingleHeadAttention(AttentionBase):
 
     def load_weights(self, w: AttentionWeights) -> None:
         _require_no_out_proj(w, "single")
-        _copy(self.W_query, w.wq, w.bq)
-        _copy(self.W_key, w.wk, w.bk)
-        _copy(self.W_value, w.wv, w.bv)
+        copy_linear(self.W_query, w.wq, w.bq)
+        copy_linear(self.W_key, w.wk, w.bk)
+        copy_linear(self.W_value, w.wv, w.bv)
 
 
 class StackedHeadsAttention(AttentionBase):
@@ -227,13 +122,15 @@ class SplitHeadsAttention(AttentionBase):
         return AttentionWeights(self.W_query.weight.detach(), self.W_key.weight.detach(),
                                 self.W_value.weight.detach(), _bias(self.W_query),
                                 _bias(self.W_key), _bias(self.W_value),
-                                self.out_proj.weight.detach(), _bias(self.out_proj))
+                                self.out_proj.weight.detach(), _bias(self.out_proj),
+                                **self.extra_weights())
 
     def load_weights(self, w: AttentionWeights) -> None:
-        _copy(self.W_query, w.wq, w.bq)
-        _copy(self.W_key, w.wk, w.bk)
-        _copy(self.W_value, w.wv, w.bv)
+        copy_linear(self.W_query, w.wq, w.bq)
+        copy_linear(self.W_key, w.wk, w.bk)
+        copy_linear(self.W_value, w.wv, w.bv)
         _copy_out(self.out_proj, w)
+        self.load_extra_weights(w)
 
 
 class FusedQKVAttention(AttentionBase):
@@ -259,19 +156,20 @@ class FusedQKVAttention(AttentionBase):
         b = _bias(self.c_attn)
         bq, bk, bv = (None, None, None) if b is None else b.split(self.qkv_sizes, 0)
         return AttentionWeights(wq, wk, wv, bq, bk, bv, self.c_proj.weight.detach(),
-                                _bias(self.c_proj))
+                                _bias(self.c_proj), **self.extra_weights())
 
     def load_weights(self, w: AttentionWeights) -> None:
         b = None if w.bq is None else torch.cat([w.bq, w.bk, w.bv])
-        _copy(self.c_attn, torch.cat([w.wq, w.wk, w.wv]), b)
+        copy_linear(self.c_attn, torch.cat([w.wq, w.wk, w.wv]), b)
         _copy_out(self.c_proj, w)
+        self.load_extra_weights(w)
 
 
 def _copy_out(dst: nn.Linear, w: AttentionWeights) -> None:
     if w.wo is None:  # from a layout without output projection: identity
-        _copy(dst, torch.eye(dst.out_features, dst.in_features), None)
+        copy_linear(dst, torch.eye(dst.out_features, dst.in_features), None)
     else:
-        _copy(dst, w.wo, w.bo)
+        copy_linear(dst, w.wo, w.bo)
 
 
 LAYOUT_CLASSES = {
@@ -283,10 +181,17 @@ LAYOUT_CLASSES = {
 
 
 def build_module(config: MHAConfig, seed: Optional[int] = None) -> AttentionBase:
-    """A module of config.layout in eval mode; with a seed, deterministic random weights."""
-    if seed is not None:
-        torch.manual_seed(seed)
-    return LAYOUT_CLASSES[config.layout](config).eval()
+    """A module of config.layout in eval mode; with a seed, deterministic random weights (norm
+    weights and sinks too: their initial values — ones, zeros — would hide bugs)."""
+    if seed is None:
+        return LAYOUT_CLASSES[config.layout](config).eval()
+    torch.manual_seed(seed)
+    module = LAYOUT_CLASSES[config.layout](config).eval()
+    with torch.no_grad():
+        for name, t in module.named_parameters():
+            if name.endswith("norm.weight") or name == "sinks":
+                t.normal_(mean=float(t.mean()), std=0.5)
+    return module
 
 
 def convert(module: AttentionBase, layout: str) -> AttentionBase:

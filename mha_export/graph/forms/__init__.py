@@ -6,7 +6,9 @@ in ``_FORMS`` below. Nothing else changes: the exporter, the CLI choices, the ch
 """
 from __future__ import annotations
 
+from ...config import MHAConfig
 from ...errors import UsageError
+from ...signature import Signature
 from . import attention_op, auto, blocked, contrib, decomposed
 from .base import (ALL_FEATURES, AttentionIO, AttentionOut, Feature, GraphForm, Memory,
                    required_features)
@@ -22,7 +24,7 @@ MAX_OPSET = 26
 
 __all__ = ["FORMS", "DEFAULT", "MAX_OPSET", "ALL_FEATURES", "Feature", "Memory", "AttentionIO",
            "AttentionOut", "GraphForm", "get_form", "resolve_opset", "required_features",
-           "opset_summary"]
+           "opset_summary", "default_form"]
 
 
 def get_form(name: str) -> GraphForm:
@@ -50,3 +52,10 @@ def opset_summary() -> str:
     for form in FORMS.values():
         by_opset.setdefault(form.min_opset, []).append(form.name)
     return "; ".join(f"{opset} for {', '.join(names)}" for opset, names in sorted(by_opset.items()))
+
+
+def default_form(config: MHAConfig, sig: Signature) -> GraphForm:
+    """``auto``, or where it cannot build the layer (softcapping, sinks) the first memory-linear
+    form that can, then any that can (build_model names the forms that can when none does)."""
+    candidates = [FORMS[DEFAULT]] + sorted(FORMS.values(), key=lambda f: f.memory.linear_from != 0)
+    return next((f for f in candidates if not f.problem(config, sig)), FORMS[DEFAULT])

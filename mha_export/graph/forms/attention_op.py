@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ...config import MHAConfig
 from ..builder import GraphBuilder, additive, dim, score_mask
-from .base import ALL_FEATURES, QUADRATIC, AttentionIO, AttentionOut, GraphForm
+from .base import ATTENTION_NODE_FEATURES, QUADRATIC, AttentionIO, AttentionOut, GraphForm
 
 
 def attention_op_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
@@ -36,4 +36,4 @@ FORM = GraphForm(
     name="attention-op", core=attention_op_core, min_opset=23, memory=QUADRATIC,
     summary="one standard Attention node on 3-D q/k/v (is_causal=1; with a cache or padding "
             "mask: an explicit bottom-right mask, and the node's own past/present)",
-    supports=ALL_FEATURES)
+    supports=ATTENTION_NODE_FEATURES)

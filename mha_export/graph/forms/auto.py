@@ -14,7 +14,7 @@ from onnx import helper
 from ...config import MHAConfig
 from ..builder import GraphBuilder, dim
 from .attention_op import attention_op_core
-from .base import ALL_FEATURES, AttentionIO, AttentionOut, GraphForm, Memory
+from .base import ATTENTION_NODE_FEATURES, AttentionIO, AttentionOut, GraphForm, Memory
 from .blocked import BLOCK, BLOCK_EDGES, blocked_core
 
 AUTO_THRESHOLD = 512
@@ -43,4 +43,4 @@ FORM = GraphForm(
             f"blocked loop for T >= {AUTO_THRESHOLD}",
     switch_seq_lens=(AUTO_THRESHOLD - 1, AUTO_THRESHOLD) + tuple(
         AUTO_THRESHOLD + e for e in BLOCK_EDGES),
-    supports=ALL_FEATURES)
+    supports=ATTENTION_NODE_FEATURES)

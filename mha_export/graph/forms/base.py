@@ -10,9 +10,11 @@ import enum
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import numpy as np
+
 from ...config import MHAConfig
 from ...signature import Signature
-from ..builder import GraphBuilder, split_heads
+from ..builder import GraphBuilder, finite_lowest, split_heads
 
 
 class Feature(enum.Enum):
@@ -23,19 +25,25 @@ class Feature(enum.Enum):
     ATTENTION_MASK = "attention-mask"
     GQA = "gqa"
     SLIDING_WINDOW = "sliding-window"
+    SOFTCAP = "softcap"
+    SINKS = "sinks"
 
     def __str__(self) -> str:
         return self.value
 
 
 ALL_FEATURES = frozenset(Feature)
+# What a core built on the standard Attention node supports: it has no sink logits, and its
+# softcap attribute is not used (the order it applies relative to the mask is not proven here).
+ATTENTION_NODE_FEATURES = ALL_FEATURES - {Feature.SOFTCAP, Feature.SINKS}
 
 
 def required_features(config: MHAConfig, sig: Signature) -> frozenset[Feature]:
     """What a graph form must support to build this config and signature."""
     wanted = {Feature.KV_CACHE: sig.has_cache, Feature.ATTENTION_MASK: sig.has_mask,
               Feature.NON_CAUSAL: not config.causal, Feature.GQA: config.kv_heads != config.heads,
-              Feature.SLIDING_WINDOW: bool(config.sliding_window)}
+              Feature.SLIDING_WINDOW: bool(config.sliding_window),
+              Feature.SOFTCAP: bool(config.softcap), Feature.SINKS: config.sinks}
     return frozenset(f for f, on in wanted.items() if on)
 
 
@@ -69,6 +77,7 @@ class AttentionIO:
     past_key: Optional[str] = None  # (B, K, P, H)
     past_value: Optional[str] = None
     attention_mask: Optional[str] = None  # (B, S) int64, 1 = token
+    sinks: Optional[str] = None  # (1, N, 1, 1): one logit per head in the softmax denominator
 
     @property
     def has_cache(self) -> bool:
@@ -119,3 +128,27 @@ def keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> tuple[str, st
 def cache_out(io: AttentionIO, context: str, keys: str, values: str) -> AttentionOut:
     """The core's result: present_key/present_value only when the call has a cache."""
     return AttentionOut(context, keys, values) if io.has_cache else AttentionOut(context)
+
+
+def probabilities(g: GraphBuilder, scores: str, masked: Optional[str], c: MHAConfig,
+                  sinks: Optional[str]) -> str:
+    """Scores (B, N, Tq, S) of scaled queries -> probabilities, in transformers' order:
+    cap * tanh(s / cap) (softcapping) -> masked -> softmax over the keys and one sink logit per
+    head, whose column is dropped afterwards."""
+    if c.softcap:
+        cap = g.const("softcap", np.array(c.softcap))
+        scores = g.op("Mul", [g.op("Tanh", [g.op("Div", [scores, cap], name="capped_in")],
+                                   name="capped_tanh"), cap], name="capped_scores")
+    if masked is not None:
+        scores = g.op("Where", [masked, g.const("mask_fill", finite_lowest(g.dtype)), scores],
+                      name="masked_scores")  # (B, N, Tq, S)
+    if sinks is None:
+        return g.op("Softmax", [scores], axis=-1, name="probs")  # (B, N, Tq, S)
+    rows = g.op("Concat", [g.op("Shape", [scores], start=0, end=3, name="score_rows"),
+                           g.ints("one_column", [1])], axis=0, name="sink_shape")  # [B, N, Tq, 1]
+    sink = g.op("Expand", [sinks, rows], name="sink_column")  # (B, N, Tq, 1)
+    logits = g.op("Concat", [scores, sink], axis=-1, name="with_sinks")  # (B, N, Tq, S + 1)
+    probs = g.op("Softmax", [logits], axis=-1, name="probs_with_sinks")
+    keys = g.op("Shape", [scores], start=3, end=4, name="key_count")  # (1,) S
+    return g.op("Slice", [probs, g.ints("zero_1d", [0]), keys, g.ints("axes_last_1d", [-1])],
+                name="probs")  # (B, N, Tq, S): the sink's column dropped

@@ -27,8 +27,8 @@ from onnx import TensorProto, helper
 from ...config import MHAConfig
 from ..builder import (GraphBuilder, additive, as_1d, ceil_div, dim, finite_lowest, score_mask,
                      repeat_kv, scale_queries, split_heads)
-from .base import (ALL_FEATURES, LINEAR, AttentionIO, AttentionOut, GraphForm, cache_out,
-                   keys_values)
+from .base import (ALL_FEATURES, ATTENTION_NODE_FEATURES, LINEAR, AttentionIO, AttentionOut,
+                   GraphForm, cache_out, keys_values, probabilities)
 
 BLOCK = 256
 BLOCK_EDGES = (BLOCK, BLOCK + 1, 2 * BLOCK + 1)  # one block, two, three (the last ragged)
@@ -103,12 +103,13 @@ def _block_context(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operand
                                                     name="first_key")  # ()
     key_end = (b.op("Add", [first_key, block_size], name="key_end") if c.causal
                else b.ints("all_keys", np.iinfo(np.int64).max))  # () Slice clamps at S
-    key_start, first_rel = b.ints("zero", 0), first_key  # ()
     if c.sliding_window:  # keys older than the block's window are never read
         oldest = b.op("Sub", [first_key, b.ints("window_back", c.sliding_window - 1)],
                       name="window_first")  # () oldest key the block's first query sees
-        key_start = b.op("Max", [oldest, b.ints("zero_", 0)], name="key_start")  # ()
+        key_start = b.op("Max", [oldest, b.ints("zero", 0)], name="key_start")  # ()
         first_rel = b.op("Sub", [first_key, key_start], name="first_key_rel")  # ()
+    else:
+        key_start, first_rel = b.ints("zero", 0), first_key  # ()
     key_start_1d = as_1d(b, key_start, "key_start_1d")  # (1,)
     key_end_1d = as_1d(b, key_end, "key_end_1d")  # (1,)
     query_end = b.op("Add", [start, block_size], name="q_end")  # ()
@@ -128,7 +129,7 @@ def _block_context(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operand
                         mask_block, start=first_rel,
                         window=c.sliding_window or 0)  # (.., bs, len) bool
     body = _attention_body if use_attention_op else _plain_body
-    return body(b, c, q_block, k_block, v_block, masked, ops.flat)  # (B, bs, D) | (B, N, bs, H)
+    return body(b, c, io, q_block, k_block, v_block, masked, ops.flat)  # (B, bs, D) | (B, N, bs, H)
 
 
 def _pad_axis(g: GraphBuilder, x: str, pad: str, axis: int) -> str:
@@ -141,7 +142,7 @@ def _pad_axis(g: GraphBuilder, x: str, pad: str, axis: int) -> str:
     return g.op("Pad", [x, pads], mode="constant", name="q_padded")
 
 
-def _attention_body(b: GraphBuilder, c: MHAConfig, qb: str, kb: str, vb: str,
+def _attention_body(b: GraphBuilder, c: MHAConfig, io: AttentionIO, qb: str, kb: str, vb: str,
                     masked: str | None, flat: bool) -> str:
     """One Attention node per block (queries already scaled)."""
     # Reshape (no copy in ORT) restores the static sizes that shape inference loses through a
@@ -160,14 +161,12 @@ def _attention_body(b: GraphBuilder, c: MHAConfig, qb: str, kb: str, vb: str,
     return b.op("Attention", inputs, name="attention", scale=1.0, **heads)
 
 
-def _plain_body(b: GraphBuilder, c: MHAConfig, qb: str, kb: str, vb: str,
+def _plain_body(b: GraphBuilder, c: MHAConfig, io: AttentionIO, qb: str, kb: str, vb: str,
                 masked: str | None, flat: bool) -> str:
-    """q (B, N, bs, H) @ k^T (B, K, H, end) -> Where -> Softmax -> @ v -> (B, N, bs, H)."""
+    """q (B, N, bs, H) @ k^T (B, N, H, end) -> probabilities (softcap, mask, sinks) -> @ v
+    -> (B, N, bs, H)."""
     scores = b.op("MatMul", [qb, kb], name="scores")  # (B, N, bs, end)
-    if masked is not None:
-        scores = b.op("Where", [masked, b.const("mask_fill", finite_lowest(b.dtype)), scores],
-                      name="masked_scores")  # (B, N, bs, end)
-    probs = b.op("Softmax", [scores], axis=-1, name="probs")  # (B, N, bs, end)
+    probs = probabilities(b, scores, masked, c, io.sinks)  # (B, N, bs, end)
     return b.op("MatMul", [probs, vb], name="context")  # (B, N, bs, H)
 
 
@@ -198,7 +197,7 @@ BLOCKED = GraphForm(
     name="blocked", core=blocked_core, min_opset=23, memory=LINEAR,
     summary=f"a Loop over blocks of <= {BLOCK} queries, one Attention node per block over keys "
             "[0, block end), mask only for the block",
-    switch_seq_lens=BLOCK_EDGES, supports=ALL_FEATURES)
+    switch_seq_lens=BLOCK_EDGES, supports=ATTENTION_NODE_FEATURES)
 BLOCKED_PLAIN = GraphForm(
     name="blocked-plain", core=functools.partial(blocked_core, use_attention_op=False),
     min_opset=17, memory=LINEAR,

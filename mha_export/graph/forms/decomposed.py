@@ -3,10 +3,10 @@ onnx's reference evaluator runs. Memory O(N*T*S) for the scores."""
 from __future__ import annotations
 
 from ...config import MHAConfig
-from ..builder import (GraphBuilder, dim, finite_lowest, merge_heads, repeat_kv,
+from ..builder import (GraphBuilder, dim, merge_heads, repeat_kv,
                      scale_queries, score_mask, split_heads)
 from .base import (ALL_FEATURES, QUADRATIC, AttentionIO, AttentionOut, GraphForm, cache_out,
-                   keys_values)
+                   keys_values, probabilities)
 
 
 def decomposed_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
@@ -16,11 +16,8 @@ def decomposed_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attention
                name="k_bhds")  # (B, N, H, S)
     scores = g.op("MatMul", [q, k_t], name="scores")  # (B, N, T, S)
     masked = score_mask(g, c.causal, dim(g, q, 2, "seq_len"), dim(g, keys, 2, "key_len"),
-                           io.attention_mask, window=c.sliding_window or 0)  # (B|1, 1|., T, S)
-    if masked is not None:
-        scores = g.op("Where", [masked, g.const("mask_fill", finite_lowest(g.dtype)), scores],
-                      name="masked_scores")  # (B, N, T, S)
-    probs = g.op("Softmax", [scores], axis=-1, name="probs")  # (B, N, T, S)
+                        io.attention_mask, window=c.sliding_window or 0)  # (B|1, 1|., T, S)
+    probs = probabilities(g, scores, masked, c, io.sinks)  # (B, N, T, S)
     ctx = g.op("MatMul", [probs, repeat_kv(g, values, c.groups, "v")],
                name="context")  # (B, N, T, H)
     return cache_out(io, merge_heads(g, ctx, c.inner), keys, values)  # (B, T, D)

@@ -1,0 +1,100 @@
+"""Rotary position embeddings in the ONNX graph: cos/sin at the call's position_ids (every rope
+type: the tables come from ``layer/rotary.py``'s ``rope_tables``, so graph and eager module share
+one computation), and the rotation of q/k — the standard RotaryEmbedding node (opset 23) or the
+same rotation in plain ops.
+
+Shape legend: B = batch, T = this call's length, H = head size, rd = rotary_dim.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from ..config import MHAConfig
+from ..layer.rotary import rope_tables
+from .builder import GraphBuilder
+
+
+def rotary_cos_sin(g: GraphBuilder, position_ids: str, config: MHAConfig) -> tuple[str, str]:
+    """position_ids (B, T) int64 -> cos, sin (B, T, rd/2) in the model dtype; the angles
+    position * inv_freq in float32, as the eager module and transformers compute them, then
+    cos and sin times the attention factor (yarn, longrope) in float32, then the cast."""
+    tables = rope_tables(config.rotary_dim, config.rope_theta, config.rope_scaling)
+    freq = g.const("rotary.inv_freq", tables.inv_freq.numpy(), float_dtype=False)  # (rd/2,)
+    if tables.long_inv_freq is not None:
+        freq = _longrope_freq(g, position_ids, freq, tables.long_inv_freq.numpy(),
+                              tables.switch_len)
+    pos = g.op("Cast", [position_ids], to=TensorProto.FLOAT, name="positions")  # (B, T)
+    pos = g.op("Unsqueeze", [pos, g.ints("axes_last", [2])], name="positions_3d")  # (B, T, 1)
+    angles = g.op("Mul", [pos, freq], name="rotary_angles")  # (B, T, rd/2) float32
+    factor = None
+    if tables.attention_factor != 1.0:
+        factor = g.const("rotary.attention_factor",
+                         np.array(tables.attention_factor, dtype=np.float32), float_dtype=False)
+    out = []
+    for fn in ("Cos", "Sin"):
+        v = g.op(fn, [angles], name=f"rotary_{fn.lower()}")
+        if factor is not None:
+            v = g.op("Mul", [v, factor], name=f"rotary_{fn.lower()}_scaled")
+        if g.dtype != "float32":
+            v = g.op("Cast", [v], to=g.elem, name=f"rotary_{fn.lower()}_cast")
+        out.append(v)  # (B, T, rd/2)
+    return out[0], out[1]
+
+
+def _longrope_freq(g: GraphBuilder, position_ids: str, short: str, long: np.ndarray,
+                   switch_len: int) -> str:
+    """(rd/2,) float32: the long table when max(position_ids) + 1 > switch_len over the whole
+    call, else the short one (transformers' longrope_frequency_update)."""
+    long = g.const("rotary.long_inv_freq", long, float_dtype=False)  # (rd/2,)
+    top = g.op("ReduceMax", [position_ids], keepdims=0, name="rotary_max_position")  # ()
+    length = g.op("Add", [top, g.ints("one", 1)], name="rotary_seq_len")  # ()
+    use_long = g.op("Greater", [length, g.ints("rotary.switch_len", switch_len)],
+                    name="rotary_use_long")  # () bool
+    return g.op("Where", [use_long, long, short], name="rotary_inv_freq")  # (rd/2,)
+
+
+def rotary_op(g: GraphBuilder, x: str, heads: int, rotary_dim: int, interleaved: bool,
+              cos: str, sin: str, name: str) -> str:
+    """The standard RotaryEmbedding node (opset 23) on (B, T, heads*H), with cos/sin already
+    taken at this call's positions (B, T, rd/2): no position table."""
+    return g.op("RotaryEmbedding", [x, cos, sin], name=f"{name}_rope", num_heads=heads,
+                rotary_embedding_dim=rotary_dim, interleaved=int(interleaved))
+
+
+def rotate_heads(g: GraphBuilder, x: str, heads: int, head_dim: int, rotary_dim: int,
+                 interleaved: bool, cos: str, sin: str, name: str) -> str:
+    """(B, T, heads*H): the first rotary_dim features of each head rotated, the rest kept."""
+    half = rotary_dim // 2
+    cos, sin = (g.op("Unsqueeze", [t, g.ints("axes2", [2])], name=f"{name}_{t}_heads")
+                for t in (cos, sin))  # (B, T, 1, rd/2)
+    x = g.op("Reshape", [x, g.ints("heads_shape", [0, 0, heads, head_dim])],
+             name=f"{name}_heads")  # (B, T, heads, H)
+    rest = None
+    if rotary_dim < head_dim:
+        x, rest = g.op("Split", [x, g.ints("rotary_split", [rotary_dim, head_dim - rotary_dim])],
+                       n_out=2, axis=3, name=f"{name}_rotary_part")  # (.., rd), (.., H - rd)
+    if interleaved:  # pairs (2i, 2i+1)
+        pairs = g.op("Reshape", [x, g.ints("pairs_shape", [0, 0, heads, half, 2])],
+                     name=f"{name}_pairs")  # (B, T, heads, rd/2, 2)
+        x1, x2 = (g.op("Squeeze", [p, g.ints("axes4", [4])], name=f"{name}_pair{i}")
+                  for i, p in enumerate(g.op("Split", [pairs, g.ints("ones_split", [1, 1])],
+                                             n_out=2, axis=4, name=f"{name}_pair_split")))
+    else:  # pairs (i, i + rd/2): rotate_half
+        x1, x2 = g.op("Split", [x, g.ints("halves", [half, half])], n_out=2, axis=3,
+                      name=f"{name}_halves")  # 2 x (B, T, heads, rd/2)
+    mul = lambda a, b, n: g.op("Mul", [a, b], name=f"{name}_{n}")  # noqa: E731
+    o1 = g.op("Sub", [mul(x1, cos, "x1cos"), mul(x2, sin, "x2sin")], name=f"{name}_rot1")
+    o2 = g.op("Add", [mul(x2, cos, "x2cos"), mul(x1, sin, "x1sin")], name=f"{name}_rot2")
+    if interleaved:
+        o1, o2 = (g.op("Unsqueeze", [o, g.ints("axes4", [4])], name=f"{name}_rot{i}_pair")
+                  for i, o in ((1, o1), (2, o2)))
+        rot = g.op("Reshape", [g.op("Concat", [o1, o2], axis=4, name=f"{name}_rot_pairs"),
+                               g.ints("rotated_shape", [0, 0, heads, rotary_dim])],
+                   name=f"{name}_rotated")  # (B, T, heads, rd)
+    else:
+        rot = g.op("Concat", [o1, o2], axis=3, name=f"{name}_rotated")  # (B, T, heads, rd)
+    if rest is not None:
+        rot = g.op("Concat", [rot, rest], axis=3, name=f"{name}_with_rest")  # (B, T, heads, H)
+    return g.op("Reshape", [rot, g.ints("flat_shape", [0, 0, heads * head_dim])],
+                name=f"{name}_rope")  # (B, T, heads*H)

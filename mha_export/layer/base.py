@@ -1,0 +1,217 @@
+"""The shared forward of every weight layout (project -> q/k norm -> rotary -> attention core ->
+merge heads -> output gate -> output projection), the cached call, and ``AttentionWeights``, the
+layout-neutral weights used for conversions and by the ONNX graph builder."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from ..config import MHAConfig
+from .attention import attention, merge_heads
+from .norm import RMSNorm
+from .rotary import RopeTables, cos_sin, rope_tables, rotate
+
+
+@dataclass
+class AttentionWeights:
+    """Layout-neutral weights in nn.Linear orientation ([out, in])."""
+
+    wq: Tensor  # (inner, d_in)
+    wk: Tensor
+    wv: Tensor
+    bq: Optional[Tensor] = None  # (inner,)
+    bk: Optional[Tensor] = None
+    bv: Optional[Tensor] = None
+    wo: Optional[Tensor] = None  # (dim, inner); None: no output projection
+    bo: Optional[Tensor] = None  # (dim,)
+    q_norm: Optional[Tensor] = None  # (H,) per head | (N*H,) whole projection
+    k_norm: Optional[Tensor] = None  # (H,) | (K*H,)
+    sinks: Optional[Tensor] = None  # (N,) one logit per query head
+    wg: Optional[Tensor] = None  # (inner, d_in) output gate
+    bg: Optional[Tensor] = None  # (inner,)
+
+
+class AttentionBase(nn.Module):
+    """Shared forward: project -> attention core -> merge heads -> (optional) output projection."""
+
+    def __init__(self, config: MHAConfig):
+        super().__init__()
+        self.config = config
+        self.n_head = config.heads
+        self.head_dim = config.head_dim
+        self.kv_heads = config.kv_heads
+        self.causal = config.causal
+        self.dropout = config.dropout
+        self.scale = config.scale
+        self.window = config.sliding_window or 0
+        self.rotary = config.rotary != "none"
+        self.interleaved = config.rotary == "interleaved"
+        rope = rope_tables(config.rotary_dim, config.rope_theta, config.rope_scaling) \
+            if self.rotary else RopeTables(torch.zeros(0))
+        self.register_buffer("inv_freq", rope.inv_freq, persistent=False)  # (rd/2,)
+        self.register_buffer("long_inv_freq", rope.long_or_empty(),
+                             persistent=False)  # (rd/2,) longrope's long table, else (0,)
+        self.rope_switch = rope.switch_len  # longrope: long table once max(pos) + 1 > this
+        self.rope_factor = rope.attention_factor  # multiplies cos and sin (yarn, longrope)
+        self._add_extras(config)
+
+    def _add_extras(self, c: MHAConfig) -> None:
+        """The weights of the newer layers' options (Identity / empty where off: TorchScript
+        compiles every branch, and the state dict holds only what the layer has)."""
+        self.qk_norm = c.qk_norm
+        self.softcap = c.softcap or 0.0
+        self.has_sinks = c.sinks
+        self.gated = c.output_gate
+        per_head = c.qk_norm == "head"
+        self.q_norm: nn.Module = nn.Identity()
+        self.k_norm: nn.Module = nn.Identity()
+        if c.qk_norm != "none":
+            self.q_norm = RMSNorm(c.head_dim if per_head else c.inner, c.qk_norm_eps, c.norm_offset)
+            self.k_norm = RMSNorm(c.head_dim if per_head else c.kv_inner, c.qk_norm_eps,
+                                  c.norm_offset)
+        if c.sinks:
+            self.sinks = nn.Parameter(torch.zeros(c.heads))  # (N,)
+        else:
+            self.register_buffer("sinks", torch.zeros(0), persistent=False)
+        self.W_gate: nn.Module = nn.Linear(c.d_in, c.inner, bias=c.qkv_bias) if c.output_gate \
+            else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.attend(x, None, None, None)[0]
+
+    def forward_step(self, x: Tensor, attention_mask: Tensor, past_key: Tensor,
+                     past_value: Tensor, position_ids: Optional[Tensor] = None
+                     ) -> Tuple[Tensor, Tensor, Tensor]:
+        """The KV-cache call: (y (B, T, dim), present_key, present_value (B, K, P+T, H)).
+        Query i sits at position P + i and sees every earlier-or-equal key that attention_mask
+        (B, P+T) marks 1. Rotary layers rotate by position_ids (B, T) (default P + i)."""
+        return self.attend(x, attention_mask, past_key, past_value, position_ids)
+
+    def attend(self, x: Tensor, attention_mask: Optional[Tensor], past_key: Optional[Tensor],
+               past_value: Optional[Tensor], position_ids: Optional[Tensor] = None
+               ) -> Tuple[Tensor, Tensor, Tensor]:
+        y, k, v, _ = self._attend(x, attention_mask, past_key, past_value, False, position_ids)
+        return y, k, v
+
+    @torch.jit.ignore
+    def forward_with_weights(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """Eager only: (y, attention probabilities (B, heads, T, T))."""
+        y, _, _, probs = self._attend(x, None, None, None, True)
+        assert probs is not None
+        return y, probs
+
+    def _attend(self, x: Tensor, attention_mask: Optional[Tensor], past_key: Optional[Tensor],
+                past_value: Optional[Tensor], need_weights: bool,
+                position_ids: Optional[Tensor] = None
+                ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+        if position_ids is None:
+            past = 0 if past_key is None else past_key.size(2)
+            position_ids = torch.arange(past, past + x.size(1), device=x.device).expand(
+                x.size(0), x.size(1))  # (B, T)
+        q, k, v = self._queries_keys_values(x, position_ids)
+        if past_key is not None and past_value is not None:
+            k = torch.cat([past_key, k], dim=2)  # (B, N, P+T, H)
+            v = torch.cat([past_value, v], dim=2)
+        p = self.dropout if self.training else 0.0
+        sinks = self.sinks if self.has_sinks else None
+        ctx, probs = attention(q, k, v, self.scale, self.causal, p, need_weights, attention_mask,
+                               self.window, self.softcap, sinks)  # k, v keep K heads (the cache)
+        return self._output(x, ctx), k, v, probs
+
+    def forward_static(self, x: Tensor, past_key: Tensor, past_value: Tensor,
+                       past_lengths: Tensor, position_ids: Optional[Tensor] = None
+                       ) -> Tuple[Tensor, Tensor, Tensor]:
+        """The static-cache call: past_key/past_value (B, K, C, H) are app-owned buffers, written
+        in place at positions past_lengths[b] ... past_lengths[b] + T - 1 of row b and returned
+        as present_*; query i of row b sees keys j <= past_lengths[b] + i (and its window), so
+        only the prefix [0, max(past_lengths) + T) is read. Rotary default: past_lengths[b] + i."""
+        b, t = x.size(0), x.size(1)
+        steps = torch.arange(t, device=x.device)
+        if position_ids is None:
+            position_ids = past_lengths.view(b, 1) + steps  # (B, T)
+        q, k, v = self._queries_keys_values(x, position_ids)  # (B, N, T, H), (B, K, T, H) x 2
+        index = (past_lengths.view(b, 1, 1, 1) + steps.view(1, 1, t, 1)).expand(
+            k.shape)  # (B, K, T, H): where row b's new entries go
+        past_key.scatter_(2, index, k.to(past_key.dtype))
+        past_value.scatter_(2, index, v.to(past_value.dtype))
+        end = int(past_lengths.max()) + t  # the valid prefix of the longest row
+        sinks = self.sinks if self.has_sinks else None
+        ctx, _ = attention(q, past_key[:, :, :end], past_value[:, :, :end], self.scale,
+                           self.causal, 0.0, False, None, self.window, self.softcap, sinks,
+                           query_start=past_lengths)  # (B, N, T, H)
+        return self._output(x, ctx), past_key, past_value
+
+    def _queries_keys_values(self, x: Tensor, position_ids: Tensor
+                             ) -> Tuple[Tensor, Tensor, Tensor]:
+        """Projections -> q/k norm -> rotary at position_ids (B, T): q (B, N, T, H), k and v
+        (B, K, T, H) (the cache holds rotated keys)."""
+        q, k, v = self.project_qkv(x)
+        q, k = self._normalize_qk(q, k)
+        if self.rotary:
+            cos, sin = cos_sin(position_ids, self.inv_freq, q.dtype, self.long_inv_freq,
+                               self.rope_switch, self.rope_factor)  # (B, 1, T, rd/2)
+            q = rotate(q, cos, sin, self.interleaved)
+            k = rotate(k, cos, sin, self.interleaved)
+        return q, k, v
+
+    def _output(self, x: Tensor, ctx: Tensor) -> Tensor:
+        """(B, N, T, H) context -> merged heads -> output gate -> output projection."""
+        merged = merge_heads(ctx)  # (B, T, N*H)
+        if self.gated:
+            merged = merged * torch.sigmoid(self.W_gate(x))
+        return self.project_out(merged)
+
+    def _normalize_qk(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor]:
+        """RMSNorm over each head's features, or over the whole projection (OLMo 2)."""
+        if self.qk_norm == "head":
+            return self.q_norm(q), self.k_norm(k)
+        if self.qk_norm == "full":
+            q = self._split_heads(self.q_norm(merge_heads(q)), self.n_head)  # (B, N, T, H)
+            k = self._split_heads(self.k_norm(merge_heads(k)), self.kv_heads)  # (B, K, T, H)
+        return q, k
+
+    def _split_heads(self, t: Tensor, heads: int) -> Tensor:
+        b, n, _ = t.shape
+        return t.view(b, n, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, H)
+
+    def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        raise NotImplementedError
+
+    def project_out(self, merged: Tensor) -> Tensor:
+        return merged
+
+    # --- conversions -----------------------------------------------------------------------
+    def to_weights(self) -> AttentionWeights:
+        raise NotImplementedError
+
+    def extra_weights(self) -> dict[str, Optional[Tensor]]:
+        """AttentionWeights' fields for the options' weights (None where off)."""
+        def weight(m: nn.Module, name: str) -> Optional[Tensor]:
+            t = getattr(m, name, None)
+            return None if t is None else t.detach()
+        return {"q_norm": weight(self.q_norm, "weight"), "k_norm": weight(self.k_norm, "weight"),
+                "sinks": self.sinks.detach() if self.has_sinks else None,
+                "wg": weight(self.W_gate, "weight"), "bg": weight(self.W_gate, "bias")}
+
+    def load_extra_weights(self, w: AttentionWeights) -> None:
+        with torch.no_grad():
+            for module, t in ((self.q_norm, w.q_norm), (self.k_norm, w.k_norm)):
+                if isinstance(module, RMSNorm):
+                    module.weight.copy_(t if t is not None else 1.0 - module.offset)
+            if self.has_sinks:
+                self.sinks.copy_(w.sinks if w.sinks is not None else torch.zeros_like(self.sinks))
+            if isinstance(self.W_gate, nn.Linear) and w.wg is not None:
+                copy_linear(self.W_gate, w.wg, w.bg)
+
+    def load_weights(self, w: AttentionWeights) -> None:
+        raise NotImplementedError
+
+
+def copy_linear(dst: nn.Linear, weight: Tensor, bias: Optional[Tensor]) -> None:
+    with torch.no_grad():
+        dst.weight.copy_(weight)
+        if dst.bias is not None:
+            dst.bias.copy_(bias if bias is not None else torch.zeros_like(dst.bias))

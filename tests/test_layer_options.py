@@ -1,0 +1,85 @@
+"""The options of 2025-26 attention layers (q/k norm, softmax scale, softcapping, sinks, output
+gate): eager equals its textbook formula, every form that can build them passes the check, a form
+that cannot is refused by name, and planted faults in each option fail the check."""
+import shutil
+
+import pytest
+import torch
+
+from mha_export import MHAConfig, UsageError, check_parity, export_onnx, export_torchscript
+from mha_export.graph.forms import FORMS
+from mha_export.layer.layouts import build_module
+from mha_export.signature import make_signature
+
+import faults
+
+BASE = dict(dim=64, heads=4, kv_heads=2, max_seq_len=16, rotary="half")
+SWEEP = dict(seq_lens=[1, 6, 17, 260], batch_sizes=[2], providers=["cpu"])
+ALL = dict(qk_norm="head", norm_offset=1.0, softmax_scale=0.2, softcap=3.0, sinks=True,
+           output_gate=True, sliding_window=5)
+
+
+def test_eager_matches_the_textbook_formula():
+    """One head-group by hand: norm (1 + w), scale, softcap, mask, sinks, gate."""
+    c = MHAConfig(**{**BASE, **ALL, "rotary": "none"})
+    m = build_module(c, seed=1)
+    x = torch.randn(1, 9, 64)
+    w = m.to_weights()
+
+    def heads(t, n):
+        return t.view(1, 9, n, 16).transpose(1, 2)  # (B, n, T, H)
+
+    def norm(t, weight):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + weight)
+    q = norm(heads(x @ w.wq.T, 4), w.q_norm)
+    k = norm(heads(x @ w.wk.T, 2), w.k_norm).repeat_interleave(2, 1)
+    v = heads(x @ w.wv.T, 2).repeat_interleave(2, 1)
+    s = 3.0 * torch.tanh(q @ k.transpose(-1, -2) * 0.2 / 3.0)  # (1, 4, 9, 9)
+    i, j = torch.arange(9)[:, None], torch.arange(9)[None]
+    s = s.masked_fill((j > i) | (i - j >= 5), float("-inf"))
+    s = torch.cat([s, w.sinks.view(1, 4, 1, 1).expand(1, 4, 9, 1)], -1).softmax(-1)[..., :-1]
+    ctx = (s @ v).transpose(1, 2).reshape(1, 9, 64) * torch.sigmoid(x @ w.wg.T)
+    expected = ctx @ w.wo.T + w.bo
+    torch.testing.assert_close(m(x), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["decomposed", "blocked-plain"])
+@pytest.mark.parametrize("kind", ["full", "kv-cache"])
+def test_every_option_together_passes_the_check(tmp_path, form, kind):
+    r = export_onnx(MHAConfig(**BASE, **ALL), tmp_path / "a", attention=form,
+                    kv_cache=kind == "kv-cache", validate=False)
+    report = check_parity(r.path, **SWEEP, past_lens=[0, 3])
+    assert report.passed, [x.error for x in report.results if not x.passed][:3]
+
+
+def test_torchscript_and_the_default_form(tmp_path):
+    c = MHAConfig(**BASE, **ALL)
+    assert check_parity(export_torchscript(c, tmp_path / "ts", validate=False).path,
+                        **SWEEP).passed
+    r = export_onnx(c, tmp_path / "o", validate=False)  # auto cannot: a memory-linear form can
+    assert r.path.joinpath("config.json").read_text().count('"attention": "blocked-plain"') == 1
+
+
+@pytest.mark.parametrize("option", [dict(softcap=3.0), dict(sinks=True)])
+def test_a_form_that_cannot_build_an_option_names_those_that_can(tmp_path, option):
+    with pytest.raises(UsageError, match="forms that can: decomposed, blocked-plain"):
+        export_onnx(MHAConfig(**BASE, **option), tmp_path / "x", attention="auto")
+    assert not (tmp_path / "x").exists()
+
+
+def test_options_need_a_layout_that_holds_their_weights():
+    with pytest.raises(UsageError, match="sinks has weights only the split and fused"):
+        MHAConfig(dim=64, heads=4, layout="stacked", sinks=True)
+
+
+@pytest.mark.parametrize("fault", sorted(faults.OPTION_FAULTS))
+@pytest.mark.parametrize("form", ["decomposed", "blocked-plain"])
+def test_planted_option_fault_is_caught(tmp_path, fault, form):
+    options, plant = faults.OPTION_FAULTS[fault]
+    config = MHAConfig(**BASE, **options)
+    path = export_onnx(config, tmp_path / "a", attention=form, validate=False).path
+    assert check_parity(path, **SWEEP).passed  # passes before the fault ...
+    plant(path / "model.onnx", config)
+    report = check_parity(path, **SWEEP)
+    assert not report.passed  # ... and fails after it
+    assert {r.runner for r in report.results if not r.passed} == {"ort-cpu"}
