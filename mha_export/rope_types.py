@@ -174,3 +174,11 @@ def yarn_ramp_bounds(rotary_dim: int, theta: float, scaling: dict) -> tuple[floa
 def _correction_dim(rotations: float, dim: int, base: float, original: int) -> float:
     """The dimension whose wavelength fits ``rotations`` turns in ``original`` positions."""
     return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+
+def switch_length(scaling: Optional[dict]) -> int:
+    """The call length where longrope changes tables (max(position_ids) + 1 beyond it: long
+    factors); 0 for every other type."""
+    if scaling and scaling.get("rope_type") == "longrope":
+        return int(scaling["original_max_position_embeddings"])
+    return 0

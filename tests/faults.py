@@ -276,3 +276,65 @@ OPTION_FAULTS = {
     "sinks dropped": (dict(sinks=True), lambda p, c: sinks_dropped(p)),
     "output gate skipped": (dict(output_gate=True), lambda p, c: output_gate_skipped(p)),
 }
+
+
+def rope_initializer_set(path: Path, name: str, value) -> None:
+    def fn(m):
+        _, old = _initializer(m, name)
+        _set_initializer(m, name, np.asarray(value, dtype=old.dtype).reshape(old.shape))
+    _edit(path, fn)
+
+
+def longrope_stuck_short(path: Path) -> None:
+    def fn(m):
+        _, short = _initializer(m, "rotary.inv_freq")
+        _set_initializer(m, "rotary.long_inv_freq", short)
+    _edit(path, fn)
+
+
+def rope_base_swapped(path: Path, rotary_dim: int, theta: float) -> None:
+    """Gemma 3's local and global bases swapped: the layer rotates with the other base."""
+    freq = 1.0 / theta ** (np.arange(0, rotary_dim, 2) / rotary_dim)
+    rope_initializer_set(path, "rotary.inv_freq", freq)
+
+
+def rotary_on_nope_layer(path: Path, config) -> None:
+    """A NoPE layer (SmolLM3's no_rope_layers) exported with rotary at positions 0, 1, ...: the
+    model of the same weights with rotary, its position_ids made from the call's length."""
+    from mha_export.graph.forms import get_form
+    from mha_export.graph.model import build_model
+    from mha_export.artifact import read_artifact
+    from mha_export.signature import make_signature
+    art = read_artifact(path.parent)
+    roped = config.replace(rotary="half")
+    model = build_model(roped, art.load_source_module().to_weights(),
+                        get_form(art.export["attention"]), signature=make_signature(roped))
+    g = model.graph
+    g.input.remove(next(i for i in g.input if i.name == "position_ids"))
+    helper = onnx.helper
+    g.initializer.extend([numpy_helper.from_array(np.array(v, np.int64), n)
+                          for n, v in (("nope_zero", 0), ("nope_one", 1), ("nope_axis0", [0]))])
+    g.node.insert(0, helper.make_node("Unsqueeze", ["nope_range", "nope_axis0"], ["position_ids"]))
+    g.node.insert(0, helper.make_node("Range", ["nope_zero", "nope_len", "nope_one"],
+                                      ["nope_range"]))
+    g.node.insert(0, helper.make_node("Squeeze", ["nope_len_1d"], ["nope_len"]))
+    g.node.insert(0, helper.make_node("Shape", ["x"], ["nope_len_1d"], start=1, end=2))
+    onnx.save(model, str(path))
+
+
+ROPE = dict(rotary="half")
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0],
+            "long_factor": [2.0, 3.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0],
+            "original_max_position_embeddings": 8, "factor": 4.0}  # rotary_dim 16
+OPTION_FAULTS.update({
+    "yarn attention factor dropped": (
+        dict(ROPE, rope_scaling={"rope_type": "yarn", "factor": 8.0,
+                                 "original_max_position_embeddings": 8}),
+        lambda p, c: rope_initializer_set(p, "rotary.attention_factor", 1.0)),
+    "longrope stuck on the short factors": (dict(ROPE, rope_scaling=LONGROPE),
+                                            lambda p, c: longrope_stuck_short(p)),
+    "local and global rope bases swapped": (
+        dict(ROPE, rope_theta=10000.0), lambda p, c: rope_base_swapped(p, c.rotary_dim, 1e6)),
+    "rotary applied on a NoPE layer": (dict(rotary="none"),
+                                       lambda p, c: rotary_on_nope_layer(p, c)),
+})

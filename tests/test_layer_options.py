@@ -13,10 +13,11 @@ from mha_export.signature import make_signature
 
 import faults
 
-BASE = dict(dim=64, heads=4, kv_heads=2, max_seq_len=16, rotary="half")
+BASE = dict(dim=64, heads=4, kv_heads=2, max_seq_len=16)
+ROTARY = dict(rotary="half")
 SWEEP = dict(seq_lens=[1, 6, 17, 260], batch_sizes=[2], providers=["cpu"])
 ALL = dict(qk_norm="head", norm_offset=1.0, softmax_scale=0.2, softcap=3.0, sinks=True,
-           output_gate=True, sliding_window=5)
+           output_gate=True, sliding_window=5, rotary="half")
 
 
 def test_eager_matches_the_textbook_formula():
@@ -76,10 +77,26 @@ def test_options_need_a_layout_that_holds_their_weights():
 @pytest.mark.parametrize("form", ["decomposed", "blocked-plain"])
 def test_planted_option_fault_is_caught(tmp_path, fault, form):
     options, plant = faults.OPTION_FAULTS[fault]
-    config = MHAConfig(**BASE, **options)
+    config = MHAConfig(**{"rotary": "half", **BASE, **options})
     path = export_onnx(config, tmp_path / "a", attention=form, validate=False).path
     assert check_parity(path, **SWEEP).passed  # passes before the fault ...
     plant(path / "model.onnx", config)
     report = check_parity(path, **SWEEP)
     assert not report.passed  # ... and fails after it
     assert {r.runner for r in report.results if not r.passed} == {"ort-cpu"}
+
+
+def test_the_sweep_crosses_a_longrope_switch_beyond_the_context(tmp_path):
+    """original_max_position_embeddings 64 > the checked context (16): the sweep still runs
+    calls whose max(position_ids) + 1 is 64 and 65 (both tables)."""
+    scaling = {**faults.LONGROPE, "original_max_position_embeddings": 64}
+    path = export_onnx(MHAConfig(**BASE, rotary="half", rope_scaling=scaling), tmp_path / "a",
+                       validate=False).path
+    report = check_parity(path, seq_lens=[3], batch_sizes=[2], providers=["cpu"])
+    assert report.passed
+    assert {r.case.positions_end for r in report.results} == {0, 64, 65}
+    faults.longrope_stuck_short(path / "model.onnx")
+    failed = {r.case.positions_end for r in check_parity(path, seq_lens=[3], batch_sizes=[2],
+                                                          providers=["cpu"]).results
+              if not r.passed}
+    assert failed == {65}

@@ -18,6 +18,7 @@ from ..artifact import Artifact, read_artifact
 from ..env import versions
 from ..errors import UsageError
 from ..graph import forms
+from ..rope_types import switch_length
 from ..signature import SEQ
 from . import scenarios
 from .comparator import FP32, Comparison, Tolerance, compare
@@ -56,10 +57,12 @@ class OutputResult:
     vs_reference: Optional[Comparison] = None
     tolerance: Optional[Tolerance] = None
     error: str = ""
+    positions_end: int = 0  # rotary: the call's max(position_ids) + 1 when the sweep set it
 
     @property
     def case(self) -> Case:
-        return Case(self.batch, self.seq, self.past, self.padding, self.scenario)
+        return Case(self.batch, self.seq, self.past, self.padding, self.scenario,
+                    self.positions_end)
 
 
 @dataclass
@@ -190,7 +193,8 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
         kinds += _cuda_kinds(artifact, kinds)
     config, sig = artifact.config, artifact.signature
     seq_lens, past_lens, switch, scores_at = _sweep_options(artifact, seq_lens, past_lens)
-    cases = make_cases(sig, batch_sizes, seq_lens, past_lens)
+    cases = make_cases(sig, batch_sizes, seq_lens, past_lens,
+                       switch_length(config.rope_scaling) if config.rotary != "none" else 0)
     require_fits(config, cases, scores_at, sig.has_mask)
     report = CheckReport(str(artifact_dir), seed, list(batch_sizes), seq_lens,
                          past_lens if sig.has_cache else [], sig.input_names, sig.output_names,

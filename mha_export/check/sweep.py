@@ -27,11 +27,13 @@ class Case:
     past: int = 0
     padding: str = "none"
     scenario: str = ""  # "" for one call; scenarios.py names its multi-call runs
+    positions_end: int = 0  # rotary: max(position_ids) + 1 of the call (0: from the shape)
 
     def label(self) -> str:
         s = f"{self.scenario}: " if self.scenario else ""
         s += f"B={self.batch} T={self.seq}"
         s += f" P={self.past}" if self.past else ""
+        s += f" max(pos)+1={self.positions_end}" if self.positions_end else ""
         return s + (f" {self.padding}-pad" if self.padding != "none" else "")
 
     def to_dict(self) -> dict:
@@ -53,10 +55,15 @@ def default_past_lens(max_seq_len: int) -> list[int]:
 
 
 def make_cases(sig: Signature, batch_sizes: Sequence[int], seq_lens: Sequence[int],
-               past_lens: Sequence[int] = (0,)) -> list[Case]:
-    """Every (batch, seq) [x past]; models with an attention_mask also run padded batches."""
+               past_lens: Sequence[int] = (0,), rope_switch: int = 0) -> list[Case]:
+    """Every (batch, seq) [x past]; models with an attention_mask also run padded batches; a
+    longrope layer also runs calls whose max(position_ids) + 1 is its switch length and one
+    more (both tables), however long its context."""
     pasts = list(past_lens) if sig.has_cache else [0]
     cases = [Case(b, t, p) for b in batch_sizes for t in seq_lens for p in pasts]
+    if rope_switch:
+        cases += [Case(b, t, pasts[0], positions_end=end) for b in batch_sizes for t in (1, 7)
+                  for end in (rope_switch, rope_switch + 1)]
     if sig.has_mask:  # padded batches at a few shapes: the longest T, and T=1 past a cache
         for b in sorted({max(batch_sizes), 3}):
             for pad in ("left", "right"):
@@ -106,7 +113,10 @@ def make_feeds(sig: Signature, case: Case, seed: int) -> dict[str, np.ndarray]:
         if t.name == "attention_mask":
             feeds[t.name] = padding_mask(case)[:, -shape[1]:]
         elif t.name == "position_ids":
-            feeds[t.name] = positions(padding_mask(case))[:, -case.seq:] + shifts(case)
+            pos = positions(padding_mask(case))[:, -case.seq:] + shifts(case)
+            if case.positions_end:  # moved so that the call's max(pos) + 1 is positions_end
+                pos = pos + (case.positions_end - 1 - int(pos.max()))
+            feeds[t.name] = pos
         elif t.dtype == FLOAT:
             feeds[t.name] = rng.standard_normal(shape).astype(np.float32)
         else:
