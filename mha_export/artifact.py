@@ -26,7 +26,7 @@ from .signature import Signature, signature_from_meta
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
 REPORT_FILE = "parity.json"
-KIND_SUFFIX = {"full": "", "masked": "-masked", "kv-cache": "-kv"}
+KIND_SUFFIX = {"full": "", "masked": "-masked", "kv-cache": "-kv", "static-cache": "-static"}
 
 
 @dataclass(frozen=True)

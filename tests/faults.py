@@ -338,3 +338,37 @@ OPTION_FAULTS.update({
     "rotary applied on a NoPE layer": (dict(rotary="none"),
                                        lambda p, c: rotary_on_nope_layer(p, c)),
 })
+
+
+# --- faults of static-cache models (issue 17) ----------------------------------------------------
+
+def _shift_output(m, node_suffix: str, delta: int = 1) -> None:
+    """Every consumer of the output of the node named ``*node_suffix`` reads it + delta."""
+    node = next((n for n in all_nodes(m.graph) if n.name.endswith(node_suffix)), None)
+    if node is None:
+        raise NotApplicable(f"no {node_suffix} in this graph")
+    out, shifted = node.output[0], node.output[0] + "_fault"
+    for n in all_nodes(m.graph):
+        n.input[:] = [shifted if i == out else i for i in n.input]
+    m.graph.initializer.append(numpy_helper.from_array(np.array(delta, np.int64), "fault_delta"))
+    index = list(m.graph.node).index(node) + 1
+    m.graph.node.insert(index, onnx.helper.make_node("Add", [out, "fault_delta"], [shifted]))
+
+
+def static_write_off_by_one(path: Path) -> None:
+    """This call's keys written one entry too far (past_lengths + i + 1)."""
+    def fn(m):
+        names = {n.name for n in all_nodes(m.graph)}
+        _shift_output(m, "write_positions" if "write_positions" in names else "row_ends")
+    _edit(path, fn)
+
+
+def static_reads_past_its_length(path: Path) -> None:
+    """Row b's query i also sees key past_lengths[b] + i + 1 (beyond what is valid for it)."""
+    _edit(path, lambda m: _shift_output(m, "row_query_start"))
+
+
+STATIC_FAULTS = {
+    "write at the wrong index (off by one)": static_write_off_by_one,
+    "a row reads past its valid length": static_reads_past_its_length,
+}

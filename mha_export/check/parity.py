@@ -19,14 +19,13 @@ from ..env import versions
 from ..errors import UsageError
 from ..graph import forms
 from ..rope_types import switch_length
-from ..signature import SEQ
 from . import scenarios
 from .comparator import FP32, Comparison, Tolerance, compare
 from .runners import (RUNNERS, Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions,
                       get_runner, ort_runner_names)
 from .runners.pytorch import EagerRunner
 from .sweep import (Case, default_past_lens, default_seq_lens, make_cases, make_feeds,
-                    real_queries, require_fits)
+                    require_fits, valid_entries)
 
 BASELINE = "eager-fp32"
 
@@ -161,16 +160,25 @@ def _runner_info(r: Runner, strict: bool) -> RunnerInfo:
     return RunnerInfo(r.name, status, r.device, list(r.providers), r.precision, r.warning)
 
 
-def _sweep_options(artifact: Artifact, seq_lens, past_lens):
-    """Sequence and past lengths to sweep, the form's switch lengths, and at which T the form
-    materialises its (N, T, S) scores (TorchScript and unknown forms: at every T)."""
+@dataclass(frozen=True)
+class SweepPlan:
+    seq_lens: list[int]
+    past_lens: list[int]
+    switch: tuple  # the form's switch lengths (checked on both sides)
+    scores_at: Callable[[int], bool]  # T -> whether the form materialises (N, T, S) scores
+    static_chunks: bool  # a static cache: the form runs several tokens over a cache at B > 1
+
+
+def _sweep_plan(artifact: Artifact, seq_lens, past_lens) -> SweepPlan:
+    """The sweep for the artifact's form (TorchScript and unknown forms: scores at every T)."""
     config, form_name = artifact.config, artifact.export.get("attention")
     form = forms.FORMS.get(form_name) if form_name else None
     switch = form.switch_seq_lens if form else ()
-    seq_lens = list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len, switch)
-    past_lens = list(past_lens) if past_lens else default_past_lens(config.max_seq_len)
-    scores_at = form.memory.quadratic_at if form else (lambda t: True)
-    return seq_lens, past_lens, switch, scores_at
+    return SweepPlan(
+        list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len, switch),
+        list(past_lens) if past_lens else default_past_lens(config.max_seq_len), switch,
+        form.memory.quadratic_at if form else (lambda t: True),
+        form.static_chunks if form else True)
 
 
 def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = None,
@@ -192,19 +200,22 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
     if require_cuda:
         kinds += _cuda_kinds(artifact, kinds)
     config, sig = artifact.config, artifact.signature
-    seq_lens, past_lens, switch, scores_at = _sweep_options(artifact, seq_lens, past_lens)
-    cases = make_cases(sig, batch_sizes, seq_lens, past_lens,
-                       switch_length(config.rope_scaling) if config.rotary != "none" else 0)
-    require_fits(config, cases, scores_at, sig.has_mask)
-    report = CheckReport(str(artifact_dir), seed, list(batch_sizes), seq_lens,
-                         past_lens if sig.has_cache else [], sig.input_names, sig.output_names,
+    plan = _sweep_plan(artifact, seq_lens, past_lens)
+    cases = make_cases(sig, batch_sizes, plan.seq_lens, plan.past_lens,
+                       switch_length(config.rope_scaling) if config.rotary != "none" else 0,
+                       plan.static_chunks)
+    require_fits(config, cases, plan.scores_at, sig.has_mask)
+    report = CheckReport(str(artifact_dir), seed, list(batch_sizes), plan.seq_lens,
+                         plan.past_lens if sig.has_cache else [], sig.input_names,
+                         sig.output_names,
                          versions=versions(), export_versions=artifact.meta.get("versions", {}))
     options = RunOptions(tf32=tf32)
     opened, report.runners = _open_runners(artifact, kinds, options, require_cuda)
     dtype = artifact.export.get("dtype", "float32")
     tolerances = {(r.name, o): _override(_default_tolerance(r.name, dtype, options), atol,
                                          rtol) for r in opened for o in sig.output_names}
-    multi_call = scenarios.scenario_cases(switch) if sig.has_cache else []
+    multi_call = (scenarios.static_scenario_cases(plan.static_chunks) if sig.static_cache
+                  else scenarios.scenario_cases(plan.switch) if sig.has_cache else [])
     total = len(cases) + len(multi_call)
     baseline = opened[0]
     reference = EagerRunner(sig, baseline.source, torch.float64)
@@ -212,7 +223,7 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
         progress(i, total, case.label())
         feeds = make_feeds(sig, case, seed)
         expected = {"eager": baseline.run(feeds), "reference": reference.run(feeds)}
-        valid = real_queries(feeds, case)
+        valid = valid_entries(sig, feeds, case)
         report.results += _compared(baseline, case, lambda: expected["eager"], expected, valid,
                                     tolerances)  # the baseline already ran: its own error is 0
         for r in opened[1:]:
@@ -226,8 +237,8 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
         expected = {k: scenarios.expected(case, truth, x, mask) for k, truth in truths.items()}
         for r in opened:
             report.results += _compared(
-                r, case, lambda: scenarios.generate(r, config, x, mask, split), expected,
-                (mask == 1)[:, :, None], tolerances)
+                r, case, lambda: scenarios.run(r, config, case, x, mask, split), expected,
+                scenarios.valid(case, mask), tolerances)
     progress(total, total, "")
     return report
 
@@ -244,11 +255,11 @@ def _override(default: Tolerance, atol: Optional[float], rtol: Optional[float]) 
 
 
 def _compared(runner: Runner, case: Case, call: Callable[[], Feeds], expected: dict,
-              valid: Optional[np.ndarray], tolerances: dict) -> list[OutputResult]:
-    """Run ``call`` and compare each expected output with eager fp32 and the fp64 reference."""
+              valid: dict[str, Optional[np.ndarray]], tolerances: dict) -> list[OutputResult]:
+    """Run ``call`` and compare each expected output with eager fp32 and the fp64 reference,
+    on the elements ``valid`` names per output (the rest only required finite)."""
     sig = runner.signature
     names = [n for n in sig.output_names if n in expected["eager"]]
-    per_token = {t.name for t in sig.outputs if t.shape[1] == SEQ}  # (B, T, ...) outputs
     where = case.to_dict()
     try:
         out = call()
@@ -259,7 +270,7 @@ def _compared(runner: Runner, case: Case, call: Callable[[], Feeds], expected: d
     results = []
     for n in names:
         tol = tolerances[runner.name, n]
-        rows = valid if n in per_token else None  # padding query rows: only required finite
+        rows = valid.get(n)
         vs_eager = compare(out[n], expected["eager"][n], tol, rows)
         vs_ref = compare(out[n], expected["reference"][n], tol, rows)
         results.append(OutputResult(runner.name, n, **where,

@@ -6,6 +6,14 @@
 2. ``padded-vs-alone``: a left- or right-padded batch, generated the same way, equals each of its
    sequences run alone without padding.
 
+Static-cache models (an app-owned buffer written in place, ``past_lengths``):
+
+3. ``static generate``: prefill, steps (and a chunk where the form runs chunks at batch > 1) into
+   one buffer equal one full forward; the buffer's valid entries equal its keys/values.
+4. ``static ragged``: rows of different lengths — a right-padded prefill, then each row's
+   past_lengths set to its real length, then single-token steps — equal each row run alone, and
+   each row's valid entries equal that row's keys/values (the padding's entries are overwritten).
+
 Expected values come from the eager module (float32 and the float64 reference), never from the
 model under test.
 """
@@ -57,14 +65,60 @@ def generate(runner: Runner, config: MHAConfig, x: np.ndarray, mask: np.ndarray,
 
 def alone(expect: Expect, x: np.ndarray, mask: np.ndarray) -> dict:
     """y of each row run alone (its real tokens only, no padding), placed at the row's real
-    positions of a (B, L, dim) array; padding positions are 0 (and not compared)."""
-    out = None
+    positions of a (B, L, dim) array, and each row's keys/values packed at [0, real length) of
+    (B, K, L, H); the rest is 0 (and not compared)."""
+    out: dict = {}
     for r in range(x.shape[0]):
         real = mask[r] == 1
-        y = expect(x[r:r + 1, real], np.ones((1, int(real.sum())), np.int64))["y"]
-        out = np.zeros(x.shape[:2] + y.shape[2:], y.dtype) if out is None else out
-        out[r, real] = y[0]
-    return {"y": out}
+        got = expect(x[r:r + 1, real], np.ones((1, int(real.sum())), np.int64))
+        if not out:
+            out = {"y": np.zeros(x.shape[:2] + got["y"].shape[2:], got["y"].dtype)}
+            out.update({n: np.zeros((x.shape[0], got[n].shape[1], x.shape[1], got[n].shape[3]),
+                                    got[n].dtype) for n in ("present_key", "present_value")})
+        out["y"][r, real] = got["y"][0]
+        for n in ("present_key", "present_value"):
+            out[n][r, :, :int(real.sum())] = got[n][0]
+    return out
+
+
+def generate_static(runner: Runner, config: MHAConfig, x: np.ndarray, mask: np.ndarray,
+                    split: Sequence[int]) -> Feeds:
+    """Calls of len split[0], split[1], ... into one buffer of capacity L + 3 (random beyond the
+    writes: never read), past_lengths advanced by each call — after a right-padded prefill
+    (mask 0 inside it) to each row's real length. y of all calls (B, L, dim), the buffer's
+    first L entries (B, K, L, H)."""
+    b, length = x.shape[:2]
+    rng = np.random.default_rng(11)
+    shape = (b, config.kv_heads, length + 3, config.head_dim)
+    cache = {"past_key": rng.standard_normal(shape).astype(np.float32),
+             "past_value": rng.standard_normal(shape).astype(np.float32)}
+    lengths, ys, start = np.zeros(b, np.int64), [], 0
+    for n in split:
+        steps = lengths[:, None] + np.arange(n)  # (B, n) rotary positions
+        rope = {"position_ids": steps} if "position_ids" in runner.signature.input_names else {}
+        out = runner.run({"x": x[:, start:start + n], **cache, "past_lengths": lengths, **rope})
+        ys.append(out["y"])
+        cache = {"past_key": out["present_key"], "past_value": out["present_value"]}
+        lengths = lengths + mask[:, start:start + n].sum(axis=1)  # a padded prefill: real only
+        start += n
+    return {"y": np.concatenate(ys, axis=1), "present_key": cache["past_key"][:, :, :length],
+            "present_value": cache["past_value"][:, :, :length]}
+
+
+def static_valid(case: Case, mask: np.ndarray) -> dict:
+    """What a static scenario compares: y at real tokens, each row's valid buffer entries."""
+    entries = np.arange(mask.shape[1])[None, :] < mask.sum(axis=1)[:, None]  # (B, L)
+    return {"y": (mask == 1)[:, :, None], "present_key": entries[:, None, :, None],
+            "present_value": entries[:, None, :, None]}
+
+
+def static_scenario_cases(static_chunks: bool = True) -> list[tuple[Case, list[int]]]:
+    """One buffer: prefill + steps (+ a chunk of 3 at batch 1, and at batch 3 where the form
+    runs chunks), and a ragged batch (right-padded prefill of rows of 7, 5 and 3 tokens)."""
+    splits = [(1, [5, 1, 1, 1, 3, 1]), (3, [5, 1, 1, 1, 3, 1] if static_chunks else [5, 1, 1])]
+    cases = [(Case(b, sum(s), 0, "none", "static generate " + "+".join(map(str, s))), s)
+             for b, s in splits]
+    return cases + [(Case(3, 9, 0, "right", "static ragged 7|5|3+1+1"), [7, 1, 1])]
 
 
 def scenario_cases(switch_seq_lens: Sequence[int] = ()) -> list[tuple[Case, list[int]]]:
@@ -83,10 +137,28 @@ def scenario_cases(switch_seq_lens: Sequence[int] = ()) -> list[tuple[Case, list
 def scenario_inputs(config: MHAConfig, case: Case, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng([seed, 7, case.batch, case.seq])
     x = rng.standard_normal((case.batch, case.seq, config.d_in)).astype(np.float32)
+    if case.scenario.startswith("static ragged"):  # rows of 7, 5, 3 real prompt tokens, 2 steps
+        mask = np.ones((case.batch, case.seq), np.int64)
+        for r in range(case.batch):
+            mask[r, 7 - 2 * r:7] = 0
+        return x, mask
     return x, padding_mask(Case(case.batch, case.seq, 0, case.padding))
 
 
 def expected(case: Case, expect: Expect, x: np.ndarray, mask: np.ndarray) -> dict:
-    if case.scenario.startswith("padded-vs-alone"):
+    if case.scenario.startswith(("padded-vs-alone", "static ragged")):
         return alone(expect, x, mask)
     return expect(x, mask)
+
+
+def run(runner: Runner, config: MHAConfig, case: Case, x: np.ndarray, mask: np.ndarray,
+        split: Sequence[int]) -> Feeds:
+    if case.scenario.startswith("static"):
+        return generate_static(runner, config, x, mask, split)
+    return generate(runner, config, x, mask, split)
+
+
+def valid(case: Case, mask: np.ndarray) -> dict:
+    if case.scenario.startswith("static"):
+        return static_valid(case, mask)
+    return {"y": (mask == 1)[:, :, None]}

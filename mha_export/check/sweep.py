@@ -15,7 +15,7 @@ import numpy as np
 
 from ..config import MHAConfig
 from ..errors import UsageError
-from ..signature import FLOAT, Signature
+from ..signature import CACHE, FLOAT, Signature
 
 PADDINGS = ("none", "left", "right")
 
@@ -55,12 +55,14 @@ def default_past_lens(max_seq_len: int) -> list[int]:
 
 
 def make_cases(sig: Signature, batch_sizes: Sequence[int], seq_lens: Sequence[int],
-               past_lens: Sequence[int] = (0,), rope_switch: int = 0) -> list[Case]:
+               past_lens: Sequence[int] = (0,), rope_switch: int = 0,
+               static_chunks: bool = True) -> list[Case]:
     """Every (batch, seq) [x past]; models with an attention_mask also run padded batches; a
     longrope layer also runs calls whose max(position_ids) + 1 is its switch length and one
     more (both tables), however long its context."""
     pasts = list(past_lens) if sig.has_cache else [0]
-    cases = [Case(b, t, p) for b in batch_sizes for t in seq_lens for p in pasts]
+    cases = [Case(b, t, p) for b in batch_sizes for t in seq_lens for p in pasts
+             if static_chunks or not sig.static_cache or b == 1 or t == 1 or p == 0]
     if rope_switch:
         cases += [Case(b, t, pasts[0], positions_end=end) for b in batch_sizes for t in (1, 7)
                   for end in (rope_switch, rope_switch + 1)]
@@ -106,7 +108,7 @@ def make_feeds(sig: Signature, case: Case, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([seed, case.batch, case.seq, case.past,
                                  PADDINGS.index(case.padding)])
     sizes = {"batch": case.batch, "seq": case.seq, "past_seq": case.past,
-             "past_seq + seq": case.past + case.seq}
+             "past_seq + seq": case.past + case.seq, CACHE: static_capacity(case)}
     feeds = {}
     for t in sig.inputs:
         shape = tuple(sizes[d] if isinstance(d, str) else d for d in t.shape)
@@ -117,18 +119,39 @@ def make_feeds(sig: Signature, case: Case, seed: int) -> dict[str, np.ndarray]:
             if case.positions_end:  # moved so that the call's max(pos) + 1 is positions_end
                 pos = pos + (case.positions_end - 1 - int(pos.max()))
             feeds[t.name] = pos
-        elif t.dtype == FLOAT:
+        elif t.name == "past_lengths":
+            feeds[t.name] = static_lengths(case)
+        elif t.dtype == FLOAT:  # a static buffer: random beyond each row's valid entries too
             feeds[t.name] = rng.standard_normal(shape).astype(np.float32)
         else:
             raise ValueError(f"no sample values for input {t.name!r}")  # declare them here
     return feeds
 
 
-def real_queries(feeds: dict[str, np.ndarray], case: Case) -> Optional[np.ndarray]:
-    """(B, T, 1) bool: the query rows that are real tokens (padding rows' outputs are only
-    required to be finite), or None when nothing is padded."""
+def static_lengths(case: Case) -> np.ndarray:
+    """(B,) int64 valid entries of each row of a static cache: row r has past - 2r (a ragged
+    batch), at least 0."""
+    return np.maximum(case.past - 2 * np.arange(case.batch), 0).astype(np.int64)
+
+
+def static_capacity(case: Case) -> int:
+    """A static buffer with room to spare: entries beyond the write are never read."""
+    return case.past + case.seq + 3
+
+
+def valid_entries(sig: Signature, feeds: dict[str, np.ndarray], case: Case
+                  ) -> dict[str, Optional[np.ndarray]]:
+    """Per output, the elements that are compared (None: all; the rest only required finite):
+    y's rows of real tokens (padding rows are not), a static buffer's valid entries
+    [0, past_lengths[b] + T) (beyond them the contract says nothing)."""
     mask = feeds.get("attention_mask")
-    return None if mask is None else (mask[:, -case.seq:] == 1)[:, :, None]
+    rows = None if mask is None else (mask[:, -case.seq:] == 1)[:, :, None]  # (B, T, 1)
+    valid: dict[str, Optional[np.ndarray]] = {"y": rows}
+    if sig.static_cache:
+        ends = feeds["past_lengths"] + case.seq  # (B,)
+        entries = np.arange(static_capacity(case))[None, :] < ends[:, None]  # (B, C)
+        valid["present_key"] = valid["present_value"] = entries[:, None, :, None]
+    return valid
 
 
 ScoresAt = Callable[[int], bool]  # T -> whether the model materialises (N, T, S) scores

@@ -134,6 +134,10 @@ ARTIFACT_OPTIONS = [
     click.option("--kv-cache", is_flag=True,
                  help="Decode-step model: x, attention_mask, past_key, past_value -> y, "
                       "present_key, present_value."),
+    click.option("--static-cache", is_flag=True,
+                 help="Decode-step model over an app-owned buffer written in place: x, "
+                      "past_key, past_value, past_lengths -> y, present_key, present_value "
+                      "(bind present to past's memory)."),
     click.option("--attention-mask", is_flag=True,
                  help="Full-sequence model with a padding mask: x, attention_mask -> y."),
 ]

@@ -37,17 +37,20 @@ class ExportResult:
 def export_artifact(target: str, config: Optional[MHAConfig] = None,
                     output: str | Path | None = None, *, weights: str | Path | None = None,
                     layer: Optional[int] = None, seed: int = 0, kv_cache: bool = False,
-                    attention_mask: bool = False, force: bool = False, validate: bool = True,
+                    attention_mask: bool = False, static_cache: bool = False,
+                    force: bool = False, validate: bool = True,
                     check_options: Optional[dict] = None,
                     target_options: Optional[dict] = None, **config_fields) -> ExportResult:
     """Write DIR/<the target's model file> + config.json + weights.safetensors (+ parity.json).
 
     Pass an MHAConfig or its fields as keywords (heads=12, dim=768, ...), as on the CLI.
     ``kv_cache``: the decode-step model (x, attention_mask, past_key, past_value -> y,
-    present_key, present_value); ``attention_mask``: the full-sequence model with a padding mask."""
+    present_key, present_value); ``static_cache``: the decode-step model over an app-owned
+    buffer written in place (x, past_key, past_value, past_lengths -> y, present_key,
+    present_value); ``attention_mask``: the full-sequence model with a padding mask."""
     chosen = TARGETS[target]
     source = load_source(config, weights, layer, seed, config_fields)
-    sig = make_signature(source.config, signature_kind(kv_cache, attention_mask))
+    sig = make_signature(source.config, signature_kind(kv_cache, attention_mask, static_cache))
     prepared = chosen.prepare(source.module, source.config, sig, **(target_options or {}))
     meta = _describe(source, sig, target, prepared.export)
     dest = Path(output) if output is not None else default_folder(source.config, target,

@@ -156,6 +156,23 @@ def masked_positions(g: GraphBuilder, t_q: str, t_k: str, start: str | None = No
     return g.op("Or", [future, behind], name="window_mask")  # (t_q, t_k)
 
 
+def row_masked_positions(g: GraphBuilder, starts: str, t_q: str, t_k: str,
+                         window: int = 0) -> str:
+    """(B, 1, t_q, t_k) bool, True where row b's query i may NOT see key j: it sits at key
+    position starts[b] + i (a static cache's own length per row)."""
+    steps = g.op("Range", [g.ints("zero", 0), t_q, g.ints("one", 1)], name="row_query_idx")
+    rows = g.op("Unsqueeze", [starts, g.ints("axes1", [1])], name="row_query_start")  # (B, 1)
+    q_pos = g.op("Unsqueeze", [g.op("Add", [rows, steps], name="row_query_pos"),
+                               g.ints("axes13", [1, 3])], name="row_query_pos_4d")  # (B,1,Tq,1)
+    k_pos = g.op("Range", [g.ints("zero", 0), t_k, g.ints("one", 1)], name="row_key_pos")
+    future = g.op("Greater", [k_pos, q_pos], name="row_causal_mask")  # (B, 1, Tq, Tk)
+    if window <= 0:
+        return future
+    oldest = g.op("Sub", [q_pos, g.ints("window", window - 1)], name="row_window_start")
+    behind = g.op("Less", [k_pos, oldest], name="row_window_behind")
+    return g.op("Or", [future, behind], name="row_window_mask")  # (B, 1, Tq, Tk)
+
+
 def additive(g: GraphBuilder, masked: str, name: str) -> str:
     """bool 'masked' -> additive float: lowest finite value where masked, 0 elsewhere."""
     return g.op("Where", [masked, g.const("mask_fill", finite_lowest(g.dtype)),

@@ -61,7 +61,8 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
     sinks = None if w.sinks is None else g.const("attn.sinks", w.sinks.reshape(1, -1, 1, 1))
     io = AttentionIO(q, k, v, *(n if n in named else None
                                 for n in ("past_key", "past_value", "attention_mask")),
-                     sinks=sinks)  # sinks (1, N, 1, 1)
+                     sinks=sinks,  # (1, N, 1, 1)
+                     past_lengths="past_lengths" if "past_lengths" in named else None)
     out = form.core(g, io, c)
     context = out.context  # (B, T, N*H)
     if w.wg is not None:  # output gate: context * sigmoid(x @ W_gate^T + b)

@@ -21,12 +21,21 @@ class TorchRunner(Runner):
         self.module, self.dtype = module, dtype
 
     def run(self, feeds: Feeds) -> Feeds:
-        args = [torch.from_numpy(feeds[t.name]) for t in self.signature.inputs]
+        """Inputs are copied (a static-cache call writes its buffers in place); a static-cache
+        call's present_* must be the very tensors passed as past_* (written in place)."""
+        args = [torch.from_numpy(feeds[t.name].copy()) for t in self.signature.inputs]
         args = [a.to(self.dtype) if a.is_floating_point() else a for a in args]
         with torch.inference_mode():
             out = self.module(*args)
         out = out if isinstance(out, tuple) else (out,)
-        return {name: o.numpy() for name, o in zip(self.signature.output_names, out)}
+        results = dict(zip(self.signature.output_names, out))
+        if self.signature.static_cache:
+            names = self.signature.input_names
+            for present, past in (("present_key", "past_key"), ("present_value", "past_value")):
+                if results[present].data_ptr() != args[names.index(past)].data_ptr():
+                    raise RuntimeError(f"{present} is a copy: the {past} buffer was not written "
+                                       "in place")
+        return {name: o.numpy() for name, o in results.items()}
 
 
 class EagerRunner(TorchRunner):

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...config import MHAConfig
 from ...signature import Signature
-from ..builder import GraphBuilder, finite_lowest, split_heads
+from ..builder import GraphBuilder, as_1d, finite_lowest, split_heads
 
 
 class Feature(enum.Enum):
@@ -27,6 +27,7 @@ class Feature(enum.Enum):
     SLIDING_WINDOW = "sliding-window"
     SOFTCAP = "softcap"
     SINKS = "sinks"
+    STATIC_CACHE = "static-cache"
 
     def __str__(self) -> str:
         return self.value
@@ -35,12 +36,16 @@ class Feature(enum.Enum):
 ALL_FEATURES = frozenset(Feature)
 # What a core built on the standard Attention node supports: it has no sink logits, and its
 # softcap attribute is not used (the order it applies relative to the mask is not proven here).
-ATTENTION_NODE_FEATURES = ALL_FEATURES - {Feature.SOFTCAP, Feature.SINKS}
+ATTENTION_NODE_FEATURES = ALL_FEATURES - {Feature.SOFTCAP, Feature.SINKS,
+                                          Feature.STATIC_CACHE}
+# Growing caches only: a static cache's in-place write is built by decomposed and contrib-gqa.
+GROWING_CACHE_FEATURES = ALL_FEATURES - {Feature.STATIC_CACHE}
 
 
 def required_features(config: MHAConfig, sig: Signature) -> frozenset[Feature]:
     """What a graph form must support to build this config and signature."""
-    wanted = {Feature.KV_CACHE: sig.has_cache, Feature.ATTENTION_MASK: sig.has_mask,
+    wanted = {Feature.KV_CACHE: sig.has_cache and not sig.static_cache,
+              Feature.STATIC_CACHE: sig.static_cache, Feature.ATTENTION_MASK: sig.has_mask,
               Feature.NON_CAUSAL: not config.causal, Feature.GQA: config.kv_heads != config.heads,
               Feature.SLIDING_WINDOW: bool(config.sliding_window),
               Feature.SOFTCAP: bool(config.softcap), Feature.SINKS: config.sinks}
@@ -78,6 +83,7 @@ class AttentionIO:
     past_value: Optional[str] = None
     attention_mask: Optional[str] = None  # (B, S) int64, 1 = token
     sinks: Optional[str] = None  # (1, N, 1, 1): one logit per head in the softmax denominator
+    past_lengths: Optional[str] = None  # (B,) int64: a static cache's valid entries per row
 
     @property
     def has_cache(self) -> bool:
@@ -106,6 +112,9 @@ class GraphForm:
     supports: frozenset[Feature] = frozenset()
     refuse: Callable[[MHAConfig], Optional[str]] = lambda c: None  # why a config cannot be built
     standard: bool = True  # only standard ONNX ops (runs outside ONNX Runtime)
+    # a static cache: can it run several new tokens over a non-empty cache at batch > 1? (no:
+    # such a call is refused by the runtime with an error, never answered wrongly)
+    static_chunks: bool = True
 
     def problem(self, config: MHAConfig, sig: Signature) -> Optional[str]:
         """Why this form cannot build config with this signature, or None."""
@@ -152,3 +161,28 @@ def probabilities(g: GraphBuilder, scores: str, masked: Optional[str], c: MHACon
     keys = g.op("Shape", [scores], start=3, end=4, name="key_count")  # (1,) S
     return g.op("Slice", [probs, g.ints("zero_1d", [0]), keys, g.ints("axes_last_1d", [-1])],
                 name="probs")  # (B, N, Tq, S): the sink's column dropped
+
+
+def static_keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig, seq_len: str
+                       ) -> tuple[str, str, str, str]:
+    """A static cache: this call's keys/values written into the buffers at rows' positions
+    past_lengths[b] + i (ScatterElements: in place when the caller binds present to past), and
+    the valid prefix [0, max(past_lengths) + T) that attention reads.
+    Returns (keys, values) (B, K, S, H) and (present_key, present_value) (B, K, C, H)."""
+    k = split_heads(g, io.k, c.kv_heads, c.head_dim, "k")  # (B, K, T, H)
+    v = split_heads(g, io.v, c.kv_heads, c.head_dim, "v")
+    steps = g.op("Range", [g.ints("zero", 0), seq_len, g.ints("one", 1)], name="steps")  # (T,)
+    rows = g.op("Unsqueeze", [io.past_lengths, g.ints("axes1", [1])], name="row_starts")
+    written = g.op("Add", [rows, steps], name="write_positions")  # (B, T)
+    index = g.op("Expand", [g.op("Unsqueeze", [written, g.ints("axes13", [1, 3])],
+                                 name="write_positions_4d"),  # (B, 1, T, 1)
+                            g.op("Shape", [k], name="new_keys_shape")],
+                 name="write_index")  # (B, K, T, H)
+    present_k = g.op("ScatterElements", [io.past_key, index, k], axis=2, name="key_write")
+    present_v = g.op("ScatterElements", [io.past_value, index, v], axis=2, name="value_write")
+    end = g.op("Add", [g.op("ReduceMax", [io.past_lengths], keepdims=0, name="longest_past"),
+                       seq_len], name="valid_end")  # () max(past_lengths) + T
+    prefix = [g.ints("zero_1d", [0]), as_1d(g, end, "valid_end_1d"), g.ints("axes2_1d", [2])]
+    keys = g.op("Slice", [present_k, *prefix], name="valid_keys")  # (B, K, S, H)
+    values = g.op("Slice", [present_v, *prefix], name="valid_values")
+    return keys, values, present_k, present_v

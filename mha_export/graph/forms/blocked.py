@@ -27,7 +27,7 @@ from onnx import TensorProto, helper
 from ...config import MHAConfig
 from ..builder import (GraphBuilder, additive, as_1d, ceil_div, dim, finite_lowest, score_mask,
                      repeat_kv, scale_queries, split_heads)
-from .base import (ALL_FEATURES, ATTENTION_NODE_FEATURES, LINEAR, AttentionIO, AttentionOut,
+from .base import (ATTENTION_NODE_FEATURES, GROWING_CACHE_FEATURES, LINEAR, AttentionIO, AttentionOut,
                    GraphForm, cache_out, keys_values, probabilities)
 
 BLOCK = 256
@@ -202,4 +202,4 @@ BLOCKED_PLAIN = GraphForm(
     name="blocked-plain", core=functools.partial(blocked_core, use_attention_op=False),
     min_opset=17, memory=LINEAR,
     summary="the same loop with MatMul/Where/Softmax/MatMul (portable)",
-    switch_seq_lens=BLOCK_EDGES, supports=ALL_FEATURES)
+    switch_seq_lens=BLOCK_EDGES, supports=GROWING_CACHE_FEATURES)

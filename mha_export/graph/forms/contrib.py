@@ -6,7 +6,6 @@
 """
 from __future__ import annotations
 
-import numpy as np
 from onnx import TensorProto
 
 from ...config import MHAConfig
@@ -21,16 +20,30 @@ def contrib_mha_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attentio
 
 
 def contrib_gqa_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
-    t = g.op("Cast", [g.op("Shape", [io.q], start=1, end=2, name="seq_len")],
-             to=TensorProto.INT32, name="seq_len_i32")  # (1,)
-    total = g.op("Squeeze", [t, g.ints("axis0", [0])], name="total_len")  # ()
-    last = g.op("Sub", [t, g.const("one_i32", np.array([1], np.int32), float_dtype=False)],
-                name="last_pos")  # (1,)
-    seqlens = g.op("Expand", [last, g.op("Shape", [io.q], start=0, end=1, name="batch")],
-                   name="seqlens_k")  # (B,)
-    return AttentionOut(g.op("GroupQueryAttention", [io.q, io.k, io.v, "", "", seqlens, total],
-                             name="attention", domain=CONTRIB, num_heads=c.heads,
-                             kv_num_heads=c.kv_heads, scale=c.scale))  # (B, T, D)
+    """Without a cache: the whole call is the prompt (seqlens_k = T - 1, total = T). With a
+    static cache: past_key/past_value are the app's buffers, which the node writes in place
+    when present is bound to them; seqlens_k[b] = past_lengths[b] + T - 1 and total =
+    max(past_lengths) + T (ONNX Runtime refuses T > 1 over a non-empty cache at batch > 1)."""
+    t = g.op("Shape", [io.q], start=1, end=2, name="seq_len")  # (1,)
+    if io.past_lengths is None:
+        starts = g.op("Expand", [g.ints("zero_1d", [0]),
+                                 g.op("Shape", [io.q], start=0, end=1, name="batch")],
+                      name="row_starts")  # (B,) every row starts at 0
+    else:
+        starts = io.past_lengths  # (B,)
+    last = g.op("Sub", [g.op("Add", [starts, t], name="row_ends"), g.ints("one_1d", [1])],
+                name="last_pos")  # (B,) past_lengths + T - 1
+    seqlens = g.op("Cast", [last], to=TensorProto.INT32, name="seqlens_k")  # (B,) int32
+    total = g.op("Cast", [g.op("Add", [g.op("ReduceMax", [starts], keepdims=0,
+                                            name="longest_past"),
+                                       g.op("Squeeze", [t, g.ints("axis0", [0])],
+                                            name="seq_len_0d")], name="total")],
+                 to=TensorProto.INT32, name="total_len")  # () int32
+    cache = [io.past_key, io.past_value] if io.past_lengths is not None else ["", ""]
+    outs = g.op("GroupQueryAttention", [io.q, io.k, io.v, *cache, seqlens, total],
+                n_out=3 if io.past_lengths is not None else 1, name="attention",
+                domain=CONTRIB, num_heads=c.heads, kv_num_heads=c.kv_heads, scale=c.scale)
+    return AttentionOut(*outs) if io.past_lengths is not None else AttentionOut(outs)
 
 
 def _gqa_refuses(c: MHAConfig) -> str | None:
@@ -46,4 +59,5 @@ CONTRIB_MHA = GraphForm(
 CONTRIB_GQA = GraphForm(
     name="contrib-gqa", core=contrib_gqa_core, min_opset=17, memory=QUADRATIC,
     summary="ONNX Runtime's com.microsoft.GroupQueryAttention (causal only; head_dim % 8 == 0)",
-    domains=((CONTRIB, 1),), supports=frozenset({Feature.GQA}), refuse=_gqa_refuses, standard=False)
+    domains=((CONTRIB, 1),), supports=frozenset({Feature.GQA, Feature.STATIC_CACHE}),
+    refuse=_gqa_refuses, standard=False, static_chunks=False)

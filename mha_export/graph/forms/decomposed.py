@@ -3,24 +3,31 @@ onnx's reference evaluator runs. Memory O(N*T*S) for the scores."""
 from __future__ import annotations
 
 from ...config import MHAConfig
-from ..builder import (GraphBuilder, dim, merge_heads, repeat_kv,
-                     scale_queries, score_mask, split_heads)
+from ..builder import (GraphBuilder, dim, merge_heads, repeat_kv, row_masked_positions,
+                       scale_queries, score_mask, split_heads)
 from .base import (ALL_FEATURES, QUADRATIC, AttentionIO, AttentionOut, GraphForm, cache_out,
-                   keys_values, probabilities)
+                   keys_values, probabilities, static_keys_values)
 
 
 def decomposed_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
     q = split_heads(g, scale_queries(g, io.q, c.scale), c.heads, c.head_dim, "q")  # (B, N, T, H)
-    keys, values = keys_values(g, io, c)  # (B, K, S, H)
+    seq_len = dim(g, q, 2, "seq_len")  # () T
+    window = c.sliding_window or 0
+    if io.past_lengths is not None:  # a static cache: written in place, read up to each row
+        keys, values, *present = static_keys_values(g, io, c, seq_len)  # (B, K, S, H)
+        masked = row_masked_positions(g, io.past_lengths, seq_len,
+                                      dim(g, keys, 2, "key_len"), window)  # (B, 1, T, S)
+    else:
+        keys, values = present = keys_values(g, io, c)  # (B, K, S, H)
+        masked = score_mask(g, c.causal, seq_len, dim(g, keys, 2, "key_len"),
+                            io.attention_mask, window=window)  # (B|1, 1|., T, S)
     k_t = g.op("Transpose", [repeat_kv(g, keys, c.groups, "k")], perm=[0, 1, 3, 2],
                name="k_bhds")  # (B, N, H, S)
     scores = g.op("MatMul", [q, k_t], name="scores")  # (B, N, T, S)
-    masked = score_mask(g, c.causal, dim(g, q, 2, "seq_len"), dim(g, keys, 2, "key_len"),
-                        io.attention_mask, window=c.sliding_window or 0)  # (B|1, 1|., T, S)
     probs = probabilities(g, scores, masked, c, io.sinks)  # (B, N, T, S)
     ctx = g.op("MatMul", [probs, repeat_kv(g, values, c.groups, "v")],
                name="context")  # (B, N, T, H)
-    return cache_out(io, merge_heads(g, ctx, c.inner), keys, values)  # (B, T, D)
+    return cache_out(io, merge_heads(g, ctx, c.inner), *present)  # (B, T, D)
 
 
 FORM = GraphForm(

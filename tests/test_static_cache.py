@@ -1,0 +1,107 @@
+"""The static-cache decode model: one app-owned buffer written in place at each row's
+past_lengths, read only as far as it is valid; ONNX (decomposed: standard ops; contrib-gqa:
+ONNX Runtime's GroupQueryAttention) and TorchScript, proven by the check and by planted faults."""
+import numpy as np
+import pytest
+import torch
+
+from mha_export import MHAConfig, UsageError, check_parity, export_onnx, export_torchscript
+from mha_export.check.runners.ort import OrtRunner
+from mha_export.signature import make_signature
+
+import faults
+
+CFG = MHAConfig(dim=64, heads=4, kv_heads=2, max_seq_len=24, rotary="half")
+SWEEP = dict(seq_lens=[1, 4, 9], batch_sizes=[1, 3], past_lens=[0, 5], providers=["cpu"])
+FORMS = ["decomposed", "contrib-gqa"]
+
+
+@pytest.fixture(scope="module", params=FORMS)
+def static_artifact(request, tmp_path_factory):
+    return export_onnx(CFG, tmp_path_factory.mktemp("s") / "art", attention=request.param,
+                       static_cache=True, validate=False).path
+
+
+def test_declared_io_is_the_contract(static_artifact):
+    import json
+    io = json.loads((static_artifact / "config.json").read_text())["io"]
+    assert [t["name"] for t in io["inputs"]] == ["x", "past_key", "past_value", "past_lengths",
+                                                 "position_ids"]
+    assert io["inputs"][1]["shape"] == ["batch", 2, "max_cache", 16]
+    assert io["inputs"][3] | {"doc": ""} == {"name": "past_lengths", "dtype": "int64",
+                                             "shape": ["batch"], "doc": ""}
+    assert io["outputs"][1]["shape"] == ["batch", 2, "max_cache", 16]
+
+
+def test_check_passes_with_scenarios(static_artifact):
+    report = check_parity(static_artifact, **SWEEP)
+    assert report.passed, [r.error for r in report.results if not r.passed][:3]
+    scenarios = {r.scenario.split(" ")[1] for r in report.results if r.scenario}
+    assert scenarios == {"generate", "ragged"}
+
+
+@pytest.mark.parametrize("fault", sorted(faults.STATIC_FAULTS))
+def test_planted_static_fault_is_caught(tmp_path, fault):
+    for form in FORMS:
+        path = export_onnx(CFG, tmp_path / form, attention=form, static_cache=True,
+                           validate=False).path
+        try:
+            faults.STATIC_FAULTS[fault](path / "model.onnx")
+        except faults.NotApplicable:
+            continue
+        assert not check_parity(path, **SWEEP).passed, form
+        return
+    pytest.fail(f"{fault}: no form to plant it in")
+
+
+def test_the_onnx_runner_binds_present_to_the_past_buffer(static_artifact):
+    """IO binding: the outputs are the very buffers passed in (same memory), written in place."""
+    sig = make_signature(CFG, "static-cache")
+    runner = OrtRunner(sig, static_artifact / "model.onnx")
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 1, 64), dtype=np.float32),
+             "past_key": rng.standard_normal((2, 2, 16, 16), dtype=np.float32),
+             "past_value": rng.standard_normal((2, 2, 16, 16), dtype=np.float32),
+             "past_lengths": np.array([4, 9]), "position_ids": np.array([[4], [9]])}
+    call = runner.prepare(feeds)
+    before = call.inputs["past_key"].copy()
+    y, key, value = call.run()
+    assert key is call.inputs["past_key"] and key.ctypes.data == call.buffers["past_key"].data_ptr()
+    changed = np.argwhere((key != before).any(axis=(1, 3)))  # (row, entry) pairs written
+    assert sorted(map(tuple, changed)) == [(0, 4), (1, 9)]
+
+
+def test_gqa_refuses_a_chunk_over_a_cache_at_batch_above_one(tmp_path):
+    """ONNX Runtime's kernel cannot run it: an error, never a wrong answer."""
+    path = export_onnx(CFG, tmp_path / "g", attention="contrib-gqa", static_cache=True,
+                       validate=False).path
+    runner = OrtRunner(make_signature(CFG, "static-cache"), path / "model.onnx")
+    feeds = {"x": np.zeros((2, 3, 64), np.float32), "past_key": np.zeros((2, 2, 16, 16), np.float32),
+             "past_value": np.zeros((2, 2, 16, 16), np.float32), "past_lengths": np.array([4, 2]),
+             "position_ids": np.array([[4, 5, 6], [2, 3, 4]])}
+    with pytest.raises(Exception, match="batch_size must be 1"):
+        runner.run(feeds)
+
+
+def test_torchscript_writes_in_place_and_a_copy_fails(tmp_path):
+    path = export_torchscript(CFG, tmp_path / "ts", static_cache=True, validate=False).path
+    assert check_parity(path, **SWEEP).passed
+    inner = torch.jit.load(str(path / "model.pt"))
+
+    class Copying(torch.nn.Module):  # present returned as a copy, the buffer left unwritten
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x, past_key, past_value, past_lengths, position_ids):
+            return self.inner(x, past_key.clone(), past_value.clone(), past_lengths,
+                              position_ids)
+    torch.jit.script(Copying()).save(str(path / "model.pt"))
+    report = check_parity(path, **SWEEP)
+    assert not report.passed
+    assert any("is a copy" in r.error for r in report.results if not r.passed)
+
+
+def test_static_cache_flags_are_exclusive(tmp_path):
+    with pytest.raises(UsageError, match="choose one of"):
+        export_onnx(CFG, tmp_path / "x", static_cache=True, kv_cache=True)
