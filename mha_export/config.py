@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from .errors import UsageError
 from .rope_types import SCALING_FIELDS, SCALINGS, normalized_scaling  # noqa: F401

@@ -13,7 +13,7 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 from mha_export.config import MHAConfig
-from mha_export.graph.forms import ALL_FEATURES, FORMS, Feature, Memory
+from mha_export.graph.forms import ALL_FEATURES, FORMS, Memory
 from mha_export.layer.entry import entry_module
 from mha_export.layer.layouts import build_module
 from mha_export.graph.model import build_model

@@ -1,15 +1,12 @@
 """The options of 2025-26 attention layers (q/k norm, softmax scale, softcapping, sinks, output
 gate): eager equals its textbook formula, every form that can build them passes the check, a form
 that cannot is refused by name, and planted faults in each option fail the check."""
-import shutil
 
 import pytest
 import torch
 
 from mha_export import MHAConfig, UsageError, check_parity, export_onnx, export_torchscript
-from mha_export.graph.forms import FORMS
 from mha_export.layer.layouts import build_module
-from mha_export.signature import make_signature
 
 import faults
 

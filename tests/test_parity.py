@@ -8,7 +8,6 @@ import pytest
 from mha_export import MHAConfig, check_parity, export_onnx, export_torchscript
 from mha_export.graph.forms import FORMS, Feature
 from mha_export.check.sweep import default_seq_lens
-from mha_export.signature import make_signature
 
 import faults
 from conftest import cuda_expected

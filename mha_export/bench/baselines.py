@@ -2,8 +2,6 @@
 by the tests: the widely used textbook attention classes (mask buffer + masked_fill + softmax,
 whose checkpoints mha-export must load unchanged)."""
 
-import math
-
 import torch
 from torch import nn
 

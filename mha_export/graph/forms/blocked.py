@@ -25,10 +25,10 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ...config import MHAConfig
-from ..builder import (GraphBuilder, additive, as_1d, ceil_div, dim, finite_lowest, score_mask,
+from ..builder import (GraphBuilder, additive, as_1d, ceil_div, dim, score_mask,
                      repeat_kv, scale_queries, split_heads)
-from .base import (ATTENTION_NODE_FEATURES, GROWING_CACHE_FEATURES, LINEAR, AttentionIO, AttentionOut,
-                   GraphForm, cache_out, keys_values, probabilities)
+from .base import (ATTENTION_NODE_FEATURES, GROWING_CACHE_FEATURES, LINEAR, AttentionIO,
+                   AttentionOut, GraphForm, cache_out, keys_values, probabilities)
 
 BLOCK = 256
 BLOCK_EDGES = (BLOCK, BLOCK + 1, 2 * BLOCK + 1)  # one block, two, three (the last ragged)
