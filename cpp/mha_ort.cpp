@@ -27,6 +27,12 @@ const char* const kUsage =
     "  --threads N          intra-op threads (default: ONNX Runtime's, one per physical core)\n"
     "  --info               print the model's inputs/outputs (name, dtype, symbolic dims) and its metadata\n"
     "  --verbose            echo ONNX Runtime's log (warnings and errors) to stderr\n"
+    "  --generate 5,1,1     a static-cache model (x, past_key, past_value, past_lengths[, position_ids]):\n"
+    "                       CASE_DIR holds x.npy [B, L, d_in] and the buffers past_key.npy / past_value.npy\n"
+    "                       [B, K, capacity, H]; calls of 5, 1, 1 tokens (summing to L) run with ONE buffer\n"
+    "                       bound as past and present (Ort::IoBinding: written in place, never copied),\n"
+    "                       past_lengths and position_ids advanced by each call; writes y.npy [B, L, dim]\n"
+    "                       and the buffers after the last call (present_key.npy, present_value.npy)\n"
     "float inputs: float32 or float16 .npy (converted to the model's float type); float outputs are\n"
     "written as float32; int64 inputs (attention_mask) must be int64 .npy\n"
     "exit codes: 0 ok, 1 runtime failure, 2 bad input, 3 requested provider unavailable";
@@ -232,8 +238,99 @@ std::vector<mha::Array> run(Ort::Session& session, const ModelIO& io, const mha:
     return result;
 }
 
+// ---- --generate: a decode loop over one app-owned static cache -----------------------------------
+
+std::vector<int64_t> parse_steps(const std::string& text) {
+    std::vector<int64_t> steps;
+    size_t at = 0;
+    while (at <= text.size()) {
+        const size_t comma = std::min(text.find(',', at), text.size());
+        steps.push_back(mha::parse_positive_int("--generate", text.substr(at, comma - at)));
+        at = comma + 1;
+    }
+    return steps;
+}
+
+size_t input_index(const ModelIO& io, const std::string& name) {
+    for (size_t i = 0; i < io.inputs.size(); ++i)
+        if (io.inputs[i].decl.name == name) return i;
+    throw mha::UsageError("--generate needs a static-cache model (inputs x, past_key, past_value, "
+                          "past_lengths): this model has no input '" + name + "'");
+}
+
+Ort::Value int64_tensor(std::vector<int64_t>& data, std::vector<int64_t> shape) {
+    const Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+    return Ort::Value::CreateTensor<int64_t>(cpu, data.data(), data.size(), shape.data(), shape.size());
+}
+
+Ort::Value float_tensor(std::vector<float>& data, const std::vector<int64_t>& shape) {
+    const Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+    return Ort::Value::CreateTensor<float>(cpu, data.data(), data.size(), shape.data(), shape.size());
+}
+
+// The case's x split into calls of `steps` tokens; the case's buffers bound as past_* AND
+// present_* of every call, so the model writes them in place (an output that comes back at
+// another address is a copy: an error). Returns y [B, L, dim] and the buffers, in output order.
+std::vector<mha::Array> generate(Ort::Session& session, const ModelIO& io, const mha::Case& c,
+                                 const std::vector<int64_t>& steps) {
+    const mha::Array& x = c.inputs[0];  // the case holds x, past_key, past_value (in this order)
+    const int64_t batch = x.dim(0), length = x.dim(1), width = x.dim(2);
+    int64_t total = 0;
+    for (int64_t n : steps) total += n;
+    if (total != length)
+        throw mha::UsageError(c.label + ": --generate steps sum to " + std::to_string(total) +
+                              ", x.npy holds " + std::to_string(length) + " tokens");
+    mha::Array key = c.inputs[1], value = c.inputs[2];  // the app's buffers, owned here
+    Ort::Value key_value = float_tensor(key.data, key.shape), value_value = float_tensor(value.data, value.shape);
+    const bool rotary = std::any_of(io.inputs.begin(), io.inputs.end(),
+                                    [](const OrtTensor& t) { return t.decl.name == "position_ids"; });
+    std::vector<int64_t> lengths(batch, 0);
+    std::vector<float> y_all;
+    int64_t out_width = 0, start = 0;
+    Ort::IoBinding binding(session);
+    for (int64_t n : steps) {
+        std::vector<float> chunk;  // x[:, start:start + n, :]
+        for (int64_t b = 0; b < batch; ++b)
+            chunk.insert(chunk.end(), x.data.begin() + (b * length + start) * width,
+                         x.data.begin() + (b * length + start + n) * width);
+        std::vector<int64_t> past_lengths = lengths, positions;
+        for (int64_t b = 0; b < batch; ++b)
+            for (int64_t i = 0; i < n; ++i) positions.push_back(lengths[b] + i);
+        Ort::Value x_value = float_tensor(chunk, {batch, n, width});
+        Ort::Value lengths_value = int64_tensor(past_lengths, {batch});
+        Ort::Value positions_value = int64_tensor(positions, {batch, n});
+        binding.ClearBoundInputs();
+        binding.ClearBoundOutputs();
+        binding.BindInput("x", x_value);
+        binding.BindInput("past_key", key_value);
+        binding.BindInput("past_value", value_value);
+        binding.BindInput("past_lengths", lengths_value);
+        if (rotary) binding.BindInput("position_ids", positions_value);
+        binding.BindOutput("present_key", key_value);
+        binding.BindOutput("present_value", value_value);
+        binding.BindOutput("y", Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault));
+        session.Run(Ort::RunOptions{nullptr}, binding);
+        std::vector<Ort::Value> outs = binding.GetOutputValues();  // in binding order
+        if (outs[0].GetTensorData<float>() != key.data.data() || outs[1].GetTensorData<float>() != value.data.data())
+            throw std::runtime_error("present_key/present_value came back as a copy: the buffer was not written in place");
+        const auto y_shape = outs[2].GetTensorTypeAndShapeInfo().GetShape();
+        out_width = y_shape[2];
+        if (y_all.empty()) y_all.resize(batch * length * out_width);
+        const float* y = outs[2].GetTensorData<float>();
+        for (int64_t b = 0; b < batch; ++b)
+            std::copy(y + b * n * out_width, y + (b + 1) * n * out_width,
+                      y_all.begin() + (b * length + start) * out_width);
+        for (auto& l : lengths) l += n;
+        start += n;
+    }
+    mha::Array y;
+    y.shape = {batch, length, out_width};
+    y.data = std::move(y_all);
+    return {y, key, value};
+}
+
 int main_ort(int argc, char** argv) {
-    const mha::Args args = mha::parse_args(argc, argv, kUsage, {"--provider", "--threads"},
+    const mha::Args args = mha::parse_args(argc, argv, kUsage, {"--provider", "--threads", "--generate"},
                                            {"--info", "--verbose"}, {"--info"});
     const std::string provider = args.option("--provider", "cpu");
     if (provider != "cpu" && provider != "cuda")
@@ -276,6 +373,18 @@ int main_ort(int argc, char** argv) {
     // Every input of every case is read and checked before anything runs: bad input leaves no
     // output behind.
     require_supported(io, args.model);
+    if (args.options.count("--generate")) {
+        const std::vector<int64_t> steps = parse_steps(args.option("--generate", ""));
+        mha::Declaration given = io.decl;  // past_lengths and position_ids are made per call
+        given.inputs.clear();
+        for (const char* name : {"x", "past_key", "past_value"}) given.inputs.push_back(io.decl.inputs[input_index(io, name)]);
+        input_index(io, "past_lengths");
+        for (const auto& t : io.inputs)
+            if (t.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && t.decl.kind == mha::Kind::Float)
+                throw mha::UsageError("--generate runs float32 models; input '" + t.decl.name + "' is " + t.decl.type_text);
+        const std::vector<mha::Case> cases = mha::read_cases(args, given);
+        return mha::run_cases(given, cases, [&](const mha::Case& c) { return generate(*session, io, c, steps); });
+    }
     const std::vector<mha::Case> cases = mha::read_cases(args, io.decl);
 
     return mha::run_cases(io.decl, cases, [&](const mha::Case& c) { return run(*session, io, c); });

@@ -471,3 +471,35 @@ def test_bundle_runs_after_being_moved(binaries, tmp_path):
     for x_path, y_path in pairs:
         np.testing.assert_allclose(np.load(y_path), python_ort.run({"x": np.load(x_path)})["y"],
                                    rtol=0, atol=ATOL)
+
+
+# --- static cache: a generation loop over one buffer bound as past and present -------------------
+
+STATIC_CONFIG = MHAConfig(dim=64, heads=4, kv_heads=2, rotary="half", max_seq_len=64)
+
+
+@pytest.mark.parametrize("form", ["contrib-gqa", "decomposed"])
+def test_ort_generate_writes_one_buffer_in_place(binaries, tmp_path, form):
+    """mha_ort --generate 5,1,1,1: Ort::IoBinding binds the case's buffers as past and present;
+    y equals one full forward of the sequence, the buffer's first 8 entries its keys/values."""
+    from mha_export import export_onnx
+    from mha_export.check.scenarios import eager_full
+    folder = export_onnx(STATIC_CONFIG, tmp_path / "m", attention=form, static_cache=True,
+                         validate=False).path
+    rng = np.random.default_rng(4)
+    case = tmp_path / "case"
+    case.mkdir()
+    x = rng.standard_normal((2, 8, 64)).astype(np.float32)
+    buffers = rng.standard_normal((2, 2, 20, 16)).astype(np.float32)  # never read beyond writes
+    for name, a in (("x", x), ("past_key", buffers), ("past_value", buffers * 2)):
+        np.save(case / f"{name}.npy", a)
+    r = run(binaries["ort"], folder / "model.onnx", case, "--generate", "5,1,1,1")
+    assert r.returncode == 0, r.stderr
+    want = eager_full(read_artifact(folder).load_source_module())(x, np.ones((2, 8), np.int64))
+    np.testing.assert_allclose(np.load(case / "y.npy"), want["y"], rtol=0, atol=ATOL)
+    key = np.load(case / "present_key.npy")
+    assert key.shape == (2, 2, 20, 16)
+    np.testing.assert_allclose(key[:, :, :8], want["present_key"], rtol=0, atol=ATOL)
+    np.testing.assert_array_equal(key[:, :, 8:], buffers[:, :, 8:])  # untouched beyond
+    bad = run(binaries["ort"], folder / "model.onnx", case, "--generate", "5,1")
+    assert bad.returncode == 2 and "steps sum to 6" in bad.stderr

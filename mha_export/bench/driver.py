@@ -49,6 +49,7 @@ class BenchRow:
     peak_rss_mib: Optional[float] = None
     peak_device_mib: Optional[float] = None  # torch CUDA variants only
     error: str = ""
+    bandwidth_gbs: Optional[float] = None  # cached steps: weights + valid cache read per second
 
 
 @dataclass
@@ -59,6 +60,7 @@ class BenchReport:
     machine: dict
     rows: list[BenchRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    copy_bandwidth_gbs: Optional[float] = None  # cached steps: this run's memory ceiling
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -134,15 +136,19 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
               forms: Optional[Sequence[str]] = None, threads: int = 2, seed: int = 0,
               mem_limit_gib: float = 16.0, budget_s: float = 2.0,
               progress: Callable[[str], None] = lambda s: None, weights_module=None,
-              kv_cache: bool = False, past_lens: Sequence[int] = (0,)) -> BenchReport:
+              kv_cache: bool = False, past_lens: Sequence[int] = (0,),
+              static_cache: bool = False, capacity: int = 8192) -> BenchReport:
     """Every variant at every (T, past); ``kv_cache``: the decode-step models (x,
-    attention_mask, past_key, past_value), e.g. T=1 over past 128..4096, or a long prefill."""
+    attention_mask, past_key, past_value), e.g. T=1 over past 128..4096, or a long prefill;
+    ``static_cache``: the in-place models over a buffer of ``capacity`` entries, against eager
+    torch's growing-cache step (the baseline row) and its own in-place step."""
     from ..graph.forms import FORMS, Feature
     from ..layer.layouts import build_module
-    kind = "kv-cache" if kv_cache else "full"
+    kind = "static-cache" if static_cache else "kv-cache" if kv_cache else "full"
+    needed = {"kv-cache": Feature.KV_CACHE, "static-cache": Feature.STATIC_CACHE}.get(kind)
     forms = list(forms or [name for name, form in FORMS.items()
-                           if not kv_cache or Feature.KV_CACHE in form.supports])
-    points = [(t, p) for t in seq_lens for p in (past_lens if kv_cache else [0])]
+                           if needed is None or needed in form.supports])
+    points = [(t, p) for t in seq_lens for p in (past_lens if kind != "full" else [0])]
     cuda_ok, cuda_reason = cuda_status() if "cuda" in providers else (False, "not requested")
     ceiling = gemm_ceiling(threads, budget_s, progress)
     report = BenchReport(config.to_dict(), threads, ceiling, machine_info())
@@ -152,6 +158,11 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
         module = weights_module or build_module(config, seed=seed)
         models = prepare_models(config, forms, Path(tmp), module, kind)
         specs = variant_specs(config, forms, models, providers, cuda_ok, kind)
+        if static_cache:  # the baseline: eager torch's growing-cache step, as users run it
+            eager = next(sp for sp in specs if sp["variant"] == BASELINE)
+            specs = [{**eager, "kind": "kv-cache"}, {**eager, "name": "eager-static"},
+                     *(sp for sp in specs if sp is not eager)]
+            specs = [{**spec, "capacity": capacity} for spec in specs]
         total, i = len(specs) * len(points), 0
         for seq, past in points:
             for spec in specs:
@@ -161,7 +172,7 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
                         "mem_limit_gib": mem_limit_gib, "budget_s": budget_s,
                         "min_reps": 5 if seq <= 2048 else 3}
                 result = run_worker(spec)
-                row = _row(name, config, seq, batch, past, result)
+                row = _row(name, config, seq, batch, past, result, kind != "full")
                 report.rows.append(row)
                 progress(f"[{i}/{total}] {name:24s} T={seq:<6d} P={past:<6d} " + (
                     f"{row.median_ms:10.2f} ms  {row.peak_rss_mib:8.0f} MiB" if row.median_ms
@@ -169,6 +180,8 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     # The ceiling is the best GEMM rate seen, measured before and after the variants.
     report.gemm_ceiling_gflops = max(filter(None, [ceiling, gemm_ceiling(threads, budget_s,
                                                                          progress)]), default=None)
+    if kind != "full":
+        report.copy_bandwidth_gbs = copy_bandwidth(budget_s, progress)
     for r in report.rows:
         if r.gflops and report.gemm_ceiling_gflops:
             r.ceiling_fraction = r.gflops / report.gemm_ceiling_gflops
@@ -187,13 +200,30 @@ def gemm_ceiling(threads: int, budget_s: float, progress: Callable[[str], None]
     return rate
 
 
-def _row(name: str, c: MHAConfig, seq: int, batch: int, past: int, result: dict) -> BenchRow:
+def copy_bandwidth(budget_s: float, progress: Callable[[str], None]) -> Optional[float]:
+    """GB/s of the fastest copy of a 256 MiB array (read + write), this run's memory ceiling."""
+    copy = run_worker({"variant": "copy", "mib": 256, "min_reps": 5, "budget_s": budget_s})
+    rate = 2 * 256 * 2**20 / (copy["min_ms"] / 1e3) / 1e9 if "min_ms" in copy else None
+    progress("copy bandwidth (256 MiB numpy copy, read + write, best run): "
+             + (f"{rate:.1f} GB/s" if rate else copy.get("error", "?")))
+    return rate
+
+
+def step_bytes(c: MHAConfig, seq: int, batch: int, past: int) -> float:
+    """Bytes a cached step must read: the fp32 weights once, and the valid keys and values."""
+    weights = c.d_in * (c.inner + 2 * c.kv_inner) + c.inner * c.dim
+    return 4.0 * (weights + batch * 2 * c.kv_inner * (past + seq))
+
+
+def _row(name: str, c: MHAConfig, seq: int, batch: int, past: int, result: dict,
+         cached: bool = False) -> BenchRow:
     if "error" in result:
         return BenchRow(name, seq, batch, past, error=result["error"])
     s = result["median_ms"] / 1e3
     gflops = effective_flops(c, seq, batch, past) / s / 1e9
     return BenchRow(name, seq, batch, past, result["median_ms"], result["reps"], batch * seq / s,
-                    gflops, None, None, result["peak_rss_mib"], result.get("peak_device_mib"))
+                    gflops, None, None, result["peak_rss_mib"], result.get("peak_device_mib"),
+                    bandwidth_gbs=step_bytes(c, seq, batch, past) / s / 1e9 if cached else None)
 
 
 def _speedups(report: BenchReport) -> None:
@@ -206,10 +236,12 @@ def _speedups(report: BenchReport) -> None:
 
 def format_table(report: BenchReport) -> str:
     head = ("variant", "T", "P", "median ms", "tokens/s", "GFLOP/s", "% GEMM", "x SDPA",
-            "peak MiB")
+            "GB/s", "peak MiB")
     cells = {id(r): (r.variant, str(r.seq), str(r.past), f"{r.median_ms:.2f}",
                      f"{r.tokens_per_s:,.0f}", f"{r.gflops:.0f}", _pct(r.ceiling_fraction),
-                     _times(r.speedup_vs_sdpa), f"{r.peak_rss_mib:,.0f}")
+                     _times(r.speedup_vs_sdpa),
+                     "-" if r.bandwidth_gbs is None else f"{r.bandwidth_gbs:.1f}",
+                     f"{r.peak_rss_mib:,.0f}")
              for r in report.rows if not r.error}
     widths = [max(len(row[i]) for row in [head, *cells.values()]) for i in range(len(head))]
 
@@ -227,6 +259,9 @@ def format_table(report: BenchReport) -> str:
         lines.append(f"GEMM ceiling {report.gemm_ceiling_gflops:.0f} GFLOP/s (best ONNX Runtime "
                      f"fp32 MatMul 4096^3, before and after); {report.threads} threads; "
                      f"{m['cpu']}; {m['date']}")
+    if report.copy_bandwidth_gbs:
+        lines.append(f"copy bandwidth {report.copy_bandwidth_gbs:.1f} GB/s (256 MiB numpy copy, "
+                     "read + write, best run); GB/s above = weights + valid cache read per step")
     return "\n".join(lines + report.notes)
 
 

@@ -41,7 +41,14 @@ def sample_feeds(spec: dict) -> dict:
     from mha_export.signature import make_signature
     from mha_export.check.sweep import Case, make_feeds
     sig = make_signature(MHAConfig.from_dict(spec["config"]), spec.get("kind", "full"))
-    return make_feeds(sig, Case(spec["batch"], spec["seq"], spec.get("past", 0)), seed=0)
+    feeds = make_feeds(sig, Case(spec["batch"], spec["seq"], spec.get("past", 0)), seed=0)
+    if sig.static_cache and spec.get("capacity"):  # the app's buffer at its full capacity
+        import numpy as np
+        for name in ("past_key", "past_value"):
+            b, k, _, h = feeds[name].shape
+            feeds[name] = np.zeros((b, k, spec["capacity"], h), np.float32)
+        feeds["past_lengths"] = np.full(spec["batch"], spec.get("past", 0), np.int64)
+    return feeds
 
 
 def torch_variant(spec: dict) -> Callable[[], object]:
@@ -117,9 +124,18 @@ def gemm_variant(spec: dict) -> Callable[[], object]:
     return lambda: session.run(None, feeds)
 
 
+def copy_variant(spec: dict) -> Callable[[], object]:
+    """A plain memory copy: this machine's bandwidth ceiling for a cached step."""
+    import numpy as np
+    src = np.ones(spec["mib"] * 2**20 // 4, np.float32)
+    dst = np.empty_like(src)
+    return lambda: np.copyto(dst, src)
+
+
 def measure(spec: dict) -> dict:
     kind = spec["variant"]
-    make = {"gemm": gemm_variant, "runner": runner_variant}.get(kind, torch_variant)
+    make = {"gemm": gemm_variant, "runner": runner_variant, "copy": copy_variant}.get(
+        kind, torch_variant)
     fn = make(spec)
     base = rss_mib("VmRSS")
     times, reps = time_it(fn, spec.get("min_reps", 5), spec.get("budget_s", 2.0))

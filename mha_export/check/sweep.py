@@ -139,14 +139,18 @@ def static_capacity(case: Case) -> int:
     return case.past + case.seq + 3
 
 
+def real_queries(feeds: dict[str, np.ndarray], case: Case) -> Optional[np.ndarray]:
+    """(B, T, 1) bool: the query rows that are real tokens, or None when nothing is padded."""
+    mask = feeds.get("attention_mask")
+    return None if mask is None else (mask[:, -case.seq:] == 1)[:, :, None]
+
+
 def valid_entries(sig: Signature, feeds: dict[str, np.ndarray], case: Case
                   ) -> dict[str, Optional[np.ndarray]]:
     """Per output, the elements that are compared (None: all; the rest only required finite):
     y's rows of real tokens (padding rows are not), a static buffer's valid entries
     [0, past_lengths[b] + T) (beyond them the contract says nothing)."""
-    mask = feeds.get("attention_mask")
-    rows = None if mask is None else (mask[:, -case.seq:] == 1)[:, :, None]  # (B, T, 1)
-    valid: dict[str, Optional[np.ndarray]] = {"y": rows}
+    valid: dict[str, Optional[np.ndarray]] = {"y": real_queries(feeds, case)}
     if sig.static_cache:
         ends = feeds["past_lengths"] + case.seq  # (B,)
         entries = np.arange(static_capacity(case))[None, :] < ends[:, None]  # (B, C)

@@ -178,6 +178,11 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
 @click.option("--kv-cache", is_flag=True,
               help="Measure the decode-step models: eager forward_step vs every cache-capable "
                    "form.")
+@click.option("--static-cache", is_flag=True,
+              help="Measure the in-place static-cache models (buffer of --capacity entries) "
+                   "against eager torch's growing-cache step.")
+@click.option("--capacity", type=click.IntRange(min=1), default=8192, show_default=True,
+              help="Static cache buffer capacity.")
 @click.option("--past-lens", callback=functools.partial(int_list, lowest=0), default="0",
               show_default=True, help="Cache lengths with --kv-cache (e.g. --seq-lens 1 "
                                       "--past-lens 128,1024,4096 for single-token steps).")
@@ -197,6 +202,7 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
               help="PNG: latency and memory vs T, log-log.")
 @_guard
 def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bool,
+          static_cache: bool, capacity: int,
           past_lens: list[int], providers: list[str],
           forms: str, threads: int, budget: float, mem_limit_gib: float,
           json_path: Optional[str], plot_path: Optional[str], **config_fields) -> None:
@@ -208,6 +214,7 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
       mha-export bench --heads 12 --dim 768 --json bench.json --plot bench.png
       mha-export bench models/split-h12-d768-onnx --seq-lens 128,2048 --forms attention-op,blocked
       mha-export bench --kv-cache --seq-lens 1 --past-lens 128,1024,4096 --batch 8
+      mha-export bench --static-cache --seq-lens 1 --past-lens 128,1024,4096,8000
     """
     if plot_path:
         require_extra("matplotlib", "plot", "--plot")
@@ -226,7 +233,8 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
         config, module = source.config, source.module
     report = run_bench(config, seq_lens, batch, providers, chosen, threads, seed, mem_limit_gib,
                        budget, progress=lambda line: click.echo(line, err=True),
-                       weights_module=module, kv_cache=kv_cache, past_lens=past_lens)
+                       weights_module=module, kv_cache=kv_cache, past_lens=past_lens,
+                       static_cache=static_cache, capacity=capacity)
     click.echo(format_table(report))
     if json_path:
         from ..artifact import write_json_atomic
