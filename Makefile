@@ -25,7 +25,7 @@ clean:
 	rm -rf build models/*-onnx models/*-torchscript
 
 # --- C++ embedding (see README "Embedding in C++") ----------------------------------------------
-# make cpp         build/cpp/mha_ort (ONNX Runtime) and build/cpp/mha_torch (libtorch), from the
+# make cpp         build/cpp/mha_ort (ONNX Runtime), mha_torch and mha_aoti (libtorch), from the
 #                  libraries inside $(PYTHON)'s onnxruntime-gpu and torch wheels
 # make cpp-bundle  build/cpp-bundle/: mha_ort + libonnxruntime.so.1 + provider libraries ($ORIGIN
 #                  RPATH) + a sample model; runs after being moved anywhere. BUNDLE_CUDA=0 leaves

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "npy.hpp"
+#include "torch_io.hpp"
 
 namespace {
 
@@ -99,13 +100,7 @@ std::vector<mha::Array> forward(torch::jit::Module& module, const mha::Declarati
                                 const torch::Device& device) {
     c10::InferenceMode guard;
     std::vector<torch::IValue> inputs;
-    for (const mha::Array& a : c.inputs) {
-        // from_blob borrows the array's memory; .to() copies only when the device differs.
-        void* data = a.kind == mha::Kind::Int64 ? static_cast<void*>(const_cast<int64_t*>(a.ints.data()))
-                                                : static_cast<void*>(const_cast<float*>(a.data.data()));
-        inputs.emplace_back(
-            torch::from_blob(data, a.shape, a.kind == mha::Kind::Int64 ? torch::kInt64 : torch::kFloat32).to(device));
-    }
+    for (const mha::Array& a : c.inputs) inputs.emplace_back(mha::to_tensor(a, device));
     const torch::IValue result = module.forward(inputs);
     std::vector<torch::Tensor> tensors;
     if (result.isTensor()) {
@@ -121,21 +116,7 @@ std::vector<mha::Array> forward(torch::jit::Module& module, const mha::Declarati
     if (tensors.size() != decl.outputs.size())
         throw std::runtime_error("the model returned " + std::to_string(tensors.size()) + " tensors, output_names lists " +
                                  std::to_string(decl.outputs.size()));
-    std::vector<mha::Array> outputs;
-    for (const torch::Tensor& t : tensors) {
-        mha::Array out;
-        out.shape = t.sizes().vec();
-        if (t.scalar_type() == torch::kInt64) {
-            const torch::Tensor y = t.to(torch::kCPU).contiguous();
-            out.kind = mha::Kind::Int64;
-            out.ints.assign(y.data_ptr<int64_t>(), y.data_ptr<int64_t>() + y.numel());
-        } else {
-            const torch::Tensor y = t.to(torch::kCPU, torch::kFloat32).contiguous();
-            out.data.assign(y.data_ptr<float>(), y.data_ptr<float>() + y.numel());
-        }
-        outputs.push_back(std::move(out));
-    }
-    return outputs;
+    return mha::to_arrays(tensors);
 }
 
 int main_torch(int argc, char** argv) {

@@ -14,6 +14,7 @@ _EXPORTS = {
     "build_module": "layer.layouts", "convert": "layer.layouts",
     "AttentionWeights": "layer.layouts", "load_module": "weights.files",
     "export_onnx": "export.pipeline", "export_torchscript": "export.pipeline",
+    "export_aoti": "export.pipeline",
     "ExportResult": "export.pipeline",
     "check_parity": "check.parity", "CheckReport": "check.parity",
     "make_signature": "signature", "Signature": "signature", "FORMS": "graph.forms",

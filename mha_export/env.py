@@ -7,7 +7,8 @@ import platform
 from importlib import metadata
 from pathlib import Path
 
-DISTRIBUTIONS = ("mha-export", "torch", "onnx", "onnxruntime-gpu", "onnxruntime", "numpy")
+DISTRIBUTIONS = ("mha-export", "torch", "onnx", "onnxruntime-gpu", "onnxruntime", "openvino",
+                 "numpy")
 
 
 def versions() -> dict[str, str]:

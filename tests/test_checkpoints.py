@@ -12,11 +12,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 from mha_export import UsageError, export_onnx, export_torchscript
 from mha_export.artifact import read_artifact
@@ -28,20 +29,75 @@ from mha_export.weights.huggingface import _layer_pattern
 
 COMMON = dict(num_hidden_layers=3, intermediate_size=32, vocab_size=60,
               max_position_embeddings=64)
+# The newer model types: 4 layers (full and sliding ones), weights 10x transformers' init so that
+# softcapping, sinks and norms move the result.
+NEW = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4,
+           intermediate_size=32, vocab_size=60, max_position_embeddings=64, initializer_range=0.2)
+LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+              linear_value_head_dim=8, layer_types=["linear_attention", "full_attention"] * 2)
+GEMMA = dict(NEW, head_dim=16, query_pre_attn_scalar=20, sliding_window=4)
+TOKENS = dict(boi_token_index=61, eoi_token_index=62, image_token_index=63)  # ids are < 60
+SIGLIP = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+              image_size=16, patch_size=8)
+QWEN_VISION = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16,
+                   out_hidden_size=64, num_position_embeddings=16)
+LONGROPE = {"type": "longrope", "short_factor": [1.0, 1.3, 2.1, 3.7],
+            "long_factor": [1.5, 2.5, 4.0, 9.0]}  # rotary_dim / 2 = 4 entries
+
+
+class Spec(NamedTuple):
+    kind: str  # model_type
+    config: dict  # AutoConfig.for_model kwargs
+    layers: tuple[int, ...]  # the layers exported and compared
+    multimodal: bool = False  # built as ...ForConditionalGeneration (text_config nested)
+
+
 MODELS = {
-    "gpt2": dict(n_embd=64, n_head=4, n_layer=3, vocab_size=60, n_positions=64),
-    "llama": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, **COMMON),
-    "llama-mqa-llama3": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=1,
-                             attention_bias=True, rope_parameters={
-                                 "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                 "original_max_position_embeddings": 8}, **COMMON),
-    "mistral": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                    sliding_window=4, **COMMON),  # shorter than the sequences below
-    "qwen2": dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, **COMMON),
-    "gpt_neox": dict(hidden_size=64, num_attention_heads=4, rotary_pct=0.25, **COMMON),
+    "gpt2": Spec("gpt2", dict(n_embd=64, n_head=4, n_layer=3, vocab_size=60, n_positions=64),
+                 (1,)),
+    "llama": Spec("llama", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                **COMMON), (1,)),
+    "llama-mqa-llama3": Spec("llama", dict(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=1, attention_bias=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8}, **COMMON), (1,)),
+    "mistral": Spec("mistral", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                    sliding_window=4, **COMMON), (1,)),  # < the sequences below
+    "qwen2": Spec("qwen2", dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                **COMMON), (1,)),
+    "gpt_neox": Spec("gpt_neox", dict(hidden_size=64, num_attention_heads=4, rotary_pct=0.25,
+                                      **COMMON), (1,)),
+    # explicit head_dim 32 (not 64 / 4); layers 2, 3 slide (max_window_layers 2)
+    "qwen3": Spec("qwen3", dict(NEW, head_dim=32, use_sliding_window=True, sliding_window=4,
+                                max_window_layers=2), (1, 3)),
+    "qwen3_moe": Spec("qwen3_moe", dict(NEW, head_dim=32, num_experts=4, num_experts_per_tok=2,
+                                        moe_intermediate_size=16, use_sliding_window=True,
+                                        sliding_window=4), (1,)),
+    "qwen3_5_text": Spec("qwen3_5_text", dict(NEW, head_dim=16, attention_bias=True, **LINEAR),
+                         (1,)),
+    "qwen3_5": Spec("qwen3_5", dict(text_config=dict(NEW, head_dim=16, **LINEAR),
+                                    vision_config=QWEN_VISION), (3,), multimodal=True),
+    "gemma2": Spec("gemma2", dict(GEMMA, attn_logit_softcapping=5.0), (0, 1)),
+    "gemma3_text": Spec("gemma3_text", dict(GEMMA, sliding_window_pattern=2, attention_bias=True),
+                        (0, 1)),
+    "gemma3": Spec("gemma3", dict(text_config=dict(GEMMA, vocab_size=64, layer_types=[
+        "sliding_attention", "full_attention", "full_attention", "sliding_attention"]),
+        vision_config=SIGLIP, mm_tokens_per_image=4, **TOKENS), (0, 1), multimodal=True),
+    # longrope switches tables past original_max_position_embeddings 8: while decoding
+    "phi3": Spec("phi3", dict(NEW, pad_token_id=None, sliding_window=5, partial_rotary_factor=0.5,
+                              original_max_position_embeddings=8, rope_scaling=LONGROPE), (1,)),
+    "olmo2": Spec("olmo2", dict(NEW, pad_token_id=None), (1,)),
+    "granite": Spec("granite", dict(NEW, attention_multiplier=0.3, attention_bias=True), (1,)),
+    "starcoder2": Spec("starcoder2", dict(NEW, use_bias=True, sliding_window=4), (1,)),
+    "gpt_oss": Spec("gpt_oss", dict(NEW, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                    sliding_window=4), (0, 1)),
+    # layer 3 is NoPE (no_rope_layer_interval 4) and slides (use_sliding_window)
+    "smollm3": Spec("smollm3", dict(NEW, pad_token_id=None, use_sliding_window=True,
+                                    sliding_window=4), (1, 3)),
 }
-LAYER = 1
+CASES = [f"{name}@{layer}" for name, spec in MODELS.items() for layer in spec.layers]
+FORMATS = ["onnx", "onnx-decomposed", "torchscript"]  # onnx: the default form
 B, L, PREFILL = 3, 11, 6
 
 
@@ -50,28 +106,54 @@ def _attention(model, kind: str, layer: int):
         return model.transformer.h[layer].attn
     if kind == "gpt_neox":
         return model.gpt_neox.layers[layer].attention
-    return model.model.layers[layer].self_attn
+    return getattr(model.model, "language_model", model.model).layers[layer].self_attn
 
 
-@pytest.fixture(scope="module", params=sorted(MODELS))
-def checkpoint(request, tmp_path_factory):
-    name = request.param
-    kind = name.split("-")[0]
+def _build(name: str):
+    """The tiny model, its attention's norm weights, sinks and biases randomised (their initial
+    values hide bugs: Gemma's norm weights start at 0, so (1 + w) read as w would pass)."""
+    spec = MODELS[name]
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **MODELS[name])).eval()
-    folder = tmp_path_factory.mktemp(name) / "ckpt"
-    model.save_pretrained(folder)
-    return name, kind, model, folder
+    auto = AutoModelForImageTextToText if spec.multimodal else AutoModelForCausalLM
+    model = auto.from_config(AutoConfig.for_model(spec.kind, **spec.config),
+                             attn_implementation="eager").eval()
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if re.search(r"\.(self_attn|attention|attn)\..*(norm\.weight|sinks|bias)$", key):
+                p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    return model
 
 
-def _capture(model, kind):
-    """Hooks recording every call's (input hidden states, attention output) of layer LAYER."""
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            model = _build(name)
+            folder = tmp_path_factory.mktemp(name) / "ckpt"
+            model.save_pretrained(folder)
+            cache[name] = model, folder
+        return cache[name]
+    return get
+
+
+@pytest.fixture(params=CASES)
+def checkpoint(request, built):
+    name, layer = request.param.split("@")
+    model, folder = built(name)
+    return name, MODELS[name].kind, model, folder, int(layer)
+
+
+def _capture(model, kind, layer):
+    """Hooks recording every call's (input hidden states, attention output) of the layer."""
     calls = []
 
     def hook(module, args, kwargs, out):
         x = kwargs.get("hidden_states", args[0] if args else None)
         calls.append((x.detach().clone().numpy(), out[0].detach().clone().numpy()))
-    return calls, _attention(model, kind, LAYER).register_forward_hook(hook, with_kwargs=True)
+    return calls, _attention(model, kind, layer).register_forward_hook(hook, with_kwargs=True)
 
 
 def _batch():
@@ -79,7 +161,7 @@ def _batch():
     ids = torch.randint(0, 60, (B, L), generator=g)
     mask = torch.ones(B, L, dtype=torch.long)
     mask[1, :3] = 0
-    mask[2, :7] = 0  # left padding, longer than mistral's window before the real tokens
+    mask[2, :7] = 0  # left padding, longer than the windows before the real tokens
     return ids, mask, torch.from_numpy(positions(mask.numpy()))
 
 
@@ -92,48 +174,60 @@ def _close(got, want, rows, what):
     assert np.isfinite(got).all() and diff.max() <= 2e-5, (what, float(diff.max()))
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def _export(fmt, folder, layer, output, **options):
+    """(artifact, runner) of the layer in fmt: onnx (its default form), onnx-FORM, torchscript."""
+    if fmt == "torchscript":
+        art = export_torchscript(weights=folder, layer=layer, output=output, validate=False,
+                                 **options).path
+        sig = read_artifact(art).signature
+        return art, TorchScriptRunner(sig, art / "model.pt")
+    form = fmt.partition("-")[2] or None
+    art = export_onnx(weights=folder, layer=layer, output=output, validate=False,
+                      attention=form, **options).path
+    return art, OrtRunner(read_artifact(art).signature, art / "model.onnx")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_full_sequence_layer_equals_transformers(checkpoint, fmt, tmp_path):
-    name, kind, model, folder = checkpoint
+    name, kind, model, folder, layer = checkpoint
     ids, mask, pos = _batch()
-    calls, handle = _capture(model, kind)
+    calls, handle = _capture(model, kind, layer)
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask, position_ids=pos)
     handle.remove()
-    export = export_onnx if fmt == "onnx" else export_torchscript
-    art = export(weights=folder, layer=LAYER, attention_mask=True, output=tmp_path / "a",
-                 validate=False).path
+    art, runner = _export(fmt, folder, layer, tmp_path / "a", attention_mask=True)
     sig = read_artifact(art).signature
-    runner = (OrtRunner(sig, art / "model.onnx") if fmt == "onnx"
-              else TorchScriptRunner(sig, art / "model.pt"))
     x, want = calls[0]
     got = runner.run(_feeds(sig, x=x, attention_mask=mask.numpy(), position_ids=pos.numpy()))
-    _close(got["y"], want, mask.numpy().astype(bool), f"{name} {fmt}")
+    _close(got["y"], want, mask.numpy().astype(bool), f"{name}@{layer} {fmt}")
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
-def test_cached_decode_equals_transformers_with_its_own_cache(checkpoint, fmt, tmp_path):
-    """Prefill PREFILL tokens, then single-token steps, in transformers (its DynamicCache) and
-    in the exported decode model (our present -> past), on a left-padded batch."""
-    name, kind, model, folder = checkpoint
-    ids, mask, pos = _batch()
-    calls, handle = _capture(model, kind)
+def _decode_in_transformers(model, kind, layer, ids, mask, pos):
+    """Prefill PREFILL tokens, then single-token steps with the model's own cache: the layer's
+    calls and the final cache."""
+    calls, handle = _capture(model, kind, layer)
     with torch.no_grad():
-        out = model(input_ids=ids[:, :PREFILL], attention_mask=mask[:, :PREFILL],
-                    position_ids=pos[:, :PREFILL], use_cache=True)
-        cache = out.past_key_values
+        cache = model(input_ids=ids[:, :PREFILL], attention_mask=mask[:, :PREFILL],
+                      position_ids=pos[:, :PREFILL], use_cache=True).past_key_values
         for t in range(PREFILL, L):
             cache = model(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
                           position_ids=pos[:, t:t + 1], past_key_values=cache,
                           use_cache=True).past_key_values
     handle.remove()
-    export = export_onnx if fmt == "onnx" else export_torchscript
-    art = export(weights=folder, layer=LAYER, kv_cache=True, output=tmp_path / "kv",
-                 validate=False).path
+    return calls, cache.layers[layer]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cached_decode_equals_transformers_with_its_own_cache(checkpoint, fmt, tmp_path):
+    """Prefill, then single-token steps, in transformers (its DynamicCache) and in the exported
+    decode model (our present -> past), on a left-padded batch: y at every real position and
+    the final cache (a sliding layer's: the last window - 1 entries transformers keeps)."""
+    name, kind, model, folder, layer = checkpoint
+    ids, mask, pos = _batch()
+    calls, theirs = _decode_in_transformers(model, kind, layer, ids, mask, pos)
+    art, runner = _export(fmt, folder, layer, tmp_path / "kv", kv_cache=True)
     artifact = read_artifact(art)
     sig, c = artifact.signature, artifact.config
-    runner = (OrtRunner(sig, art / "model.onnx") if fmt == "onnx"
-              else TorchScriptRunner(sig, art / "model.pt"))
     past = np.zeros((B, c.kv_heads, 0, c.head_dim), np.float32)
     present = {"present_key": past, "present_value": past}
     start = 0
@@ -144,41 +238,73 @@ def test_cached_decode_equals_transformers_with_its_own_cache(checkpoint, fmt, t
                                     past_value=present["present_value"],
                                     position_ids=pos[:, start:end].numpy()))
         rows = mask[:, start:end].numpy().astype(bool)
-        _close(present["y"], want, rows, f"{name} {fmt} tokens {start}-{end}")
+        _close(present["y"], want, rows, f"{name}@{layer} {fmt} tokens {start}-{end}")
         start = end
     assert start == L
-    layer_cache = cache.layers[LAYER]
-    if layer_cache.keys.shape[2] == L:  # a sliding-window cache keeps only the window
-        real = mask.numpy().astype(bool)
-        for ours, theirs in ((present["present_key"], layer_cache.keys),
-                             (present["present_value"], layer_cache.values)):
-            diff = np.abs(ours - theirs.numpy()).transpose(0, 2, 1, 3)[real]
-            assert diff.max() <= 2e-5, (name, "present vs transformers' cache")
+    kept = theirs.keys.shape[2]
+    assert kept == (min(L, c.sliding_window - 1) if c.sliding_window else L), kept
+    real = mask.numpy().astype(bool)[:, L - kept:]
+    for ours, cached in ((present["present_key"], theirs.keys),
+                         (present["present_value"], theirs.values)):
+        diff = np.abs(ours[:, :, L - kept:] - cached.numpy()).transpose(0, 2, 1, 3)[real]
+        assert diff.max() <= 2e-5, (name, "present vs transformers' cache", float(diff.max()))
+
+
+# What config.json must give each case: (heads, kv_heads, head_dim, sliding_window, rotary,
+# rotary_dim) and the options of the newer types.
+EXPECT = {
+    "gpt2@1": ((4, 4, 16, None, "none", None), {}),
+    "llama@1": ((4, 2, 16, None, "half", 16), {}),
+    "llama-mqa-llama3@1": ((4, 1, 16, None, "half", 16), dict(qkv_bias=True, out_bias=True)),
+    "mistral@1": ((4, 2, 16, 4, "half", 16), {}),
+    "qwen2@1": ((4, 2, 16, None, "half", 16), dict(qkv_bias=True, out_bias=False)),
+    "gpt_neox@1": ((4, 4, 16, None, "half", 4), {}),  # rotary_pct 0.25
+    "qwen3@1": ((4, 2, 32, None, "half", 32), dict(qk_norm="head", norm_offset=0.0)),
+    "qwen3@3": ((4, 2, 32, 4, "half", 32), dict(qk_norm="head", qk_norm_eps=1e-6)),
+    "qwen3_moe@1": ((4, 2, 32, 4, "half", 32), dict(qk_norm="head", norm_offset=0.0)),
+    "qwen3_5_text@1": ((4, 2, 16, None, "half", 4), dict(
+        qk_norm="head", norm_offset=1.0, output_gate=True, qkv_bias=True, out_bias=True)),
+    "qwen3_5@3": ((4, 2, 16, None, "half", 4), dict(qk_norm="head", norm_offset=1.0,
+                                                    output_gate=True, qkv_bias=False)),
+    "gemma2@0": ((4, 2, 16, 4, "half", 16), dict(softmax_scale=20 ** -0.5, softcap=5.0)),
+    "gemma2@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=20 ** -0.5, softcap=5.0)),
+    "gemma3_text@0": ((4, 2, 16, 4, "half", 16), dict(
+        rope_theta=10000.0, qk_norm="head", norm_offset=1.0, softcap=None, qkv_bias=True)),
+    "gemma3_text@1": ((4, 2, 16, None, "half", 16), dict(rope_theta=1e6, softmax_scale=20 ** -0.5)),
+    "gemma3@0": ((4, 2, 16, 4, "half", 16), dict(rope_theta=10000.0)),
+    "gemma3@1": ((4, 2, 16, None, "half", 16), dict(rope_theta=1e6, norm_offset=1.0)),
+    "phi3@1": ((4, 2, 16, 5, "half", 8), dict(qkv_bias=False, out_bias=False)),
+    "olmo2@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="full", qk_norm_eps=1e-5)),
+    "granite@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=0.3, qkv_bias=True)),
+    "starcoder2@1": ((4, 2, 16, 4, "half", 16), dict(qkv_bias=True, out_bias=True)),
+    "gpt_oss@0": ((4, 2, 16, 4, "half", 16), dict(sinks=True, qkv_bias=True, rope_theta=150000.0)),
+    "gpt_oss@1": ((4, 2, 16, None, "half", 16), dict(sinks=True, out_bias=True)),
+    "smollm3@1": ((4, 2, 16, None, "half", 16), dict(rope_theta=2e6)),
+    "smollm3@3": ((4, 2, 16, 4, "none", None), {}),  # NoPE
+}
 
 
 def test_config_is_read_from_config_json_in_both_spellings(checkpoint, tmp_path):
-    name, kind, model, folder = checkpoint
-    c = read_artifact(export_onnx(weights=folder, layer=LAYER, output=tmp_path / "a",
+    name, _, _, folder, layer = checkpoint
+    c = read_artifact(export_onnx(weights=folder, layer=layer, output=tmp_path / "a",
                                   validate=False).path).config
-    expect = {"gpt2": (4, 4, None, "none"), "llama": (4, 2, None, "half"),
-              "llama-mqa-llama3": (4, 1, None, "half"), "mistral": (4, 2, 4, "half"),
-              "qwen2": (4, 2, None, "half"), "gpt_neox": (4, 4, None, "half")}[name]
-    assert (c.heads, c.kv_heads, c.sliding_window, c.rotary) == expect
-    if name == "gpt_neox":
-        assert c.rotary_dim == 4  # 25% of 16
+    shape, options = EXPECT[f"{name}@{layer}"]
+    assert (c.heads, c.kv_heads, c.head_dim, c.sliding_window, c.rotary, c.rotary_dim) == shape
+    assert {k: getattr(c, k) for k in options} == pytest.approx(options)
+    scaling = {"llama-mqa-llama3": "llama3", "phi3": "longrope", "gpt_oss": "yarn"}.get(name)
+    assert (c.rope_scaling or {}).get("rope_type") == scaling
     if name == "llama-mqa-llama3":
-        assert c.rope_scaling["rope_type"] == "llama3" and c.rope_theta == 500000.0
-        assert c.qkv_bias and c.out_bias
+        assert c.rope_theta == 500000.0
 
 
 def test_transformers_4x_spellings(tmp_path):
     """rope_theta / rope_scaling / rotary_pct / rotary_emb_base, as 4.x checkpoints write them."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("gpt_neox", **MODELS["gpt_neox"]))
+    model = _plain("gpt_neox")
     model.save_pretrained(tmp_path / "neox")
     cfg = json.loads((tmp_path / "neox" / "config.json").read_text())
     cfg.pop("rope_parameters")
-    cfg.update(rotary_pct=0.5, rotary_emb_base=1000.0, rope_scaling={"type": "linear", "factor": 2.0})
+    cfg.update(rotary_pct=0.5, rotary_emb_base=1000.0,
+               rope_scaling={"type": "linear", "factor": 2.0})
     (tmp_path / "neox" / "config.json").write_text(json.dumps(cfg))
     c = read_artifact(export_onnx(weights=tmp_path / "neox", layer=0, output=tmp_path / "a",
                                   validate=False).path).config
@@ -186,9 +312,50 @@ def test_transformers_4x_spellings(tmp_path):
                                                                          "factor": 2.0})
 
 
+# config.json as transformers 4.x wrote it, or with the keys transformers derives left out: the
+# layer must still equal transformers' attention (transformers reading the same config.json).
+RESPELLED = {
+    "gemma3_text@0": dict(rope_parameters=None, rope_theta=5e5, rope_local_base_freq=2e4,
+                          rope_scaling={"rope_type": "linear", "factor": 8.0}, layer_types=None),
+    "gemma3_text@1": dict(rope_parameters=None, rope_theta=5e5, rope_local_base_freq=2e4,
+                          rope_scaling={"rope_type": "linear", "factor": 8.0}, layer_types=None),
+    "phi3@1": dict(rope_parameters=None, rope_theta=10000.0, partial_rotary_factor=0.5,
+                   rope_scaling=LONGROPE),  # ("su" fails in transformers 5.23 itself)
+    "qwen3@3": dict(layer_types=None),  # use_sliding_window + max_window_layers
+    "gemma2@0": dict(layer_types=None),  # every 2nd layer full
+    "smollm3@3": dict(layer_types=None, no_rope_layers=None),  # every 4th layer NoPE
+    "gpt_oss@0": dict(layer_types=None, rope_parameters=None),  # gpt-oss's default yarn
+    "qwen3_5_text@3": dict(layer_types=None, full_attention_interval=2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RESPELLED))
+def test_older_spellings_and_derived_keys_equal_transformers(built, case, tmp_path):
+    name, layer = case.split("@")
+    _, saved = built(name)
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes((saved / "model.safetensors").read_bytes())
+    cfg = json.loads((saved / "config.json").read_text())
+    for key, value in RESPELLED[case].items():
+        cfg.pop(key, None)
+        if value is not None:
+            cfg[key] = value
+    (folder / "config.json").write_text(json.dumps(cfg))
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    ids, mask, pos = _batch()
+    calls, handle = _capture(model, MODELS[name].kind, int(layer))
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=pos)
+    handle.remove()
+    art, runner = _export("onnx", folder, int(layer), tmp_path / "a", attention_mask=True)
+    got = runner.run(_feeds(read_artifact(art).signature, x=calls[0][0],
+                            attention_mask=mask.numpy(), position_ids=pos.numpy()))
+    _close(got["y"], calls[0][1], mask.numpy().astype(bool), case)
+
+
 def test_sharded_and_bin_checkpoints_read_only_the_layer(tmp_path, monkeypatch):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **MODELS["llama"]))
+    model = _plain("llama")
     model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
     model.save_pretrained(tmp_path / "bin", safe_serialization=False)
@@ -268,7 +435,47 @@ def test_layer_pattern_allows_any_prefix_and_only_that_layer():
         assert not pattern.search(other), other
 
 
+@pytest.mark.parametrize("kind, name, found", [
+    ("gpt_oss", "model.layers.0.self_attn.sinks", ("sinks", None)),  # a bare parameter
+    ("gemma3", "language_model.model.layers.0.self_attn.q_norm.weight", ("q_norm", "weight")),
+    ("gemma3", "model.language_model.layers.0.self_attn.q_proj.weight", ("q_proj", "weight")),
+    ("gemma3", "vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.weight", None),
+    ("gemma3", "model.vision_tower.encoder.layers.0.self_attn.q_proj.weight", None),
+    ("qwen3_5", "model.language_model.layers.0.self_attn.q_proj.bias", ("q_proj", "bias")),
+    ("qwen3_5", "mtp.layers.0.self_attn.q_proj.weight", None),  # multi-token prediction head
+    ("qwen3_5", "model.layers.0.self_attn.q_proj.weight", None),
+    ("qwen3_5_text", "model.layers.0.self_attn.k_norm.weight", ("k_norm", "weight")),
+    ("qwen3_5_text", "model.language_model.layers.0.self_attn.o_proj.weight", ("o_proj", "weight")),
+    ("qwen3_5_text", "mtp.layers.0.self_attn.q_proj.weight", None),
+])
+def test_multimodal_layers_are_the_language_models_only(kind, name, found):
+    """The vision tower and the MTP head have layers.N.self_attn too: never read."""
+    match = _layer_pattern(FAMILIES[kind], 0).search(name)
+    assert (match and (match["module"], match["part"])) == found or (match is None is found)
+
+
+def test_either_spelling_of_the_language_model_prefix_reads_the_same_layer(built, tmp_path):
+    """Gemma 3: save_pretrained writes 4.x names (language_model.model.layers.N), 5.x loads
+    model.language_model.layers.N; a vision tower with layers.0.self_attn sits beside them."""
+    from safetensors.torch import load_file, save_file
+    _, folder = built("gemma3")
+    state = load_file(str(folder / "model.safetensors"))
+    assert any(re.match(r"vision_tower\..*layers\.0\.self_attn\.q_proj", k) for k in state)
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    (renamed / "config.json").write_text((folder / "config.json").read_text())
+    save_file({re.sub(r"^language_model\.model\.", "model.language_model.", k): v
+               for k, v in state.items()}, str(renamed / "model.safetensors"))
+    paths = [export_onnx(weights=f, layer=0, output=tmp_path / f"o{i}", validate=False).path
+             for i, f in enumerate((folder, renamed))]
+    assert len({(p / "weights.safetensors").read_bytes() for p in paths}) == 1
+
+
 HEADS_64 = {"hidden_size": 64, "num_attention_heads": 4}
+
+
+LAYERS_8 = {**HEADS_64, "num_hidden_layers": 8}
+FACTORS_8 = {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
 
 
 @pytest.mark.parametrize("kind, config, layer, expect", [
@@ -278,12 +485,106 @@ HEADS_64 = {"hidden_size": 64, "num_attention_heads": 4}
     ("gpt_neox", HEADS_64, 0, dict(qkv_bias=True, out_bias=True, rope_theta=10000.0)),
     ("qwen2", {**HEADS_64, "use_sliding_window": True}, 28, dict(qkv_bias=True, out_bias=False,
                                                                 sliding_window=4096)),
+    # Mistral's config ignores layer_types (transformers warns): every layer slides
+    ("mistral", {**HEADS_64, "layer_types": ["full_attention"]}, 0, dict(sliding_window=4096)),
+    ("qwen3", HEADS_64, 0, dict(head_dim=128, kv_heads=32, qk_norm="head", norm_offset=0.0,
+                                qk_norm_eps=1e-6, qkv_bias=False, sliding_window=None)),
+    ("qwen3_moe", {**HEADS_64, "use_sliding_window": True}, 0, dict(
+        head_dim=16, kv_heads=4, sliding_window=4096, qk_norm="head")),
+    ("qwen3_5_text", LAYERS_8, 7, dict(head_dim=256, kv_heads=4, rotary_dim=64, norm_offset=1.0,
+                                       output_gate=True, rope_theta=10000.0)),
+    ("gemma2", HEADS_64, 0, dict(head_dim=256, kv_heads=4, sliding_window=4096, softcap=50.0,
+                                 softmax_scale=1 / 16)),
+    ("gemma2", HEADS_64, 1, dict(sliding_window=None, softcap=50.0)),
+    ("gemma3_text", {**LAYERS_8, "attn_logit_softcapping": 30.0}, 4, dict(  # never applied
+        sliding_window=4096, rope_theta=10000.0, softmax_scale=1 / 16, norm_offset=1.0)),
+    ("gemma3_text", LAYERS_8, 5, dict(sliding_window=None, rope_theta=1e6, rope_scaling=None)),
+    # 4.x spellings: rope_theta, rope_local_base_freq, rope_scaling (full layers only)
+    ("gemma3_text", {**LAYERS_8, "sliding_window_pattern": 2, "rope_theta": 5e5,
+                     "rope_local_base_freq": 2e4, "rope_scaling": {"rope_type": "linear",
+                                                                   "factor": 8.0}}, 1,
+     dict(sliding_window=None, rope_theta=5e5, rope_scaling={"rope_type": "linear",
+                                                             "factor": 8.0})),
+    ("gemma3_text", {**LAYERS_8, "sliding_window_pattern": 2, "rope_local_base_freq": 2e4,
+                     "rope_scaling": {"rope_type": "linear", "factor": 8.0}}, 0,
+     dict(sliding_window=4096, rope_theta=2e4, rope_scaling=None)),
+    # Phi-3's 4.x "su" is longrope; original_max_position_embeddings top-level (4096)
+    ("phi3", {**HEADS_64, "max_position_embeddings": 131072,
+              "rope_scaling": {"type": "su", **FACTORS_8}}, 0,
+     dict(sliding_window=None, qkv_bias=False, rope_scaling={
+         "rope_type": "longrope", **FACTORS_8, "original_max_position_embeddings": 4096,
+         "factor": 32.0})),
+    ("olmo2", HEADS_64, 0, dict(qk_norm="full", qk_norm_eps=1e-5, kv_heads=4)),
+    ("granite", HEADS_64, 0, dict(softmax_scale=1.0, qkv_bias=False)),
+    ("starcoder2", HEADS_64, 0, dict(qkv_bias=True, out_bias=True, kv_heads=2,
+                                     sliding_window=None)),
+    ("gpt_oss", HEADS_64, 0, dict(head_dim=64, kv_heads=8, sinks=True, qkv_bias=True,
+                                  sliding_window=128, rope_theta=150000.0, rope_scaling={
+                                      "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                                      "beta_slow": 1.0, "truncate": False,
+                                      "original_max_position_embeddings": 4096})),
+    ("gpt_oss", HEADS_64, 1, dict(sliding_window=None)),
+    ("smollm3", LAYERS_8, 7, dict(rotary="none", kv_heads=4, sliding_window=None)),
+    ("smollm3", {**LAYERS_8, "use_sliding_window": True, "sliding_window": 8}, 3,
+     dict(rotary="none", sliding_window=8)),
+    ("smollm3", LAYERS_8, 6, dict(rotary="half", rope_theta=2e6)),
 ])
 def test_a_key_config_json_omits_takes_the_records_default(kind, config, layer, expect):
     """The registry alone, no checkpoint: omitted keys come from the record's defaults."""
     family = FAMILIES[kind]
     fields = family.fields(Settings(config, family.defaults), layer)
-    assert {k: fields[k] for k in expect} == expect
+    assert {k: fields.get(k) for k in expect} == expect
+    assert fields.get("softcap") == (50.0 if kind == "gemma2" else None)
+
+
+def test_a_linear_attention_layer_is_a_one_line_error_naming_the_full_attention_layers(
+        built, tmp_path):
+    from click.testing import CliRunner
+
+    from mha_export.cli.commands import cli
+    _, folder = built("qwen3_5")
+    r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), "--layer", "2", "-o",
+                                 str(tmp_path / "x")])
+    assert r.exit_code == 2 and not (tmp_path / "x").exists()
+    line = ("Error: --layer 2 is a linear_attention layer, not softmax attention: pick one of "
+            "the full-attention layers (1, 3)")
+    assert r.stderr.splitlines() == [line]
+
+
+@pytest.mark.parametrize("kind, change, msg", [
+    ("llama", dict(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4}),
+     "unsupported rope scaling type 'dynamic'"),
+    ("gemma3_text", dict(rope_parameters={"full_attention": {"rope_type": "ntk"},
+                                          "sliding_attention": {"rope_type": "default"}}),
+     "unsupported rope scaling type 'ntk'"),  # layer 1 is a full-attention layer
+    ("phi3", dict(rope_parameters={"rope_type": "longrope", "short_factor": [1.0] * 4}),
+     "rope scaling 'longrope' needs long_factor"),
+    ("qwen3", dict(hidden_size=None), "missing or malformed attention setting ('hidden_size')"),
+    ("gemma3", dict(text_config=None), "no layer count (text_config.num_hidden_layers)"),
+    ("gemma2", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    ("smollm3", dict(no_rope_layers=[1]), "no_rope_layers has no entry for layer 1"),
+])
+def test_what_cannot_be_built_is_a_one_line_error_naming_it(tmp_path, kind, change, msg):
+    folder = _saved(tmp_path, kind, "bad", **change)
+    with pytest.raises(UsageError) as e:
+        export_onnx(weights=folder, layer=1, output=tmp_path / "x", validate=False)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("kind, layer, option", [("gemma2", 0, "softcap"),
+                                                 ("gpt_oss", 1, "sinks")])
+def test_softcap_and_sinks_layers_export_with_a_form_that_builds_them(built, tmp_path, kind,
+                                                                       layer, option):
+    """The default form (auto) uses the Attention node, which cannot softcap or add sinks: the
+    exporter picks blocked-plain; asking for auto is an error naming the forms that can."""
+    _, folder = built(kind)
+    art = export_onnx(weights=folder, layer=layer, output=tmp_path / "a", validate=False).path
+    assert json.loads((art / "config.json").read_text())["export"]["attention"] == "blocked-plain"
+    with pytest.raises(UsageError, match=rf"'auto' does not support {option} \(forms that can: "
+                                         r"[^)]*blocked-plain"):
+        export_onnx(weights=folder, layer=layer, output=tmp_path / "x", attention="auto",
+                    validate=False)
 
 
 def test_cli_exports_a_checkpoint_layer_and_flags_only_need_to_agree(tmp_path):
@@ -304,8 +605,7 @@ def test_cli_exports_a_checkpoint_layer_and_flags_only_need_to_agree(tmp_path):
 
 
 def test_bfloat16_checkpoints_are_upcast_for_a_float32_export(tmp_path):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("mistral", **MODELS["mistral"]))
+    model = _plain("mistral")
     model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     r = export_onnx(weights=tmp_path / "bf16", layer=0, output=tmp_path / "a", kv_cache=True)
     assert r.passed
@@ -316,10 +616,17 @@ def test_bfloat16_checkpoints_are_upcast_for_a_float32_export(tmp_path):
     assert torch.equal(stored["W_query.weight"], want)  # bf16 -> fp32 is exact
 
 
-def _saved(tmp_path, kind, name, **changes):
+def _plain(name):
+    """The tiny model as transformers initialises it (nothing randomised)."""
+    spec = MODELS[name]
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **MODELS[kind]))
-    model.save_pretrained(tmp_path / name)
+    auto = AutoModelForImageTextToText if spec.multimodal else AutoModelForCausalLM
+    return auto.from_config(AutoConfig.for_model(spec.kind, **spec.config))
+
+
+def _saved(tmp_path, kind, name, **changes):
+    """MODELS[kind] saved to tmp_path/name, config.json changed (None: the key removed)."""
+    _plain(kind).save_pretrained(tmp_path / name)
     cfg_path = tmp_path / name / "config.json"
     cfg = json.loads(cfg_path.read_text())
     for k, v in changes.items():
@@ -368,14 +675,16 @@ def test_a_plain_weights_file_beside_an_artifacts_config_still_loads(tmp_path):
     first = export_onnx(heads=2, dim=16, output=tmp_path / "a1", validate=False).path
     again = export_onnx(heads=2, dim=16, weights=first / "weights.safetensors",
                         output=tmp_path / "a2", validate=False).path
-    assert (again / "weights.safetensors").read_bytes() == (first / "weights.safetensors").read_bytes()
+    weights = (again / "weights.safetensors").read_bytes()
+    assert weights == (first / "weights.safetensors").read_bytes()
 
 
 def test_legacy_bin_loads_and_corrupt_files_are_one_line_errors(tmp_path):
     folder = _saved(tmp_path, "llama", "legacy")
     model = AutoModelForCausalLM.from_pretrained(folder)
     (folder / "model.safetensors").unlink()
-    torch.save(model.state_dict(), folder / "pytorch_model.bin", _use_new_zipfile_serialization=False)
+    torch.save(model.state_dict(), folder / "pytorch_model.bin",
+               _use_new_zipfile_serialization=False)
     assert export_onnx(weights=folder, layer=0, output=tmp_path / "a").passed
     (folder / "pytorch_model.bin").unlink()
     (folder / "model.safetensors").write_bytes(b"\xff" * 64)
@@ -383,13 +692,13 @@ def test_legacy_bin_loads_and_corrupt_files_are_one_line_errors(tmp_path):
         export_onnx(weights=folder, layer=0, output=tmp_path / "b")
 
 
-@pytest.mark.parametrize("change, msg", [
-    (dict(hidden_size=None), "missing or malformed attention setting"),
-    (dict(layer_types=["full_attention"]), "layer_types has no entry for layer 1"),
-    (dict(num_hidden_layers=None), "no layer count"),
+@pytest.mark.parametrize("kind, change, msg", [
+    ("mistral", dict(hidden_size=None), "missing or malformed attention setting"),
+    ("qwen2", dict(layer_types=["full_attention"]), "layer_types has no entry for layer 1"),
+    ("mistral", dict(num_hidden_layers=None), "no layer count"),
 ])
-def test_malformed_config_json_is_a_clear_error(tmp_path, change, msg):
-    folder = _saved(tmp_path, "mistral", "bad", **change)
+def test_malformed_config_json_is_a_clear_error(tmp_path, kind, change, msg):
+    folder = _saved(tmp_path, kind, "bad", **change)
     with pytest.raises(UsageError, match=msg):
         export_onnx(weights=folder, layer=1, output=tmp_path / "x")
     (folder / "config.json").write_text("[1, 2]")

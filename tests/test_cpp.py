@@ -64,9 +64,10 @@ def _make(*targets: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def binaries() -> dict:
-    """build/cpp/mha_ort and mha_torch; `make cpp` is incremental, so an up-to-date build is reused."""
+    """build/cpp/mha_ort, mha_torch and mha_aoti; `make cpp` is incremental, so an up-to-date
+    build is reused."""
     _make("cpp")
-    bins = {"ort": BUILD / "mha_ort", "torch": BUILD / "mha_torch"}
+    bins = {"ort": BUILD / "mha_ort", "torch": BUILD / "mha_torch", "aoti": BUILD / "mha_aoti"}
     for path in bins.values():
         assert os.access(path, os.X_OK), f"{path} was not built"
     return bins
@@ -503,3 +504,26 @@ def test_ort_generate_writes_one_buffer_in_place(binaries, tmp_path, form):
     np.testing.assert_array_equal(key[:, :, 8:], buffers[:, :, 8:])  # untouched beyond
     bad = run(binaries["ort"], folder / "model.onnx", case, "--generate", "5,1")
     assert bad.returncode == 2 and "steps sum to 6" in bad.stderr
+
+
+
+# --- AOTInductor: model.pt2 through libtorch's AOTIModelPackageLoader ----------------------------
+
+def test_aoti_matches_python_and_eager(binaries, kv_package, tmp_path):
+    """mha_aoti runs the package without Python: the decode-step model at T=1 and T>1, past 0
+    and past > 0, batch 1 and 3, left padding — the same CASE_DIR contract as mha_ort."""
+    from mha_export.check.runners.aoti import AotiRunner
+    sig = signature_of(kv_package)
+    dirs = write_case_dirs(tmp_path, kv_package, [Case(3, 9, 0, "left"), Case(1, 1, 4),
+                                                  Case(3, 1, 7, "left")], seed=5)
+    r = run(binaries["aoti"], kv_package / "model.pt2", *[d for d, _, _ in dirs], "--info")
+    assert r.returncode == 0, r.stderr
+    assert "AOTInductor" in r.stdout and "position_ids" in r.stdout
+    python = AotiRunner(sig, kv_package / "model.pt2")
+    eager = EagerRunner(sig, read_artifact(kv_package).load_source_module())
+    for d, case, feeds in dirs:
+        got = read_outputs(d, sig)
+        assert_outputs_match(got, python.run(feeds), feeds, case, "mha_aoti vs python")
+        assert_outputs_match(got, eager.run(feeds), feeds, case, "mha_aoti vs eager")
+    bad = run(binaries["aoti"], kv_package / "config.json", dirs[0][0])
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1

@@ -144,3 +144,11 @@ def test_spellings_renamed_in_0_2_are_gone_in_0_3(tmp_path):
         export_onnx(output=tmp_path / "a", check=False)
     assert not (tmp_path / "a").exists()
     assert mx.check is mha_export.check and callable(mx.check_parity)
+
+
+def test_torchscript_export_passes_on_torchs_deprecation_once(tmp_path, recwarn):
+    """torch 2.13 deprecates torch.jit: the export says so (once), with where to go instead."""
+    export_torchscript(CFG, tmp_path / "ts", validate=False)
+    jit = [w for w in recwarn if issubclass(w.category, DeprecationWarning)
+           and "torch.jit.script" in str(w.message)]
+    assert len(jit) == 1 and "mha-export aoti" in str(jit[0].message)

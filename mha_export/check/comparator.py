@@ -33,6 +33,8 @@ FP32 = Tolerance(atol=1e-5, rtol=1e-4)
 # CUDA may run fp32 MatMuls in TF32 (10-bit mantissa).
 FP32_TF32 = Tolerance(atol=2e-3, rtol=1e-2)
 FLOAT16 = Tolerance(atol=2e-3, rtol=2e-2)
+# bf16 arithmetic (8-bit mantissa), e.g. OpenVINO's CPU plugin by default on AVX512_BF16 CPUs.
+BFLOAT16 = Tolerance(atol=3e-2, rtol=5e-2)
 
 
 @dataclass(frozen=True)

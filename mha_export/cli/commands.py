@@ -19,7 +19,7 @@ import click
 
 from ..check.parity import check_parity
 from ..errors import UsageError
-from ..export.pipeline import ATTENTION_FORMS, export_onnx, export_torchscript
+from ..export.pipeline import ATTENTION_FORMS, export_aoti, export_onnx, export_torchscript
 from ..graph.forms import DEFAULT, MAX_OPSET, opset_summary
 from ..graph.model import DTYPES
 from ..check.runners import RUNNERS
@@ -116,14 +116,35 @@ def onnx(**kw) -> None:
 @_guard
 def torchscript(**kw) -> None:
     """Export to TorchScript: model.pt (torch.jit.script), loadable by torch.jit.load and
-    libtorch's torch::jit::load.
+    libtorch's torch::jit::load. torch 2.13 deprecates torch.jit ("Please switch to
+    torch.compile or torch.export"): `mha-export aoti` writes its successor.
 
     \b
     Examples:
       mha-export torchscript --heads 12 --dim 768
       mha-export torchscript --layout fused --weights attn.pt -o out/ts --force
     """
+    click.echo("note: torch 2.13 deprecates torch.jit (TorchScript); `mha-export aoti` writes "
+               "its successor (torch.export + AOTInductor)", err=True)
     _report_export(export_torchscript(**explicit(kw)))
+
+
+@cli.command()
+@model_options
+@click.option("--device", type=click.Choice(("cpu", "cuda")), default="cpu", show_default=True,
+              help="Device the package is compiled for (cuda: only where torch sees a GPU).")
+@_guard
+def aoti(**kw) -> None:
+    """Export with torch.export + AOTInductor: model.pt2, loadable by
+    torch._inductor.aoti_load_package and C++'s torch::inductor::AOTIModelPackageLoader;
+    batch, seq and cache lengths dynamic (0 and 1 included). Compiling takes tens of seconds.
+
+    \b
+    Examples:
+      mha-export aoti --heads 12 --dim 768            # -> models/split-h12-d768-aoti/
+      mha-export aoti --heads 12 --dim 768 --kv-cache
+    """
+    _report_export(export_aoti(**explicit(kw)))
 
 
 @cli.command()

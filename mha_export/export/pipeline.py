@@ -91,3 +91,10 @@ def export_torchscript(config: Optional[MHAConfig] = None, output: str | Path | 
     """Write DIR/model.pt (torch.jit.script: loads with torch.jit.load and libtorch); its
     forward takes the signature's inputs positionally, in the declared order."""
     return export_artifact("torchscript", config, output, **options)
+
+
+def export_aoti(config: Optional[MHAConfig] = None, output: str | Path | None = None, *,
+                device: str = "cpu", **options) -> ExportResult:
+    """Write DIR/model.pt2: the torch.export'ed entry point compiled by AOTInductor (loads
+    with torch._inductor.aoti_load_package and in C++); batch, seq and cache lengths dynamic."""
+    return export_artifact("aoti", config, output, target_options=dict(device=device), **options)

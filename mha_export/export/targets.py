@@ -7,12 +7,13 @@ config.json, source weights, the parity check at export) is shared.
 """
 from __future__ import annotations
 
-from . import to_onnx, to_torchscript
+from . import to_aoti, to_onnx, to_torchscript
 from .base import ExportTarget
 
 
 _TARGETS = (
     ExportTarget("onnx", to_onnx.MODEL_FILE, to_onnx.prepare),
     ExportTarget("torchscript", to_torchscript.MODEL_FILE, to_torchscript.prepare),
+    ExportTarget("aoti", to_aoti.MODEL_FILE, to_aoti.prepare),
 )
 TARGETS: dict[str, ExportTarget] = {t.name: t for t in _TARGETS}

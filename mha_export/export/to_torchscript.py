@@ -19,9 +19,24 @@ MODEL_FILE = "model.pt"
 def prepare(module: AttentionBase, config: MHAConfig, sig: Signature) -> Prepared:
 
     def write(path) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             entry = entry_module(module, sig.kind, sig.input_names, sig.output_names)
             torch.jit.script(entry).save(str(path))
+        surface(caught)
 
-    return Prepared({"file": MODEL_FILE, "method": "torch.jit.script"}, write)
+    return Prepared({"file": MODEL_FILE, "method": "torch.jit.script",
+                     "deprecation": DEPRECATION}, write)
+
+
+DEPRECATION = ("torch 2.13 deprecates torch.jit.script and torch.jit.load; `mha-export aoti` "
+               "(torch.export + AOTInductor) writes the successor")
+
+
+def surface(caught: list) -> None:
+    """torch.jit.script warns once per scripted function: each distinct warning is passed on
+    once (never hidden), deprecations with where to go instead."""
+    for category, message in dict.fromkeys((w.category, str(w.message)) for w in caught):
+        if issubclass(category, DeprecationWarning) and "torch.jit" in message:
+            message += " (mha-export aoti writes its successor: torch.export + AOTInductor)"
+        warnings.warn(message, category, stacklevel=3)

@@ -42,7 +42,8 @@ def hf_config_path(path: str | Path) -> Optional[Path]:
 
 
 def _read_config(cfg_path: Path) -> tuple[Family, dict]:
-    """The family of config.json's model_type, and config.json."""
+    """The family of config.json's model_type, and its text model's config: config.json, or the
+    part a multimodal wrapper nests (text_config; omitted: all of transformers' defaults)."""
     try:
         cfg = json.loads(cfg_path.read_text())
     except ValueError as e:
@@ -54,15 +55,22 @@ def _read_config(cfg_path: Path) -> tuple[Family, dict]:
     if family is None:
         raise UsageError(f"{cfg_path}: unsupported model type {kind!r} (supported: "
                          f"{supported_types()})")
-    return family, cfg
+    if family.nested is None:
+        return family, cfg
+    text = cfg.get(family.nested)
+    if not isinstance(text, (dict, type(None))):
+        raise UsageError(f"{cfg_path}: {family.nested} must be a JSON object")
+    return family, text or {}
 
 
 def _layer_pattern(family: Family, layer: int) -> re.Pattern:
-    """Names of the layer's attention tensors after any prefix, e.g.
-    model.layers.2.self_attn.q_proj.weight: groups "module" (the checkpoint's) and "part"."""
+    """Names of the layer's attention tensors after the family's prefix (by default any), e.g.
+    model.layers.2.self_attn.q_proj.weight: groups "module" (the checkpoint's) and "part"
+    (weight or bias; none for a bare parameter such as gpt-oss's self_attn.sinks)."""
     attention = re.escape(family.attention.format(layer=layer))
     modules = "|".join(map(re.escape, family.tensors))
-    return re.compile(rf"(?:^|\.){attention}\.(?P<module>{modules})\.(?P<part>weight|bias)$")
+    return re.compile(rf"{family.prefix}{attention}\.(?P<module>{modules})"
+                      rf"(?:\.(?P<part>weight|bias))?$")
 
 
 def _weights_file(path: Path) -> Path:
@@ -107,7 +115,7 @@ def _layer_fields(cfg_path: Path, family: Family, cfg: dict, layer: int) -> dict
         return {**family.fields(settings, layer), "layout": family.layout,
                 "max_seq_len": min(settings.get(family.context, CHECKED_CONTEXT),
                                    CHECKED_CONTEXT)}
-    except (KeyError, TypeError, ZeroDivisionError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
         raise UsageError(f"{cfg_path}: missing or malformed attention setting ({e})") from None
 
 
@@ -127,7 +135,8 @@ def _read_tensors(path: Path, family: Family, layer: int) -> dict[str, Tensor]:
     named = {}
     for name, tensor in found.items():
         match = pattern.search(name)
-        named[f"{family.tensors[match['module']]}.{match['part']}"] = tensor.float()
+        part = f".{match['part']}" if match["part"] else ""
+        named[family.tensors[match["module"]] + part] = tensor.float()
     return named
 
 
@@ -138,7 +147,8 @@ def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict
     family, cfg = _read_config(cfg_path)
     count = cfg.get(family.layer_count)  # as written: a guessed count would pick a wrong layer
     if not isinstance(count, int) or count <= 0:
-        raise UsageError(f"{cfg_path}: no layer count ({family.layer_count})")
+        where = f"{family.nested}.{family.layer_count}" if family.nested else family.layer_count
+        raise UsageError(f"{cfg_path}: no layer count ({where})")
     if layer is None:
         raise UsageError(f"{path} is a {family.model_type} checkpoint with {count} layers: "
                          "pick one with --layer N")

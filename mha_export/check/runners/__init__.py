@@ -1,7 +1,10 @@
 """The registry of runners under test: one ``RunnerKind`` record per runner (see ``base``).
 
 Adding a runner (another runtime, say): one module here with its ``Runner`` subclass (it imports
-its runtime), and one record in ``_KINDS`` below whose ``open`` imports that module lazily. The
+its runtime), and one record in ``_KINDS`` below whose ``open`` imports that module lazily. A
+runner of another runtime than the one the file was made for (OpenVINO on model.onnx) is
+``by_default=False``: it runs when named (``--runners openvino-cpu``), so an export's own check
+never fails on another runtime's bugs. The
 check's selection (``--runners``), its SKIPPED lines, the CUDA requirement, the default
 tolerances and the bench read these records; nothing else changes.
 """
@@ -12,7 +15,7 @@ from typing import Optional
 
 from ...errors import UsageError
 from ...signature import Signature
-from ..comparator import FLOAT16, FP32, FP32_TF32, Tolerance
+from ..comparator import BFLOAT16, FLOAT16, FP32, FP32_TF32, Tolerance
 from .base import Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions
 
 __all__ = ["RUNNERS", "Feeds", "Runner", "RunnerKind", "RunnerUnavailable", "RunOptions",
@@ -32,6 +35,18 @@ def _open_torchscript(sig: Signature, path: Path, options: RunOptions) -> Runner
     return TorchScriptRunner(sig, path)
 
 
+def _open_aoti(device: str):
+    def open_(sig: Signature, path: Path, options: RunOptions) -> Runner:
+        from .aoti import AotiRunner
+        return AotiRunner(sig, path, device)
+    return open_
+
+
+def _no_torch_cuda() -> Optional[str]:
+    import torch
+    return None if torch.cuda.is_available() else "no CUDA device visible to torch"
+
+
 def _cuda_missing() -> Optional[str]:
     from .ort import cuda_provider_missing
     return cuda_provider_missing()
@@ -48,6 +63,24 @@ def _ort_cuda_tolerance(dtype: str, options: RunOptions) -> Tolerance:
     return FP32_TF32 if options.tf32 else FP32
 
 
+def _open_openvino(name: str, hint: Optional[str]):
+    def open_(sig: Signature, path: Path, options: RunOptions) -> Runner:
+        from .openvino import OpenVinoRunner
+        return OpenVinoRunner(sig, path, name, hint, options.threads)
+    return open_
+
+
+def _openvino_missing() -> Optional[str]:
+    from .openvino import openvino_missing
+    return openvino_missing()
+
+
+def _openvino_tolerance(dtype: str, options: RunOptions) -> Tolerance:
+    """``dtype``: the runner's ``tolerance_dtype`` (bfloat16 when OpenVINO really ran bf16,
+    float16 for fp16 arithmetic), else the model's."""
+    return {"bfloat16": BFLOAT16, "float16": FLOAT16}.get(dtype, FP32)
+
+
 _KINDS = (
     RunnerKind("torchscript", "model.pt", "cpu", "torch.jit", _open_torchscript,
                lambda dtype, options: FP32),
@@ -56,6 +89,18 @@ _KINDS = (
     RunnerKind("ort-cuda", "model.onnx", "cuda", "ONNX Runtime (CUDAExecutionProvider)",
                _open_ort("cuda"), _ort_cuda_tolerance, unavailable=_cuda_missing,
                ort_provider="cuda"),
+    RunnerKind("openvino-cpu", "model.onnx", "cpu", "OpenVINO (CPU plugin)",
+               _open_openvino("openvino-cpu", "f32"), _openvino_tolerance,
+               unavailable=_openvino_missing, by_default=False),
+    RunnerKind("openvino-cpu-default", "model.onnx", "cpu",
+               "OpenVINO (CPU plugin, its default precision: bf16 where the CPU has it)",
+               _open_openvino("openvino-cpu-default", None), _openvino_tolerance,
+               unavailable=_openvino_missing, by_default=False),
+    RunnerKind("aoti-cpu", "model.pt2", "cpu", "AOTInductor (torch)", _open_aoti("cpu"),
+               lambda dtype, options: FP32),
+    RunnerKind("aoti-cuda", "model.pt2", "cuda", "AOTInductor (torch, CUDA)", _open_aoti("cuda"),
+               lambda dtype, options: FP32_TF32 if options.tf32 else FP32,
+               unavailable=_no_torch_cuda),
 )
 RUNNERS: dict[str, RunnerKind] = {k.name: k for k in _KINDS}
 

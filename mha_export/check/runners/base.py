@@ -34,6 +34,9 @@ class Runner(ABC):
     precision: str = "fp32"  # the arithmetic it really uses, e.g. "fp32, TF32 matmuls allowed"
     providers: List[str] = []  # ONNX Runtime: the session's real providers
     warning: str = ""  # e.g. compute nodes a CUDA session placed on the CPU
+    # the dtype its arithmetic really had when the runtime chose it (OpenVINO's bf16), for the
+    # default tolerance; None: the model's
+    tolerance_dtype: Optional[str] = None
 
     def __init__(self, signature: Signature):
         self.signature = signature
@@ -71,3 +74,4 @@ class RunnerKind:
     tolerance: Callable[[str, RunOptions], Tolerance]  # (model dtype, options) -> default
     unavailable: Callable[[], Optional[str]] = lambda: None  # why it cannot run on this machine
     ort_provider: Optional[str] = None  # "cpu" | "cuda": the ``--providers`` shorthand
+    by_default: bool = True  # False: runs only when named (another runtime than the file's own)

@@ -1,0 +1,28 @@
+"""The AOTInductor runner: model.pt2 loaded with ``torch._inductor.aoti_load_package`` and called
+with the signature's inputs in order, on the device it was compiled for."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ...signature import Signature
+from .base import Feeds, Runner, RunnerUnavailable
+
+
+class AotiRunner(Runner):
+    def __init__(self, signature: Signature, path: str | Path, device: str = "cpu"):
+        super().__init__(signature)
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RunnerUnavailable("no CUDA device visible to torch")
+        self.name, self.device_name = f"aoti-{device}", device
+        self.device = f"{device} (AOTInductor, torch {torch.__version__})"
+        self.package = torch._inductor.aoti_load_package(str(path))
+
+    def run(self, feeds: Feeds) -> Feeds:
+        args = [torch.from_numpy(feeds[n].copy()).to(self.device_name)
+                for n in self.signature.input_names]
+        with torch.inference_mode():
+            out = self.package(*args)
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        return {n: o.cpu().numpy() for n, o in zip(self.signature.output_names, out)}

@@ -1,0 +1,75 @@
+"""The AOTInductor target: model.pt2, the signature's entry point captured by ``torch.export``
+(batch, seq and the cache lengths dynamic, 0 and 1 included) and compiled ahead of time by
+AOTInductor into a package that Python (``torch._inductor.aoti_load_package``) and C++
+(``torch::inductor::AOTIModelPackageLoader``) load without the Python model code: TorchScript's
+successor (torch 2.13 deprecates ``torch.jit``). The compile takes tens of seconds."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.export import Dim
+
+from ..config import MHAConfig
+from ..errors import UsageError
+from ..layer.entry import entry_module
+from ..layer.layouts import AttentionBase
+from ..signature import Signature
+from .base import Prepared
+
+MODEL_FILE = "model.pt2"
+DEVICES = ("cpu", "cuda")
+# Example sizes for the capture: none of them is 0 or 1, so no axis is specialised to them.
+EXAMPLE = {"batch": 2, "seq": 3, "past_seq": 5, "max_cache": 12}
+
+
+def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
+            device: str = "cpu") -> Prepared:
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA device here (an AOTInductor CUDA "
+                         "package is compiled on a machine with the GPU)")
+    if sig.static_cache:
+        raise UsageError("aoti: the static-cache model is not offered yet (its valid-prefix "
+                         "read is data-dependent for torch.export); use --kv-cache")
+    entry = entry_module(module, sig.kind, sig.input_names, sig.output_names).to(device)
+    program = _export(entry, sig, device)
+    axes = {t.name: {str(i): d for i, d in t.dynamic_axes.items()} for t in sig.inputs}
+    export = {"file": MODEL_FILE, "method": "torch.export + AOTInductor", "device": device,
+              "dynamic_axes": axes, "axis_range": "0 .. unbounded (batch >= 1, seq >= 1)",
+              "torch": torch.__version__}
+
+    metadata = {"mha_export.input_names": ",".join(sig.input_names),  # read by mha_aoti (C++)
+                "mha_export.output_names": ",".join(sig.output_names),
+                "mha_export.device": device}
+
+    def write(path: Path) -> None:
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=str(path),
+            inductor_configs={"aot_inductor.metadata": metadata})
+
+    return Prepared(export, write)
+
+
+def _export(entry: torch.nn.Module, sig: Signature, device: str):
+    """torch.export with every symbolic axis dynamic; backed_size_oblivious keeps 0 and 1 (an
+    empty cache, a single token, batch 1) inside the range instead of specialising them."""
+    import torch.fx.experimental._config as fx_config
+    args = tuple(_example(t, sig, device) for t in sig.inputs)
+    dynamic = {t.name: {i: Dim.DYNAMIC for i in t.dynamic_axes} for t in sig.inputs}
+    with fx_config.patch(backed_size_oblivious=True), torch.no_grad():
+        return torch.export.export(entry, args, dynamic_shapes=dynamic)
+
+
+def _example(t, sig: Signature, device: str) -> torch.Tensor:
+    sizes = {**EXAMPLE, "past_seq + seq": EXAMPLE["past_seq"] + EXAMPLE["seq"]}
+    shape = [sizes[d] if isinstance(d, str) else d for d in t.shape]
+    if t.name == "attention_mask":
+        return torch.ones(shape, dtype=torch.int64, device=device)
+    if t.name == "position_ids":
+        past = EXAMPLE["past_seq"] if sig.has_cache else 0
+        return (past + torch.arange(shape[1], device=device)).expand(shape).contiguous()
+    if t.name == "past_lengths":
+        return torch.full(shape, EXAMPLE["past_seq"], dtype=torch.int64, device=device)
+    return torch.randn(shape, device=device)

@@ -1,0 +1,62 @@
+"""The AOTInductor target (torch.export + AOTInductor, model.pt2) and the aoti-cpu runner: one
+small package compiled per session (a compile takes tens of seconds) and reused."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from mha_export import check_parity
+from mha_export.check.runners.aoti import AotiRunner
+from mha_export.signature import make_signature
+
+from conftest import AOTI_CONFIG as CFG
+
+SWEEP = dict(seq_lens=[1, 5, 17], batch_sizes=[1, 3], past_lens=[0, 1, 6])
+
+
+def test_package_declares_its_io_and_loads(kv_package):
+    meta = json.loads((kv_package / "config.json").read_text())
+    assert meta["format"] == "aoti" and meta["export"]["file"] == "model.pt2"
+    assert meta["export"]["dynamic_axes"]["past_key"] == {"0": "batch", "2": "past_seq"}
+    assert [t["name"] for t in meta["io"]["inputs"]] == ["x", "attention_mask", "past_key",
+                                                         "past_value", "position_ids"]
+    assert callable(torch._inductor.aoti_load_package(str(kv_package / "model.pt2")))
+
+
+def test_check_passes_with_aoti_rows(kv_package):
+    report = check_parity(kv_package, **SWEEP)
+    assert report.passed, [r.error for r in report.results if not r.passed][:3]
+    ran = {i.name: i.status for i in report.runners}
+    assert ran["aoti-cpu"] == "ran" and "aoti-cuda" in ran  # cuda: ran on a GPU, else skipped
+    rows = [r for r in report.results if r.runner == "aoti-cpu"]
+    assert {(r.batch, r.seq, r.past) for r in rows} >= {(1, 1, 0), (3, 17, 6)}
+    assert any(r.scenario.startswith("generate") for r in rows)
+
+
+def test_a_nudged_source_weight_fails_the_check(kv_package, tmp_path):
+    """The package and its source weights disagree: the check (eager from the weights) fails."""
+    from safetensors.torch import load_file, save_file
+    copy = tmp_path / "kv"
+    shutil.copytree(kv_package, copy)
+    weights = load_file(str(copy / "weights.safetensors"))
+    weights["W_query.weight"][0, 0] += 1e-3
+    save_file(weights, str(copy / "weights.safetensors"))
+    report = check_parity(copy, runners=["aoti-cpu"], seq_lens=[5], batch_sizes=[1],
+                          past_lens=[0])
+    assert not report.passed
+    assert {r.runner for r in report.results if not r.passed} == {"aoti-cpu"}
+
+
+def test_runner_runs_the_unseen_shapes(kv_package):
+    sig = make_signature(CFG, "kv-cache")
+    runner = AotiRunner(sig, kv_package / "model.pt2")
+    import numpy as np
+    for b, t, p in ((1, 1, 0), (4, 2, 1), (2, 33, 9)):
+        feeds = {"x": np.zeros((b, t, 32), np.float32),
+                 "attention_mask": np.ones((b, p + t), np.int64),
+                 "past_key": np.zeros((b, 2, p, 16), np.float32),
+                 "past_value": np.zeros((b, 2, p, 16), np.float32),
+                 "position_ids": np.tile(np.arange(p, p + t), (b, 1))}
+        out = runner.run(feeds)
+        assert out["y"].shape == (b, t, 32) and out["present_key"].shape == (b, 2, p + t, 16)
