@@ -10,7 +10,7 @@ from mha_export.graph.forms import FORMS, MAX_OPSET, get_form
 from mha_export.layer.entry import entry_module
 from mha_export.graph.model import build_model
 from mha_export.signature import KINDS, make_signature
-from mha_export.check.sweep import Case, make_feeds, real_queries
+from mha_export.check.sweep import Case, make_feeds, valid_entries
 
 CONFIGS = [MHAConfig(dim=64, heads=4, qkv_bias=True),
            MHAConfig(dim=48, heads=3, head_dim=20, d_in=40, layout="fused", qkv_bias=True),
@@ -51,18 +51,20 @@ def test_matches_eager_at_lengths_never_seen(form, config, kind):
         cases += [Case(2, 1, 5), Case(3, 4, 9), Case(1, 520, 3)]
     if sig.has_mask:
         cases += [Case(3, 9, 4 if sig.has_cache else 0, pad) for pad in ("left", "right")]
+    if sig.static_cache and not FORMS[form].static_chunks:  # refused by the runtime (tested)
+        cases = [c for c in cases if c.batch == 1 or c.seq == 1 or c.past == 0]
     for case in cases:
         feeds = make_feeds(sig, case, seed=1)
         got = dict(zip(sig.output_names, session.run(None, feeds)))
         with torch.inference_mode():
             want = entry(*[torch.from_numpy(feeds[n]) for n in sig.input_names])
         want = dict(zip(sig.output_names, want if isinstance(want, tuple) else (want,)))
-        rows = real_queries(feeds, case)
+        valid = valid_entries(sig, feeds, case)  # y's real rows, a static buffer's valid entries
         for name in sig.output_names:
             assert np.isfinite(got[name]).all()
             diff = np.abs(got[name] - want[name].numpy())
-            if name == "y" and rows is not None:
-                diff = diff * rows
+            if valid.get(name) is not None:
+                diff = diff * valid[name]
             assert diff.max() <= 1e-5, (name, case)
 
 

@@ -91,7 +91,7 @@ def cuda_status() -> tuple[bool, str]:
 
 
 def prepare_models(config: MHAConfig, forms: Sequence[str], folder: Path, module,
-                   kind: str = "full") -> dict[str, Path]:
+                   kind: str = "full", aoti: bool = False) -> dict[str, Path]:
     """One model file per variant, all from the same weights, of one signature kind, written by
     the export targets (export/targets.py) as an export would write them."""
     from ..export.targets import TARGETS
@@ -103,13 +103,18 @@ def prepare_models(config: MHAConfig, forms: Sequence[str], folder: Path, module
         TARGETS["onnx"].prepare(module, config, sig, attention=form).write(paths[form])
     paths["torchscript"] = folder / TARGETS["torchscript"].model_file
     TARGETS["torchscript"].prepare(module, config, sig).write(paths["torchscript"])
+    if aoti:  # an AOTInductor compile: tens of seconds
+        paths["aoti"] = folder / TARGETS["aoti"].model_file
+        TARGETS["aoti"].prepare(module, config, sig).write(paths["aoti"])
     return paths
 
 
 def variant_specs(config: MHAConfig, forms: Sequence[str], models: dict[str, Path],
-                  providers: Sequence[str], cuda_ok: bool, kind: str = "full") -> list[dict]:
-    """Eager baselines, TorchScript, and every ONNX Runtime runner of the registry (one per
-    provider asked for) on every form."""
+                  providers: Sequence[str], cuda_ok: bool, kind: str = "full",
+                  extra: Sequence[str] = ()) -> list[dict]:
+    """Eager baselines, TorchScript, every ONNX Runtime runner of the registry (one per provider
+    asked for) on every form, and the ``extra`` runners named (OpenVINO on every form, the
+    AOTInductor package)."""
     from ..check.runners import RUNNERS, ort_runner_names
     c = config.to_dict()
     textbook = (kind == "full" and config.rotary == "none" and not config.sliding_window
@@ -125,6 +130,11 @@ def variant_specs(config: MHAConfig, forms: Sequence[str], models: dict[str, Pat
         if "auto" in forms:  # ORT's memory-pattern planner over-reserves around the block loop
             specs.append({"variant": "runner", "runner": name, "name": f"{name}-auto-nomempattern",
                           "config": c, "model": str(models["auto"]), "mem_pattern": False})
+    for name in extra:
+        model_file = RUNNERS[name].model_file
+        targets = forms if model_file.endswith(".onnx") else ["aoti"]
+        specs += [{"variant": "runner", "runner": name, "config": c, "model": str(models[t]),
+                   "name": f"{name}-{t}" if t != "aoti" else name} for t in targets]
     if "cuda" in providers and cuda_ok:
         specs += [{"variant": "sdpa-eager", "name": f"torch-cuda-sdpa-{dt}", "config": c,
                    "device": "cuda", "dtype": dt} for dt in ("float32", "float16")]
@@ -137,7 +147,8 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
               mem_limit_gib: float = 16.0, budget_s: float = 2.0,
               progress: Callable[[str], None] = lambda s: None, weights_module=None,
               kv_cache: bool = False, past_lens: Sequence[int] = (0,),
-              static_cache: bool = False, capacity: int = 8192) -> BenchReport:
+              static_cache: bool = False, capacity: int = 8192,
+              runners: Sequence[str] = ()) -> BenchReport:
     """Every variant at every (T, past); ``kv_cache``: the decode-step models (x,
     attention_mask, past_key, past_value), e.g. T=1 over past 128..4096, or a long prefill;
     ``static_cache``: the in-place models over a buffer of ``capacity`` entries, against eager
@@ -156,8 +167,9 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
         report.notes.append(f"CUDA variants not run: {cuda_reason}")
     with tempfile.TemporaryDirectory(prefix="mha-bench-") as tmp:
         module = weights_module or build_module(config, seed=seed)
-        models = prepare_models(config, forms, Path(tmp), module, kind)
-        specs = variant_specs(config, forms, models, providers, cuda_ok, kind)
+        aoti = any(r.startswith("aoti") for r in runners)
+        models = prepare_models(config, forms, Path(tmp), module, kind, aoti)
+        specs = variant_specs(config, forms, models, providers, cuda_ok, kind, runners)
         if static_cache:  # the baseline: eager torch's growing-cache step, as users run it
             eager = next(sp for sp in specs if sp["variant"] == BASELINE)
             specs = [{**eager, "kind": "kv-cache"}, {**eager, "name": "eager-static"},

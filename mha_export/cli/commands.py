@@ -204,6 +204,9 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
                    "against eager torch's growing-cache step.")
 @click.option("--capacity", type=click.IntRange(min=1), default=8192, show_default=True,
               help="Static cache buffer capacity.")
+@click.option("--runners", "extra_runners", callback=runner_list, default=None,
+              help="More runners to measure beside eager, TorchScript and ONNX Runtime: "
+                   "openvino-cpu (every form), aoti-cpu (compiles an AOTInductor package).")
 @click.option("--past-lens", callback=functools.partial(int_list, lowest=0), default="0",
               show_default=True, help="Cache lengths with --kv-cache (e.g. --seq-lens 1 "
                                       "--past-lens 128,1024,4096 for single-token steps).")
@@ -223,7 +226,7 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
               help="PNG: latency and memory vs T, log-log.")
 @_guard
 def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bool,
-          static_cache: bool, capacity: int,
+          static_cache: bool, capacity: int, extra_runners: Optional[list[str]],
           past_lens: list[int], providers: list[str],
           forms: str, threads: int, budget: float, mem_limit_gib: float,
           json_path: Optional[str], plot_path: Optional[str], **config_fields) -> None:
@@ -255,7 +258,8 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
     report = run_bench(config, seq_lens, batch, providers, chosen, threads, seed, mem_limit_gib,
                        budget, progress=lambda line: click.echo(line, err=True),
                        weights_module=module, kv_cache=kv_cache, past_lens=past_lens,
-                       static_cache=static_cache, capacity=capacity)
+                       static_cache=static_cache, capacity=capacity,
+                       runners=extra_runners or ())
     click.echo(format_table(report))
     if json_path:
         from ..artifact import write_json_atomic
