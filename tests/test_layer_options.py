@@ -54,15 +54,61 @@ def test_torchscript_and_the_default_form(tmp_path):
     c = MHAConfig(**BASE, **ALL)
     assert check_parity(export_torchscript(c, tmp_path / "ts", validate=False).path,
                         **SWEEP).passed
-    r = export_onnx(c, tmp_path / "o", validate=False)  # auto cannot: a memory-linear form can
+    r = export_onnx(c, tmp_path / "o", validate=False)  # auto cannot (sinks): blocked-plain can
     assert r.path.joinpath("config.json").read_text().count('"attention": "blocked-plain"') == 1
 
 
-@pytest.mark.parametrize("option", [dict(softcap=3.0), dict(sinks=True)])
-def test_a_form_that_cannot_build_an_option_names_those_that_can(tmp_path, option):
+def test_a_form_that_cannot_build_an_option_names_those_that_can(tmp_path):
     with pytest.raises(UsageError, match="forms that can: decomposed, blocked-plain"):
-        export_onnx(MHAConfig(**BASE, **option), tmp_path / "x", attention="auto")
+        export_onnx(MHAConfig(**BASE, sinks=True), tmp_path / "x", attention="auto")
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("form", ["auto", "attention-op", "blocked"])
+@pytest.mark.parametrize("kind", ["full", "kv-cache"])
+def test_softcap_through_the_attention_node(tmp_path, form, kind):
+    """The standard Attention node's softcap attribute (transformers' order, proven below)."""
+    r = export_onnx(MHAConfig(**BASE, softcap=3.0, sliding_window=5, rotary="half"),
+                    tmp_path / "a", attention=form, kv_cache=kind == "kv-cache", validate=False)
+    report = check_parity(r.path, **SWEEP, past_lens=[0, 3])
+    assert report.passed, [x.error for x in report.results if not x.passed][:3]
+
+
+@pytest.mark.parametrize("mask", ["bool", "additive", "is_causal"])
+def test_onnx_runtime_applies_softcap_before_the_mask(mask):
+    """ONNX's softcap was once specified after the mask (onnx/onnx#7865): a masked score would
+    become -cap and leak probability. ONNX Runtime 1.31 applies it before, as transformers."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+    b, n, t, h, cap = 1, 2, 5, 8, 2.0
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((b, t, n * h)).astype(np.float32) * 3 for _ in range(3))
+    keep = np.tril(np.ones((t, t), bool))
+    feeds = {"q": q, "k": k, "v": v}
+    if mask != "is_causal":
+        feeds["mask"] = keep if mask == "bool" else np.where(
+            keep, 0, np.finfo(np.float32).min).astype(np.float32)
+    node = helper.make_node("Attention", list(feeds), ["y"], softcap=cap, scale=1.0,
+                            q_num_heads=n, kv_num_heads=n, is_causal=int(mask == "is_causal"))
+    info = [helper.make_tensor_value_info(
+        name, TensorProto.BOOL if a.dtype == bool else TensorProto.FLOAT, list(a.shape))
+        for name, a in feeds.items()]
+    graph = helper.make_graph([node], "softcap", info,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+    y = ort.InferenceSession(model.SerializeToString(),
+                             providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+    def heads(a):
+        return a.reshape(b, t, n, h).transpose(0, 2, 1, 3)  # (B, N, T, H)
+
+    scores = heads(q) @ heads(k).transpose(0, 1, 3, 2)  # (B, N, T, T)
+    capped = np.where(keep, cap * np.tanh(scores / cap), -np.inf)  # cap, then mask
+    probs = np.exp(capped - capped.max(-1, keepdims=True))
+    want = ((probs / probs.sum(-1, keepdims=True)) @ heads(v)).transpose(0, 2, 1, 3).reshape(
+        b, t, n * h)
+    np.testing.assert_allclose(y, want, atol=1e-5)
 
 
 def test_options_need_a_layout_that_holds_their_weights():

@@ -91,7 +91,7 @@ def cli() -> None:
 @model_options
 @click.option("--attention", type=click.Choice(ATTENTION_FORMS), default=None,
               help=f"Graph form of the attention core (README: ONNX graph forms) [default: "
-                   f"{DEFAULT}; blocked-plain for layers {DEFAULT} cannot build: softcap, sinks].")
+                   f"{DEFAULT}; blocked-plain for layers {DEFAULT} cannot build: sinks].")
 @click.option("--opset", type=int, default=None,
               help=f"Exact ONNX opset, up to {MAX_OPSET} [default: the form's lowest: "
                    f"{opset_summary()}].")

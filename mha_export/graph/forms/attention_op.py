@@ -15,7 +15,8 @@ from .base import ATTENTION_NODE_FEATURES, QUADRATIC, AttentionIO, AttentionOut,
 
 
 def attention_op_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
-    heads = dict(q_num_heads=c.heads, kv_num_heads=c.kv_heads, scale=c.scale)
+    heads = dict(q_num_heads=c.heads, kv_num_heads=c.kv_heads, scale=c.scale,
+                 **({"softcap": float(c.softcap)} if c.softcap else {}))
     if not io.has_cache and io.attention_mask is None and not c.sliding_window:
         return AttentionOut(g.op("Attention", [io.q, io.k, io.v], name="attention",
                                  is_causal=int(c.causal), **heads))  # (B, T, D)

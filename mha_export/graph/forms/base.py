@@ -34,10 +34,10 @@ class Feature(enum.Enum):
 
 
 ALL_FEATURES = frozenset(Feature)
-# What a core built on the standard Attention node supports: it has no sink logits, and its
-# softcap attribute is not used (the order it applies relative to the mask is not proven here).
-ATTENTION_NODE_FEATURES = ALL_FEATURES - {Feature.SOFTCAP, Feature.SINKS,
-                                          Feature.STATIC_CACHE}
+# What a core built on the standard Attention node supports: it has no sink logits. Its
+# softcap attribute is applied before the mask by ONNX Runtime 1.31 (transformers' order; proven
+# in tests/test_layer_options.py), so softcapping is built with it.
+ATTENTION_NODE_FEATURES = ALL_FEATURES - {Feature.SINKS, Feature.STATIC_CACHE}
 # Growing caches only: a static cache's in-place write is built by decomposed and contrib-gqa.
 GROWING_CACHE_FEATURES = ALL_FEATURES - {Feature.STATIC_CACHE}
 

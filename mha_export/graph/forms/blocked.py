@@ -158,6 +158,8 @@ def _attention_body(b: GraphBuilder, c: MHAConfig, io: AttentionIO, qb: str, kb:
     vb = b.op("Reshape", [vb, kv_shape], name="v_prefix_shaped")
     inputs = [qb, kb, vb] + ([additive(b, masked, "block_bias")] if masked else [])
     heads = dict(q_num_heads=c.heads, kv_num_heads=c.kv_heads) if flat else {}
+    if c.softcap:  # applied to the scaled scores, before the mask (ONNX Runtime 1.31)
+        heads["softcap"] = float(c.softcap)
     return b.op("Attention", inputs, name="attention", scale=1.0, **heads)
 
 
