@@ -707,3 +707,45 @@ def test_malformed_config_json_is_a_clear_error(tmp_path, kind, change, msg):
     (folder / "config.json").write_text("[1, 2]")
     with pytest.raises(UsageError):
         export_onnx(weights=folder, layer=1, output=tmp_path / "x")
+
+
+# --- the static cache against transformers --------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("case", ["llama@1", "mistral@1", "qwen3@1"])
+def test_static_cache_ragged_batch_equals_transformers_on_each_sequence_alone(built, case, fmt,
+                                                                              tmp_path):
+    """Two sequences of different lengths (7 and 4 prompt tokens) in one static buffer: a
+    right-padded prefill, past_lengths set to the real lengths, three single-token steps —
+    equal transformers run on each sequence alone (y at every real token)."""
+    name, layer = case.split("@")
+    model, folder = built(name)
+    kind, layer = MODELS[name].kind, int(layer)
+    lengths, steps = (7, 4), 3
+    ids = torch.randint(0, 60, (2, 7 + steps), generator=torch.Generator().manual_seed(3))
+    alone = []
+    for r, n in enumerate(lengths):  # the layer's input and output for each sequence alone
+        calls, handle = _capture(model, kind, layer)
+        with torch.no_grad():
+            model(input_ids=torch.cat([ids[r, :n], ids[r, 7:]])[None])
+        handle.remove()
+        alone.append(calls[0])
+    art, runner = _export(fmt, folder, layer, tmp_path / "s", static_cache=True)
+    sig, c = read_artifact(art).signature, read_artifact(art).config
+    buffers = {n: np.zeros((2, c.kv_heads, 16, c.head_dim), np.float32)
+               for n in ("past_key", "past_value")}
+    prefill = np.zeros((2, 7, c.d_in), np.float32)  # row 1 right-padded
+    for r, n in enumerate(lengths):
+        prefill[r, :n] = alone[r][0][0, :n]
+    calls = [(prefill, np.zeros(2, np.int64))]
+    calls += [(np.stack([alone[r][0][0, n + j] for r, n in enumerate(lengths)])[:, None],
+               np.array(lengths) + j) for j in range(steps)]
+    outs = []
+    for x, past in calls:
+        pos = past[:, None] + np.arange(x.shape[1])
+        out = runner.run(_feeds(sig, x=x, **buffers, past_lengths=past, position_ids=pos))
+        buffers = {"past_key": out["present_key"], "past_value": out["present_value"]}
+        outs.append(out["y"])
+    for r, n in enumerate(lengths):
+        got = np.concatenate([outs[0][r, :n]] + [y[r] for y in outs[1:]])  # (n + steps, dim)
+        _close(got, alone[r][1][0], slice(None), f"{case} {fmt} row {r}")
