@@ -3,7 +3,6 @@ small package compiled per session (a compile takes tens of seconds) and reused.
 import json
 import shutil
 
-import pytest
 import torch
 
 from mha_export import check_parity
