@@ -1,2 +1,3 @@
-"""Weight sources: plain state-dict files (``files``) and Hugging Face checkpoints
-(``huggingface``, one record per model family in ``families``)."""
+"""Weight sources: ``source.load_source`` (the one loading path of export, check and bench),
+plain state-dict files (``files``) and Hugging Face checkpoints (``huggingface``, one record per
+model type in ``families``)."""
