@@ -12,8 +12,8 @@ from mha_export.signature import make_signature
 import faults
 
 CFG = MHAConfig(dim=64, heads=4, kv_heads=2, max_seq_len=24, rotary="half")
-SWEEP = dict(seq_lens=[1, 4, 9], batch_sizes=[1, 3], past_lens=[0, 5], providers=["cpu"])
-FORMS = ["decomposed", "contrib-gqa"]
+SWEEP = dict(seq_lens=[1, 4, 9, 300], batch_sizes=[1, 3], past_lens=[0, 5], providers=["cpu"])
+FORMS = ["decomposed", "contrib-gqa", "blocked", "blocked-plain"]  # 300: two query blocks
 
 
 @pytest.fixture(scope="module", params=FORMS)
@@ -105,3 +105,13 @@ def test_torchscript_writes_in_place_and_a_copy_fails(tmp_path):
 def test_static_cache_flags_are_exclusive(tmp_path):
     with pytest.raises(UsageError, match="choose one of"):
         export_onnx(CFG, tmp_path / "x", static_cache=True, kv_cache=True)
+
+
+@pytest.mark.parametrize("form", ["blocked", "blocked-plain"])
+def test_blocked_static_forms_with_a_window_shorter_than_the_rows(tmp_path, form):
+    """Query blocks over one buffer, each row from its own past_lengths, a window of 5: the
+    block reads the longest row's keys and the shortest row's window."""
+    config = CFG.replace(sliding_window=5)
+    path = export_onnx(config, tmp_path / "w", attention=form, static_cache=True,
+                       validate=False).path
+    assert check_parity(path, **SWEEP).passed

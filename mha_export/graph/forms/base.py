@@ -38,8 +38,7 @@ ALL_FEATURES = frozenset(Feature)
 # softcap attribute is applied before the mask by ONNX Runtime 1.31 (transformers' order; proven
 # in tests/test_layer_options.py), so softcapping is built with it.
 ATTENTION_NODE_FEATURES = ALL_FEATURES - {Feature.SINKS, Feature.STATIC_CACHE}
-# Growing caches only: a static cache's in-place write is built by decomposed and contrib-gqa.
-GROWING_CACHE_FEATURES = ALL_FEATURES - {Feature.STATIC_CACHE}
+
 
 
 def required_features(config: MHAConfig, sig: Signature) -> frozenset[Feature]:

@@ -25,10 +25,11 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ...config import MHAConfig
-from ..builder import (GraphBuilder, additive, as_1d, ceil_div, dim, score_mask,
-                     repeat_kv, scale_queries, split_heads)
-from .base import (ATTENTION_NODE_FEATURES, GROWING_CACHE_FEATURES, LINEAR, AttentionIO,
-                   AttentionOut, GraphForm, cache_out, keys_values, probabilities)
+from ..builder import (GraphBuilder, additive, as_1d, ceil_div, dim, repeat_kv,
+                       row_masked_positions, scale_queries, score_mask, split_heads)
+from .base import (ALL_FEATURES, ATTENTION_NODE_FEATURES, LINEAR, AttentionIO, AttentionOut,
+                   Feature, GraphForm, cache_out, keys_values, probabilities,
+                   static_keys_values)
 
 BLOCK = 256
 BLOCK_EDGES = (BLOCK, BLOCK + 1, 2 * BLOCK + 1)  # one block, two, three (the last ragged)
@@ -82,9 +83,12 @@ def _operands(g: GraphBuilder, io: AttentionIO, c: MHAConfig, use_attention_op: 
         ops = _Operands(_pad_axis(g, q, padding, 1), io.k, io.v, None, 1, 1, 1, True)
         return ops, (io.k, io.v)
     q = split_heads(g, q, c.heads, c.head_dim, "blk_q")  # (B, N, T, H)
-    keys, values = keys_values(g, io, c)  # (B, K, S, H)
-    past = g.op("Sub", [dim(g, keys, 2, "blk_key_len"), seq_len], name="blk_past_len")  # () P
-    present = (keys, values)
+    if io.past_lengths is not None:  # a static cache: written in place, valid prefix read
+        keys, values, *present = static_keys_values(g, io, c, seq_len)  # (B, K, S, H)
+        past = g.op("ReduceMax", [io.past_lengths], keepdims=0, name="blk_longest_past")  # ()
+    else:
+        keys, values = present = keys_values(g, io, c)  # (B, K, S, H)
+        past = g.op("Sub", [dim(g, keys, 2, "blk_key_len"), seq_len], name="blk_past_len")
     if use_attention_op:
         return _Operands(_pad_axis(g, q, padding, 2), keys, values, past, 2, 2, 2, False), present
     # plain MatMuls: every query head gets its kv head's copy, keys transposed for q @ k^T
@@ -94,22 +98,35 @@ def _operands(g: GraphBuilder, io: AttentionIO, c: MHAConfig, use_attention_op: 
     return _Operands(_pad_axis(g, q, padding, 2), keys_t, values, past, 2, 3, 2, False), present
 
 
+def _key_range(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operands, start: str,
+               block_size: str) -> tuple[str, str, str]:
+    """Keys [key_start, key_end) the block reads, and where its first query sits relative to
+    key_start: a scalar, or (B,) for a static cache, whose rows start at their own
+    past_lengths (the range then covers the longest row's keys and the shortest row's window)."""
+    first_key = start if ops.past is None else b.op("Add", [ops.past, start],
+                                                    name="first_key")  # () longest row's
+    key_end = (b.op("Add", [first_key, block_size], name="key_end") if c.causal
+               else b.ints("all_keys", np.iinfo(np.int64).max))  # () Slice clamps at S
+    row_first = oldest_first = first_key
+    if io.past_lengths is not None:
+        row_first = b.op("Add", [io.past_lengths, start], name="row_first_key")  # (B,)
+        shortest = b.op("ReduceMin", [io.past_lengths], keepdims=0, name="shortest_past")
+        oldest_first = b.op("Add", [shortest, start], name="shortest_first_key")  # ()
+    if not c.sliding_window:
+        return b.ints("zero", 0), key_end, row_first
+    # keys older than the block's window are never read
+    oldest = b.op("Sub", [oldest_first, b.ints("window_back", c.sliding_window - 1)],
+                  name="window_first")  # () oldest key the block's first query sees
+    key_start = b.op("Max", [oldest, b.ints("zero", 0)], name="key_start")  # ()
+    return key_start, key_end, b.op("Sub", [row_first, key_start], name="first_key_rel")
+
+
 def _block_context(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operands,
                    iteration: str, block_size: str, use_attention_op: bool) -> str:
     """The loop body: block ``iteration``'s queries [start, start + bs) sit at key positions
     P + start ...; they read keys [key_start, key_end) only. Returns the block's context."""
     start = b.op("Mul", [iteration, block_size], name="start")  # () first query of the block
-    first_key = start if ops.past is None else b.op("Add", [ops.past, start],
-                                                    name="first_key")  # ()
-    key_end = (b.op("Add", [first_key, block_size], name="key_end") if c.causal
-               else b.ints("all_keys", np.iinfo(np.int64).max))  # () Slice clamps at S
-    if c.sliding_window:  # keys older than the block's window are never read
-        oldest = b.op("Sub", [first_key, b.ints("window_back", c.sliding_window - 1)],
-                      name="window_first")  # () oldest key the block's first query sees
-        key_start = b.op("Max", [oldest, b.ints("zero", 0)], name="key_start")  # ()
-        first_rel = b.op("Sub", [first_key, key_start], name="first_key_rel")  # ()
-    else:
-        key_start, first_rel = b.ints("zero", 0), first_key  # ()
+    key_start, key_end, first_rel = _key_range(b, io, c, ops, start, block_size)
     key_start_1d = as_1d(b, key_start, "key_start_1d")  # (1,)
     key_end_1d = as_1d(b, key_end, "key_end_1d")  # (1,)
     query_end = b.op("Add", [start, block_size], name="q_end")  # ()
@@ -121,13 +138,16 @@ def _block_context(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operand
     v_block = b.op("Slice", [ops.values, key_start_1d, key_end_1d,
                              b.ints("v_axis", [ops.value_axis])],
                    name="v_prefix")  # (B, len, D) | (B, K, len, H)
-    mask_block = None if io.attention_mask is None else b.op(
-        "Slice", [io.attention_mask, key_start_1d, key_end_1d, b.ints("mask_axis", [1])],
-        name="mask_prefix")  # (B, len)
-    # positions relative to key_start: query i of the block sits at first_rel + i
-    masked = score_mask(b, c.causal, block_size, dim(b, k_block, ops.key_axis, "key_len"),
-                        mask_block, start=first_rel,
-                        window=c.sliding_window or 0)  # (.., bs, len) bool
+    key_len = dim(b, k_block, ops.key_axis, "key_len")
+    window = c.sliding_window or 0
+    if io.past_lengths is not None:  # row b's query i sits at first_rel[b] + i
+        masked = row_masked_positions(b, first_rel, block_size, key_len, window)  # (B,1,bs,len)
+    else:  # query i of the block sits at first_rel + i (positions relative to key_start)
+        mask_block = None if io.attention_mask is None else b.op(
+            "Slice", [io.attention_mask, key_start_1d, key_end_1d, b.ints("mask_axis", [1])],
+            name="mask_prefix")  # (B, len)
+        masked = score_mask(b, c.causal, block_size, key_len, mask_block, start=first_rel,
+                            window=window)  # (.., bs, len) bool
     body = _attention_body if use_attention_op else _plain_body
     return body(b, c, io, q_block, k_block, v_block, masked, ops.flat)  # (B, bs, D) | (B, N, bs, H)
 
@@ -199,9 +219,9 @@ BLOCKED = GraphForm(
     name="blocked", core=blocked_core, min_opset=23, memory=LINEAR,
     summary=f"a Loop over blocks of <= {BLOCK} queries, one Attention node per block over keys "
             "[0, block end), mask only for the block",
-    switch_seq_lens=BLOCK_EDGES, supports=ATTENTION_NODE_FEATURES)
+    switch_seq_lens=BLOCK_EDGES, supports=ATTENTION_NODE_FEATURES | {Feature.STATIC_CACHE})
 BLOCKED_PLAIN = GraphForm(
     name="blocked-plain", core=functools.partial(blocked_core, use_attention_op=False),
     min_opset=17, memory=LINEAR,
     summary="the same loop with MatMul/Where/Softmax/MatMul (portable)",
-    switch_seq_lens=BLOCK_EDGES, supports=GROWING_CACHE_FEATURES)
+    switch_seq_lens=BLOCK_EDGES, supports=ALL_FEATURES)
