@@ -143,3 +143,14 @@ def test_the_sweep_crosses_a_longrope_switch_beyond_the_context(tmp_path):
                                                           providers=["cpu"]).results
               if not r.passed}
     assert failed == {65}
+
+
+@pytest.mark.parametrize("kind", ["full", "kv-cache", "static-cache"])
+def test_the_sweep_crosses_a_window_longer_than_the_context(tmp_path, kind):
+    """A window of 40 over a checked context of 16: the sweep adds a call that crosses it."""
+    config = MHAConfig(**BASE, sliding_window=40)
+    path = export_onnx(config, tmp_path / "a", kv_cache=kind == "kv-cache",
+                       static_cache=kind == "static-cache", validate=False).path
+    report = check_parity(path, seq_lens=[3], batch_sizes=[1], past_lens=[0])
+    assert report.passed
+    assert ((41, 0) if kind == "full" else (2, 40)) in {(r.seq, r.past) for r in report.results}

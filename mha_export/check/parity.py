@@ -25,7 +25,7 @@ from .runners import (RUNNERS, Feeds, Runner, RunnerKind, RunnerUnavailable, Run
                       get_runner, ort_runner_names)
 from .runners.pytorch import EagerRunner
 from .sweep import (Case, default_past_lens, default_seq_lens, make_cases, make_feeds,
-                    require_fits, valid_entries)
+                    require_fits, valid_entries, window_cases)
 
 BASELINE = "eager-fp32"
 
@@ -206,6 +206,7 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
     cases = make_cases(sig, batch_sizes, plan.seq_lens, plan.past_lens,
                        switch_length(config.rope_scaling) if config.rotary != "none" else 0,
                        plan.static_chunks)
+    cases += window_cases(config, sig, plan.seq_lens, plan.scores_at)
     require_fits(config, cases, plan.scores_at, sig.has_mask)
     report = CheckReport(str(artifact_dir), seed, list(batch_sizes), plan.seq_lens,
                          plan.past_lens if sig.has_cache else [], sig.input_names,

@@ -173,6 +173,23 @@ def case_bytes(config: MHAConfig, case: Case, scores_at: ScoresAt, masked: bool)
     return linear + scores + mask
 
 
+WINDOW_CASE_BYTES = 2**31  # a window-crossing full call is added when it needs less than this
+
+
+def window_cases(config: MHAConfig, sig: Signature, seq_lens: Sequence[int],
+                 scores_at: ScoresAt) -> list[Case]:
+    """Calls that cross a sliding window longer than the sweep's lengths (a checkpoint's 4096
+    window over a 1024 context): a cached step past the window, or one full call of window + 1
+    tokens where it needs less than 2 GiB."""
+    w = config.sliding_window
+    if not w or w + 1 <= max(seq_lens):
+        return []
+    if sig.has_cache:
+        return [Case(1, 2, w)]
+    case = Case(1, w + 1)
+    return [case] if case_bytes(config, case, scores_at, sig.has_mask) < WINDOW_CASE_BYTES else []
+
+
 def available_bytes() -> int:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
