@@ -37,6 +37,26 @@ std::vector<std::string> split_names(const std::string& text) {
     return names;
 }
 
+// The input shapes the package was compiled for ("2,?,32;..." per input: '?' dynamic). Run at
+// another shape, an AOTInductor package reads out of bounds instead of raising: every case is
+// checked against them before anything runs.
+void require_compiled_shapes(const std::string& spec, const mha::Declaration& decl, const mha::Case& c) {
+    std::vector<std::string> per_input;
+    std::stringstream in(spec);
+    for (std::string one; std::getline(in, one, ';');) per_input.push_back(one);
+    for (size_t i = 0; i < c.inputs.size() && i < per_input.size(); ++i) {
+        std::vector<std::string> dims;
+        std::stringstream d(per_input[i]);
+        for (std::string one; std::getline(d, one, ',');) dims.push_back(one);
+        const auto& shape = c.inputs[i].shape;
+        bool ok = dims.size() == shape.size();
+        for (size_t j = 0; ok && j < dims.size(); ++j) ok = dims[j] == "?" || std::stoll(dims[j]) == shape[j];
+        if (!ok)
+            throw mha::UsageError(c.label + ": the package was compiled for " + decl.inputs[i].name + " [" +
+                                  per_input[i] + "] ('?' dynamic), got " + mha::shape_str(shape));
+    }
+}
+
 mha::Declaration declaration(torch::inductor::AOTIModelPackageLoader& loader, const std::string& path,
                              std::string& device) {
     const auto meta = loader.get_metadata();
@@ -79,7 +99,12 @@ int main_aoti(int argc, char** argv) {
     std::string device_name;
     const mha::Declaration decl = declaration(*loader, args.model, device_name);
     const torch::Device device(device_name == "cuda" ? torch::kCUDA : torch::kCPU);
-    const std::vector<mha::Case> cases = mha::read_cases(args, decl);
+    const auto meta = loader->get_metadata();
+    const auto shapes = meta.find("mha_export.input_shapes");
+    if (shapes == meta.end())
+        throw mha::UsageError(args.model + ": not an mha-export package (no mha_export.input_shapes in its metadata)");
+    const std::vector<mha::Case> cases = mha::read_cases(
+        args, decl, [&](const mha::Case& c) { require_compiled_shapes(shapes->second, decl, c); });
 
     std::cout << "libtorch " << TORCH_VERSION << " AOTInductor, device: " << device
               << ", threads: " << at::get_num_threads() << ", load " << load_time << "\n";

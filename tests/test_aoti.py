@@ -59,3 +59,25 @@ def test_runner_runs_the_unseen_shapes(kv_package):
                  "position_ids": np.tile(np.arange(p, p + t), (b, 1))}
         out = runner.run(feeds)
         assert out["y"].shape == (b, t, 32) and out["present_key"].shape == (b, 2, p + t, 16)
+
+
+def test_a_package_with_a_specialised_seq_axis_fails_the_check(kv_package, tmp_path):
+    """The fault of an export without dynamic shapes: the package only runs the example's sizes
+    (batch 2, seq 3, past 5); the sweep's unseen sizes fail their rows (exit 1), never pass."""
+    from mha_export.export import to_aoti
+    from mha_export.artifact import read_artifact
+    from mha_export.layer.entry import entry_module
+    copy = tmp_path / "kv"
+    shutil.copytree(kv_package, copy)
+    art = read_artifact(copy)
+    sig = art.signature
+    entry = entry_module(art.load_source_module(), sig.kind, sig.input_names, sig.output_names)
+    program = to_aoti._export(entry, sig, "cpu", dynamic_axes=False)  # the exporter's bug
+    to_aoti.compile_package(program, copy / "model.pt2", sig, "cpu")
+    report = check_parity(copy, runners=["aoti-cpu"], seq_lens=[3, 5], batch_sizes=[2],
+                          past_lens=[5])
+    assert not report.passed
+    failed = {(r.batch, r.seq, r.past) for r in report.results
+              if r.runner == "aoti-cpu" and not r.passed}
+    assert (2, 5, 5) in failed and (2, 3, 5) not in failed  # the example's own size still runs
+    assert any("compiled for x [2, 3, 32]" in r.error for r in report.results if not r.passed)

@@ -40,24 +40,40 @@ def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
               "dynamic_axes": axes, "axis_range": "0 .. unbounded (batch >= 1, seq >= 1)",
               "torch": torch.__version__}
 
-    metadata = {"mha_export.input_names": ",".join(sig.input_names),  # read by mha_aoti (C++)
+    return Prepared(export, lambda path: compile_package(program, path, sig, device))
+
+
+def compile_package(program, path: Path, sig: Signature, device: str) -> None:
+    """AOTInductor's package of ``program``, its metadata naming the declared inputs/outputs and
+    the input shapes the program really accepts (read by the runners before every call: a
+    package run at a shape it was not compiled for reads out of bounds, it does not raise)."""
+    metadata = {"mha_export.input_names": ",".join(sig.input_names),
                 "mha_export.output_names": ",".join(sig.output_names),
-                "mha_export.device": device}
-
-    def write(path: Path) -> None:
-        torch._inductor.aoti_compile_and_package(
-            program, package_path=str(path),
-            inductor_configs={"aot_inductor.metadata": metadata})
-
-    return Prepared(export, write)
+                "mha_export.device": device,
+                "mha_export.input_shapes": input_shapes(program)}
+    torch._inductor.aoti_compile_and_package(
+        program, package_path=str(path), inductor_configs={"aot_inductor.metadata": metadata})
 
 
-def _export(entry: torch.nn.Module, sig: Signature, device: str):
+def input_shapes(program) -> str:
+    """'d0,d1,...;d0,...' per user input in order: an int where the axis is fixed, '?' where it
+    is dynamic."""
+    shapes = []
+    for node in program.graph_module.graph.nodes:
+        if node.op == "placeholder" and node.name in program.graph_signature.user_inputs:
+            shapes.append(",".join(str(d) if isinstance(d, int) else "?"
+                                   for d in node.meta["val"].shape))
+    return ";".join(shapes)
+
+
+def _export(entry: torch.nn.Module, sig: Signature, device: str, dynamic_axes: bool = True):
     """torch.export with every symbolic axis dynamic; backed_size_oblivious keeps 0 and 1 (an
-    empty cache, a single token, batch 1) inside the range instead of specialising them."""
+    empty cache, a single token, batch 1) inside the range instead of specialising them.
+    ``dynamic_axes=False`` fixes every axis at the example's size (a planted fault)."""
     import torch.fx.experimental._config as fx_config
     args = tuple(_example(t, sig, device) for t in sig.inputs)
-    dynamic = {t.name: {i: Dim.DYNAMIC for i in t.dynamic_axes} for t in sig.inputs}
+    dynamic = {t.name: {i: Dim.DYNAMIC for i in t.dynamic_axes} if dynamic_axes else None
+               for t in sig.inputs}
     with fx_config.patch(backed_size_oblivious=True), torch.no_grad():
         return torch.export.export(entry, args, dynamic_shapes=dynamic)
 

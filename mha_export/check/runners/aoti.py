@@ -18,6 +18,11 @@ class AotiRunner(Runner):
         self.name, self.device_name = f"aoti-{device}", device
         self.device = f"{device} (AOTInductor, torch {torch.__version__})"
         self.package = torch._inductor.aoti_load_package(str(path))
+        shapes = self.package.get_metadata().get("mha_export.input_shapes")
+        if shapes is None:
+            raise ValueError("not an mha-export AOTInductor package (its metadata holds no "
+                             "mha_export.input_shapes)")
+        self.shapes = [s.split(",") if s else [] for s in shapes.split(";")]
 
     def prepare(self, feeds: Feeds) -> list[torch.Tensor]:
         """The inputs as tensors on the package's device, made once (the bench times
@@ -26,6 +31,11 @@ class AotiRunner(Runner):
                 for n in self.signature.input_names]
 
     def run_prepared(self, args: list[torch.Tensor]):
+        for name, arg, dims in zip(self.signature.input_names, args, self.shapes):
+            if len(dims) != arg.dim() or any(d != "?" and int(d) != n
+                                             for d, n in zip(dims, arg.shape)):
+                raise RuntimeError(f"the package was compiled for {name} [{', '.join(dims)}] "
+                                   f"('?' dynamic), got {list(arg.shape)}")
         with torch.inference_mode():
             out = self.package(*args)
         return out if isinstance(out, (tuple, list)) else (out,)
