@@ -20,7 +20,7 @@ from .base import Prepared
 MODEL_FILE = "model.pt2"
 DEVICES = ("cpu", "cuda")
 # Example sizes for the capture: none of them is 0 or 1, so no axis is specialised to them.
-EXAMPLE = {"batch": 2, "seq": 3, "past_seq": 5, "max_cache": 12}
+EXAMPLE = {"batch": 2, "seq": 3, "past_seq": 5}
 
 
 def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
@@ -86,6 +86,4 @@ def _example(t, sig: Signature, device: str) -> torch.Tensor:
     if t.name == "position_ids":
         past = EXAMPLE["past_seq"] if sig.has_cache else 0
         return (past + torch.arange(shape[1], device=device)).expand(shape).contiguous()
-    if t.name == "past_lengths":
-        return torch.full(shape, EXAMPLE["past_seq"], dtype=torch.int64, device=device)
     return torch.randn(shape, device=device)
