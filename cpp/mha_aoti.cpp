@@ -19,11 +19,13 @@
 namespace {
 
 const char* const kUsage =
-    "usage: mha_aoti MODEL.pt2 CASE_DIR [CASE_DIR ...] [--threads N] [--info]\n"
+    "usage: mha_aoti MODEL.pt2 CASE_DIR [CASE_DIR ...] [--threads N] [--repeat N] [--info]\n"
     "       mha_aoti MODEL.pt2 IN.npy OUT.npy [IN2.npy OUT2.npy ...] [options]   (one-input, one-output models)\n"
     "  CASE_DIR     a folder holding NAME.npy for every input the package declares (see --info);\n"
     "               every declared output is written there as NAME.npy. One loaded package runs them all\n"
     "  --threads N  intra-op threads (at::set_num_threads; default: libtorch's)\n"
+    "  --repeat N   after each case, time N more calls of the package alone (inputs made once,\n"
+    "               outputs not converted; a static cache rewrites the same entries): median, min\n"
     "  --info       print the package's declared inputs/outputs\n"
     "float inputs: float32 or float16 .npy (run as float32); int64 .npy stay int64; outputs are\n"
     "written as float32. The package runs on the device it was compiled for (mha-export aoti --device)\n"
@@ -84,7 +86,8 @@ mha::Declaration declaration(torch::inductor::AOTIModelPackageLoader& loader, co
 }
 
 int main_aoti(int argc, char** argv) {
-    const mha::Args args = mha::parse_args(argc, argv, kUsage, {"--threads"}, {"--info"}, {"--info"});
+    const mha::Args args = mha::parse_args(argc, argv, kUsage, {"--threads", "--repeat"}, {"--info"},
+                                               {"--info"});
     if (args.options.count("--threads"))
         at::set_num_threads(mha::parse_positive_int("--threads", args.option("--threads", "")));
     mha::require_file(args.model, "model");
@@ -105,6 +108,7 @@ int main_aoti(int argc, char** argv) {
         throw mha::UsageError(args.model + ": not an mha-export package (no mha_export.input_shapes in its metadata)");
     const std::vector<mha::Case> cases = mha::read_cases(
         args, decl, [&](const mha::Case& c) { require_compiled_shapes(shapes->second, decl, c); });
+    const int repeat = mha::repeat_count(args);
 
     std::cout << "libtorch " << TORCH_VERSION << " AOTInductor, device: " << device
               << ", threads: " << at::get_num_threads() << ", load " << load_time << "\n";
@@ -117,7 +121,9 @@ int main_aoti(int argc, char** argv) {
         std::vector<at::Tensor> inputs;
         for (const mha::Array& a : c.inputs) inputs.push_back(mha::to_tensor(a, device));
         try {
-            return mha::to_arrays(loader->run(inputs));
+            std::vector<mha::Array> outputs = mha::to_arrays(loader->run(inputs));
+            if (repeat) std::cout << c.label << ": " << mha::time_calls(repeat, [&] { loader->run(inputs); }) << "\n";
+            return outputs;
         } catch (const std::exception& e) {
             throw std::runtime_error("run failed on " + c.label + ": " + mha::first_line(e.what()));
         }

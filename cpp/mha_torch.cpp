@@ -20,12 +20,15 @@
 namespace {
 
 const char* const kUsage =
-    "usage: mha_torch MODEL.pt CASE_DIR [CASE_DIR ...] [--device cpu|cuda] [--threads N] [--info]\n"
+    "usage: mha_torch MODEL.pt CASE_DIR [CASE_DIR ...] [--device cpu|cuda] [--threads N] [--repeat N]\n"
+    "       [--info]\n"
     "       mha_torch MODEL.pt IN.npy OUT.npy [IN2.npy OUT2.npy ...] [options]   (one-input, one-output models)\n"
     "  CASE_DIR           a folder holding NAME.npy for every input the model declares (see --info);\n"
     "                     every declared output is written there as NAME.npy. One loaded module runs them all\n"
     "  --device cpu|cuda  where the module runs (default cpu); cuda without a usable GPU: exit 3\n"
     "  --threads N        intra-op threads (at::set_num_threads; default: libtorch's)\n"
+    "  --repeat N         after each case, time N more forward calls alone (inputs made once, outputs\n"
+    "                     not converted; a static cache rewrites the same entries): median, min\n"
     "  --info             print the module's declared inputs/outputs (input_names / output_names)\n"
     "float inputs: float32 or float16 .npy (run as float32); int64 .npy stay int64 (attention_mask);\n"
     "outputs are written as float32\n"
@@ -97,11 +100,12 @@ mha::Declaration declaration(torch::jit::Module& module, const std::string& path
 }
 
 std::vector<mha::Array> forward(torch::jit::Module& module, const mha::Declaration& decl, const mha::Case& c,
-                                const torch::Device& device) {
+                                const torch::Device& device, int repeat) {
     c10::InferenceMode guard;
     std::vector<torch::IValue> inputs;
     for (const mha::Array& a : c.inputs) inputs.emplace_back(mha::to_tensor(a, device));
     const torch::IValue result = module.forward(inputs);
+    if (repeat) std::cout << c.label << ": " << mha::time_calls(repeat, [&] { module.forward(inputs); }) << "\n";
     std::vector<torch::Tensor> tensors;
     if (result.isTensor()) {
         tensors.push_back(result.toTensor());
@@ -120,7 +124,8 @@ std::vector<mha::Array> forward(torch::jit::Module& module, const mha::Declarati
 }
 
 int main_torch(int argc, char** argv) {
-    const mha::Args args = mha::parse_args(argc, argv, kUsage, {"--device", "--threads"}, {"--info"}, {"--info"});
+    const mha::Args args = mha::parse_args(argc, argv, kUsage, {"--device", "--threads", "--repeat"},
+                                               {"--info"}, {"--info"});
     const std::string device_name = args.option("--device", "cpu");
     if (device_name != "cpu" && device_name != "cuda")
         throw mha::UsageError("--device must be cpu or cuda, got '" + device_name + "'");
@@ -150,6 +155,7 @@ int main_torch(int argc, char** argv) {
     // Every input of every case is read and checked before anything runs: bad input leaves no
     // output behind.
     const std::vector<mha::Case> cases = mha::read_cases(args, decl);
+    const int repeat = mha::repeat_count(args);
 
     std::cout << "libtorch " << TORCH_VERSION << ", device: " << device << ", threads: " << at::get_num_threads()
               << ", load " << load_time << "\n";
@@ -160,7 +166,7 @@ int main_torch(int argc, char** argv) {
     }
     return mha::run_cases(decl, cases, [&](const mha::Case& c) {
         try {
-            return forward(module, decl, c, device);
+            return forward(module, decl, c, device, repeat);
         } catch (const c10::Error& e) {
             throw std::runtime_error("forward failed on " + c.label + ": " + mha::first_line(e.what_without_backtrace()));
         }

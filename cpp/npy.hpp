@@ -571,6 +571,28 @@ inline std::string ms_since(Clock::time_point t0) {
     return text;
 }
 
+// --repeat N: the model call alone (inputs made once, outputs not converted) timed N more times
+// after the call whose outputs are written: "N calls, median X ms, min Y ms".
+template <class Call>
+std::string time_calls(int repeat, Call call) {
+    std::vector<double> ms;
+    for (int i = 0; i < repeat; ++i) {
+        const auto t = Clock::now();
+        call();
+        ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    const size_t n = ms.size();
+    const double median = n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2;
+    char text[96];
+    std::snprintf(text, sizeof text, "%zu calls, median %.4f ms, min %.4f ms", n, median, ms.front());
+    return text;
+}
+
+inline int repeat_count(const Args& args) {
+    return args.options.count("--repeat") ? parse_positive_int("--repeat", args.option("--repeat", "")) : 0;
+}
+
 // Runs forward(case) -> outputs in declared order on every case through one loaded model and
 // writes each output. One line per case on stdout.
 template <class Forward>

@@ -19,9 +19,9 @@ def cuda_expected() -> bool:
     return gpu and "CUDAExecutionProvider" in ort.get_available_providers()
 
 
-# One AOTInductor package per test session (a compile takes tens of seconds), shared by the
-# Python (test_aoti.py) and C++ (test_cpp.py) tests: the decode-step model, whose scenarios reach
-# every dynamic axis (batch, seq, past 0 and 1).
+# One AOTInductor package per model kind and test session (a compile takes tens of seconds),
+# shared by the Python (test_aoti.py) and C++ (test_cpp.py) tests: the decode-step models, whose
+# scenarios reach every dynamic axis (batch, seq, past 0 and 1).
 AOTI_CONFIG = MHAConfig(dim=32, heads=2, max_seq_len=16, rotary="half")
 
 
@@ -30,3 +30,10 @@ def kv_package(tmp_path_factory):
     from mha_export import export_aoti
     return export_aoti(AOTI_CONFIG, tmp_path_factory.mktemp("aoti") / "kv", kv_cache=True,
                        validate=False).path
+
+
+@pytest.fixture(scope="session")
+def static_package(tmp_path_factory):
+    from mha_export import export_aoti
+    return export_aoti(AOTI_CONFIG, tmp_path_factory.mktemp("aoti") / "static",
+                       static_cache=True, validate=False).path

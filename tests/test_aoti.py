@@ -81,3 +81,46 @@ def test_a_package_with_a_specialised_seq_axis_fails_the_check(kv_package, tmp_p
               if r.runner == "aoti-cpu" and not r.passed}
     assert (2, 5, 5) in failed and (2, 3, 5) not in failed  # the example's own size still runs
     assert any("compiled for x [2, 3, 32]" in r.error for r in report.results if not r.passed)
+
+
+# --- the static-cache package: the app's buffers written in place -------------------------------
+
+def test_static_package_passes_the_check_in_place(static_package):
+    """generate, ragged rows and the buffers after the run, through aoti-cpu; the valid prefix
+    is a data-dependent length in torch.export (an unbacked size, checked against the buffer)."""
+    report = check_parity(static_package, seq_lens=[1, 5], batch_sizes=[1, 3], past_lens=[0, 6])
+    assert report.passed, [r.error for r in report.results if not r.passed][:3]
+    scenarios = {" ".join(r.scenario.split()[:2]) for r in report.results
+                 if r.runner == "aoti-cpu"}
+    assert {"static generate", "static ragged"} <= scenarios, scenarios
+
+
+def test_static_package_writes_the_callers_buffers(static_package):
+    import numpy as np
+    sig = make_signature(CFG, "static-cache")
+    runner = AotiRunner(sig, static_package / "model.pt2")
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((2, 3, 32)).astype(np.float32),
+             "past_key": np.zeros((2, 2, 12, 16), np.float32),
+             "past_value": np.zeros((2, 2, 12, 16), np.float32),
+             "past_lengths": np.array([0, 4]), "position_ids": np.array([[0, 1, 2], [4, 5, 6]])}
+    args = runner.prepare(feeds)
+    y, key, value = runner.run_prepared(args)
+    assert key.data_ptr() == args[1].data_ptr() and value.data_ptr() == args[2].data_ptr()
+    written = args[1].abs().sum(dim=(1, 3)) > 0  # (B, C): the entries this call wrote
+    assert written[0].tolist() == [True] * 3 + [False] * 9
+    assert written[1].tolist() == [False] * 4 + [True] * 3 + [False] * 5
+
+
+def test_a_static_package_returning_copies_fails_the_check(static_package, monkeypatch):
+    """Planted fault: present_* come back as copies and the app's buffers stay unwritten."""
+    original = AotiRunner.run_prepared
+
+    def copying(self, args):
+        return original(self, [a.clone() for a in args])
+
+    monkeypatch.setattr(AotiRunner, "run_prepared", copying)
+    report = check_parity(static_package, runners=["aoti-cpu"], seq_lens=[3], batch_sizes=[1],
+                          past_lens=[2])
+    assert not report.passed
+    assert any("is a copy" in r.error for r in report.results if not r.passed)

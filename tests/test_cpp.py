@@ -527,3 +527,21 @@ def test_aoti_matches_python_and_eager(binaries, kv_package, tmp_path):
         assert_outputs_match(got, eager.run(feeds), feeds, case, "mha_aoti vs eager")
     bad = run(binaries["aoti"], kv_package / "config.json", dirs[0][0])
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+
+
+def test_aoti_static_cache_and_repeat_timing(binaries, static_package, tmp_path):
+    """The static-cache package in C++: the buffers written at each row's past_lengths, equal to
+    Python; --repeat times the call alone and prints its median (the bench reads that line)."""
+    from mha_export.check.runners.aoti import AotiRunner
+    sig = signature_of(static_package)
+    dirs = write_case_dirs(tmp_path, static_package, [Case(3, 2, 5), Case(1, 1, 0)], seed=2)
+    r = run(binaries["aoti"], static_package / "model.pt2", *[d for d, _, _ in dirs],
+            "--repeat", "3")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("3 calls, median ") == 2, r.stdout
+    python = AotiRunner(sig, static_package / "model.pt2")
+    for d, case, feeds in dirs:
+        assert_outputs_match(read_outputs(d, sig), python.run(feeds), feeds, case,
+                             "mha_aoti vs python (static cache)")
+    bad = run(binaries["aoti"], static_package / "model.pt2", dirs[0][0], "--repeat", "0")
+    assert bad.returncode == 2 and "--repeat" in bad.stderr

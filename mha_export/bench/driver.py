@@ -111,10 +111,11 @@ def prepare_models(config: MHAConfig, forms: Sequence[str], folder: Path, module
 
 def variant_specs(config: MHAConfig, forms: Sequence[str], models: dict[str, Path],
                   providers: Sequence[str], cuda_ok: bool, kind: str = "full",
-                  extra: Sequence[str] = ()) -> list[dict]:
+                  extra: Sequence[str] = (), cpp: Optional[Path] = None) -> list[dict]:
     """Eager baselines, TorchScript, every ONNX Runtime runner of the registry (one per provider
-    asked for) on every form, and the ``extra`` runners named (OpenVINO on every form, the
-    AOTInductor package)."""
+    asked for) on every form, the ``extra`` runners named (OpenVINO on every form, the
+    AOTInductor package), and with ``cpp`` (a ``make cpp`` folder) the libtorch C++ programs on
+    the TorchScript file and the AOTInductor package."""
     from ..check.runners import RUNNERS, ort_runner_names
     c = config.to_dict()
     textbook = (kind == "full" and config.rotary == "none" and not config.sliding_window
@@ -135,6 +136,10 @@ def variant_specs(config: MHAConfig, forms: Sequence[str], models: dict[str, Pat
         targets = forms if model_file.endswith(".onnx") else ["aoti"]
         specs += [{"variant": "runner", "runner": name, "config": c, "model": str(models[t]),
                    "name": f"{name}-{t}" if t != "aoti" else name} for t in targets]
+    specs += [{"variant": "cpp", "name": f"cpp-{program}", "config": c,
+               "program": str(cpp / program), "model": str(models[model])}
+              for program, model in (("mha_torch", "torchscript"), ("mha_aoti", "aoti"))
+              if cpp is not None and model in models]
     if "cuda" in providers and cuda_ok:
         specs += [{"variant": "sdpa-eager", "name": f"torch-cuda-sdpa-{dt}", "config": c,
                    "device": "cuda", "dtype": dt} for dt in ("float32", "float16")]
@@ -148,11 +153,12 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
               progress: Callable[[str], None] = lambda s: None, weights_module=None,
               kv_cache: bool = False, past_lens: Sequence[int] = (0,),
               static_cache: bool = False, capacity: int = 8192,
-              runners: Sequence[str] = ()) -> BenchReport:
+              runners: Sequence[str] = (), cpp: Optional[Path] = None) -> BenchReport:
     """Every variant at every (T, past); ``kv_cache``: the decode-step models (x,
     attention_mask, past_key, past_value), e.g. T=1 over past 128..4096, or a long prefill;
     ``static_cache``: the in-place models over a buffer of ``capacity`` entries, against eager
-    torch's growing-cache step (the baseline row) and its own in-place step."""
+    torch's growing-cache step (the baseline row) and its own in-place step; ``cpp``: a folder
+    holding the built C++ programs (``make cpp``), timed on the same files."""
     from ..graph.forms import FORMS, Feature
     from ..layer.layouts import build_module
     kind = "static-cache" if static_cache else "kv-cache" if kv_cache else "full"
@@ -169,7 +175,7 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
         module = weights_module or build_module(config, seed=seed)
         aoti = any(r.startswith("aoti") for r in runners)
         models = prepare_models(config, forms, Path(tmp), module, kind, aoti)
-        specs = variant_specs(config, forms, models, providers, cuda_ok, kind, runners)
+        specs = variant_specs(config, forms, models, providers, cuda_ok, kind, runners, cpp)
         if static_cache:  # the baseline: eager torch's growing-cache step, as users run it
             eager = next(sp for sp in specs if sp["variant"] == BASELINE)
             specs = [{**eager, "kind": "kv-cache"}, {**eager, "name": "eager-static"},

@@ -132,8 +132,46 @@ def copy_variant(spec: dict) -> Callable[[], object]:
     return lambda: np.copyto(dst, src)
 
 
+CPP_MODELS = {"mha_aoti": "model.pt2", "mha_torch": "model.pt"}  # C++ program -> file it runs
+
+
+def cpp_measure(spec: dict) -> dict:
+    """A C++ program (cpp/: mha_aoti, mha_torch) on the spec's inputs written as one CASE_DIR:
+    its ``--repeat`` times the model call alone, no Python per call. A first short run sizes the
+    repeat count to the budget; peak RSS is the program's own."""
+    import re
+    import resource
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+    with tempfile.TemporaryDirectory(prefix="mha-bench-cpp-") as case:
+        for name, array in sample_feeds(spec).items():
+            np.save(Path(case) / f"{name}.npy", array)
+
+        def timed(repeat: int) -> tuple[float, float]:
+            out = subprocess.run([spec["program"], spec["model"], case, "--repeat", str(repeat),
+                                  "--threads", str(spec["threads"])],
+                                 capture_output=True, text=True, timeout=900)
+            found = re.search(r"(\d+) calls, median ([\d.]+) ms, min ([\d.]+) ms", out.stdout)
+            if out.returncode or not found:
+                tail = (out.stderr or out.stdout).strip().splitlines()
+                raise RuntimeError(tail[-1] if tail else f"exit code {out.returncode}")
+            return float(found.group(2)), float(found.group(3))
+
+        first, _ = timed(spec.get("min_reps", 5))
+        reps = int(min(200, max(spec.get("min_reps", 5), spec.get("budget_s", 2.0) * 1e3 / first)))
+        median, fastest = timed(reps)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB -> MiB
+    return {"median_ms": median, "min_ms": fastest, "reps": reps, "peak_rss_mib": peak,
+            "base_rss_mib": float("nan")}
+
+
 def measure(spec: dict) -> dict:
     kind = spec["variant"]
+    if kind == "cpp":
+        return cpp_measure(spec)
     make = {"gemm": gemm_variant, "runner": runner_variant, "copy": copy_variant}.get(
         kind, torch_variant)
     fn = make(spec)

@@ -190,6 +190,18 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
         raise SystemExit(1)
 
 
+def cpp_programs(folder: Optional[str], runners: tuple | list):
+    """--cpp: the `make cpp` folder, checked before any work (every program it will run exists)."""
+    if folder is None:
+        return None
+    from pathlib import Path
+    needed = ["mha_torch"] + (["mha_aoti"] if "aoti-cpu" in runners else [])
+    missing = [p for p in needed if not (Path(folder) / p).is_file()]
+    if missing:
+        raise UsageError(f"--cpp {folder}: no {', '.join(missing)} there (build with `make cpp`)")
+    return Path(folder).resolve()
+
+
 @cli.command()
 @click.argument("artifact", type=click.Path(), required=False)
 @config_options
@@ -207,6 +219,10 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
 @click.option("--runners", "extra_runners", callback=runner_list, default=None,
               help="More runners to measure beside eager, TorchScript and ONNX Runtime: "
                    "openvino-cpu (every form), aoti-cpu (compiles an AOTInductor package).")
+@click.option("--cpp", "cpp_folder", type=click.Path(file_okay=False), default=None,
+              help="Also time the C++ programs of this `make cpp` folder (e.g. build/cpp) on the "
+                   "same files, no Python per call: mha_torch (TorchScript), mha_aoti (with "
+                   "--runners aoti-cpu).")
 @click.option("--past-lens", callback=functools.partial(int_list, lowest=0), default="0",
               show_default=True, help="Cache lengths with --kv-cache (e.g. --seq-lens 1 "
                                       "--past-lens 128,1024,4096 for single-token steps).")
@@ -227,7 +243,7 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
 @_guard
 def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bool,
           static_cache: bool, capacity: int, extra_runners: Optional[list[str]],
-          past_lens: list[int], providers: list[str],
+          cpp_folder: Optional[str], past_lens: list[int], providers: list[str],
           forms: str, threads: int, budget: float, mem_limit_gib: float,
           json_path: Optional[str], plot_path: Optional[str], **config_fields) -> None:
     """Measure eager PyTorch (textbook and SDPA), TorchScript and every ONNX graph form side by
@@ -243,6 +259,7 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
     if plot_path:
         require_extra("matplotlib", "plot", "--plot")
     from ..bench.driver import format_table, plot, run_bench
+    cpp = cpp_programs(cpp_folder, extra_runners or ())
     chosen = None if forms is None else [f.strip() for f in forms.split(",") if f.strip()]
     if chosen is not None and (not chosen or set(chosen) - set(ATTENTION_FORMS)):
         raise UsageError(f"--forms: choose from {', '.join(ATTENTION_FORMS)}, got {forms!r}")
@@ -259,7 +276,7 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
                        budget, progress=lambda line: click.echo(line, err=True),
                        weights_module=module, kv_cache=kv_cache, past_lens=past_lens,
                        static_cache=static_cache, capacity=capacity,
-                       runners=extra_runners or ())
+                       runners=extra_runners or (), cpp=cpp)
     click.echo(format_table(report))
     if json_path:
         from ..artifact import write_json_atomic

@@ -20,7 +20,9 @@ from .base import Prepared
 MODEL_FILE = "model.pt2"
 DEVICES = ("cpu", "cuda")
 # Example sizes for the capture: none of them is 0 or 1, so no axis is specialised to them.
-EXAMPLE = {"batch": 2, "seq": 3, "past_seq": 5}
+EXAMPLE = {"batch": 2, "seq": 3, "past_seq": 5, "max_cache": 16}
+# A static cache's example rows: different valid lengths, both writes inside the buffer.
+EXAMPLE_PAST_LENGTHS = (2, 5)
 
 
 def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
@@ -30,9 +32,6 @@ def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: torch sees no CUDA device here (an AOTInductor CUDA "
                          "package is compiled on a machine with the GPU)")
-    if sig.static_cache:
-        raise UsageError("aoti: the static-cache model is not offered yet (its valid-prefix "
-                         "read is data-dependent for torch.export); use --kv-cache")
     entry = entry_module(module, sig.kind, sig.input_names, sig.output_names).to(device)
     program = _export(entry, sig, device)
     axes = {t.name: {str(i): d for i, d in t.dynamic_axes.items()} for t in sig.inputs}
@@ -83,7 +82,10 @@ def _example(t, sig: Signature, device: str) -> torch.Tensor:
     shape = [sizes[d] if isinstance(d, str) else d for d in t.shape]
     if t.name == "attention_mask":
         return torch.ones(shape, dtype=torch.int64, device=device)
+    if t.name == "past_lengths":
+        return torch.tensor(EXAMPLE_PAST_LENGTHS, device=device)
     if t.name == "position_ids":
-        past = EXAMPLE["past_seq"] if sig.has_cache else 0
+        past = (torch.tensor(EXAMPLE_PAST_LENGTHS, device=device).view(-1, 1)
+                if sig.static_cache else EXAMPLE["past_seq"] if sig.has_cache else 0)
         return (past + torch.arange(shape[1], device=device)).expand(shape).contiguous()
     return torch.randn(shape, device=device)

@@ -133,11 +133,13 @@ class AttentionBase(nn.Module):
         if position_ids is None:
             position_ids = past_lengths.view(b, 1) + steps  # (B, T)
         q, k, v = self._queries_keys_values(x, position_ids)  # (B, N, T, H), (B, K, T, H) x 2
-        index = (past_lengths.view(b, 1, 1, 1) + steps.view(1, 1, t, 1)).expand(
-            k.shape)  # (B, K, T, H): where row b's new entries go
-        past_key.scatter_(2, index, k.to(past_key.dtype))
-        past_value.scatter_(2, index, v.to(past_value.dtype))
-        end = int(past_lengths.max()) + t  # the valid prefix of the longest row
+        rows = torch.arange(b, device=x.device).view(b, 1)  # (B, 1)
+        slots = past_lengths.view(b, 1) + steps  # (B, T): where row b's new entries go
+        # index_put_ (gpt-fast's cache write): AOTInductor re-inplaces it into the caller's
+        # buffer (a scatter_ became a copy of the whole buffer there)
+        past_key[rows, :, slots] = k.transpose(1, 2).to(past_key.dtype)  # (B, T, K, H)
+        past_value[rows, :, slots] = v.transpose(1, 2).to(past_value.dtype)
+        end = valid_end(past_lengths, t, past_key.size(2))  # the longest row's valid prefix
         sinks = self.sinks if self.has_sinks else None
         ctx, _ = attention(q, past_key[:, :, :end], past_value[:, :, :end], self.scale,
                            self.causal, 0.0, False, None, self.window, self.softcap, sinks,
@@ -215,3 +217,15 @@ def copy_linear(dst: nn.Linear, weight: Tensor, bias: Optional[Tensor]) -> None:
         dst.weight.copy_(weight)
         if dst.bias is not None:
             dst.bias.copy_(bias if bias is not None else torch.zeros_like(dst.bias))
+
+
+def valid_end(past_lengths: Tensor, t: int, capacity: int) -> int:
+    """max(past_lengths) + t: the end of the longest row's valid prefix after this call's write
+    (data-dependent: torch.export gets it as an unbacked size, bounded by the buffer)."""
+    if torch.jit.is_scripting():
+        return int(past_lengths.max()) + t
+    end = past_lengths.max().item() + t
+    torch._check(end >= t)
+    torch._check(end > 0)
+    torch._check(end <= capacity)
+    return end

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ...signature import Signature
-from .base import Feeds, Runner, RunnerUnavailable
+from .base import Feeds, Runner, RunnerUnavailable, require_in_place
 
 
 class AotiRunner(Runner):
@@ -41,5 +41,8 @@ class AotiRunner(Runner):
         return out if isinstance(out, (tuple, list)) else (out,)
 
     def run(self, feeds: Feeds) -> Feeds:
-        out = self.run_prepared(self.prepare(feeds))
+        """A static-cache call's present_* must come back as the past_* buffers it was given."""
+        args = self.prepare(feeds)
+        out = self.run_prepared(args)
+        require_in_place(self.signature, args, list(out))
         return {n: o.cpu().numpy() for n, o in zip(self.signature.output_names, out)}

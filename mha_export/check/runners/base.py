@@ -53,6 +53,18 @@ class Runner(ABC):
         return self.run(prepared)
 
 
+def require_in_place(signature: Signature, args: List[Any], outputs: List[Any]) -> None:
+    """A static-cache call's present_* must be the very buffers passed as past_* (torch tensors:
+    same data_ptr), written in place, never copies."""
+    if not signature.static_cache:
+        return
+    given = dict(zip(signature.input_names, args))
+    returned = dict(zip(signature.output_names, outputs))
+    for present, past in (("present_key", "past_key"), ("present_value", "past_value")):
+        if returned[present].data_ptr() != given[past].data_ptr():
+            raise RuntimeError(f"{present} is a copy: the {past} buffer was not written in place")
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """Settings a check passes to every runner it opens."""

@@ -10,7 +10,7 @@ import torch
 from ...layer.entry import entry_module
 from ...layer.layouts import AttentionBase
 from ...signature import Signature
-from .base import Feeds, Runner
+from .base import Feeds, Runner, require_in_place
 
 
 class TorchRunner(Runner):
@@ -28,14 +28,8 @@ class TorchRunner(Runner):
         with torch.inference_mode():
             out = self.module(*args)
         out = out if isinstance(out, tuple) else (out,)
-        results = dict(zip(self.signature.output_names, out))
-        if self.signature.static_cache:
-            names = self.signature.input_names
-            for present, past in (("present_key", "past_key"), ("present_value", "past_value")):
-                if results[present].data_ptr() != args[names.index(past)].data_ptr():
-                    raise RuntimeError(f"{present} is a copy: the {past} buffer was not written "
-                                       "in place")
-        return {name: o.numpy() for name, o in results.items()}
+        require_in_place(self.signature, args, list(out))
+        return {name: o.numpy() for name, o in zip(self.signature.output_names, out)}
 
 
 class EagerRunner(TorchRunner):
