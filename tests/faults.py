@@ -57,9 +57,9 @@ def _attr(node, name, value):
 def nudge_weight(path: Path, delta: float = 1e-3) -> None:
     """One weight element moved by delta after export."""
     def fn(m):
-        _, w = _initializer(m, "qkv.weight")
+        _, w = _initializer(m, "q_proj.weight")
         w[5, 7] += delta
-        _set_initializer(m, "qkv.weight", w)
+        _set_initializer(m, "q_proj.weight", w)
     _edit(path, fn)
 
 
@@ -77,15 +77,15 @@ def remove_causal_mask(path: Path) -> None:
     _edit(path, fn)
 
 
-def permute_heads(path: Path, heads: int) -> None:
+def permute_heads(path: Path, head_dim: int) -> None:
     """Swap the value projections of heads 0 and 1 (the out projection no longer matches)."""
     def fn(m):
-        _, w = _initializer(m, "qkv.weight")  # (d_in, 3*inner): [q | k | v]
-        inner = w.shape[1] // 3
-        hd = inner // heads
-        v0, v1 = 2 * inner, 2 * inner + hd
-        w[:, v0:v0 + hd], w[:, v1:v1 + hd] = w[:, v1:v1 + hd].copy(), w[:, v0:v0 + hd].copy()
-        _set_initializer(m, "qkv.weight", w)
+        _, w = _initializer(m, "v_proj.weight")  # (d_in, kv_inner): the value heads
+        hd = head_dim
+        if w.shape[1] < 2 * hd:
+            raise NotApplicable("one value head: nothing to swap")
+        w[:, :hd], w[:, hd:2 * hd] = w[:, hd:2 * hd].copy(), w[:, :hd].copy()
+        _set_initializer(m, "v_proj.weight", w)
     _edit(path, fn)
 
 
@@ -123,7 +123,7 @@ def nudge_torchscript_weight(path: Path, delta: float = 1e-3) -> None:
 ONNX_FAULTS = {
     "nudged weight": lambda p, c: nudge_weight(p),
     "causal mask removed": lambda p, c: remove_causal_mask(p),
-    "heads permuted": lambda p, c: permute_heads(p, c.heads),
+    "heads permuted": lambda p, c: permute_heads(p, c.head_dim),
     "wrong scale": lambda p, c: wrong_scale(p, c.head_dim),
     "seq len baked in": lambda p, c: bake_seq_len(p),
 }

@@ -93,7 +93,8 @@ def test_blocked_non_causal(variant: str) -> None:
 def test_blocked_graph_has_no_quadratic_buffer() -> None:
     """Only weights and small shape constants are stored; the mask comes from Range/Greater."""
     model, _, _ = _model(CONFIGS["d64h4"], "blocked")
-    weights = {"qkv.weight", "qkv.bias", "out.weight", "out.bias"}
+    weights = {f"{p}_proj.{t}" for p in "qkv" for t in ("weight", "bias")} | {
+        "out.weight", "out.bias"}
     for init in model.graph.initializer:
         if init.name not in weights:
             assert int(np.prod(init.dims)) <= 8, init.name

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...config import MHAConfig
 from ...signature import Signature
-from ..builder import GraphBuilder, as_1d, finite_lowest, split_heads
+from ..builder import GraphBuilder, as_1d, dim, finite_lowest, split_heads
 
 
 class Feature(enum.Enum):
@@ -162,26 +162,46 @@ def probabilities(g: GraphBuilder, scores: str, masked: Optional[str], c: MHACon
                 name="probs")  # (B, N, Tq, S): the sink's column dropped
 
 
-def static_keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig, seq_len: str
-                       ) -> tuple[str, str, str, str]:
+def static_keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig, seq_len: str,
+                       valid_prefix: bool = True) -> tuple[str, str, str, str]:
     """A static cache: this call's keys/values written into the buffers at rows' positions
-    past_lengths[b] + i (ScatterElements: in place when the caller binds present to past), and
-    the valid prefix [0, max(past_lengths) + T) that attention reads.
+    past_lengths[b] + i (ScatterND: in place when the caller binds present to past), and the
+    valid prefix [0, max(past_lengths) + T) that attention reads (``valid_prefix=False``: the
+    buffers themselves, for a core that slices its own ranges of them).
     Returns (keys, values) (B, K, S, H) and (present_key, present_value) (B, K, C, H)."""
     k = split_heads(g, io.k, c.kv_heads, c.head_dim, "k")  # (B, K, T, H)
     v = split_heads(g, io.v, c.kv_heads, c.head_dim, "v")
-    steps = g.op("Range", [g.ints("zero", 0), seq_len, g.ints("one", 1)], name="steps")  # (T,)
-    rows = g.op("Unsqueeze", [io.past_lengths, g.ints("axes1", [1])], name="row_starts")
-    written = g.op("Add", [rows, steps], name="write_positions")  # (B, T)
-    index = g.op("Expand", [g.op("Unsqueeze", [written, g.ints("axes13", [1, 3])],
-                                 name="write_positions_4d"),  # (B, 1, T, 1)
-                            g.op("Shape", [k], name="new_keys_shape")],
-                 name="write_index")  # (B, K, T, H)
-    present_k = g.op("ScatterElements", [io.past_key, index, k], axis=2, name="key_write")
-    present_v = g.op("ScatterElements", [io.past_value, index, v], axis=2, name="value_write")
+    index = _write_index(g, io.past_lengths, k, seq_len)  # (B, K, T, 3)
+    present_k = g.op("ScatterND", [io.past_key, index, k], name="key_write")
+    present_v = g.op("ScatterND", [io.past_value, index, v], name="value_write")
+    if not valid_prefix:
+        return present_k, present_v, present_k, present_v
     end = g.op("Add", [g.op("ReduceMax", [io.past_lengths], keepdims=0, name="longest_past"),
                        seq_len], name="valid_end")  # () max(past_lengths) + T
     prefix = [g.ints("zero_1d", [0]), as_1d(g, end, "valid_end_1d"), g.ints("axes2_1d", [2])]
     keys = g.op("Slice", [present_k, *prefix], name="valid_keys")  # (B, K, S, H)
     values = g.op("Slice", [present_v, *prefix], name="valid_values")
     return keys, values, present_k, present_v
+
+
+def _write_index(g: GraphBuilder, past_lengths: str, k: str, seq_len: str) -> str:
+    """ScatterND's index of entry (b, h, i) of this call's keys k (B, K, T, H): (b, h,
+    past_lengths[b] + i), (B, K, T, 3) int64 (ScatterElements' per-element index was H times
+    larger, and its kernel ~30x slower on a long prefill)."""
+    steps = g.op("Range", [g.ints("zero", 0), seq_len, g.ints("one", 1)], name="steps")  # (T,)
+    rows = g.op("Unsqueeze", [past_lengths, g.ints("axes1", [1])], name="row_starts")  # (B, 1)
+    written = g.op("Add", [rows, steps], name="write_positions")  # (B, T)
+    shape = g.op("Shape", [k], start=0, end=3, name="write_shape")  # (3,) = (B, K, T)
+    batch = dim(g, k, 0, "write_batch")
+    heads = dim(g, k, 1, "write_heads")
+    parts = [g.op("Reshape", [g.op("Range", [g.ints("zero", 0), batch, g.ints("one", 1)],
+                                   name="batch_ids"), g.ints("ids_b11", [-1, 1, 1])],
+                  name="batch_ids_3d"),  # (B, 1, 1)
+             g.op("Reshape", [g.op("Range", [g.ints("zero", 0), heads, g.ints("one", 1)],
+                                   name="head_ids"), g.ints("ids_1k1", [1, -1, 1])],
+                  name="head_ids_3d"),  # (1, K, 1)
+             g.op("Unsqueeze", [written, g.ints("axes1", [1])], name="write_positions_3d")]
+    parts = [g.op("Unsqueeze", [g.op("Expand", [p, shape], name=f"write_{n}"),
+                                g.ints("axes_last", [-1])], name=f"write_{n}_4d")
+             for p, n in zip(parts, ("batch", "head", "slot"))]  # 3 x (B, K, T, 1)
+    return g.op("Concat", parts, axis=-1, name="write_index")  # (B, K, T, 3)

@@ -84,7 +84,10 @@ def _operands(g: GraphBuilder, io: AttentionIO, c: MHAConfig, use_attention_op: 
         return ops, (io.k, io.v)
     q = split_heads(g, q, c.heads, c.head_dim, "blk_q")  # (B, N, T, H)
     if io.past_lengths is not None:  # a static cache: written in place, valid prefix read
-        keys, values, *present = static_keys_values(g, io, c, seq_len)  # (B, K, S, H)
+        # the Attention body slices each block's keys from the buffers themselves; the plain
+        # body transposes the valid prefix once
+        keys, values, *present = static_keys_values(
+            g, io, c, seq_len, valid_prefix=not use_attention_op)  # (B, K, S|C, H)
         past = g.op("ReduceMax", [io.past_lengths], keepdims=0, name="blk_longest_past")  # ()
     else:
         keys, values = present = keys_values(g, io, c)  # (B, K, S, H)
@@ -105,7 +108,8 @@ def _key_range(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operands, s
     past_lengths (the range then covers the longest row's keys and the shortest row's window)."""
     first_key = start if ops.past is None else b.op("Add", [ops.past, start],
                                                     name="first_key")  # () longest row's
-    key_end = (b.op("Add", [first_key, block_size], name="key_end") if c.causal
+    causal = c.causal or io.past_lengths is not None  # a static cache's rows always are
+    key_end = (b.op("Add", [first_key, block_size], name="key_end") if causal
                else b.ints("all_keys", np.iinfo(np.int64).max))  # () Slice clamps at S
     row_first = oldest_first = first_key
     if io.past_lengths is not None:
