@@ -351,8 +351,21 @@ def _shift_output(m, node_suffix: str, delta: int = 1) -> None:
     for n in all_nodes(m.graph):
         n.input[:] = [shifted if i == out else i for i in n.input]
     m.graph.initializer.append(numpy_helper.from_array(np.array(delta, np.int64), "fault_delta"))
-    index = list(m.graph.node).index(node) + 1
-    m.graph.node.insert(index, onnx.helper.make_node("Add", [out, "fault_delta"], [shifted]))
+    graph = _graph_holding(m.graph, node)  # the top level, or an If branch / Loop body
+    index = list(graph.node).index(node) + 1
+    graph.node.insert(index, onnx.helper.make_node("Add", [out, "fault_delta"], [shifted]))
+
+
+def _graph_holding(graph, node):
+    if any(n is node for n in graph.node):
+        return graph
+    for n in graph.node:
+        for attr in n.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                found = _graph_holding(attr.g, node)
+                if found is not None:
+                    return found
+    return None
 
 
 def static_write_off_by_one(path: Path) -> None:

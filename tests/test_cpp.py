@@ -479,7 +479,7 @@ def test_bundle_runs_after_being_moved(binaries, tmp_path):
 STATIC_CONFIG = MHAConfig(dim=64, heads=4, kv_heads=2, rotary="half", max_seq_len=64)
 
 
-@pytest.mark.parametrize("form", ["contrib-gqa", "decomposed"])
+@pytest.mark.parametrize("form", ["auto", "contrib-gqa", "decomposed"])
 def test_ort_generate_writes_one_buffer_in_place(binaries, tmp_path, form):
     """mha_ort --generate 5,1,1,1: Ort::IoBinding binds the case's buffers as past and present;
     y equals one full forward of the sequence, the buffer's first 8 entries its keys/values."""

@@ -1,6 +1,7 @@
 """The static-cache decode model: one app-owned buffer written in place at each row's
-past_lengths, read only as far as it is valid; ONNX (decomposed: standard ops; contrib-gqa:
-ONNX Runtime's GroupQueryAttention) and TorchScript, proven by the check and by planted faults."""
+past_lengths, read only as far as it is valid; ONNX (auto, the default: GroupQueryAttention or
+the blocked loop by call; decomposed: standard ops; contrib-gqa: ONNX Runtime's
+GroupQueryAttention) and TorchScript, proven by the check and by planted faults."""
 import numpy as np
 import pytest
 import torch
@@ -13,7 +14,8 @@ import faults
 
 CFG = MHAConfig(dim=64, heads=4, kv_heads=2, max_seq_len=24, rotary="half")
 SWEEP = dict(seq_lens=[1, 4, 9, 300], batch_sizes=[1, 3], past_lens=[0, 5], providers=["cpu"])
-FORMS = ["decomposed", "contrib-gqa", "blocked", "blocked-plain"]  # 300: two query blocks
+# 300: two query blocks; auto: GroupQueryAttention for its calls, the blocked loop for the rest
+FORMS = ["auto", "decomposed", "contrib-gqa", "blocked", "blocked-plain"]
 
 
 @pytest.fixture(scope="module", params=FORMS)
@@ -69,6 +71,20 @@ def test_the_onnx_runner_binds_present_to_the_past_buffer(static_artifact):
     assert key is call.inputs["past_key"] and key.ctypes.data == call.buffers["past_key"].data_ptr()
     changed = np.argwhere((key != before).any(axis=(1, 3)))  # (row, entry) pairs written
     assert sorted(map(tuple, changed)) == [(0, 4), (1, 9)]
+
+
+def test_default_form_routes_each_call(tmp_path):
+    """auto (the default): GroupQueryAttention for single tokens and short calls at batch 1, the
+    blocked loop for the rest (a chunk at batch 3 over a cache, which the node refuses: right
+    here, see the scenarios), both writing the same buffer."""
+    import json
+    import onnx
+    path = export_onnx(CFG, tmp_path / "d", static_cache=True, validate=False).path
+    assert json.loads((path / "config.json").read_text())["export"]["attention"] == "auto"
+    branches = next(n for n in onnx.load(str(path / "model.onnx")).graph.node
+                    if n.op_type == "If").attribute
+    ops = {a.name: {n.op_type for n in a.g.node} for a in branches}
+    assert "GroupQueryAttention" in ops["then_branch"] and "Loop" in ops["else_branch"]
 
 
 def test_gqa_refuses_a_chunk_over_a_cache_at_batch_above_one(tmp_path):

@@ -78,7 +78,9 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
                               initializer=g.initializers)
     opsets = [helper.make_opsetid("", opset)]
     ir_version = helper.find_min_ir_version_for(opsets)  # onnx 1.23 would write 14; ORT reads 13
-    opsets += [helper.make_opsetid(domain, version) for domain, version in form.domains]
+    # the domains its nodes use (com.microsoft: ONNX Runtime's contrib operators, version 1)
+    opsets += [helper.make_opsetid(domain, 1)
+               for domain in sorted({n.domain for n in _all_nodes(g.nodes) if n.domain})]
     return helper.make_model(graph, opset_imports=opsets, producer_name="mha-export",
                              ir_version=ir_version)
 

@@ -55,10 +55,8 @@ def opset_summary() -> str:
 
 
 def default_form(config: MHAConfig, sig: Signature) -> GraphForm:
-    """``auto``; for a static cache ``contrib-gqa`` (its kernel reads only each row's valid
-    length), else ``decomposed``; where those cannot build the layer (softcapping, sinks) the
-    first memory-linear form that can, then any that can (build_model then names the forms
-    that can when none does)."""
-    first = "contrib-gqa" if sig.static_cache else DEFAULT
-    candidates = [FORMS[first]] + sorted(FORMS.values(), key=lambda f: f.memory.linear_from != 0)
-    return next((f for f in candidates if not f.problem(config, sig)), FORMS[first])
+    """``auto``; where it cannot build the layer (sinks) the first memory-linear form that can,
+    then any that can (build_model then names the forms that can when none does)."""
+    candidates = [FORMS[DEFAULT]] + sorted(FORMS.values(),
+                                           key=lambda f: f.memory.linear_from != 0)
+    return next((f for f in candidates if not f.problem(config, sig)), FORMS[DEFAULT])

@@ -3,6 +3,12 @@ T < 512 (fastest for short calls and single-token decode steps, where it appends
 itself; its (N, T, S) scores are small there), the ``blocked`` loop from 512 on (memory linear
 in T).
 
+A static cache: ``GroupQueryAttention`` on the app's buffer (its kernel reads only each row's
+valid length) for a single token, or for T < 512 at batch 1 — the calls it can run — and the
+``blocked`` loop over the same buffer for every other call (a long prefill, in memory linear in
+T; several tokens at batch > 1, which the node refuses). Where the node cannot build the layer
+(head_dim % 8, a sliding window, softcapping, not causal), ``decomposed`` takes the short calls.
+
 The threshold was measured (benchmarks/blocked_sweep.py, 2-core Xeon, noisy: T=128 one node
 3.8-4.2 ms vs loop 3.9-4.3; T=300 9.1 vs 10.6; T=512 23.0 vs 18.9; T=2048 176 vs 91-98)."""
 from __future__ import annotations
@@ -14,8 +20,10 @@ from onnx import helper
 from ...config import MHAConfig
 from ..builder import GraphBuilder, dim
 from .attention_op import attention_op_core
-from .base import ATTENTION_NODE_FEATURES, AttentionIO, AttentionOut, GraphForm, Memory
+from .base import ATTENTION_NODE_FEATURES, AttentionIO, AttentionOut, Feature, GraphForm, Memory
 from .blocked import BLOCK, BLOCK_EDGES, blocked_core
+from .contrib import CONTRIB_GQA, contrib_gqa_core
+from .decomposed import decomposed_core
 
 AUTO_THRESHOLD = 512
 
@@ -24,11 +32,19 @@ def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
               threshold: int = AUTO_THRESHOLD, block: int = BLOCK) -> AttentionOut:
     t = dim(g, io.q, 1, "auto_seq_len")  # () T
     short = g.op("Less", [t, g.ints("auto_threshold", threshold)], name="auto_is_short")  # ()
+    short_core = attention_op_core
+    if io.past_lengths is not None:  # the node's calls: one token, or a short call at batch 1
+        single = g.op("Equal", [t, g.ints("auto_one", 1)], name="auto_single_token")
+        batch_1 = g.op("Equal", [dim(g, io.q, 0, "auto_batch"), g.ints("auto_one", 1)],
+                       name="auto_batch_1")
+        short = g.op("Or", [single, g.op("And", [short, batch_1], name="auto_short_b1")],
+                     name="auto_node_call")  # ()
+        short_core = contrib_gqa_core if _gqa_builds(c) else decomposed_core
     branches = []
-    for tag, core in (("short", attention_op_core),
+    for tag, core in (("short", short_core),
                       ("long", functools.partial(blocked_core, block=block))):
         s = g.sub(f"{tag}/")
-        out = core(s, io, c)  # context (B, T, D) [+ present (B, K, S, H)]
+        out = core(s, io, c)  # context (B, T, D) [+ present (B, K, S|C, H)]
         values = [out.context] + ([out.present_key, out.present_value] if io.has_cache else [])
         branches.append(s.subgraph(g.name(f"auto_{tag}"), [], [
             helper.make_tensor_value_info(v, g.elem, None) for v in values]))
@@ -37,10 +53,16 @@ def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
     return AttentionOut(*outs) if io.has_cache else AttentionOut(outs)
 
 
+def _gqa_builds(c: MHAConfig) -> bool:
+    """GroupQueryAttention computes this layer (causal, no window, no softcap, head_dim % 8)."""
+    return (c.causal and not c.sliding_window and not c.softcap
+            and CONTRIB_GQA.refuse(c) is None)
+
+
 FORM = GraphForm(
     name="auto", core=auto_core, min_opset=23, memory=Memory(linear_from=AUTO_THRESHOLD),
     summary=f"an If on the runtime T: the attention-op node for T < {AUTO_THRESHOLD}, the "
             f"blocked loop for T >= {AUTO_THRESHOLD}",
     switch_seq_lens=(AUTO_THRESHOLD - 1, AUTO_THRESHOLD) + tuple(
         AUTO_THRESHOLD + e for e in BLOCK_EDGES),
-    supports=ATTENTION_NODE_FEATURES)
+    supports=ATTENTION_NODE_FEATURES | {Feature.STATIC_CACHE})

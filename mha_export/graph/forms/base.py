@@ -106,7 +106,6 @@ class GraphForm:
     min_opset: int
     summary: str
     memory: Memory
-    domains: tuple = ()  # extra (domain, version) opset imports
     switch_seq_lens: tuple = ()  # lengths where the form changes code path (checked both sides)
     supports: frozenset[Feature] = frozenset()
     refuse: Callable[[MHAConfig], Optional[str]] = lambda c: None  # why a config cannot be built

@@ -55,9 +55,9 @@ def _gqa_refuses(c: MHAConfig) -> str | None:
 CONTRIB_MHA = GraphForm(
     name="contrib-mha", core=contrib_mha_core, min_opset=17, memory=QUADRATIC,
     summary="ONNX Runtime's com.microsoft.MultiHeadAttention (unidirectional=1)",
-    domains=((CONTRIB, 1),), supports=frozenset({Feature.NON_CAUSAL}), standard=False)
+    supports=frozenset({Feature.NON_CAUSAL}), standard=False)
 CONTRIB_GQA = GraphForm(
     name="contrib-gqa", core=contrib_gqa_core, min_opset=17, memory=QUADRATIC,
     summary="ONNX Runtime's com.microsoft.GroupQueryAttention (causal only; head_dim % 8 == 0)",
-    domains=((CONTRIB, 1),), supports=frozenset({Feature.GQA, Feature.STATIC_CACHE}),
+    supports=frozenset({Feature.GQA, Feature.STATIC_CACHE}),
     refuse=_gqa_refuses, standard=False, static_chunks=False)
