@@ -143,6 +143,7 @@ def aoti(**kw) -> None:
     Examples:
       mha-export aoti --heads 12 --dim 768            # -> models/split-h12-d768-aoti/
       mha-export aoti --heads 12 --dim 768 --kv-cache
+      mha-export aoti --heads 12 --dim 768 --static-cache   # the app's buffers written in place
     """
     _report_export(export_aoti(**explicit(kw)))
 
