@@ -6,6 +6,7 @@ N = query heads, K = key/value heads, H = head size, D = N * H.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,10 @@ class GraphBuilder:
     nodes: list = field(default_factory=list)
     initializers: list = field(default_factory=list)
     _count: dict = field(default_factory=dict)
+    # a branch that shares the outer graph's constants: its const() returns the outer graph's
+    # initializer of the same name and content (weights stored once for every branch)
+    outer: "GraphBuilder | None" = None
+    _shared: dict = field(default_factory=dict)
 
     def name(self, base: str) -> str:
         base = self.prefix + base
@@ -34,8 +39,9 @@ class GraphBuilder:
         self._count[base] = n + 1
         return base if n == 0 else f"{base}_{n}"
 
-    def sub(self, prefix: str) -> "GraphBuilder":
-        return GraphBuilder(dtype=self.dtype, prefix=self.prefix + prefix)
+    def sub(self, prefix: str, share_constants: bool = False) -> "GraphBuilder":
+        return GraphBuilder(dtype=self.dtype, prefix=self.prefix + prefix,
+                            outer=self if share_constants else None)
 
     @property
     def elem(self) -> int:
@@ -48,9 +54,18 @@ class GraphBuilder:
         arr = np.asarray(value)
         if float_dtype:
             arr = arr.astype(NUMPY_DTYPES[self.dtype])
+        if self.outer is not None:
+            return self.outer.shared_const(name, arr)
         name = self.name(name)
         self.initializers.append(numpy_helper.from_array(arr, name))
         return name
+
+    def shared_const(self, name: str, arr: np.ndarray) -> str:
+        """One initializer per (name, content), however many branches ask for it."""
+        key = (name, arr.dtype.str, arr.shape, hashlib.sha1(arr.tobytes()).hexdigest())
+        if key not in self._shared:
+            self._shared[key] = self.const(name, arr, float_dtype=False)
+        return self._shared[key]
 
     def ints(self, name: str, values: list[int] | int) -> str:
         return self.const(name, np.array(values, dtype=np.int64), float_dtype=False)

@@ -11,6 +11,8 @@ axes.
 """
 from __future__ import annotations
 
+import functools
+
 import onnx
 import torch
 from onnx import TensorProto, helper
@@ -52,17 +54,15 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
     check_buildable(c, form, sig, dtype)
     opset = resolve_opset(form, opset)
     g = GraphBuilder(dtype=dtype)
-    q, k, v = _project_qkv(g, c, w)  # (B, T, N*H), 2 x (B, T, K*H)
-    if c.qk_norm != "none":  # before rotary, as transformers
-        q, k = _normalize_qk(g, c, w, q, k)
-    if c.rotary != "none":  # rotate q and k by position_ids before any core
-        q, k = _rotate_qk(g, c, q, k, opset)
+    project = functools.partial(_queries_keys_values, c=c, w=w, opset=opset)
+    q, k, v = (None, None, None) if form.projects_per_branch else project(g)
     named = set(sig.input_names)
     sinks = None if w.sinks is None else g.const("attn.sinks", w.sinks.reshape(1, -1, 1, 1))
     io = AttentionIO(q, k, v, *(n if n in named else None
                                 for n in ("past_key", "past_value", "attention_mask")),
                      sinks=sinks,  # (1, N, 1, 1)
-                     past_lengths="past_lengths" if "past_lengths" in named else None)
+                     past_lengths="past_lengths" if "past_lengths" in named else None,
+                     project=project)
     out = form.core(g, io, c)
     context = out.context  # (B, T, N*H)
     if w.wg is not None:  # output gate: context * sigmoid(x @ W_gate^T + b)
@@ -107,6 +107,17 @@ def _all_nodes(nodes):
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
                 yield from _all_nodes(attr.g.node)
+
+
+def _queries_keys_values(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, opset: int
+                         ) -> tuple[str, str, str]:
+    """x -> projections -> q/k norm -> rotary: q (B, T, N*H), k and v (B, T, K*H)."""
+    q, k, v = _project_qkv(g, c, w)  # (B, T, N*H), 2 x (B, T, K*H)
+    if c.qk_norm != "none":  # before rotary, as transformers
+        q, k = _normalize_qk(g, c, w, q, k)
+    if c.rotary != "none":  # rotate q and k by position_ids before any core
+        q, k = _rotate_qk(g, c, q, k, opset)
+    return q, k, v
 
 
 def _project_qkv(g: GraphBuilder, c: MHAConfig, w: AttentionWeights) -> list[str]:

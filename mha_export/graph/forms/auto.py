@@ -13,6 +13,7 @@ The threshold was measured (benchmarks/blocked_sweep.py, 2-core Xeon, noisy: T=1
 3.8-4.2 ms vs loop 3.9-4.3; T=300 9.1 vs 10.6; T=512 23.0 vs 18.9; T=2048 176 vs 91-98)."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from onnx import helper
@@ -30,12 +31,14 @@ AUTO_THRESHOLD = 512
 
 def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
               threshold: int = AUTO_THRESHOLD, block: int = BLOCK) -> AttentionOut:
-    t = dim(g, io.q, 1, "auto_seq_len")  # () T
+    """Each branch projects q, k and v itself (io.project) from x, sharing the weights: what
+    the If captures stays small, and the long branch frees k and v once it has used them."""
+    t = dim(g, "x", 1, "auto_seq_len")  # () T
     short = g.op("Less", [t, g.ints("auto_threshold", threshold)], name="auto_is_short")  # ()
     short_core = attention_op_core
     if io.past_lengths is not None:  # the node's calls: one token, or a short call at batch 1
         single = g.op("Equal", [t, g.ints("auto_one", 1)], name="auto_single_token")
-        batch_1 = g.op("Equal", [dim(g, io.q, 0, "auto_batch"), g.ints("auto_one", 1)],
+        batch_1 = g.op("Equal", [dim(g, "x", 0, "auto_batch"), g.ints("auto_one", 1)],
                        name="auto_batch_1")
         short = g.op("Or", [single, g.op("And", [short, batch_1], name="auto_short_b1")],
                      name="auto_node_call")  # ()
@@ -43,8 +46,9 @@ def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
     branches = []
     for tag, core in (("short", short_core),
                       ("long", functools.partial(blocked_core, block=block))):
-        s = g.sub(f"{tag}/")
-        out = core(s, io, c)  # context (B, T, D) [+ present (B, K, S|C, H)]
+        s = g.sub(f"{tag}/", share_constants=True)
+        q, k, v = io.project(s)  # (B, T, N*H), 2 x (B, T, K*H), inside the branch
+        out = core(s, dataclasses.replace(io, q=q, k=k, v=v), c)  # context (B, T, D) [+ present]
         values = [out.context] + ([out.present_key, out.present_value] if io.has_cache else [])
         branches.append(s.subgraph(g.name(f"auto_{tag}"), [], [
             helper.make_tensor_value_info(v, g.elem, None) for v in values]))
@@ -65,4 +69,4 @@ FORM = GraphForm(
             f"blocked loop for T >= {AUTO_THRESHOLD}",
     switch_seq_lens=(AUTO_THRESHOLD - 1, AUTO_THRESHOLD) + tuple(
         AUTO_THRESHOLD + e for e in BLOCK_EDGES),
-    supports=ATTENTION_NODE_FEATURES | {Feature.STATIC_CACHE})
+    supports=ATTENTION_NODE_FEATURES | {Feature.STATIC_CACHE}, projects_per_branch=True)

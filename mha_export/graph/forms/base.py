@@ -75,14 +75,17 @@ LINEAR = Memory(0)
 class AttentionIO:
     """Graph values a core reads (names in the builder's scope)."""
 
-    q: str  # (B, T, D), not yet scaled
-    k: str  # (B, T, K*H): this call's keys
-    v: str  # (B, T, K*H)
+    q: Optional[str]  # (B, T, D), not yet scaled; None for a form that projects per branch
+    k: Optional[str]  # (B, T, K*H): this call's keys
+    v: Optional[str]  # (B, T, K*H)
     past_key: Optional[str] = None  # (B, K, P, H)
     past_value: Optional[str] = None
     attention_mask: Optional[str] = None  # (B, S) int64, 1 = token
     sinks: Optional[str] = None  # (1, N, 1, 1): one logit per head in the softmax denominator
     past_lengths: Optional[str] = None  # (B,) int64: a static cache's valid entries per row
+    # builds q, k, v from x in a builder (a branch of an If): for a form whose GraphForm says
+    # projects_per_branch, so that no q/k/v of the whole call is captured by the If
+    project: Optional[Callable[["GraphBuilder"], tuple[str, str, str]]] = None
 
     @property
     def has_cache(self) -> bool:
@@ -113,6 +116,9 @@ class GraphForm:
     # a static cache: can it run several new tokens over a non-empty cache at batch > 1? (no:
     # such a call is refused by the runtime with an error, never answered wrongly)
     static_chunks: bool = True
+    # the core builds q/k/v itself inside each If branch (io.project): an If that captured the
+    # whole call's q, k and v kept them live until it returned (+3 x 48 MiB at T = 16384, 12 x 768)
+    projects_per_branch: bool = False
 
     def problem(self, config: MHAConfig, sig: Signature) -> Optional[str]:
         """Why this form cannot build config with this signature, or None."""
