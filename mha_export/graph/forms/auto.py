@@ -49,9 +49,9 @@ def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
         s = g.sub(f"{tag}/", share_constants=True)
         q, k, v = io.project(s)  # (B, T, N*H), 2 x (B, T, K*H), inside the branch
         out = core(s, dataclasses.replace(io, q=q, k=k, v=v), c)  # context (B, T, D) [+ present]
-        values = [out.context] + ([out.present_key, out.present_value] if io.has_cache else [])
+        results = [out.context] + ([out.present_key, out.present_value] if io.has_cache else [])
         branches.append(s.subgraph(g.name(f"auto_{tag}"), [], [
-            helper.make_tensor_value_info(v, g.elem, None) for v in values]))
+            helper.make_tensor_value_info(r, g.elem, None) for r in results]))
     outs = g.op("If", [short], n_out=3 if io.has_cache else 1, then_branch=branches[0],
                 else_branch=branches[1], name="auto_attention")
     return AttentionOut(*outs) if io.has_cache else AttentionOut(outs)
@@ -66,7 +66,8 @@ def _gqa_builds(c: MHAConfig) -> bool:
 FORM = GraphForm(
     name="auto", core=auto_core, min_opset=23, memory=Memory(linear_from=AUTO_THRESHOLD),
     summary=f"an If on the runtime T: the attention-op node for T < {AUTO_THRESHOLD}, the "
-            f"blocked loop for T >= {AUTO_THRESHOLD}",
+            f"blocked loop for T >= {AUTO_THRESHOLD} (a static cache: GroupQueryAttention for "
+            f"its calls, the blocked loop for the rest)",
     switch_seq_lens=(AUTO_THRESHOLD - 1, AUTO_THRESHOLD) + tuple(
         AUTO_THRESHOLD + e for e in BLOCK_EDGES),
     supports=ATTENTION_NODE_FEATURES | {Feature.STATIC_CACHE}, projects_per_branch=True)
