@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .config import MHAConfig
-from .errors import UsageError
+from .errors import UsageError, raise_if_interrupted
 from .layer.layouts import AttentionBase
 from .signature import Signature, signature_from_meta
 
@@ -102,6 +102,7 @@ def staged_folder(dest: Path, force: bool) -> Iterator[Path]:
     os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes 0700; publish with normal permissions
     try:
         yield stage
+        raise_if_interrupted()  # never publish what an interruption cut short
         for f in stage.iterdir():  # some writers (safetensors) create 0600 files
             os.chmod(f, 0o666 & ~_umask())
         if dest.exists():

@@ -1,5 +1,39 @@
-"""Errors the CLI turns into a one-line message and exit code 2 (bad input, never a traceback)."""
+"""Errors the CLI turns into a one-line message and exit code 2 (bad input, never a traceback),
+and the interruptions (SIGINT, SIGTERM) it turns into exit codes 130 and 143."""
+from __future__ import annotations
+
+import signal
 
 
 class UsageError(Exception):
     """Bad input: a wrong flag value, a missing or corrupt file, weights that do not fit."""
+
+
+class Interrupted(BaseException):
+    """Ctrl-C or SIGTERM (timeouts, CI runners, container stops): unwinds past every
+    ``except Exception``, so every staging folder is removed on the way out."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+_received: list[int] = []
+
+
+def interrupt(signum: int, frame=None) -> None:
+    """The CLI's handler for SIGINT and SIGTERM: remember the signal, then unwind."""
+    _received.append(signum)
+    raise Interrupted(signum)
+
+
+def raise_if_interrupted() -> None:
+    """Unwind if a signal arrived, even one a runtime swallowed: ONNX Runtime turns an
+    interruption inside session creation into 'initialization failed' (a load error, or a
+    runner SKIPPED), which must neither publish an artifact nor read as a verdict."""
+    if _received:
+        raise Interrupted(_received[0])

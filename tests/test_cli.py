@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import signal
 import subprocess
@@ -212,6 +213,30 @@ def test_an_interrupted_export_cleans_up_and_never_reads_as_a_verdict(tmp_path, 
     assert proc.returncode == code, err
     assert "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interruption_a_runtime_swallowed_still_ends_the_run(tmp_path, monkeypatch):
+    """Ctrl-C during ONNX Runtime's session creation comes back as 'initialization failed'
+    (seen under load: exit 2 'cannot load', or a CUDA runner SKIPPED and exit 0). Once the
+    signal was received, that error unwinds as the interruption and nothing is published."""
+    from mha_export import errors
+    from mha_export.artifact import read_artifact, staged_folder
+    from mha_export.check.parity import _open
+    from mha_export.check.runners import RUNNERS, RunOptions
+    art = tmp_path / "art"
+    assert run("onnx", *SMALL, "-o", art, "--no-check").exit_code == 0
+    monkeypatch.setattr(errors, "_received", [signal.SIGINT])
+
+    def swallowed(*args):
+        raise RuntimeError("initialization failed")
+
+    kind = dataclasses.replace(RUNNERS["ort-cpu"], open=swallowed)
+    with pytest.raises(errors.Interrupted):
+        _open(kind, read_artifact(art), RunOptions())
+    with pytest.raises(errors.Interrupted):
+        with staged_folder(tmp_path / "never", force=False) as stage:
+            (stage / "model.onnx").write_text("complete, but interrupted")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
 
 
 def test_bench_plot_without_matplotlib_is_refused_before_any_work(tmp_path, monkeypatch):

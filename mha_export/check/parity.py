@@ -16,7 +16,7 @@ import torch
 
 from ..artifact import Artifact, read_artifact
 from ..env import versions
-from ..errors import UsageError
+from ..errors import UsageError, raise_if_interrupted
 from ..graph import forms
 from ..rope_types import switch_length
 from . import scenarios
@@ -135,8 +135,10 @@ def _open(kind: RunnerKind, artifact: Artifact, options: RunOptions) -> Runner:
     try:
         return kind.open(artifact.signature, path, options)
     except RunnerUnavailable:
+        raise_if_interrupted()  # a runtime that failed because Ctrl-C hit it is not unavailable
         raise
     except Exception as e:
+        raise_if_interrupted()  # ... nor a model that cannot load
         raise UsageError(f"cannot load {path}: {str(e).strip().splitlines()[0][:300]}") from None
 
 
@@ -284,6 +286,7 @@ def _compared(runner: Runner, case: Case, call: Callable[[], Feeds], expected: d
     try:
         out = call()
     except Exception as e:  # a model that cannot run this case (e.g. out of memory) fails its row
+        raise_if_interrupted()  # ... but an interruption is no row
         error = (str(e).strip() or type(e).__name__).splitlines()[0][:300]
         return [OutputResult(runner.name, n, **where, passed=False,
                              tolerance=tolerances[runner.name, n], error=error) for n in names]

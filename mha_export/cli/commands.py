@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import click
 
 from ..check.parity import check_parity
-from ..errors import UsageError
+from ..errors import Interrupted, UsageError, interrupt, raise_if_interrupted
 from ..export.pipeline import ATTENTION_FORMS, export_aoti, export_onnx, export_torchscript
 from ..graph.forms import DEFAULT, MAX_OPSET, opset_summary
 from ..graph.model import DTYPES
@@ -286,26 +286,23 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
         plot(report, plot_path)
 
 
-class Terminated(BaseException):
-    """SIGTERM (timeout, CI runners, container stops): unwinds like Ctrl-C, so every staging
-    folder is removed on the way out."""
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
-
-
 def main() -> None:
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, interrupt)
     try:
-        code = cli.main(standalone_mode=False)
+        try:
+            code = cli.main(standalone_mode=False)
+        except (click.ClickException, SystemExit):
+            raise_if_interrupted()  # a runtime's error that was really an interruption
+            raise
+        raise_if_interrupted()
+    except Interrupted as e:
+        click.echo("interrupted" if e.signum == signal.SIGINT else "terminated", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:  # click's form of KeyboardInterrupt (Ctrl-C)
+    except click.exceptions.Abort:  # click's form of a KeyboardInterrupt raised by other code
         click.echo("interrupted", err=True)
-        sys.exit(130)
-    except Terminated:
-        click.echo("terminated", err=True)
-        sys.exit(143)
+        sys.exit(128 + signal.SIGINT)
     sys.exit(code if isinstance(code, int) else 0)
