@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 
 import onnx
-import torch
 from onnx import TensorProto, helper
 
 from ..config import MHAConfig
