@@ -132,9 +132,6 @@ def copy_variant(spec: dict) -> Callable[[], object]:
     return lambda: np.copyto(dst, src)
 
 
-CPP_MODELS = {"mha_aoti": "model.pt2", "mha_torch": "model.pt"}  # C++ program -> file it runs
-
-
 def cpp_measure(spec: dict) -> dict:
     """A C++ program (cpp/: mha_aoti, mha_torch) on the spec's inputs written as one CASE_DIR:
     its ``--repeat`` times the model call alone, no Python per call. A first short run sizes the

@@ -151,8 +151,9 @@ def aoti(**kw) -> None:
 @cli.command()
 @click.argument("artifact", type=click.Path())
 @click.option("--runners", callback=runner_list, default=None,
-              help=f"Runners to check, by name ({', '.join(RUNNERS)}) [default: every runner for "
-                   "the folder's files; those that cannot run here are listed as SKIPPED].")
+              help="Runners to check, by name: " + "; ".join(
+                  f"{k.name} ({k.runtime})" for k in RUNNERS.values()) + " [default: every "
+                  "runner for the folder's files; those that cannot run here are SKIPPED].")
 @click.option("--providers", default=None, callback=provider_list,
               help="ONNX Runtime's shorthand: cpu,cuda = runners ort-cpu,ort-cuda.")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance for every runner.")

@@ -89,9 +89,8 @@ def _name_output(g: GraphBuilder, tensor: str, name: str) -> None:
     is read (subgraphs too): no Identity copy between the two. A static cache's ScatterND then
     writes straight into the buffer the caller bound as present (an Identity after it cost a
     copy of the whole buffer per step, and ScatterND another one). Falls back to an Identity
-    where the tensor is not a top-level node's own output (an input, or already named)."""
-    producers = [n for n in g.nodes if tensor in n.output]
-    if not producers or tensor in {"x", *[i.name for i in g.initializers]}:
+    where no top-level node computes the tensor (a graph input or an initializer)."""
+    if not any(tensor in n.output for n in g.nodes):
         g.nodes.append(helper.make_node("Identity", [tensor], [name], name=f"{name}_out"))
         return
     for node in _all_nodes(g.nodes):

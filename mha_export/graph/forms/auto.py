@@ -19,6 +19,7 @@ import functools
 from onnx import helper
 
 from ...config import MHAConfig
+from ...signature import STATIC, make_signature
 from ..builder import GraphBuilder, dim
 from .attention_op import attention_op_core
 from .base import ATTENTION_NODE_FEATURES, AttentionIO, AttentionOut, Feature, GraphForm, Memory
@@ -58,9 +59,9 @@ def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
 
 
 def _gqa_builds(c: MHAConfig) -> bool:
-    """GroupQueryAttention computes this layer (causal, no window, no softcap, head_dim % 8)."""
-    return (c.causal and not c.sliding_window and not c.softcap
-            and CONTRIB_GQA.refuse(c) is None)
+    """contrib-gqa's own record can build this layer's static-cache model (causal, no window,
+    no softcap, head_dim % 8 == 0)."""
+    return CONTRIB_GQA.problem(c, make_signature(c, STATIC)) is None
 
 
 FORM = GraphForm(
