@@ -46,3 +46,11 @@ def test_cli_writes_json_and_plot(tmp_path):
 def test_cli_rejects_unknown_form():
     r = CliRunner().invoke(cli, ["bench", "--forms", "flash"])
     assert r.exit_code == 2 and "--forms" in r.stderr
+
+
+def test_cli_cpp_folder_without_the_programs_is_refused_before_any_work(tmp_path):
+    from click.testing import CliRunner
+    from mha_export.cli.commands import cli
+    r = CliRunner().invoke(cli, ["bench", "--heads", "2", "--dim", "32", "--seq-lens", "4",
+                                 "--cpp", str(tmp_path)])
+    assert r.exit_code == 2 and "no mha_torch there (build with `make cpp`)" in r.output, r.output

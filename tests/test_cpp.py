@@ -545,3 +545,14 @@ def test_aoti_static_cache_and_repeat_timing(binaries, static_package, tmp_path)
                              "mha_aoti vs python (static cache)")
     bad = run(binaries["aoti"], static_package / "model.pt2", dirs[0][0], "--repeat", "0")
     assert bad.returncode == 2 and "--repeat" in bad.stderr
+
+
+def test_bench_times_the_cpp_programs_beside_python(binaries):
+    """bench --cpp: the C++ program's --repeat median lands in its own row, from the same files
+    and inputs as the Python rows."""
+    from mha_export.bench.driver import run_bench
+    report = run_bench(KV_CONFIG, seq_lens=[1], past_lens=[4], kv_cache=True, providers=["cpu"],
+                       forms=["auto"], budget_s=0.01, cpp=BUILD.resolve())
+    rows = {r.variant: r for r in report.rows}
+    assert rows["cpp-mha_torch"].median_ms and rows["cpp-mha_torch"].reps >= 5, rows
+    assert not rows["cpp-mha_torch"].error and rows["cpp-mha_torch"].peak_rss_mib > 0
