@@ -1,9 +1,9 @@
-# Two entry points (see README): `make demo` (set-up + export 12x768 + parity check), `make test`.
+# Two entry points (see README.md): `make demo` (set-up + export 12x768 + parity check), `make test`.
 VENV   ?= .venv
 PYTHON ?= $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test setup clean cpp cpp-bundle
+.PHONY: demo test setup clean cpp cpp-bundle docs docs-serve
 
 setup: $(STAMP)
 
@@ -24,7 +24,14 @@ test: $(STAMP)
 clean:
 	rm -rf build models/*-onnx models/*-torchscript
 
-# --- C++ embedding (see README "Embedding in C++") ----------------------------------------------
+# The documentation site (mkdocs.yml, docs/): `make test` builds it too (tests/test_docs.py).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(VENV)/bin/mkdocs serve
+
+# --- C++ embedding (see docs/cpp.md) ----------------------------------------------
 # make cpp         build/cpp/mha_ort (ONNX Runtime), mha_torch and mha_aoti (libtorch), from the
 #                  libraries inside $(PYTHON)'s onnxruntime-gpu and torch wheels
 # make cpp-bundle  build/cpp-bundle/: mha_ort + libonnxruntime.so.1 + provider libraries ($ORIGIN

@@ -412,11 +412,15 @@ def test_unsupported_model_type_lists_the_registry(tmp_path):
     assert supported_types() == ", ".join(FAMILIES)
 
 
-def test_readme_table_names_exactly_the_registrys_model_types():
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_docs_table_and_readme_name_exactly_the_registrys_model_types():
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "checkpoints.md").read_text()
     table = text[text.index("| `model_type` |"):].split("\n\n")[0].splitlines()[2:]
     named = [t for row in table for t in re.findall(r"`(\w+)`", row.split("|")[1])]
     assert sorted(named) == sorted(FAMILIES)
+    readme = (root / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| Hugging Face model"))
+    assert re.findall(r"`(\w+)`", row) == list(FAMILIES)
 
 
 def test_families_is_torch_free():

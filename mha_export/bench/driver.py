@@ -11,15 +11,14 @@ import json
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ..config import MHAConfig
 from ..env import machine_info
+from .report import BASELINE, BenchReport, BenchRow
 
 WORKER = "mha_export.bench.worker"  # run with -m: the package, not its folder, on sys.path
-BASELINE = "sdpa-eager"
 
 
 def effective_flops(c: MHAConfig, seq: int, batch: int, past: int = 0) -> float:
@@ -32,38 +31,6 @@ def effective_flops(c: MHAConfig, seq: int, batch: int, past: int = 0) -> float:
         else seq * seq
     attn = 4 * pairs * c.inner + 4 * seq * (min(past, w) if w else past) * c.inner
     return batch * (2 * seq * (c.d_in * (c.inner + 2 * c.kv_inner) + c.inner * c.dim) + attn)
-
-
-@dataclass
-class BenchRow:
-    variant: str
-    seq: int
-    batch: int
-    past: int = 0
-    median_ms: Optional[float] = None
-    reps: int = 0
-    tokens_per_s: Optional[float] = None
-    gflops: Optional[float] = None
-    ceiling_fraction: Optional[float] = None
-    speedup_vs_sdpa: Optional[float] = None
-    peak_rss_mib: Optional[float] = None
-    peak_device_mib: Optional[float] = None  # torch CUDA variants only
-    error: str = ""
-    bandwidth_gbs: Optional[float] = None  # cached steps: weights + valid cache read per second
-
-
-@dataclass
-class BenchReport:
-    config: dict
-    threads: int
-    gemm_ceiling_gflops: Optional[float]
-    machine: dict
-    rows: list[BenchRow] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    copy_bandwidth_gbs: Optional[float] = None  # cached steps: this run's memory ceiling
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def run_worker(spec: dict, timeout_s: float = 900) -> dict:
@@ -151,14 +118,15 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
               forms: Optional[Sequence[str]] = None, threads: int = 2, seed: int = 0,
               mem_limit_gib: float = 16.0, budget_s: float = 2.0,
               progress: Callable[[str], None] = lambda s: None, weights_module=None,
-              kv_cache: bool = False, past_lens: Sequence[int] = (0,),
-              static_cache: bool = False, capacity: int = 8192,
-              runners: Sequence[str] = (), cpp: Optional[Path] = None) -> BenchReport:
+              kv_cache: bool = False, past_lens: Sequence[int] = (0,), static_cache: bool = False,
+              capacity: int = 8192, runners: Sequence[str] = (), cpp: Optional[Path] = None,
+              command: str = "") -> BenchReport:
     """Every variant at every (T, past); ``kv_cache``: the decode-step models (x,
     attention_mask, past_key, past_value), e.g. T=1 over past 128..4096, or a long prefill;
     ``static_cache``: the in-place models over a buffer of ``capacity`` entries, against eager
     torch's growing-cache step (the baseline row) and its own in-place step; ``cpp``: a folder
-    holding the built C++ programs (``make cpp``), timed on the same files."""
+    holding the built C++ programs (``make cpp``), timed on the same files; ``command``: kept
+    in the report."""
     from ..graph.forms import FORMS, Feature
     from ..layer.layouts import build_module
     kind = "static-cache" if static_cache else "kv-cache" if kv_cache else "full"
@@ -168,7 +136,7 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     points = [(t, p) for t in seq_lens for p in (past_lens if kind != "full" else [0])]
     cuda_ok, cuda_reason = cuda_status() if "cuda" in providers else (False, "not requested")
     ceiling = gemm_ceiling(threads, budget_s, progress)
-    report = BenchReport(config.to_dict(), threads, ceiling, machine_info())
+    report = BenchReport(config.to_dict(), threads, ceiling, machine_info(), command=command)
     if "cuda" in providers and not cuda_ok:
         report.notes.append(f"CUDA variants not run: {cuda_reason}")
     with tempfile.TemporaryDirectory(prefix="mha-bench-") as tmp:
@@ -250,71 +218,3 @@ def _speedups(report: BenchReport) -> None:
     for r in report.rows:
         if r.median_ms and (r.seq, r.past) in base:
             r.speedup_vs_sdpa = base[r.seq, r.past] / r.median_ms
-
-
-def format_table(report: BenchReport) -> str:
-    head = ("variant", "T", "P", "median ms", "tokens/s", "GFLOP/s", "% GEMM", "x SDPA",
-            "GB/s", "peak MiB")
-    cells = {id(r): (r.variant, str(r.seq), str(r.past), f"{r.median_ms:.2f}",
-                     f"{r.tokens_per_s:,.0f}", f"{r.gflops:.0f}", _pct(r.ceiling_fraction),
-                     _times(r.speedup_vs_sdpa),
-                     "-" if r.bandwidth_gbs is None else f"{r.bandwidth_gbs:.1f}",
-                     f"{r.peak_rss_mib:,.0f}")
-             for r in report.rows if not r.error}
-    widths = [max(len(row[i]) for row in [head, *cells.values()]) for i in range(len(head))]
-
-    def line(row: tuple) -> str:
-        return "  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in
-                         enumerate(zip(row, widths)))
-
-    lines = [line(head), "-" * sum(w + 2 for w in widths)]
-    for r in report.rows:
-        lines.append(line(cells[id(r)]) if not r.error else
-                     f"{r.variant.ljust(widths[0])}  {str(r.seq).rjust(widths[1])}  "
-                     f"{str(r.past).rjust(widths[2])}  {r.error}")
-    m = report.machine
-    if report.gemm_ceiling_gflops:
-        lines.append(f"GEMM ceiling {report.gemm_ceiling_gflops:.0f} GFLOP/s (best ONNX Runtime "
-                     f"fp32 MatMul 4096^3, before and after); {report.threads} threads; "
-                     f"{m['cpu']}; {m['date']}")
-    if report.copy_bandwidth_gbs:
-        lines.append(f"copy bandwidth {report.copy_bandwidth_gbs:.1f} GB/s (256 MiB numpy copy, "
-                     "read + write, best run); GB/s above = weights + valid cache read per step")
-    return "\n".join(lines + report.notes)
-
-
-def _pct(v: Optional[float]) -> str:
-    return "-" if v is None else f"{100 * v:.0f}%"
-
-
-def _times(v: Optional[float]) -> str:
-    return "-" if v is None else f"{v:.2f}x"
-
-
-def plot(report: BenchReport, path: str | Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.8))
-    variants = list(dict.fromkeys(r.variant for r in report.rows))
-    for v in variants:
-        rows = [r for r in report.rows if r.variant == v and r.median_ms]
-        if rows:
-            ax_t.plot([r.seq for r in rows], [r.median_ms for r in rows], "o-", label=v)
-            ax_m.plot([r.seq for r in rows], [r.peak_rss_mib / 1024 for r in rows], "o-", label=v)
-    c = report.config
-    for ax, label in ((ax_t, "median latency (ms)"), (ax_m, "peak RSS (GiB)")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length T")
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-    ax_t.legend(fontsize=8)
-    batch = report.rows[0].batch if report.rows else 1
-    fig.suptitle(f"causal MHA {c['heads']}x{c['dim']}, batch {batch}"
-                 f", {report.threads} threads, {report.machine['cpu']} ({report.machine['date']})",
-                 fontsize=9)
-    fig.tight_layout()
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    tmp.replace(path)

@@ -10,6 +10,7 @@ import functools
 import importlib
 import inspect
 import logging
+import shlex
 import signal
 import sys
 import warnings
@@ -90,7 +91,7 @@ def cli() -> None:
 @cli.command()
 @model_options
 @click.option("--attention", type=click.Choice(ATTENTION_FORMS), default=None,
-              help=f"Graph form of the attention core (README: ONNX graph forms) [default: "
+              help=f"Graph form of the attention core (docs: graph-forms.md) [default: "
                    f"{DEFAULT}; blocked-plain for layers {DEFAULT} cannot build: sinks].")
 @click.option("--opset", type=int, default=None,
               help=f"Exact ONNX opset, up to {MAX_OPSET} [default: the form's lowest: "
@@ -99,7 +100,8 @@ def cli() -> None:
 @_guard
 def onnx(**kw) -> None:
     """Export to ONNX: model.onnx with inputs x [batch, seq, d_in] -> y [batch, seq, dim]
-    (--kv-cache, --attention-mask: more named inputs/outputs, see README).
+    (--attention-mask, --kv-cache, --static-cache: more named inputs/outputs, see
+    docs/artifacts.md).
 
     \b
     Examples:
@@ -241,13 +243,20 @@ def cpp_programs(folder: Optional[str], runners: tuple | list):
               help="Address-space cap per measurement process (over it: 'out of memory').")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="PNG: latency and memory vs T, log-log.")
+              help="PNG: latency and memory vs T (vs the past length for decode steps), "
+                   "log-log.")
+@click.option("--from-json", "from_json", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="Measure nothing: show a saved run (--json) again, with "
+                                 "--markdown or --plot.")
+@click.option("--markdown", is_flag=True,
+              help="Print the results as the Markdown table of the docs' performance page.")
 @_guard
 def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bool,
           static_cache: bool, capacity: int, extra_runners: Optional[list[str]],
           cpp_folder: Optional[str], past_lens: list[int], providers: list[str],
           forms: str, threads: int, budget: float, mem_limit_gib: float,
-          json_path: Optional[str], plot_path: Optional[str], **config_fields) -> None:
+          json_path: Optional[str], plot_path: Optional[str], from_json: Optional[str],
+          markdown: bool, **config_fields) -> None:
     """Measure eager PyTorch (textbook and SDPA), TorchScript and every ONNX graph form side by
     side, each measurement in its own process (peak RSS per variant).
 
@@ -257,10 +266,18 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
       mha-export bench models/split-h12-d768-onnx --seq-lens 128,2048 --forms attention-op,blocked
       mha-export bench --kv-cache --seq-lens 1 --past-lens 128,1024,4096 --batch 8
       mha-export bench --static-cache --seq-lens 1 --past-lens 128,1024,4096,8000
+      mha-export bench --from-json bench.json --markdown --plot bench.png
     """
     if plot_path:
         require_extra("matplotlib", "plot", "--plot")
-    from ..bench.driver import format_table, plot, run_bench
+    from ..bench.report import BenchReport, format_table, markdown_table, plot
+    if from_json:
+        report = BenchReport.load(from_json)
+        click.echo(markdown_table(report, from_json) if markdown else format_table(report))
+        if plot_path:
+            plot(report, plot_path)
+        return
+    from ..bench.driver import run_bench
     cpp = cpp_programs(cpp_folder, extra_runners or ())
     chosen = None if forms is None else [f.strip() for f in forms.split(",") if f.strip()]
     if chosen is not None and (not chosen or set(chosen) - set(ATTENTION_FORMS)):
@@ -278,8 +295,9 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
                        budget, progress=lambda line: click.echo(line, err=True),
                        weights_module=module, kv_cache=kv_cache, past_lens=past_lens,
                        static_cache=static_cache, capacity=capacity,
-                       runners=extra_runners or (), cpp=cpp)
-    click.echo(format_table(report))
+                       runners=extra_runners or (), cpp=cpp,
+                       command=shlex.join(["mha-export", *sys.argv[1:]]))
+    click.echo(markdown_table(report, json_path or "") if markdown else format_table(report))
     if json_path:
         from ..artifact import write_json_atomic
         write_json_atomic(json_path, report.to_dict())

@@ -6,12 +6,13 @@ rotary_pct, rotary_emb_base and 5.x rope_parameters, partial_rotary_factor, laye
 transformers' defaults for the keys a config.json may omit — data in the record, read through
 ``Settings``. ``huggingface`` does the reading (files, shards, layer selection, errors).
 
-Adding a model type is one record in FAMILIES (and a README table row): reuse a fields function
-(``decoder_fields`` serves Llama-style decoders: its layer-type rule, biases and extras — q/k
-norms, softmax scale, softcapping, sinks, output gate, NoPE layers — are arguments) and write a
-small one, or a ``convert``, only where the new type's math differs. Multimodal wrappers (Gemma 3,
-Qwen3.5) are their text model's record with ``nested`` (config.json's text_config) and ``prefix``
-(the language model's tensors only, never the vision tower's or a multi-token-prediction head's).
+Adding a model type is one record in FAMILIES (and a row in docs/checkpoints.md's table): reuse a
+fields function (``decoder_fields`` serves Llama-style decoders: its layer-type rule, biases and
+extras — q/k norms, softmax scale, softcapping, sinks, output gate, NoPE layers — are arguments)
+and write a small one, or a ``convert``, only where the new type's math differs. Multimodal
+wrappers (Gemma 3, Qwen3.5) are their text model's record with ``nested`` (config.json's
+text_config) and ``prefix`` (the language model's tensors only, never the vision tower's or a
+multi-token-prediction head's).
 
 Torch-free on purpose (``convert`` functions only call tensor methods): the CLI reads the
 registry for its help without importing torch.
@@ -74,7 +75,7 @@ class Family:
     context: str = "max_position_embeddings"  # the config.json key of the context length
     nested: Optional[str] = None  # multimodal: the key of the text model's config ("text_config")
     prefix: str = ANY_PREFIX  # regex matched right before `attention` in tensor names
-    summary: str = ""  # what it reads from config.json, for the README table / help
+    summary: str = ""  # what it reads from config.json, for the docs' table / help
 
 
 # Rotary position embeddings --------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 Adding a form: one new module here that defines its core and its ``GraphForm``, plus one entry
 in ``_FORMS`` below. Nothing else changes: the exporter, the CLI choices, the checker's sweep
-(switch lengths), the opset checks and the README table's tests all read this registry.
+(switch lengths), the opset checks and the docs' generated table all read this registry.
 """
 from __future__ import annotations
 

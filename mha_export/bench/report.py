@@ -1,0 +1,187 @@
+"""A bench run's results and their views: the terminal table, a Markdown table for the docs, the
+plot. Torch-free; reads a saved JSON back (`bench --from-json`), older runs' files included."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Optional
+
+from ..errors import UsageError
+
+BASELINE = "sdpa-eager"  # eager SDPA; in cached runs eager torch's growing-cache step
+
+
+@dataclass
+class BenchRow:
+    variant: str
+    seq: int
+    batch: int
+    past: int = 0
+    median_ms: Optional[float] = None
+    reps: int = 0
+    tokens_per_s: Optional[float] = None
+    gflops: Optional[float] = None
+    ceiling_fraction: Optional[float] = None
+    speedup_vs_sdpa: Optional[float] = None
+    peak_rss_mib: Optional[float] = None
+    peak_device_mib: Optional[float] = None  # torch CUDA variants only
+    error: str = ""
+    bandwidth_gbs: Optional[float] = None  # cached steps: weights + valid cache read per second
+
+    @property
+    def call(self) -> str:
+        """The measured call: a prefill of T tokens, or T tokens over a cache of P."""
+        what = f"T={self.seq}" if not self.past else (
+            f"past {self.past}" if self.seq == 1 else f"T={self.seq}, past {self.past}")
+        return what if self.batch == 1 else f"batch {self.batch}, {what}"
+
+
+@dataclass
+class BenchReport:
+    config: dict
+    threads: int
+    gemm_ceiling_gflops: Optional[float]
+    machine: dict
+    rows: list[BenchRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    copy_bandwidth_gbs: Optional[float] = None  # cached steps: this run's memory ceiling
+    command: str = ""  # the command line that made it (runs before the docs site: empty)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def decode(self) -> bool:
+        """Single-token steps over a cache: read against the past length, not T."""
+        return bool(self.rows) and all(r.seq == 1 and r.past for r in self.rows)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "BenchReport":
+        try:
+            data = json.loads(Path(path).read_text())
+            known = {f.name for f in fields(BenchRow)}
+            rows = [BenchRow(**{k: v for k, v in r.items() if k in known}) for r in data["rows"]]
+            head = {f.name for f in fields(cls)} - {"rows"}
+            return cls(rows=rows, **{k: v for k, v in data.items() if k in head})
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"{path}: not a bench JSON ({type(e).__name__}: {e})") from None
+
+
+def format_table(report: BenchReport) -> str:
+    head = ("variant", "T", "P", "median ms", "tokens/s", "GFLOP/s", "% GEMM", "x SDPA",
+            "GB/s", "peak MiB")
+    cells = {id(r): (r.variant, str(r.seq), str(r.past), _num(r.median_ms, ".2f"),
+                     _num(r.tokens_per_s, ",.0f"), _num(r.gflops, ".0f"),
+                     _pct(r.ceiling_fraction), _times(r.speedup_vs_sdpa),
+                     _num(r.bandwidth_gbs, ".1f"), _num(r.peak_rss_mib, ",.0f"))
+             for r in report.rows if not r.error}
+    widths = [max(len(row[i]) for row in [head, *cells.values()]) for i in range(len(head))]
+
+    def line(row: tuple) -> str:
+        return "  ".join(c.ljust(w) if j == 0 else c.rjust(w) for j, (c, w) in
+                         enumerate(zip(row, widths)))
+
+    lines = [line(head), "-" * sum(w + 2 for w in widths)]
+    for r in report.rows:
+        lines.append(line(cells[id(r)]) if not r.error else
+                     f"{r.variant.ljust(widths[0])}  {str(r.seq).rjust(widths[1])}  "
+                     f"{str(r.past).rjust(widths[2])}  {r.error}")
+    m = report.machine
+    if report.gemm_ceiling_gflops:
+        lines.append(f"GEMM ceiling {report.gemm_ceiling_gflops:.0f} GFLOP/s (best ONNX Runtime "
+                     f"fp32 MatMul 4096^3, before and after); {report.threads} threads; "
+                     f"{m['cpu']}; {m['date']}")
+    if report.copy_bandwidth_gbs:
+        lines.append(f"copy bandwidth {report.copy_bandwidth_gbs:.1f} GB/s (256 MiB numpy copy, "
+                     "read + write, best run); GB/s above = weights + valid cache read per step")
+    return "\n".join(lines + report.notes)
+
+
+def markdown_table(report: BenchReport, source: str = "") -> str:
+    """One row per measured call, one column per variant: median ms (× the baseline), the peak
+    RSS under it; then the run's machine, date, versions and ``source`` (the JSON's path)."""
+    variants = list(dict.fromkeys(r.variant for r in report.rows))
+    calls = list(dict.fromkeys(r.call for r in report.rows))
+    cell = {(r.call, r.variant): _markdown_cell(r) for r in report.rows}
+    lines = ["| call | " + " | ".join(f"`{v}`" for v in variants) + " |",
+             "|---" * (len(variants) + 1) + "|"]
+    lines += [f"| {c} | " + " | ".join(cell.get((c, v), "–") for v in variants) + " |"
+              for c in calls]
+    return "\n".join(lines) + "\n\n" + _caption(report, source)
+
+
+def _markdown_cell(r: BenchRow) -> str:
+    if r.error:
+        return "out of memory" if "memory" in r.error.lower() else "error"
+    ms = f"{r.median_ms:.3g}" if r.median_ms < 1000 else f"{r.median_ms:,.0f}"
+    ratio = "" if r.variant == BASELINE or r.speedup_vs_sdpa is None else \
+        f" ({r.speedup_vs_sdpa:.2f}×)"
+    gbs = "" if r.bandwidth_gbs is None else f", {r.bandwidth_gbs:.0f} GB/s"
+    rss = "" if r.peak_rss_mib is None else f"<br>{r.peak_rss_mib:,.0f} MiB"
+    return f"{ms} ms{ratio}{rss}{gbs}"
+
+
+def _caption(report: BenchReport, source: str) -> str:
+    m, c = report.machine, report.config
+    versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items()
+                         if k in ("torch", "onnxruntime-gpu", "openvino"))
+    parts = [f"{c['heads']} heads × {c['dim']}" + (f" ({c['kv_heads']} kv heads)"
+                                                     if c.get("kv_heads", c["heads"]) != c["heads"]
+                                                     else ""),
+             f"{report.threads} threads", f"{m['cpu']}, {m['date']}", versions]
+    if report.gemm_ceiling_gflops:
+        parts.append(f"GEMM ceiling {report.gemm_ceiling_gflops:.0f} GFLOP/s")
+    if report.copy_bandwidth_gbs:
+        parts.append(f"copy bandwidth {report.copy_bandwidth_gbs:.1f} GB/s")
+    if report.command:
+        parts.append(f"`{report.command}`")
+    if source:
+        parts.append(f"`{source}`")
+    return "<small>" + "; ".join(p for p in parts if p) + "</small>"
+
+
+def _num(v: Optional[float], spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def _times(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def plot(report: BenchReport, path: str | Path) -> None:
+    """Latency and peak memory per variant, log-log, against T (prefill) or the past length
+    (single-token decode steps)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.8))
+    x_of, x_label = ((lambda r: r.past), "past length P (one token per step)") if report.decode \
+        else ((lambda r: r.seq), "sequence length T")
+    for v in dict.fromkeys(r.variant for r in report.rows):
+        rows = [r for r in report.rows if r.variant == v and r.median_ms]
+        if rows:
+            ax_t.plot([x_of(r) for r in rows], [r.median_ms for r in rows], "o-", label=v)
+            ax_m.plot([x_of(r) for r in rows], [r.peak_rss_mib / 1024 for r in rows], "o-",
+                      label=v)
+    c = report.config
+    for ax, label in ((ax_t, "median latency (ms)"), (ax_m, "peak RSS (GiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_t.legend(fontsize=8)
+    batch = report.rows[0].batch if report.rows else 1
+    fig.suptitle(f"causal MHA {c['heads']}x{c['dim']}, batch {batch}"
+                 f", {report.threads} threads, {report.machine['cpu']} ({report.machine['date']})",
+                 fontsize=9)
+    fig.tight_layout()
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)

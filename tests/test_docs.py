@@ -1,0 +1,230 @@
+"""The documentation cannot rot: the site builds with --strict, every command and snippet on the
+executed pages runs, and the tables that restate the code are held to it."""
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+MHA_EXPORT = Path(sys.executable).with_name("mha-export")
+# Pages whose every `mha-export` command and Python snippet is run, in order, in one folder.
+EXECUTED_PAGES = ("getting-started.md", "decoding.md")
+# What the pages say the tests change: small shapes, a short bench, a generated checkpoint.
+SMALL = (("--heads 12 --dim 768", "--heads 4 --dim 64 --max-seq-len 16"),
+         ("h12-d768", "h4-d64"),
+         ("heads=12, dim=768", "heads=4, dim=64"),
+         ("--seq-lens 128,2048", "--seq-lens 16,64 --budget 0.05"))
+CHECKPOINT = "path/to/Qwen3-0.6B"
+
+
+def fenced_blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
+
+
+def commands_in(block: str) -> list[str]:
+    """The `mha-export ...` lines of a block, trailing comments removed."""
+    lines = (line.split("  #")[0].strip() for line in block.splitlines())
+    return [line for line in lines if line.startswith("mha-export")]
+
+
+def commands(page: Path) -> list[str]:
+    return [c for block in fenced_blocks(page.read_text(), "sh") for c in commands_in(block)]
+
+
+def steps(page: Path) -> list[tuple[str, str]]:
+    """The page's commands and Python snippets in document order: ("sh" | "python", text)."""
+    found = re.finditer(r"^```(sh|python)\n(.*?)^```", page.read_text(), re.S | re.M)
+    out = []
+    for m in found:
+        if m[1] == "python":
+            out.append(("python", m[2]))
+        else:
+            out += [("sh", c) for c in commands_in(m[2])]
+    return out
+
+
+def small(text: str) -> str:
+    for big, little in SMALL:
+        text = text.replace(big, little)
+    return text
+
+
+def tiny_qwen3(folder: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+    import torch
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("qwen3", hidden_size=64, num_attention_heads=4, head_dim=16,
+                                  num_key_value_heads=2, num_hidden_layers=4, vocab_size=64,
+                                  intermediate_size=64, max_position_embeddings=64)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+
+
+def run_step(kind: str, text: str, cwd: Path) -> subprocess.CompletedProcess:
+    text = small(text)
+    if kind == "sh":
+        argv = [str(MHA_EXPORT), *shlex.split(text)[1:]]
+        argv = [str(cwd / CHECKPOINT) if a == CHECKPOINT else a for a in argv]
+    else:
+        argv = [sys.executable, "-c", text]
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("page", EXECUTED_PAGES)
+def test_every_command_and_snippet_on_the_page_runs(page, tmp_path):
+    todo = steps(DOCS / page)
+    assert todo, page
+    if any(CHECKPOINT in text for _, text in todo):
+        tiny_qwen3(tmp_path / CHECKPOINT)
+    for kind, text in todo:
+        done = run_step(kind, text, tmp_path)
+        assert done.returncode == 0, (f"{page}: {small(text)}\n"
+                                      f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
+
+
+def test_readme_tour_is_run_by_the_getting_started_page():
+    readme = (ROOT / "README.md").read_text()
+    tour = readme[readme.index("## Quick tour"):readme.index("## What is supported")]
+    page = (DOCS / "getting-started.md").read_text()
+    assert commands_in(tour)
+    assert set(commands_in(tour)) <= set(commands(DOCS / "getting-started.md"))
+    assert len(commands_in(tour)) <= 15
+    snippets = fenced_blocks(tour + "\n", "python")
+    assert snippets and all(s in fenced_blocks(page, "python") for s in snippets)
+
+
+def test_the_site_builds_strict(tmp_path):
+    """Broken links, missing pages, a missing snippet or a CLI reference that does not import
+    fail the build."""
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q",
+                           "-d", str(tmp_path / "site")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cli_page = (tmp_path / "site" / "cli" / "index.html").read_text()
+    for command in ("onnx", "torchscript", "aoti", "check", "bench"):
+        assert f"mha-export {command}" in cli_page, command
+
+
+def test_every_page_is_in_the_nav():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in DOCS.glob("*.md"):
+        assert f": {page.name}" in nav, page.name
+
+
+# --- Tables that restate the code or a measurement: generated, and held to their source --------
+# A page marks one with `<!-- generated: WHAT ARGS -->` ... `<!-- end generated -->`;
+# `python tests/test_docs.py` rewrites every block from its source.
+GENERATED = re.compile(r"(<!-- generated: (.+?) -->\n)(.*?)(<!-- end generated -->)", re.S)
+
+
+def signature_table(kind: str) -> str:
+    """The inputs and outputs of a call kind, in call order, with symbolic sizes."""
+    from types import SimpleNamespace
+    from mha_export.signature import KINDS, TENSORS
+    sizes = SimpleNamespace(d_in="d_in", dim="dim", kv_heads="kv_heads", head_dim="head_dim")
+    ins, outs = KINDS[kind]
+    rows = [("input", n) for n in ins] + [("input, rotary layers", "position_ids")] + \
+           [("output", n) for n in outs]
+    lines = ["| | name | dtype | shape | meaning |", "|---|---|---|---|---|"]
+    for role, name in rows:
+        t = TENSORS[name](sizes, kind)
+        dtype = "model float" if t.dtype == "float" else t.dtype
+        lines.append(f"| {role} | `{t.name}` | {dtype} | [{', '.join(map(str, t.shape))}] "
+                     f"| {t.doc} |")
+    return "\n".join(lines)
+
+
+def bench_table(path: str) -> str:
+    from mha_export.bench.report import BenchReport, markdown_table
+    return markdown_table(BenchReport.load(ROOT / path), path)
+
+
+def fault_list() -> str:
+    """The planted faults of tests/faults.py, by what they are planted in."""
+    import faults
+    groups = (("Every graph form", faults.ONNX_FAULTS), ("Decode models (growing cache)",
+              faults.CACHE_FAULTS), ("Static-cache models", faults.STATIC_FAULTS),
+              ("Layer options", faults.OPTION_FAULTS))
+    return "\n".join(f"- **{title}:** " + "; ".join(sorted(group)) + "." for title, group in groups)
+
+
+def runner_table() -> str:
+    from mha_export.check.runners import RUNNERS
+    lines = ["| runner | runs | with | by default |", "|---|---|---|---|"]
+    lines += [f"| `{k.name}` | `{k.model_file}` | {k.runtime} | "
+              f"{'yes' if k.by_default else 'when named'} |" for k in RUNNERS.values()]
+    return "\n".join(lines)
+
+
+def form_table() -> str:
+    """What each graph form can build, from its registry record."""
+    from mha_export.graph.forms import ALL_FEATURES, FORMS, MAX_OPSET
+    features = sorted(ALL_FEATURES, key=str)
+    lines = ["| form | opsets | memory | standard ops only | " +
+             " | ".join(str(f) for f in features) + " |", "|---" * (4 + len(features)) + "|"]
+    for form in FORMS.values():
+        marks = " | ".join("yes" if f in form.supports else "–" for f in features)
+        lines.append(f"| `{form.name}` | {form.min_opset}–{MAX_OPSET} | {form.memory} | "
+                     f"{'yes' if form.standard else 'no (com.microsoft)'} | {marks} |")
+    return "\n".join(lines)
+
+
+GENERATORS = {"forms": form_table, "signature": signature_table, "bench": bench_table, "faults": fault_list,
+              "runners": runner_table}
+
+
+def generated_blocks(text: str) -> list[tuple[str, str]]:
+    """(what the block says it is, its text) for each generated block of a page."""
+    return [(m[2], m[3]) for m in GENERATED.finditer(text)]
+
+
+def generate(what: str) -> str:
+    name, *args = what.split()
+    return GENERATORS[name](*args).rstrip("\n") + "\n"
+
+
+@pytest.mark.parametrize("page", sorted(p.name for p in DOCS.glob("*.md")))
+def test_generated_tables_equal_their_source(page):
+    """A signature table that drifted from signature.py, or a bench table edited by hand (or
+    whose JSON was re-measured), fails; `python tests/test_docs.py` rewrites them."""
+    for what, text in generated_blocks((DOCS / page).read_text()):
+        assert text == generate(what), f"{page}: {what} is stale: run python tests/test_docs.py"
+
+
+def test_every_bench_table_names_its_json_and_the_json_is_committed():
+    pages = "".join(p.read_text() for p in DOCS.glob("*.md"))
+    named = [what.split()[1] for what, _ in generated_blocks(pages) if what.startswith("bench")]
+    assert named
+    for path in named:
+        assert (ROOT / path).is_file() and path.startswith("benchmarks/results/"), path
+
+
+def test_every_call_kind_has_its_signature_on_the_artifacts_page():
+    from mha_export.signature import KINDS
+    found = {what.split()[1] for what, _ in generated_blocks((DOCS / "artifacts.md").read_text())
+             if what.startswith("signature")}
+    assert found == set(KINDS)
+
+
+def update_generated_blocks() -> None:
+    for page in DOCS.glob("*.md"):
+        text = page.read_text()
+        new = GENERATED.sub(lambda m: m[1] + generate(m[2]) + m[4], text)
+        if new != text:
+            page.write_text(new)
+            print("updated", page.relative_to(ROOT))
+
+
+
+def test_graph_forms_page_describes_exactly_the_registrys_forms():
+    from mha_export.graph.forms import FORMS
+    text = (DOCS / "graph-forms.md").read_text()
+    table = text[text.index("| `--attention` |"):].split("\n\n")[0].splitlines()[2:]
+    assert [re.match(r"\| `([\w-]+)`", row)[1] for row in table] == list(FORMS)
+
+
+if __name__ == "__main__":
+    update_generated_blocks()
