@@ -1,0 +1,101 @@
+"""Weight-only block quantization of a projection: round to nearest, int4 or int8, per block of
+``block_size`` input features, symmetric or with a zero point — stored in the layout of ONNX
+Runtime's ``com.microsoft.MatMulNBits`` (B packed per output row, low nibble first).
+
+    W (N, K) float  -> codes (N, n_blocks, block) uint8 in [0, 2^bits), scales (N, n_blocks),
+                       zero points (N, n_blocks) uint8
+    dequantized W   =  (codes - zero_point) * scale     (float32, as the kernel computes it)
+
+N = output features, K = input features (nn.Linear's weight layout), n_blocks = ceil(K / block);
+the last block is padded with zeros. Torch-free: the ONNX graph pass and the check's reference
+both read it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UsageError
+
+BITS = (4, 8)
+BLOCK_SIZES = (16, 32, 64, 128)
+QUANTIZERS = ("rtn",)
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    bits: int = 4
+    block_size: int = 32
+    symmetric: bool = True
+    quantizer: str = "rtn"  # round to nearest
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("bits", self.bits, BITS),
+                                     ("block size", self.block_size, BLOCK_SIZES),
+                                     ("quantizer", self.quantizer, QUANTIZERS)):
+            if value not in allowed:
+                raise UsageError(f"quantization {name} {value!r}: choose one of "
+                                 f"{', '.join(map(str, allowed))}")
+
+    @property
+    def levels(self) -> int:
+        return 2 ** self.bits
+
+    def to_dict(self) -> dict:
+        return {"bits": self.bits, "block_size": self.block_size, "symmetric": self.symmetric,
+                "quantizer": self.quantizer}
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    spec: QuantSpec
+    k: int  # input features before padding
+    codes: np.ndarray  # (N, n_blocks, block) uint8
+    scales: np.ndarray  # (N, n_blocks) float32
+    zero_points: np.ndarray  # (N, n_blocks) uint8
+
+    def dequantized(self) -> np.ndarray:
+        """(N, K) float32: (code - zero point) * scale, the function the file holds."""
+        centered = self.codes.astype(np.float32) - self.zero_points[..., None]
+        w = centered * self.scales[..., None]  # (N, n_blocks, block)
+        return w.reshape(w.shape[0], -1)[:, :self.k]
+
+    def packed(self) -> np.ndarray:
+        """MatMulNBits' B: (N, n_blocks, block * bits / 8) uint8, two int4 codes per byte."""
+        return _pack(self.codes) if self.spec.bits == 4 else self.codes
+
+    def packed_zero_points(self) -> np.ndarray:
+        """MatMulNBits' zero_points: (N * ceil(n_blocks * bits / 8),) uint8."""
+        z = self.zero_points
+        if self.spec.bits == 4:
+            if z.shape[1] % 2:  # each row's zero points start on a byte
+                z = np.concatenate([z, np.zeros((z.shape[0], 1), np.uint8)], axis=1)
+            z = _pack(z)
+        return z.reshape(-1)
+
+
+def quantize(weight: np.ndarray, spec: QuantSpec) -> QuantizedWeight:
+    """Round to nearest per block; symmetric: zero point 2^(bits-1), scale max|w| / (2^(bits-1)
+    - 1); asymmetric: the block's [min, max] (0 included) over 2^bits - 1 steps."""
+    n, k = weight.shape
+    blocks = -(-k // spec.block_size)
+    w = np.zeros((n, blocks * spec.block_size), np.float32)
+    w[:, :k] = weight
+    w = w.reshape(n, blocks, spec.block_size)  # (N, n_blocks, block)
+    top = spec.levels - 1
+    if spec.symmetric:
+        scales = np.abs(w).max(axis=-1) / (spec.levels // 2 - 1)
+        zero = np.full((n, blocks), spec.levels // 2, np.float32)
+    else:
+        low, high = np.minimum(w.min(axis=-1), 0), np.maximum(w.max(axis=-1), 0)
+        scales = (high - low) / top
+        zero = np.clip(np.round(-low / np.where(scales > 0, scales, 1)), 0, top)
+    scales = np.where(scales > 0, scales, 1).astype(np.float32)  # an all-zero block: any scale
+    codes = np.clip(np.round(w / scales[..., None]) + zero[..., None], 0, top)
+    return QuantizedWeight(spec, k, codes.astype(np.uint8), scales, zero.astype(np.uint8))
+
+
+def _pack(codes: np.ndarray) -> np.ndarray:
+    """Pairs of 4-bit codes along the last axis into bytes, the first in the low nibble."""
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
