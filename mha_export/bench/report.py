@@ -126,10 +126,10 @@ def _caption(report: BenchReport, source: str) -> str:
     m, c = report.machine, report.config
     versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items()
                          if k in ("torch", "onnxruntime-gpu", "openvino"))
-    parts = [f"{c['heads']} heads × {c['dim']}" + (f" ({c['kv_heads']} kv heads)"
-                                                     if c.get("kv_heads", c["heads"]) != c["heads"]
-                                                     else ""),
-             f"{report.threads} threads", f"{m['cpu']}, {m['date']}", versions]
+    kv_heads = c.get("kv_heads", c["heads"])
+    layer = f"{c['heads']} heads × {c['dim']}" + (
+        f" ({kv_heads} kv heads)" if kv_heads != c["heads"] else "")
+    parts = [layer, f"{report.threads} threads", f"{m['cpu']}, {m['date']}", versions]
     if report.gemm_ceiling_gflops:
         parts.append(f"GEMM ceiling {report.gemm_ceiling_gflops:.0f} GFLOP/s")
     if report.copy_bandwidth_gbs:

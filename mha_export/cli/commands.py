@@ -270,12 +270,9 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
     """
     if plot_path:
         require_extra("matplotlib", "plot", "--plot")
-    from ..bench.report import BenchReport, format_table, markdown_table, plot
+    from ..bench.report import BenchReport
     if from_json:
-        report = BenchReport.load(from_json)
-        click.echo(markdown_table(report, from_json) if markdown else format_table(report))
-        if plot_path:
-            plot(report, plot_path)
+        _show_bench(BenchReport.load(from_json), from_json, markdown, plot_path)
         return
     from ..bench.driver import run_bench
     cpp = cpp_programs(cpp_folder, extra_runners or ())
@@ -297,10 +294,16 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
                        static_cache=static_cache, capacity=capacity,
                        runners=extra_runners or (), cpp=cpp,
                        command=shlex.join(["mha-export", *sys.argv[1:]]))
-    click.echo(markdown_table(report, json_path or "") if markdown else format_table(report))
     if json_path:
         from ..artifact import write_json_atomic
         write_json_atomic(json_path, report.to_dict())
+    _show_bench(report, json_path or "", markdown, plot_path)
+
+
+def _show_bench(report, source: str, markdown: bool, plot_path: Optional[str]) -> None:
+    """The run as the terminal table (or the docs' Markdown table), and its plot."""
+    from ..bench.report import format_table, markdown_table, plot
+    click.echo(markdown_table(report, source) if markdown else format_table(report))
     if plot_path:
         plot(report, plot_path)
 
