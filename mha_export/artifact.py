@@ -16,12 +16,13 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from .config import MHAConfig
 from .errors import UsageError, raise_if_interrupted
 from .layer.layouts import AttentionBase
 from .signature import Signature, signature_from_meta
+from .weights.quantize import QuantSpec
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -42,8 +43,26 @@ class Artifact:
     def export(self) -> dict[str, Any]:
         return self.meta["export"]
 
+    @property
+    def quantization(self) -> Optional[QuantSpec]:
+        """The projections' weight-only quantization recorded at export, or None."""
+        q = self.export.get("quantize")
+        return None if q is None else QuantSpec.from_dict(
+            {k: v for k, v in q.items() if k not in ("format", "projections")})
+
     def load_source_module(self) -> AttentionBase:
-        """The eager module rebuilt from config + source weights (never from the model file)."""
+        """The eager module of the function the file holds, rebuilt from config + source
+        weights (never from the model file): for a quantized artifact, its projections hold the
+        dequantized weights re-derived with the recorded QuantSpec."""
+        module = self.load_unquantized_module()
+        if (spec := self.quantization) is None:
+            return module
+        from .weights.dequantized import dequantized_module
+        return dequantized_module(module, spec)
+
+    def load_unquantized_module(self) -> AttentionBase:
+        """The eager module of the source weights as they are (what quantizing is measured
+        against)."""
         from .weights.source import load_source
         return load_source(self.config, self.path / WEIGHTS_FILE).module
 
@@ -60,6 +79,7 @@ def read_artifact(path: str | Path) -> Artifact:
         config = MHAConfig.from_dict(meta["config"])
         signature = signature_from_meta(config, meta)
         model_file = meta["export"]["file"]
+        Artifact(path, meta, config, signature).quantization  # a bad record: bad input now
     except (ValueError, KeyError, TypeError) as e:
         raise UsageError(f"{cfg}: corrupt artifact config ({e.__class__.__name__}: {e})") from None
     for needed in (model_file, WEIGHTS_FILE):
@@ -69,9 +89,11 @@ def read_artifact(path: str | Path) -> Artifact:
 
 
 def default_folder(config: MHAConfig, fmt: str, kind: str = "full",
-                   root: str | Path = "models") -> Path:
-    """models/split-h12-d768-onnx, models/split-h12-d768-kv-onnx (decode-step model), ..."""
-    return Path(root) / f"{config.slug()}{KIND_SUFFIX[kind]}-{fmt}"
+                   root: str | Path = "models", quant: Optional[QuantSpec] = None) -> Path:
+    """models/split-h12-d768-onnx, models/split-h12-d768-kv-onnx (decode-step model),
+    models/split-h12-d768-static-int4-onnx (quantized projections), ..."""
+    tag = f"-{quant.name}" if quant else ""
+    return Path(root) / f"{config.slug()}{KIND_SUFFIX[kind]}{tag}-{fmt}"
 
 
 def prepare_destination(dest: Path, force: bool) -> None:

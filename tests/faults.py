@@ -385,3 +385,68 @@ STATIC_FAULTS = {
     "write at the wrong index (off by one)": static_write_off_by_one,
     "a row reads past its valid length": static_reads_past_its_length,
 }
+
+
+# --- faults of quantized projections (issue 22) --------------------------------------------------
+# Each edits q_proj's MatMulNBits inputs (weights/quantize.py's layout: codes packed per output
+# row and block, low nibble first; one scale and zero point per block).
+
+def _edit_initializer(path: Path, suffix: str, fn) -> None:
+    def edit(m):
+        name = next(t.name for t in m.graph.initializer if t.name.endswith(suffix))
+        _, value = _initializer(m, name)
+        _set_initializer(m, name, fn(value))
+    _edit(path, edit)
+
+
+def block_scale_off(path: Path) -> None:
+    """One block's scale x 1.1."""
+    def fn(scales):
+        scales[0] *= 1.1
+        return scales
+    _edit_initializer(path, "q_proj.weight_scales", fn)
+
+
+def nibble_flipped(path: Path) -> None:
+    """One 4-bit code flipped (its four bits inverted): one weight off by up to 15 steps."""
+    def fn(codes):
+        codes.reshape(-1)[0] ^= 0x0F
+        return codes
+    _edit_initializer(path, "q_proj.weight_q4", fn)
+
+
+def zero_point_off_by_one(path: Path) -> None:
+    """One block's 4-bit zero point one step off (a model exported with --asymmetric)."""
+    def fn(zero_points):
+        low = zero_points[0] & 0x0F
+        zero_points[0] = (zero_points[0] & 0xF0) | (low + 1 if low < 15 else low - 1)
+        return zero_points
+    _edit_initializer(path, "q_proj.weight_zero_points", fn)
+
+
+def wrong_block_size(path: Path) -> None:
+    """The same codes dequantized with twice the block size: pairs of blocks read as one, with
+    the first block's scale (a consistent model that loads and runs, computing the wrong W)."""
+    def fn(m):
+        nodes = [n for n in all_nodes(m.graph) if n.name.endswith("q_proj_matmul")]
+        node = nodes[0]  # every If branch's q projection reads the same weights
+        block = next(a.i for a in node.attribute if a.name == "block_size")
+        for n in nodes:
+            _attr(n, "block_size", 2 * block)
+        _, codes = _initializer(m, node.input[1])  # (N, blocks, block * bits / 8)
+        n, blocks, blob = codes.shape
+        if blocks % 2:
+            raise NotApplicable("an odd number of blocks")
+        _set_initializer(m, node.input[1], codes.reshape(n, blocks // 2, 2 * blob))
+        _, scales = _initializer(m, node.input[2])  # (N * blocks,)
+        _set_initializer(m, node.input[2], np.ascontiguousarray(
+            scales.reshape(n, blocks)[:, ::2].reshape(-1)))
+    _edit(path, fn)
+
+
+QUANT_FAULTS = {
+    "one block's scale x1.1": block_scale_off,
+    "a 4-bit code flipped": nibble_flipped,
+    "a zero point off by one": zero_point_off_by_one,
+    "dequantized with the wrong block size": wrong_block_size,
+}

@@ -20,7 +20,7 @@ from ..errors import UsageError, raise_if_interrupted
 from ..graph import forms
 from ..rope_types import switch_length
 from . import scenarios
-from .comparator import FP32, Comparison, Tolerance, compare
+from .comparator import FP32, Comparison, Deviation, Tolerance, compare, deviation, worst
 from .runners import (RUNNERS, Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions,
                       get_runner, ort_runner_names)
 from .runners.pytorch import EagerRunner
@@ -65,6 +65,58 @@ class OutputResult:
 
 
 @dataclass
+class QuantizationError:
+    """What quantizing the projections cost, for one output: the dequantized layer (the
+    function the file holds) against the unquantized source layer, both in fp64, worst over the
+    sweep's cases. A kernel question (does the runtime compute what the file holds) is the
+    runners' rows; this is the other question, judged only against a budget the user sets."""
+
+    output: str
+    spec: str  # e.g. "int4 block 32 symmetric, fp32 compute (accuracy level 1)"
+    deviation: Deviation
+    budget: Optional[float]  # the largest rel allowed (--max-quant-error); None: reported only
+    passed: bool
+
+
+class QuantizationCost:
+    """Collects, case by case, how far the dequantized layer (the check's fp64 reference) is
+    from the unquantized source layer run in fp64 on the same inputs; a failure only over the
+    budget (``max_quant_error``: max|d| / max|y| per output)."""
+
+    def __init__(self, artifact: Artifact, budget: Optional[float]):
+        self.spec, self.budget = artifact.quantization, budget
+        self.source = EagerRunner(artifact.signature, artifact.load_unquantized_module(),
+                                  torch.float64)
+        self.deviations: dict[str, list[Deviation]] = {
+            n: [] for n in artifact.signature.output_names}
+
+    @classmethod
+    def of(cls, artifact: Artifact, budget: Optional[float]) -> Optional["QuantizationCost"]:
+        """None for an unquantized artifact (where a budget is bad input)."""
+        if budget is not None and not (budget >= 0 and np.isfinite(budget)):
+            raise UsageError(f"--max-quant-error must be a finite number >= 0, got {budget}")
+        if artifact.quantization is None:
+            if budget is not None:
+                raise UsageError(f"--max-quant-error: {artifact.path} has no quantized "
+                                 "projections (export with --quantize int4|int8)")
+            return None
+        return cls(artifact, budget)
+
+    def add(self, feeds: Feeds, dequantized: Feeds, valid: dict) -> None:
+        unquantized = self.source.run(feeds)
+        for n, found in self.deviations.items():
+            found.append(deviation(dequantized[n], unquantized[n], valid.get(n)))
+
+    def results(self) -> list[QuantizationError]:
+        out = []
+        for n, found in self.deviations.items():
+            d = worst(found)
+            out.append(QuantizationError(n, self.spec.label(), d, self.budget,
+                                         self.budget is None or bool(d.rel <= self.budget)))
+        return out
+
+
+@dataclass
 class CheckReport:
     artifact: str
     seed: int
@@ -77,10 +129,12 @@ class CheckReport:
     results: list[OutputResult] = field(default_factory=list)
     versions: dict = field(default_factory=dict)  # of this check's environment
     export_versions: dict = field(default_factory=dict)  # recorded in the artifact at export
+    quantization: list[QuantizationError] = field(default_factory=list)  # quantized artifacts
 
     @property
     def passed(self) -> bool:
         return (all(r.passed for r in self.results) and self.tested
+                and all(q.passed for q in self.quantization)
                 and not any(r.status == "failed" for r in self.runners))
 
     @property
@@ -110,7 +164,8 @@ def selected_kinds(artifact: Artifact, runners: Optional[Sequence[str]],
         return kinds
     ort = set(ort_runner_names(list(providers))) if providers is not None else None
     return [k for k in RUNNERS.values()
-            if k.by_default and (artifact.path / k.model_file).is_file()
+            if (k.by_default or k.also_for(artifact.export))
+            and (artifact.path / k.model_file).is_file()
             and (ort is None or not k.ort_provider or k.name in ort)]
 
 
@@ -191,15 +246,18 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
                  past_lens: Optional[Sequence[int]] = None, seed: int = 0,
                  require_cuda: bool = False, tf32: bool = True,
                  runners: Optional[Sequence[str]] = None,
+                 max_quant_error: Optional[float] = None,
                  progress: Callable[[int, int, str], None] = lambda i, n, s: None
                  ) -> CheckReport:
     """Run the parity sweep on an artifact folder; see CheckReport.passed.
 
     ``runners``: runner names (``RUNNERS``); default: every runner for the folder's files, those
     that cannot run here reported as skipped. ``providers``: ONNX Runtime's shorthand (cpu, cuda).
-    ``require_cuda``: a CUDA runner that cannot run, or runs compute on the CPU, fails."""
+    ``require_cuda``: a CUDA runner that cannot run, or runs compute on the CPU, fails.
+    ``max_quant_error``: see ``QuantizationCost``."""
     artifact = read_artifact(artifact_dir)
     Tolerance(atol or 0.0, rtol or 0.0)  # a negative or NaN tolerance is bad input, now
+    cost = QuantizationCost.of(artifact, max_quant_error)
     kinds = selected_kinds(artifact, runners, providers)
     if require_cuda:
         kinds += _cuda_kinds(artifact, kinds)
@@ -229,6 +287,8 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
         feeds = make_feeds(sig, case, seed)
         expected = {"eager": baseline.run(feeds), "reference": reference.run(feeds)}
         valid = valid_entries(sig, feeds, case)
+        if cost:
+            cost.add(feeds, expected["reference"], valid)
         report.results += _compared(baseline, case, lambda: expected["eager"], expected, valid,
                                     tolerances)  # the baseline already ran: its own error is 0
         for r in opened[1:]:
@@ -237,6 +297,7 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
     for i, (case, split) in enumerate(multi_call, start=len(cases)):
         progress(i, total, case.label())
         report.results += _scenario(opened, reference, config, case, split, seed, tolerances)
+    report.quantization = cost.results() if cost else []
     progress(total, total, "")
     return report
 

@@ -55,6 +55,21 @@ def _case_row(r: OutputResult) -> tuple:
             _num(ref and ref.max_abs), str(r.tolerance), "PASS" if r.passed else "FAIL")
 
 
+def _quantization_lines(report: CheckReport) -> list[str]:
+    """What quantizing cost, per output, apart from the runners' kernel parity above."""
+    if not report.quantization:
+        return []
+    lines = [f"quantization cost ({report.quantization[0].spec}): the dequantized layer vs "
+             "the unquantized layer, fp64, worst over the sweep"]
+    for q in report.quantization:
+        d = q.deviation
+        verdict = ("reported (no --max-quant-error)" if q.budget is None else
+                   f"{'PASS' if q.passed else 'FAIL'} (budget {q.budget:g})")
+        lines.append(f"  {q.output:13s} max|d| {d.max_abs:.2e}  {d.rel:.2e} of max|y|  "
+                     f"cosine {d.cosine:.6f}  {verdict}")
+    return lines
+
+
 def format_report(report: CheckReport, verbose: bool = False) -> str:
     lines = _table(ROWS, [_case_row(r) for r in report.results]) + [""] if verbose else []
     lines += _table(SUMMARY, _summary_rows(report))
@@ -64,6 +79,7 @@ def format_report(report: CheckReport, verbose: bool = False) -> str:
     if len(failures) > MAX_FAILURE_LINES:
         lines.append(f"... and {len(failures) - MAX_FAILURE_LINES} more failing rows "
                      "(-v or --json for all)")
+    lines += _quantization_lines(report)
     for info in report.runners:
         if info.status == "ran":
             note = f" (WARNING: {info.reason})" if info.reason else ""

@@ -24,8 +24,8 @@ from ..export.pipeline import ATTENTION_FORMS, export_aoti, export_onnx, export_
 from ..graph.forms import DEFAULT, MAX_OPSET, opset_summary
 from ..graph.model import DTYPES
 from ..check.runners import RUNNERS
-from .options import (config_options, explicit, int_list, model_options, provider_list,
-                      runner_list)
+from .options import (config_options, explicit, export_options, int_list, model_options,
+                      provider_list, runner_list)
 
 
 class BadInput(click.ClickException):
@@ -109,8 +109,9 @@ def onnx(**kw) -> None:
       mha-export onnx --heads 12 --dim 768 --kv-cache      # -> models/split-h12-d768-kv-onnx/
       mha-export onnx --heads 12 --dim 768 --weights gpt2.safetensors --layer 3 -o out/gpt2-l3
       mha-export onnx --heads 8 --dim 512 --head-dim 80 --qkv-bias --opset 20 --no-check
+      mha-export onnx --heads 12 --dim 768 --static-cache --quantize int4 --accuracy-level 4
     """
-    _report_export(export_onnx(**explicit(kw)))
+    _report_export(export_onnx(**export_options(kw)))
 
 
 @cli.command()
@@ -128,7 +129,7 @@ def torchscript(**kw) -> None:
     """
     click.echo("note: torch 2.13 deprecates torch.jit (TorchScript); `mha-export aoti` writes "
                "its successor (torch.export + AOTInductor)", err=True)
-    _report_export(export_torchscript(**explicit(kw)))
+    _report_export(export_torchscript(**export_options(kw)))
 
 
 @cli.command()
@@ -147,7 +148,7 @@ def aoti(**kw) -> None:
       mha-export aoti --heads 12 --dim 768 --kv-cache
       mha-export aoti --heads 12 --dim 768 --static-cache   # the app's buffers written in place
     """
-    _report_export(export_aoti(**explicit(kw)))
+    _report_export(export_aoti(**export_options(kw)))
 
 
 @cli.command()
@@ -173,6 +174,10 @@ def aoti(**kw) -> None:
               help="Fail (exit 1) when the CUDA provider cannot run, instead of skipping it.")
 @click.option("--tf32/--no-tf32", default=True, show_default=True,
               help="Allow TF32 on ORT CUDA; --no-tf32 checks CUDA with the strict fp32 tolerance.")
+@click.option("--max-quant-error", type=float, default=None,
+              help="Quantized artifacts: fail (exit 1) when quantizing cost more than this "
+                   "max|d| / max|y| on any output (the dequantized vs the unquantized layer) "
+                   "[default: reported only].")
 @_guard
 def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
     """Check an artifact folder against eager PyTorch rebuilt from its config and source weights.
@@ -183,6 +188,7 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
       mha-export check out/gpt2-l3 --providers cpu --seq-lens 1,5,300 --json parity.json
       mha-export check out/gpt2-l3 --require-cuda --no-tf32
       mha-export check out/ts --runners torchscript
+      mha-export check models/split-h12-d768-int4-onnx --max-quant-error 0.05
     """
     from ..check.report import format_report
     report = check_parity(artifact, progress=_progress, **kw)

@@ -11,6 +11,7 @@ from ..check.runners import RUNNERS, ort_runner_names
 from ..config import LAYOUTS, QK_NORMS, ROTARY, SCALINGS, MHAConfig
 from ..errors import UsageError
 from ..weights.families import FAMILIES
+from ..weights.quantize import ACCURACY_LEVELS, BLOCK_SIZES, NAMES, QuantSpec
 
 # The layer's defaults are MHAConfig's: the CLI shows them, never re-declares them.
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(MHAConfig)}
@@ -142,6 +143,40 @@ ARTIFACT_OPTIONS = [
                  help="Full-sequence model with a padding mask: x, attention_mask -> y."),
 ]
 
+QUANT_DEFAULT = QuantSpec()
+QUANT_OPTIONS = [
+    click.option("--quantize", type=click.Choice(tuple(NAMES)), default=None,
+                 help="Weight-only quantized projections (q/k/v, output, gate) as ONNX Runtime's "
+                      "MatMulNBits, round to nearest per block; norms, biases and sinks stay "
+                      "float (ONNX only) [default: float weights]."),
+    click.option("--block-size", type=click.Choice([str(b) for b in BLOCK_SIZES]),
+                 default=str(QUANT_DEFAULT.block_size), show_default=True,
+                 help="Input features per quantization block (one scale each)."),
+    click.option("--symmetric/--asymmetric", default=QUANT_DEFAULT.symmetric, show_default=True,
+                 help="Symmetric blocks, or a zero point per block."),
+    click.option("--accuracy-level", type=click.Choice([str(a) for a in ACCURACY_LEVELS]),
+                 default=str(QUANT_DEFAULT.accuracy_level), show_default=True,
+                 help="MatMulNBits' arithmetic: " + ", ".join(
+                     f"{a} = {c}" for a, c in ACCURACY_LEVELS.items()) + " (faster, looser)."),
+]
+
+
+def export_options(kw: dict) -> dict:
+    """The export API's keywords: the options the user set (``explicit``), the quantization
+    ones gathered into ``quantize=QuantSpec`` (given without --quantize: an error)."""
+    kw = explicit(kw)
+    fields = {name: kw.pop(name) for name in ("block_size", "symmetric", "accuracy_level")
+              if name in kw}
+    name = kw.pop("quantize", None)
+    if name is None:
+        if fields:
+            raise UsageError(f"--{next(iter(fields)).replace('_', '-')} needs --quantize")
+        return kw
+    for key in ("block_size", "accuracy_level"):
+        if key in fields:
+            fields[key] = int(fields[key])
+    return {**kw, "quantize": QuantSpec.named(name, **fields)}
+
 
 def explicit(kw: dict) -> dict:
     """Only the options the user set: defaults stay the API's, and a Hugging Face checkpoint's
@@ -156,4 +191,4 @@ def config_options(fn: Callable) -> Callable:
 
 
 def model_options(fn: Callable) -> Callable:
-    return _apply(CONFIG_OPTIONS + ARTIFACT_OPTIONS, fn)
+    return _apply(CONFIG_OPTIONS + ARTIFACT_OPTIONS + QUANT_OPTIONS, fn)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 
 @dataclass(frozen=True)
@@ -24,3 +24,5 @@ class ExportTarget:
     name: str  # config.json "format" and the default folder's suffix: models/<slug>-<name>
     model_file: str  # the file it writes into the artifact folder
     prepare: Prepare
+    # why --quantize cannot make this target's file (None: prepare takes ``quant``)
+    quantize_refusal: Optional[str] = None

@@ -15,9 +15,11 @@ from ..artifact import CONFIG_FILE, REPORT_FILE, WEIGHTS_FILE, default_folder, s
     write_json_atomic
 from ..config import MHAConfig
 from ..env import utc_now, versions
+from ..errors import UsageError
 from ..graph import forms
 from ..signature import Signature, make_signature, signature_kind
 from ..weights.files import save_weights
+from ..weights.quantize import QuantSpec
 from ..weights.source import Source, load_source
 from .targets import TARGETS
 
@@ -39,6 +41,7 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
                     layer: Optional[int] = None, seed: int = 0, kv_cache: bool = False,
                     attention_mask: bool = False, static_cache: bool = False,
                     force: bool = False, validate: bool = True,
+                    quantize: Optional[QuantSpec] = None,
                     check_options: Optional[dict] = None,
                     target_options: Optional[dict] = None, **config_fields) -> ExportResult:
     """Write DIR/<the target's model file> + config.json + weights.safetensors (+ parity.json).
@@ -47,14 +50,20 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
     ``kv_cache``: the decode-step model (x, attention_mask, past_key, past_value -> y,
     present_key, present_value); ``static_cache``: the decode-step model over an app-owned
     buffer written in place (x, past_key, past_value, past_lengths -> y, present_key,
-    present_value); ``attention_mask``: the full-sequence model with a padding mask."""
+    present_value); ``attention_mask``: the full-sequence model with a padding mask.
+    ``quantize``: weight-only quantized projections (``QuantSpec``; the ONNX target only)."""
     chosen = TARGETS[target]
+    options = dict(target_options or {})
+    if quantize is not None:
+        if chosen.quantize_refusal:
+            raise UsageError(chosen.quantize_refusal)
+        options["quant"] = quantize
     source = load_source(config, weights, layer, seed, config_fields)
     sig = make_signature(source.config, signature_kind(kv_cache, attention_mask, static_cache))
-    prepared = chosen.prepare(source.module, source.config, sig, **(target_options or {}))
+    prepared = chosen.prepare(source.module, source.config, sig, **options)
     meta = _describe(source, sig, target, prepared.export)
     dest = Path(output) if output is not None else default_folder(source.config, target,
-                                                                  sig.kind)
+                                                                  sig.kind, quant=quantize)
     report = None
     with staged_folder(dest, force) as stage:
         save_weights(source.module, stage / WEIGHTS_FILE)
@@ -81,7 +90,8 @@ def export_onnx(config: Optional[MHAConfig] = None, output: str | Path | None = 
                 dtype: str = "float32", **options) -> ExportResult:
     """Write DIR/model.onnx with one graph form's attention core (default: ``auto``, or a
     memory-linear form that can build the layer) at an exact opset (the form's lowest by
-    default); ``options`` as ``export_artifact``'s."""
+    default); ``options`` as ``export_artifact``'s (``quantize=QuantSpec(bits=4)``: the
+    projections as int4 MatMulNBits)."""
     return export_artifact("onnx", config, output, target_options=dict(
         attention=attention, opset=opset, dtype=dtype), **options)
 

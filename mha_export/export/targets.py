@@ -11,9 +11,18 @@ from . import to_aoti, to_onnx, to_torchscript
 from .base import ExportTarget
 
 
+# torch's weight-only int4/int8 (torchao) is not a dependency: its int8 path runs mm(x,
+# W.to(float)) in eager/TorchScript (dequantized every call, no fewer bytes), its CPU int4 is a
+# prototype, and AOTInductor on CPU with it is unproven. The refusal says so rather than export
+# float weights under a quantized name.
+_TORCH_QUANT = ("--quantize is ONNX-only: torch 2.13 has no CPU weight-only int4/int8 kernel "
+                "that {} compiles (torchao's int8 dequantizes every call, its CPU int4 is a "
+                "prototype); use `mha-export onnx --quantize`")
 _TARGETS = (
     ExportTarget("onnx", to_onnx.MODEL_FILE, to_onnx.prepare),
-    ExportTarget("torchscript", to_torchscript.MODEL_FILE, to_torchscript.prepare),
-    ExportTarget("aoti", to_aoti.MODEL_FILE, to_aoti.prepare),
+    ExportTarget("torchscript", to_torchscript.MODEL_FILE, to_torchscript.prepare,
+                 quantize_refusal=_TORCH_QUANT.format("TorchScript")),
+    ExportTarget("aoti", to_aoti.MODEL_FILE, to_aoti.prepare,
+                 quantize_refusal=_TORCH_QUANT.format("AOTInductor")),
 )
 TARGETS: dict[str, ExportTarget] = {t.name: t for t in _TARGETS}

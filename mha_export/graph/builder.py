@@ -13,6 +13,8 @@ import numpy as np
 import torch
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
+from ..weights.quantize import QuantSpec, quantize
+
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 CONTRIB = "com.microsoft"
@@ -32,6 +34,8 @@ class GraphBuilder:
     # initializer of the same name and content (weights stored once for every branch)
     outer: "GraphBuilder | None" = None
     _shared: dict = field(default_factory=dict)
+    # weight-only quantized projections (linear() writes MatMulNBits); None: float MatMuls
+    quant: QuantSpec | None = None
 
     def name(self, base: str) -> str:
         base = self.prefix + base
@@ -41,7 +45,7 @@ class GraphBuilder:
 
     def sub(self, prefix: str, share_constants: bool = False) -> "GraphBuilder":
         return GraphBuilder(dtype=self.dtype, prefix=self.prefix + prefix,
-                            outer=self if share_constants else None)
+                            outer=self if share_constants else None, quant=self.quant)
 
     @property
     def elem(self) -> int:
@@ -79,11 +83,31 @@ class GraphBuilder:
         return outs[0] if n_out == 1 else outs
 
     def linear(self, x: str, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
-        """x @ weight.T + bias (nn.Linear semantics)."""
-        y = self.op("MatMul", [x, self.const(f"{name}.weight", weight.t())], name=f"{name}_matmul")
+        """x @ weight.T + bias (nn.Linear semantics); the weight quantized when ``quant`` is set
+        (the bias stays in the model dtype)."""
+        if self.quant is None:
+            y = self.op("MatMul", [x, self.const(f"{name}.weight", weight.t())],
+                        name=f"{name}_matmul")
+        else:
+            y = self.matmul_nbits(x, name, weight)
         if bias is not None:
             y = self.op("Add", [y, self.const(f"{name}.bias", bias)], name=f"{name}_add")
         return y
+
+    def matmul_nbits(self, x: str, name: str, weight: torch.Tensor) -> str:
+        """x (.., K) @ W^T with W (N, K) quantized per block (weights/quantize.py): ONNX Runtime's
+        com.microsoft.MatMulNBits reading the packed codes, one scale (and zero point) per
+        block; symmetric blocks give no zero points (the kernel's default is 2^(bits-1))."""
+        spec = self.quant
+        q = quantize(weight.detach().to(torch.float32).numpy(), spec)
+        inputs = [x, self.const(f"{name}.weight_q{spec.bits}", q.packed(), float_dtype=False),
+                  self.const(f"{name}.weight_scales", q.scales.reshape(-1))]  # (N * blocks,)
+        if not spec.symmetric:
+            inputs.append(self.const(f"{name}.weight_zero_points", q.packed_zero_points(),
+                                     float_dtype=False))
+        return self.op("MatMulNBits", inputs, name=f"{name}_matmul", domain=CONTRIB, K=q.k,
+                       N=q.codes.shape[0], bits=spec.bits, block_size=spec.block_size,
+                       accuracy_level=spec.accuracy_level)  # (.., N)
 
     def subgraph(self, name: str, inputs: list, outputs: list) -> GraphProto:
         return helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.initializers)

@@ -24,6 +24,7 @@ from .rotary import rotary_cos_sin, rotary_op, rotate_heads
 from ..layer.layouts import AttentionWeights
 from .norm import heads_rms_norm, rms_norm
 from ..signature import FLOAT, Signature, TensorSpec, make_signature
+from ..weights.quantize import QuantSpec
 
 DTYPES = tuple(ONNX_DTYPES)
 
@@ -46,13 +47,15 @@ def check_buildable(config: MHAConfig, form: GraphForm, sig: Signature, dtype: s
 
 def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
                 opset: int | None = None, dtype: str = "float32",
-                signature: Signature | None = None) -> onnx.ModelProto:
-    """The ONNX model; ``opset`` None: the form's lowest (``resolve_opset``)."""
+                signature: Signature | None = None,
+                quant: QuantSpec | None = None) -> onnx.ModelProto:
+    """The ONNX model; ``opset`` None: the form's lowest (``resolve_opset``); ``quant``: the
+    projections (q/k/v, output, gate) as weight-only quantized MatMulNBits."""
     c = config
     sig = signature or make_signature(c)
     check_buildable(c, form, sig, dtype)
     opset = resolve_opset(form, opset)
-    g = GraphBuilder(dtype=dtype)
+    g = GraphBuilder(dtype=dtype, quant=quant)
     project = functools.partial(_queries_keys_values, c=c, w=w, opset=opset)
     q, k, v = (None, None, None) if form.projects_per_branch else project(g)
     named = set(sig.input_names)

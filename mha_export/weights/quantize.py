@@ -19,8 +19,14 @@ import numpy as np
 from ..errors import UsageError
 
 BITS = (4, 8)
+NAMES = {f"int{b}": b for b in BITS}  # --quantize int4 | int8
 BLOCK_SIZES = (16, 32, 64, 128)
 QUANTIZERS = ("rtn",)
+# ONNX Runtime's MatMulNBits accuracy_level: the precision its kernel computes in. 4 (default):
+# activations quantized to int8 per block, the fast kernel for int4 and the only packed one for
+# int8 (ORT 1.31 dequantizes 8-bit weights at every call at level 1), ~1e-2 of max|y| by itself;
+# 1: fp32, exact to the dequantized weights up to fp32 rounding.
+ACCURACY_LEVELS = {1: "fp32", 4: "int8-activation"}
 
 
 @dataclass(frozen=True)
@@ -29,11 +35,13 @@ class QuantSpec:
     block_size: int = 32
     symmetric: bool = True
     quantizer: str = "rtn"  # round to nearest
+    accuracy_level: int = 4  # how the runtime computes with the weights (ACCURACY_LEVELS)
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("bits", self.bits, BITS),
                                      ("block size", self.block_size, BLOCK_SIZES),
-                                     ("quantizer", self.quantizer, QUANTIZERS)):
+                                     ("quantizer", self.quantizer, QUANTIZERS),
+                                     ("accuracy level", self.accuracy_level, ACCURACY_LEVELS)):
             if value not in allowed:
                 raise UsageError(f"quantization {name} {value!r}: choose one of "
                                  f"{', '.join(map(str, allowed))}")
@@ -42,9 +50,36 @@ class QuantSpec:
     def levels(self) -> int:
         return 2 ** self.bits
 
+    @property
+    def name(self) -> str:
+        """'int4' | 'int8': the --quantize value."""
+        return f"int{self.bits}"
+
+    @property
+    def compute(self) -> str:
+        """The kernel's arithmetic: 'fp32' | 'int8-activation'."""
+        return ACCURACY_LEVELS[self.accuracy_level]
+
+    def label(self) -> str:
+        """'int4 block 32 symmetric, fp32 compute (accuracy level 1)'."""
+        return (f"{self.name} block {self.block_size} "
+                f"{'symmetric' if self.symmetric else 'zero point'}, {self.compute} compute "
+                f"(accuracy level {self.accuracy_level})")
+
     def to_dict(self) -> dict:
         return {"bits": self.bits, "block_size": self.block_size, "symmetric": self.symmetric,
-                "quantizer": self.quantizer}
+                "quantizer": self.quantizer, "accuracy_level": self.accuracy_level}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "QuantSpec":
+        return cls(**d)
+
+    @classmethod
+    def named(cls, name: str, **fields) -> "QuantSpec":
+        """--quantize int4|int8."""
+        if name not in NAMES:
+            raise UsageError(f"--quantize {name!r}: choose one of {', '.join(NAMES)}")
+        return cls(bits=NAMES[name], **fields)
 
 
 @dataclass(frozen=True)
@@ -73,6 +108,13 @@ class QuantizedWeight:
                 z = np.concatenate([z, np.zeros((z.shape[0], 1), np.uint8)], axis=1)
             z = _pack(z)
         return z.reshape(-1)
+
+
+def quantized_projections(config) -> list[str]:
+    """The projections --quantize turns into MatMulNBits (norms, biases and sinks stay float)."""
+    return ["q_proj", "k_proj", "v_proj"] + (
+        ["out_proj"] if config.layout in ("split", "fused") else []) + (
+        ["gate_proj"] if config.output_gate else [])
 
 
 def quantize(weight: np.ndarray, spec: QuantSpec) -> QuantizedWeight:

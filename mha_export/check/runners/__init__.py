@@ -15,19 +15,26 @@ from typing import Optional
 
 from ...errors import UsageError
 from ...signature import Signature
-from ..comparator import BFLOAT16, FLOAT16, FP32, FP32_TF32, Tolerance
+from ..comparator import BFLOAT16, FLOAT16, FP32, FP32_TF32, INT8_ACTIVATIONS, Tolerance
 from .base import Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions
 
 __all__ = ["RUNNERS", "Feeds", "Runner", "RunnerKind", "RunnerUnavailable", "RunOptions",
            "get_runner", "ort_runner_names"]
 
 
-def _open_ort(provider: str):
+def _open_ort(provider: str, fp32_compute: bool = False):
     def open_(sig: Signature, path: Path, options: RunOptions) -> Runner:
         from .ort import OrtRunner
         return OrtRunner(sig, path, provider, options.threads, options.tf32,
-                         options.mem_pattern)
+                         options.mem_pattern, fp32_compute)
     return open_
+
+
+def _int8_activation_export(export: dict) -> bool:
+    """Quantized projections at accuracy level 4 (int8 activations): their kernel's own
+    rounding (~1e-2) would hide a wrong weight, so the file's weights are also run at fp32
+    compute and checked at fp32's tolerance."""
+    return export.get("quantize", {}).get("accuracy_level") == 4
 
 
 def _open_torchscript(sig: Signature, path: Path, options: RunOptions) -> Runner:
@@ -53,7 +60,9 @@ def _cuda_missing() -> Optional[str]:
 
 
 def _ort_cpu_tolerance(dtype: str, options: RunOptions) -> Tolerance:
-    return FLOAT16 if dtype == "float16" else FP32
+    """``dtype``: the model's, or the runner's ``tolerance_dtype`` "int8-activations" when its
+    quantized projections really computed with int8 activations (accuracy level 4)."""
+    return {"float16": FLOAT16, "int8-activations": INT8_ACTIVATIONS}.get(dtype, FP32)
 
 
 def _ort_cuda_tolerance(dtype: str, options: RunOptions) -> Tolerance:
@@ -86,6 +95,10 @@ _KINDS = (
                lambda dtype, options: FP32),
     RunnerKind("ort-cpu", "model.onnx", "cpu", "ONNX Runtime (CPUExecutionProvider)",
                _open_ort("cpu"), _ort_cpu_tolerance, ort_provider="cpu"),
+    RunnerKind("ort-cpu-fp32-compute", "model.onnx", "cpu",
+               "ONNX Runtime (CPUExecutionProvider), quantized projections at fp32 compute: "
+               "the file's weights checked exactly", _open_ort("cpu", fp32_compute=True),
+               _ort_cpu_tolerance, by_default=False, also_for=_int8_activation_export),
     RunnerKind("ort-cuda", "model.onnx", "cuda", "ONNX Runtime (CUDAExecutionProvider)",
                _open_ort("cuda"), _ort_cuda_tolerance, unavailable=_cuda_missing,
                ort_provider="cuda"),

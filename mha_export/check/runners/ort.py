@@ -3,12 +3,14 @@ worker measures a session with this same set-up in a torch-free process."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import re
 import sys
 import tempfile
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Iterator, Optional
 
 import numpy as np
@@ -71,10 +73,15 @@ class OrtRunner(Runner):
     """An ONNX Runtime session on one execution provider ('cpu' or 'cuda'), fed by name."""
 
     def __init__(self, signature: Signature, path: str | Path, provider: str = "cpu",
-                 threads: Optional[int] = None, tf32: bool = True, mem_pattern: bool = True):
+                 threads: Optional[int] = None, tf32: bool = True, mem_pattern: bool = True,
+                 fp32_compute: bool = False):
+        """``fp32_compute``: the file's quantized projections run at accuracy level 1 (a copy
+        in memory): its weights checked exactly, apart from level 4's int8 arithmetic."""
         super().__init__(signature)
-        self.name = f"ort-{provider}"
-        self.session = _session(path, provider, threads, tf32, mem_pattern)
+        self.name = f"ort-{provider}" + ("-fp32-compute" if fp32_compute else "")
+        self.fp32_compute = fp32_compute
+        model = _at_fp32_compute(path) if fp32_compute else path
+        self.session = _session(model, provider, threads, tf32, mem_pattern)
         self.providers = self.session.get_providers()
         self.device = f"{provider} ({self.providers[0]})"
         declared = {i.name: i for i in self.session.get_inputs()}
@@ -88,6 +95,20 @@ class OrtRunner(Runner):
             "fp32, TF32 matmuls allowed" if provider == "cuda" and tf32 else "fp32")
         if provider != "cpu":
             self.warning = _cpu_compute_nodes(self.session.load_log)
+        if self.session.quantized is not None:
+            self._describe_quantized(self.session.quantized)
+
+    def _describe_quantized(self, ran: "QuantizedKernels") -> None:
+        """What ran for the quantized projections, read off the session's optimized graph: the
+        MatMulNBits kernels and the arithmetic they really used (int8 activations only where
+        this CPU's kernel has that path: probed, not assumed). An unfused dequantize + MatMul
+        is correct but slow: a warning, never silent."""
+        self.precision += f"; projections: {ran.describe()}"
+        self.device = f"{self.device[:-1]}; {ran.describe()})"
+        if ran.int8_activations:
+            self.tolerance_dtype = INT8_ACTIVATIONS
+        if ran.slow and not self.warning and not self.fp32_compute:  # the copy is slow by design
+            self.warning = "; ".join(ran.slow)
 
     def prepare(self, feeds: Feeds):
         """The inputs in the model's dtypes, made once per case (the bench times run_prepared);
@@ -142,6 +163,122 @@ class InPlaceCall:
                 for n in self.signature.output_names]
 
 
+INT8_ACTIVATIONS = "int8-activations"  # tolerance_dtype of MatMulNBits at accuracy level 4
+
+
+@dataclass(frozen=True)
+class QuantizedKernels:
+    """The weight-only quantized matmuls of a session's optimized graph, and the path ONNX
+    Runtime's CPU kernel really takes for them on this machine (``kernel_path``)."""
+
+    kernels: int  # MatMulNBits nodes
+    paths: tuple  # (bits, accuracy level, path) of each distinct kind of node
+    unfused: int  # DequantizeLinear nodes left in the optimized graph
+
+    @property
+    def int8_activations(self) -> bool:
+        return any(path == INT8_PATH for _, _, path in self.paths)
+
+    @property
+    def slow(self) -> list[str]:
+        """Why some projections run slowly (dequantized to float at every call)."""
+        why = [f"int{b} MatMulNBits at accuracy level {lvl}: ONNX Runtime dequantizes the "
+               f"weights to fp32 at every call (no such fast kernel on this CPU; accuracy "
+               f"level 4 has one)" for b, lvl, path in self.paths if path == DEQUANTIZE_PATH]
+        if self.unfused:
+            why.append(f"{self.unfused} DequantizeLinear nodes were not fused into MatMulNBits: "
+                       "their weights are dequantized to float at every call")
+        return why
+
+    def describe(self) -> str:
+        kinds = ", ".join(f"int{b} level {lvl}: {path}" for b, lvl, path in self.paths)
+        return f"{self.kernels} MatMulNBits ({kinds})"
+
+
+INT8_PATH, FP32_PATH, DEQUANTIZE_PATH = ("int8-activation compute", "fp32 compute",
+                                         "dequantized to fp32 every call")
+_FALLBACK_LOG = "Falling back to using unpacked compute mode"
+
+
+def _at_fp32_compute(path: str | Path) -> bytes:
+    """The model with every MatMulNBits at accuracy level 1 (fp32 compute), serialized."""
+    import onnx
+    model = onnx.load(str(path))
+    for node in _walk(model.graph.node):
+        if node.op_type == "MatMulNBits":
+            for attr in node.attribute:
+                if attr.name == "accuracy_level":
+                    attr.i = 1
+    return model.SerializeToString()
+
+
+def _quantized_kernels(optimized_path: str, provider: str) -> QuantizedKernels:
+    import onnx
+    nodes = list(_walk(onnx.load(optimized_path, load_external_data=False).graph.node))
+    kinds = sorted({(a["bits"], a["block_size"], a.get("accuracy_level", 0)) for a in (
+        {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
+        for n in nodes if n.op_type == "MatMulNBits")})
+    paths = tuple(dict.fromkeys(
+        (bits, level, kernel_path(bits, block, level) if provider == "cpu" else "cuda")
+        for bits, block, level in kinds))
+    return QuantizedKernels(sum(n.op_type == "MatMulNBits" for n in nodes), paths,
+                            sum(n.op_type == "DequantizeLinear" for n in nodes))
+
+
+def _walk(nodes):
+    """Nodes and the nodes of their subgraphs (If branches, Loop bodies)."""
+    import onnx
+    for node in nodes:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _walk(attr.g.node)
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_path(bits: int, block_size: int, accuracy_level: int) -> str:
+    """The path ONNX Runtime's CPU MatMulNBits really takes here, probed on one small matmul,
+    not assumed: a kernel without a packed path for this (bits, block, level) logs that it
+    falls back to dequantizing B (8 bits at fp32 compute, in 1.31); level 4 quantizes the
+    activations only where MLAS has an int8 kernel for this CPU, else it computes in fp32
+    silently (outputs identical to level 1's)."""
+    out, logs = {}, {}
+    for level in sorted({1, accuracy_level}):
+        out[level], logs[level] = _probe(bits, block_size, level)
+    if _FALLBACK_LOG in logs[accuracy_level]:
+        return DEQUANTIZE_PATH
+    if accuracy_level == 4 and not np.array_equal(out[1], out[4]):
+        return INT8_PATH
+    return FP32_PATH
+
+
+def _probe(bits: int, block_size: int, level: int) -> tuple[np.ndarray, str]:
+    """One MatMulNBits (K = 4 blocks, N = 16) over fixed random codes: its output and the
+    kernel's verbose log of one run."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+    k, n = 4 * block_size, 16
+    rng = np.random.default_rng(0)
+    packed = rng.integers(0, 256, (n, 4, block_size * bits // 8), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.02, n * 4).astype(np.float32)
+    node = helper.make_node("MatMulNBits", ["A", "B", "scales"], ["Y"], domain=CONTRIB, K=k,
+                            N=n, bits=bits, block_size=block_size, accuracy_level=level)
+    graph = helper.make_graph(
+        [node], "probe", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [3, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, n])],
+        [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scales, "scales")])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[
+        helper.make_opsetid("", 21), helper.make_opsetid(CONTRIB, 1)])
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 0
+    with native_stderr() as log:
+        session = ort.InferenceSession(model.SerializeToString(), opts,
+                                       providers=["CPUExecutionProvider"])
+        y = session.run(None, {"A": rng.standard_normal((3, k)).astype(np.float32)})[0]
+    return y, log["text"]
+
+
+CONTRIB = "com.microsoft"
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
           "tensor(int64)": np.int64}
 
@@ -165,7 +302,7 @@ def cuda_provider_missing() -> Optional[str]:
     return None
 
 
-def _session(path: str | Path, provider: str, threads: Optional[int], tf32: bool,
+def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf32: bool,
              mem_pattern: bool = True):
     """An InferenceSession that really runs on ``provider`` (else RunnerUnavailable); its load
     log is kept as ``session.load_log`` (CUDA: verbose, with the node placements)."""
@@ -175,6 +312,10 @@ def _session(path: str | Path, provider: str, threads: Optional[int], tf32: bool
     if threads:
         opts.intra_op_num_threads = threads
     opts.enable_mem_pattern = mem_pattern
+    quantized = _is_quantized(path)
+    scratch = tempfile.TemporaryDirectory(prefix="mha-ort-") if quantized else None
+    if scratch:  # what ONNX Runtime made of the quantized projections: its optimized graph
+        opts.optimized_model_filepath = os.path.join(scratch.name, "optimized.onnx")
     providers: list = [wanted]
     if provider == "cuda":
         if missing := cuda_provider_missing():
@@ -186,7 +327,8 @@ def _session(path: str | Path, provider: str, threads: Optional[int], tf32: bool
                 ort.preload_dlls()
         opts.log_severity_level = 3 if provider == "cpu" else 0
         try:
-            session = ort.InferenceSession(str(path), opts, providers=providers)
+            model = path if isinstance(path, bytes) else str(path)
+            session = ort.InferenceSession(model, opts, providers=providers)
         except Exception as e:
             if provider == "cpu":  # a model the CPU provider cannot load is a broken model
                 raise
@@ -197,4 +339,18 @@ def _session(path: str | Path, provider: str, threads: Optional[int], tf32: bool
         raise RunnerUnavailable(f"{wanted} did not load ({cause}); ONNX Runtime fell back "
                                 f"to {used[0]}, which is not reported as a {provider} result")
     session.load_log = log["text"]
+    session.quantized = None
+    if scratch:
+        with scratch:
+            session.quantized = _quantized_kernels(opts.optimized_model_filepath, provider)
     return session
+
+
+def _is_quantized(model: str | Path | bytes) -> bool:
+    """An mha-export model with quantized projections (its recorded export settings)."""
+    import json
+    import onnx
+    proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(
+        str(model), load_external_data=False)
+    props = {p.key: p.value for p in proto.metadata_props}
+    return "quantize" in json.loads(props.get("mha_export.export", "{}"))
