@@ -31,8 +31,19 @@ def cpu_name() -> str:
     return platform.processor()
 
 
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache cpu0 sees (sysfs), in bytes; 0 when unknown."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = f.read_text().strip()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * scale)
+    return max(sizes, default=0)
+
+
 def machine_info() -> dict:
-    return {"cpu": cpu_name(), "date": datetime.date.today().isoformat(), "versions": versions()}
+    return {"cpu": cpu_name(), "date": datetime.date.today().isoformat(), "versions": versions(),
+            "last_level_cache_mib": last_level_cache_bytes() / 2**20}
 
 
 def utc_now() -> str:

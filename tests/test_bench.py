@@ -104,3 +104,46 @@ def test_plot_of_decode_steps_reads_against_the_past(tmp_path):
                                    str(tmp_path / "p.png")])
     assert out.exit_code == 0, out.output
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_quantized_variants_record_their_smaller_files_and_bytes(tmp_path):
+    """--quantize: every form also with quantized projections, its model file's size and the
+    bytes a step reads counted as the quantized weights (GB/s of what is really read)."""
+    from mha_export.bench.driver import step_bytes, weight_bytes
+    from mha_export.weights.quantize import QuantSpec
+    c = MHAConfig(dim=64, heads=4)
+    int4 = QuantSpec(bits=4)
+    report = run_bench(c, seq_lens=[1], past_lens=[8], static_cache=True, capacity=16,
+                       providers=["cpu"], forms=["auto"], budget_s=0.01,
+                       quantize=[int4, QuantSpec(bits=8, accuracy_level=1)])
+    rows = {r.variant: r for r in report.rows}
+    assert {"ort-cpu-auto", "ort-cpu-auto-int4", "ort-cpu-auto-int8-fp32"} <= set(rows)
+    assert all(r.error == "" for r in rows.values())
+    assert rows["ort-cpu-auto-int4"].model_mib < rows["ort-cpu-auto-int8-fp32"].model_mib \
+        < rows["ort-cpu-auto"].model_mib
+    assert weight_bytes(c, int4) == 4 * (64 * 2 * 16 + 4 * 64 * 2)  # codes + scales, 4 matrices
+    row = rows["ort-cpu-auto-int4"]
+    assert row.bandwidth_gbs == pytest.approx(step_bytes(c, 1, 1, 8, int4)
+                                              / (row.median_ms / 1e3) / 1e9)
+
+
+def test_cold_rows_step_a_ring_larger_than_the_last_level_cache(monkeypatch):
+    from mha_export.bench import driver
+    monkeypatch.setattr(driver, "last_level_cache_bytes", lambda: 2**20)  # 1 MiB: small rings
+    report = run_bench(MHAConfig(dim=64, heads=4), seq_lens=[1], past_lens=[8], kv_cache=True,
+                       providers=["cpu"], forms=["decomposed"], budget_s=0.01, cold=True)
+    step = driver.step_bytes(MHAConfig(dim=64, heads=4), 1, 1, 8)
+    assert all(r.ring == -(-driver.RING * 2**20 // int(step)) for r in report.rows)
+    assert all(r.error == "" for r in report.rows) and report.stream_bandwidth_gbs > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--quantize", "int3"], "--quantize 'int3': choose one of int4, int8"),
+    (["--quantize", "int4", "--accuracy-level", "2"], "accuracy level 2: choose one of 1, 4"),
+    (["--cold", "--cpp", "{tmp}"], "--cold steps a ring of instances in Python: not with --cpp"),
+])
+def test_cli_refuses_bad_quantization_and_cold_requests(tmp_path, args, message):
+    (tmp_path / "mha_torch").touch()
+    r = CliRunner().invoke(cli, ["bench", "--heads", "2", "--dim", "32", "--seq-lens", "4",
+                                 *(a.format(tmp=tmp_path) for a in args)])
+    assert r.exit_code == 2 and message in r.output, r.output

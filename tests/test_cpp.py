@@ -27,6 +27,7 @@ from mha_export.check.runners.ort import OrtRunner
 from mha_export.check.runners.pytorch import EagerRunner, TorchScriptRunner
 from mha_export.signature import make_signature
 from mha_export.check.sweep import Case, make_feeds, real_queries
+from mha_export.weights.quantize import QuantSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "cpp"
@@ -505,6 +506,79 @@ def test_ort_generate_writes_one_buffer_in_place(binaries, tmp_path, form):
     bad = run(binaries["ort"], folder / "model.onnx", case, "--generate", "5,1")
     assert bad.returncode == 2 and "steps sum to 6" in bad.stderr
 
+
+# --- quantized projections: MatMulNBits (com.microsoft) through mha_ort --------------------------
+
+# Small on purpose; each export quantizes q, k, v (inside the If branches) and the out projection.
+QUANT_CONFIG = MHAConfig(dim=64, heads=4, max_seq_len=32)  # x -> y: both command-line forms
+QUANT_STATIC_CONFIG = MHAConfig(dim=64, heads=4, kv_heads=2, rotary="half", max_seq_len=32)
+
+
+def _matmul_nbits(model: Path) -> int:
+    """MatMulNBits nodes in the model file, those inside If branches included."""
+    import onnx
+    from faults import all_nodes
+    return sum(n.op_type == "MatMulNBits" for n in all_nodes(onnx.load(str(model)).graph))
+
+
+def test_ort_int4_model_matches_python_ort(binaries, tmp_path):
+    """An int4 export (block 32, symmetric, accuracy level 4: int8 activations) runs in mha_ort
+    as MatMulNBits and gives Python ONNX Runtime's outputs (same kernel, same machine: ATOL), in
+    both command-line forms; and they are not the float weights' outputs."""
+    folder = export_onnx(QUANT_CONFIG, tmp_path / "int4", quantize=QuantSpec(bits=4),
+                         validate=False).path
+    model = folder / "model.onnx"
+    assert _matmul_nbits(model) >= 4  # q, k, v (in the If branches) and out
+    sig = signature_of(folder)
+    python_ort = OrtRunner(sig, model, "cpu")
+    float_eager = EagerRunner(sig, read_artifact(folder).load_unquantized_module())
+    pairs = make_inputs(tmp_path, QUANT_CONFIG.d_in, shapes=[(2, 16), (1, 1), (3, 7)], seed=5)
+    r = run(binaries["ort"], model, *flat(pairs), "--threads", "2")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    for x_path, y_path in pairs:
+        x, y = np.load(x_path), np.load(y_path)
+        assert y.dtype == np.float32 and y.shape == x.shape[:2] + (QUANT_CONFIG.dim,)
+        np.testing.assert_allclose(y, python_ort.run({"x": x})["y"], rtol=0, atol=ATOL)
+        assert np.abs(y - float_eager.run({"x": x})["y"]).max() > 100 * ATOL  # int4 for real
+    dirs = write_case_dirs(tmp_path / "cases", folder, [Case(2, 16), Case(1, 1)], seed=5)
+    r = run(binaries["ort"], model, *[d for d, _, _ in dirs])
+    assert r.returncode == 0, r.stderr
+    for d, case, feeds in dirs:
+        assert_outputs_match(read_outputs(d, sig), python_ort.run(feeds), feeds, case,
+                             "mha_ort int4")
+
+
+def test_ort_generate_int4_static_cache_matches_eager(binaries, tmp_path):
+    """mha_ort --generate over a quantized static-cache export: accuracy level 1 (fp32 compute),
+    so y and the written keys/values equal one full forward of the eager module with the dequantized
+    weights within ATOL, as the float static cache's test above."""
+    from mha_export.check.scenarios import eager_full
+    folder = export_onnx(QUANT_STATIC_CONFIG, tmp_path / "m", static_cache=True,
+                         quantize=QuantSpec(bits=4, accuracy_level=1), validate=False).path
+    model = folder / "model.onnx"
+    assert _matmul_nbits(model) >= 4
+    c = QUANT_STATIC_CONFIG
+    rng = np.random.default_rng(6)
+    case = tmp_path / "case"
+    case.mkdir()
+    x = rng.standard_normal((2, 8, c.d_in)).astype(np.float32)
+    buffers = rng.standard_normal((2, c.kv_heads, 20, c.head_dim)).astype(np.float32)
+    for name, a in (("x", x), ("past_key", buffers), ("past_value", buffers * 2)):
+        np.save(case / f"{name}.npy", a)
+    r = run(binaries["ort"], model, case, "--generate", "5,1,1,1")
+    assert r.returncode == 0, r.stderr
+    art = read_artifact(folder)
+    mask = np.ones((2, 8), np.int64)
+    want = eager_full(art.load_source_module())(x, mask)
+    np.testing.assert_allclose(np.load(case / "y.npy"), want["y"], rtol=0, atol=ATOL)
+    for name in ("present_key", "present_value"):
+        got = np.load(case / f"{name}.npy")
+        assert got.shape == buffers.shape
+        np.testing.assert_allclose(got[:, :, :8], want[name], rtol=0, atol=ATOL, err_msg=name)
+    np.testing.assert_array_equal(np.load(case / "present_key.npy")[:, :, 8:], buffers[:, :, 8:])
+    float_y = eager_full(art.load_unquantized_module())(x, mask)["y"]
+    assert np.abs(want["y"] - float_y).max() > 100 * ATOL  # the reference is the int4 function
 
 
 # --- AOTInductor: model.pt2 through libtorch's AOTIModelPackageLoader ----------------------------

@@ -1,5 +1,6 @@
 """The documentation cannot rot: the site builds with --strict, every command and snippet on the
 executed pages runs, and the tables that restate the code are held to it."""
+import json
 import re
 import shlex
 import subprocess
@@ -147,7 +148,8 @@ def fault_list() -> str:
     import faults
     groups = (("Every graph form", faults.ONNX_FAULTS), ("Decode models (growing cache)",
               faults.CACHE_FAULTS), ("Static-cache models", faults.STATIC_FAULTS),
-              ("Layer options", faults.OPTION_FAULTS))
+              ("Layer options", faults.OPTION_FAULTS),
+              ("Quantized projections (caught at fp32 compute)", faults.QUANT_FAULTS))
     return "\n".join(f"- **{title}:** " + "; ".join(sorted(group)) + "." for title, group in groups)
 
 
@@ -155,7 +157,9 @@ def runner_table() -> str:
     from mha_export.check.runners import RUNNERS
     lines = ["| runner | runs | with | by default |", "|---|---|---|---|"]
     lines += [f"| `{k.name}` | `{k.model_file}` | {k.runtime} | "
-              f"{'yes' if k.by_default else 'when named'} |" for k in RUNNERS.values()]
+              f"{'yes' if k.by_default else 'when named'}"
+              f"{f'; by default for {k.also_for_doc}' if k.also_for_doc else ''} |"
+              for k in RUNNERS.values()]
     return "\n".join(lines)
 
 
@@ -172,8 +176,22 @@ def form_table() -> str:
     return "\n".join(lines)
 
 
-GENERATORS = {"forms": form_table, "signature": signature_table, "bench": bench_table, "faults": fault_list,
-              "runners": runner_table}
+def quant_error_table(path: str) -> str:
+    """benchmarks/quant_error.py's JSON: what quantizing cost per layer, bits and block size."""
+    data = json.loads((ROOT / path).read_text())
+    lines = ["| layer | weights | block | y: max\\|d\\| / max\\|y\\| | y: cosine | "
+             "present_key: max\\|d\\| / max\\|k\\| | kernel (`ort-cpu`, int8 activations) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        y, k = r["cost"]["y"], r["cost"]["present_key"]
+        lines.append(f"| {r['layer']} | int{r['bits']} | {r['block_size']} | {y['rel']:.2e} | "
+                     f"{y['cosine']:.5f} | {k['rel']:.2e} | {r['kernel_rel_y']:.1e} |")
+    m = data["machine"]
+    return "\n".join(lines) + f"\n\n<small>{m['cpu']}, {m['date']}; `{path}`</small>"
+
+
+GENERATORS = {"forms": form_table, "signature": signature_table, "bench": bench_table,
+              "faults": fault_list, "runners": runner_table, "quant-error": quant_error_table}
 
 
 def generated_blocks(text: str) -> list[tuple[str, str]]:

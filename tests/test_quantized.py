@@ -238,3 +238,16 @@ def test_a_qwen3_checkpoint_layer_equals_transformers_with_the_same_dequantized_
         rows = mask.numpy().astype(bool)
         assert got.shape[0] == B and np.isfinite(got).all()
         assert np.abs(got - want)[rows].max() <= rel * np.abs(want).max(), spec.label()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-mqa-llama3", "gpt_neox", "qwen3_5_text",
+                                  "gemma2", "phi3", "olmo2", "granite", "gpt_oss", "smollm3"])
+def test_checkpoint_families_export_quantized_and_pass(tmp_path, name):
+    """Families whose layers differ in what the quantized graph must keep float (biases, q/k
+    norms, sinks, softcapping, partial rotary, the output gate of qwen3_5's layers)."""
+    from test_checkpoints import MODELS, _build
+    _build(name).save_pretrained(tmp_path / "ckpt")
+    art = export_onnx(weights=tmp_path / "ckpt", layer=MODELS[name].layers[0],
+                      output=tmp_path / "q", kv_cache=True, quantize=INT4, validate=False).path
+    report = check_parity(art, **QUICK)
+    assert report.passed, format_report(report)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from ..config import MHAConfig
-from ..env import machine_info
+from ..env import last_level_cache_bytes, machine_info
+from ..weights.quantize import QuantSpec
 from .report import BASELINE, BenchReport, BenchRow
 
 WORKER = "mha_export.bench.worker"  # run with -m: the package, not its folder, on sys.path
@@ -58,16 +59,21 @@ def cuda_status() -> tuple[bool, str]:
 
 
 def prepare_models(config: MHAConfig, forms: Sequence[str], folder: Path, module,
-                   kind: str = "full", aoti: bool = False) -> dict[str, Path]:
+                   kind: str = "full", aoti: bool = False,
+                   quantize: Sequence[QuantSpec] = ()) -> dict[str, Path]:
     """One model file per variant, all from the same weights, of one signature kind, written by
-    the export targets (export/targets.py) as an export would write them."""
+    the export targets (export/targets.py) as an export would write them: every form, and
+    every form with each quantization (keys FORM-TAG, e.g. auto-int4)."""
     from ..export.targets import TARGETS
     from ..signature import make_signature
     sig = make_signature(config, kind)
     paths = {}
     for form in forms:
-        paths[form] = folder / f"{form}.onnx"
-        TARGETS["onnx"].prepare(module, config, sig, attention=form).write(paths[form])
+        for quant in (None, *quantize):
+            key = form if quant is None else f"{form}-{quant.tag}"
+            paths[key] = folder / f"{key}.onnx"
+            TARGETS["onnx"].prepare(module, config, sig, attention=form,
+                                    quant=quant).write(paths[key])
     paths["torchscript"] = folder / TARGETS["torchscript"].model_file
     TARGETS["torchscript"].prepare(module, config, sig).write(paths["torchscript"])
     if aoti:  # an AOTInductor compile: tens of seconds
@@ -76,13 +82,14 @@ def prepare_models(config: MHAConfig, forms: Sequence[str], folder: Path, module
     return paths
 
 
-def variant_specs(config: MHAConfig, forms: Sequence[str], models: dict[str, Path],
+def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[str, Path],
                   providers: Sequence[str], cuda_ok: bool, kind: str = "full",
                   extra: Sequence[str] = (), cpp: Optional[Path] = None) -> list[dict]:
     """Eager baselines, TorchScript, every ONNX Runtime runner of the registry (one per provider
-    asked for) on every form, the ``extra`` runners named (OpenVINO on every form, the
-    AOTInductor package), and with ``cpp`` (a ``make cpp`` folder) the libtorch C++ programs on
-    the TorchScript file and the AOTInductor package."""
+    asked for) on every ONNX model (``onnx_models``: keys of ``models``), the ``extra`` runners
+    named (OpenVINO on every ONNX model, the AOTInductor package), and with ``cpp`` (a ``make
+    cpp`` folder) the libtorch C++ programs on the TorchScript file and the AOTInductor
+    package."""
     from ..check.runners import RUNNERS, ort_runner_names
     c = config.to_dict()
     textbook = (kind == "full" and config.rotary == "none" and not config.sliding_window
@@ -94,13 +101,13 @@ def variant_specs(config: MHAConfig, forms: Sequence[str], models: dict[str, Pat
         if RUNNERS[name].device == "cuda" and not cuda_ok:
             continue
         specs += [{"variant": "runner", "runner": name, "name": f"{name}-{form}", "config": c,
-                   "model": str(models[form])} for form in forms]
-        if "auto" in forms:  # ORT's memory-pattern planner over-reserves around the block loop
+                   "model": str(models[form])} for form in onnx_models]
+        if "auto" in onnx_models:  # ORT's memory-pattern planner over-reserves around the block loop
             specs.append({"variant": "runner", "runner": name, "name": f"{name}-auto-nomempattern",
                           "config": c, "model": str(models["auto"]), "mem_pattern": False})
     for name in extra:
         model_file = RUNNERS[name].model_file
-        targets = forms if model_file.endswith(".onnx") else ["aoti"]
+        targets = onnx_models if model_file.endswith(".onnx") else ["aoti"]
         specs += [{"variant": "runner", "runner": name, "config": c, "model": str(models[t]),
                    "name": f"{name}-{t}" if t != "aoti" else name} for t in targets]
     specs += [{"variant": "cpp", "name": f"cpp-{program}", "config": c,
@@ -120,13 +127,15 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
               progress: Callable[[str], None] = lambda s: None, weights_module=None,
               kv_cache: bool = False, past_lens: Sequence[int] = (0,), static_cache: bool = False,
               capacity: int = 8192, runners: Sequence[str] = (), cpp: Optional[Path] = None,
-              command: str = "") -> BenchReport:
+              command: str = "", quantize: Sequence[QuantSpec] = (),
+              cold: bool = False) -> BenchReport:
     """Every variant at every (T, past); ``kv_cache``: the decode-step models (x,
     attention_mask, past_key, past_value), e.g. T=1 over past 128..4096, or a long prefill;
     ``static_cache``: the in-place models over a buffer of ``capacity`` entries, against eager
     torch's growing-cache step (the baseline row) and its own in-place step; ``cpp``: a folder
     holding the built C++ programs (``make cpp``), timed on the same files; ``command``: kept
-    in the report."""
+    in the report; ``quantize``: each form also with quantized projections; ``cold``: each
+    row steps a ring of independent instances larger than the last-level cache (``RING``)."""
     from ..graph.forms import FORMS, Feature
     from ..layer.layouts import build_module
     kind = "static-cache" if static_cache else "kv-cache" if kv_cache else "full"
@@ -142,8 +151,13 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     with tempfile.TemporaryDirectory(prefix="mha-bench-") as tmp:
         module = weights_module or build_module(config, seed=seed)
         aoti = any(r.startswith("aoti") for r in runners)
-        models = prepare_models(config, forms, Path(tmp), module, kind, aoti)
-        specs = variant_specs(config, forms, models, providers, cuda_ok, kind, runners, cpp)
+        models = prepare_models(config, forms, Path(tmp), module, kind, aoti, quantize)
+        onnx_models = [k for k in models if k not in ("torchscript", "aoti")]
+        specs = variant_specs(config, onnx_models, models, providers, cuda_ok, kind, runners, cpp)
+        quantized = {str(models[f"{form}-{q.tag}"]): q.to_dict() for form in forms
+                     for q in quantize}  # model file -> its QuantSpec
+        specs = [{**spec, "quant": quantized[spec["model"]]} if spec.get("model") in quantized
+                 else spec for spec in specs]
         if static_cache:  # the baseline: eager torch's growing-cache step, as users run it
             eager = next(sp for sp in specs if sp["variant"] == BASELINE)
             specs = [{**eager, "kind": "kv-cache"}, {**eager, "name": "eager-static"},
@@ -157,8 +171,10 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
                 spec = {**spec, "batch": batch, "seq": seq, "past": past, "threads": threads,
                         "mem_limit_gib": mem_limit_gib, "budget_s": budget_s,
                         "min_reps": 5 if seq <= 2048 else 3}
+                if cold:
+                    spec = _cold(spec, config)
                 result = run_worker(spec)
-                row = _row(name, config, seq, batch, past, result, kind != "full")
+                row = _row(name, config, spec, result, kind != "full")
                 report.rows.append(row)
                 progress(f"[{i}/{total}] {name:24s} T={seq:<6d} P={past:<6d} " + (
                     f"{row.median_ms:10.2f} ms  {row.peak_rss_mib:8.0f} MiB" if row.median_ms
@@ -168,6 +184,8 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
                                                                          progress)]), default=None)
     if kind != "full":
         report.copy_bandwidth_gbs = copy_bandwidth(budget_s, progress)
+    if cold:
+        report.stream_bandwidth_gbs = stream_bandwidth(budget_s, progress)
     for r in report.rows:
         if r.gflops and report.gemm_ceiling_gflops:
             r.ceiling_fraction = r.gflops / report.gemm_ceiling_gflops
@@ -195,21 +213,59 @@ def copy_bandwidth(budget_s: float, progress: Callable[[str], None]) -> Optional
     return rate
 
 
-def step_bytes(c: MHAConfig, seq: int, batch: int, past: int) -> float:
-    """Bytes a cached step must read: the fp32 weights once, and the valid keys and values."""
-    weights = c.d_in * (c.inner + 2 * c.kv_inner) + c.inner * c.dim
-    return 4.0 * (weights + batch * 2 * c.kv_inner * (past + seq))
+def stream_bandwidth(budget_s: float, progress: Callable[[str], None]) -> Optional[float]:
+    """GB/s of the fastest streaming read (numpy sum) of RING x the last-level cache: the
+    size a cold row's ring steps through."""
+    mib = max(64, -(-RING * last_level_cache_bytes() // 2**20))
+    read = run_worker({"variant": "stream", "mib": mib, "min_reps": 5, "budget_s": budget_s})
+    rate = mib * 2**20 / (read["min_ms"] / 1e3) / 1e9 if "min_ms" in read else None
+    progress(f"streaming read ({mib} MiB numpy sum, best run): "
+             + (f"{rate:.1f} GB/s" if rate else read.get("error", "?")))
+    return rate
 
 
-def _row(name: str, c: MHAConfig, seq: int, batch: int, past: int, result: dict,
-         cached: bool = False) -> BenchRow:
+def weight_bytes(c: MHAConfig, quant: Optional[QuantSpec] = None) -> int:
+    """Bytes of the projections' weights: fp32, or as ``quant`` stores them."""
+    shapes = [(c.inner, c.d_in), (c.kv_inner, c.d_in), (c.kv_inner, c.d_in), (c.dim, c.inner)]
+    return sum(quant.stored_bytes(n, k) if quant else 4 * n * k for n, k in shapes)
+
+
+def step_bytes(c: MHAConfig, seq: int, batch: int, past: int,
+               quant: Optional[QuantSpec] = None) -> float:
+    """Bytes a cached step must read: the weights once, and the valid fp32 keys and values."""
+    return weight_bytes(c, quant) + 4.0 * batch * 2 * c.kv_inner * (past + seq)
+
+
+# A cold row's ring holds RING x the last-level cache in weights + valid cache (at least 2
+# instances): stepping through it in turn, each call finds its bytes evicted.
+RING = 3
+
+
+def _cold(spec: dict, c: MHAConfig) -> dict:
+    """The spec as a ring of instances larger than the last-level cache; a static buffer sized
+    to the call (capacity = past + T: what is read is the same, the ring fits in memory)."""
+    quant = QuantSpec.from_dict(spec["quant"]) if spec.get("quant") else None
+    instance = step_bytes(c, spec["seq"], spec["batch"], spec["past"], quant)
+    count = -(-RING * last_level_cache_bytes() // int(instance))
+    out = {**spec, "ring": min(512, max(2, count))}
+    if "capacity" in spec:
+        out["capacity"] = spec["past"] + spec["seq"]
+    return out
+
+
+def _row(name: str, c: MHAConfig, spec: dict, result: dict, cached: bool = False) -> BenchRow:
+    seq, batch, past = spec["seq"], spec["batch"], spec["past"]
     if "error" in result:
         return BenchRow(name, seq, batch, past, error=result["error"])
     s = result["median_ms"] / 1e3
     gflops = effective_flops(c, seq, batch, past) / s / 1e9
+    quant = QuantSpec.from_dict(spec["quant"]) if spec.get("quant") else None
+    model = Path(spec["model"]) if spec.get("model") else None
     return BenchRow(name, seq, batch, past, result["median_ms"], result["reps"], batch * seq / s,
                     gflops, None, None, result["peak_rss_mib"], result.get("peak_device_mib"),
-                    bandwidth_gbs=step_bytes(c, seq, batch, past) / s / 1e9 if cached else None)
+                    bandwidth_gbs=step_bytes(c, seq, batch, past, quant) / s / 1e9 if cached
+                    else None, model_mib=model.stat().st_size / 2**20 if model and
+                    model.suffix == ".onnx" else None, ring=spec.get("ring", 1))
 
 
 def _speedups(report: BenchReport) -> None:

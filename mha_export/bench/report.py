@@ -28,6 +28,8 @@ class BenchRow:
     peak_device_mib: Optional[float] = None  # torch CUDA variants only
     error: str = ""
     bandwidth_gbs: Optional[float] = None  # cached steps: weights + valid cache read per second
+    model_mib: Optional[float] = None  # the model file's size (ONNX variants)
+    ring: int = 1  # cold runs: independent instances stepped in turn (see bench --cold)
 
     @property
     def call(self) -> str:
@@ -46,6 +48,7 @@ class BenchReport:
     rows: list[BenchRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     copy_bandwidth_gbs: Optional[float] = None  # cached steps: this run's memory ceiling
+    stream_bandwidth_gbs: Optional[float] = None  # cold runs: streaming read of the ring's size
     command: str = ""  # the command line that made it (runs before the docs site: empty)
 
     def to_dict(self) -> dict:
@@ -95,6 +98,13 @@ def format_table(report: BenchReport) -> str:
     if report.copy_bandwidth_gbs:
         lines.append(f"copy bandwidth {report.copy_bandwidth_gbs:.1f} GB/s (256 MiB numpy copy, "
                      "read + write, best run); GB/s above = weights + valid cache read per step")
+    if report.stream_bandwidth_gbs:
+        lines.append(f"cold: each row steps a ring of independent instances (weights + buffers "
+                     f"> 3 x the last-level cache); streaming read of that size "
+                     f"{report.stream_bandwidth_gbs:.1f} GB/s (best run)")
+    sizes = {r.variant: r.model_mib for r in report.rows if r.model_mib}
+    if sizes:
+        lines.append("model file: " + ", ".join(f"{v} {m:.2f} MiB" for v, m in sizes.items()))
     return "\n".join(lines + report.notes)
 
 
@@ -134,6 +144,9 @@ def _caption(report: BenchReport, source: str) -> str:
         parts.append(f"GEMM ceiling {report.gemm_ceiling_gflops:.0f} GFLOP/s")
     if report.copy_bandwidth_gbs:
         parts.append(f"copy bandwidth {report.copy_bandwidth_gbs:.1f} GB/s")
+    if report.stream_bandwidth_gbs:
+        parts.append(f"cold (a ring of instances > 3 × the last-level cache), streaming read "
+                     f"{report.stream_bandwidth_gbs:.1f} GB/s")
     if report.command:
         parts.append(f"`{report.command}`")
     if source:

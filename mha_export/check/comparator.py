@@ -17,15 +17,19 @@ import numpy as np
 class Tolerance:
     atol: float
     rtol: float
+    # + scaled * max|expected|: for arithmetic whose error follows the output's scale, not each
+    # element's (int8 activations, quantized per block of their largest value)
+    scaled: float = 0.0
 
     def __post_init__(self) -> None:
-        for name, v in (("atol", self.atol), ("rtol", self.rtol)):
+        for name, v in (("atol", self.atol), ("rtol", self.rtol), ("scaled", self.scaled)):
             if not (v >= 0 and np.isfinite(v)):
                 from ..errors import UsageError
                 raise UsageError(f"{name} must be a finite number >= 0, got {v}")
 
     def __str__(self) -> str:
-        return f"atol {self.atol:g}, rtol {self.rtol:g}"
+        scaled = f" + {self.scaled:g} max|y|" if self.scaled else ""
+        return f"atol {self.atol:g}{scaled}, rtol {self.rtol:g}"
 
 
 # Default tolerances (applied to both comparisons: vs eager fp32 and vs the fp64 reference).
@@ -35,10 +39,14 @@ FP32_TF32 = Tolerance(atol=2e-3, rtol=1e-2)
 FLOAT16 = Tolerance(atol=2e-3, rtol=2e-2)
 # bf16 arithmetic (8-bit mantissa), e.g. OpenVINO's CPU plugin by default on AVX512_BF16 CPUs.
 BFLOAT16 = Tolerance(atol=3e-2, rtol=5e-2)
-# ONNX Runtime's MatMulNBits at accuracy level 4: activations quantized to int8 per block.
-# Measured on 12 x 768 (int4 and int8 weights, randn inputs, |y| <= ~1.2): worst 1.1e-2 abs,
-# 1.0e-2 of max|y| against the same dequantized weights in fp64; ~2.5x margin.
-INT8_ACTIVATIONS = Tolerance(atol=3e-2, rtol=3e-2)
+# ONNX Runtime's MatMulNBits at accuracy level 4: activations quantized to int8 per block, an
+# error that follows the output's scale. Measured against the same dequantized weights in fp64
+# (int4 and int8, blocks 16-128, check inputs): max|d| / max|y| 1.1e-2 on y of 12 x 768 and a
+# Qwen3-0.6B-shaped layer, 7.5e-3 on keys after q/k norm (where an elementwise rule fails on
+# small entries), 4.5e-2 on a tiny phi3 checkpoint layer with 10x init weights (sharp attention
+# amplifies the rounding). 0.1 x max|y| is a ~2.2x margin over that worst; the file's weights
+# are proven at fp32 compute (ort-cpu-fp32-compute), tightly.
+INT8_ACTIVATIONS = Tolerance(atol=1e-5, rtol=1e-4, scaled=0.1)
 
 
 @dataclass(frozen=True)
@@ -78,10 +86,11 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
     if not keep.any():
         return Comparison(True, 0.0, 0.0, 0.0, 0.0, 0, ())
     err = np.where(keep, np.abs(a - expected), 0.0)
-    excess = np.where(keep, err - (tol.atol + tol.rtol * np.abs(expected)), -np.inf)
+    scale = float(np.abs(expected[keep]).max())
+    allowed = tol.atol + tol.scaled * scale + tol.rtol * np.abs(expected)
+    excess = np.where(keep, err - allowed, -np.inf)
     worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(excess)), err.shape))
     kept = err[keep]
-    scale = float(np.abs(expected[keep]).max())
     passed = bool(excess.max() <= 0)
     reason = "" if passed else (f"{int((excess > 0).sum())} of {kept.size} elements outside "
                                 f"{tol}; worst at {worst}")

@@ -333,6 +333,9 @@ def _default_tolerance(runner: Runner, dtype: str, options: RunOptions) -> Toler
 
 
 def _override(default: Tolerance, atol: Optional[float], rtol: Optional[float]) -> Tolerance:
+    """--atol / --rtol replace the default (its output-scaled part too, when either is given)."""
+    if atol is None and rtol is None:
+        return default
     return Tolerance(default.atol if atol is None else atol,
                      default.rtol if rtol is None else rtol)
 

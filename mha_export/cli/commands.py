@@ -256,13 +256,24 @@ def cpp_programs(folder: Optional[str], runners: tuple | list):
                                  "--markdown or --plot.")
 @click.option("--markdown", is_flag=True,
               help="Print the results as the Markdown table of the docs' performance page.")
+@click.option("--quantize", "quantize_names", default=None,
+              help="Also measure every ONNX form with quantized projections: int4, int8 or "
+                   "both (int4,int8), round to nearest, block 32, symmetric.")
+@click.option("--accuracy-level", "accuracy_levels", default="4", show_default=True,
+              callback=int_list, help="With --quantize: MatMulNBits accuracy levels to "
+                                      "measure (4 = int8 activations, 1 = fp32), e.g. 1,4.")
+@click.option("--cold", is_flag=True,
+              help="Each row steps a ring of independent instances (own weights and buffers) "
+                   "larger than the last-level cache, as the layers of a real model evict each "
+                   "other; beside a streaming read of that size.")
 @_guard
 def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bool,
           static_cache: bool, capacity: int, extra_runners: Optional[list[str]],
           cpp_folder: Optional[str], past_lens: list[int], providers: list[str],
           forms: str, threads: int, budget: float, mem_limit_gib: float,
           json_path: Optional[str], plot_path: Optional[str], from_json: Optional[str],
-          markdown: bool, **config_fields) -> None:
+          markdown: bool, quantize_names: Optional[str], accuracy_levels: list[int], cold: bool,
+          **config_fields) -> None:
     """Measure eager PyTorch (textbook and SDPA), TorchScript and every ONNX graph form side by
     side, each measurement in its own process (peak RSS per variant).
 
@@ -272,6 +283,8 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
       mha-export bench models/split-h12-d768-onnx --seq-lens 128,2048 --forms attention-op,blocked
       mha-export bench --kv-cache --seq-lens 1 --past-lens 128,1024,4096 --batch 8
       mha-export bench --static-cache --seq-lens 1 --past-lens 128,1024,4096,8000
+      mha-export bench --static-cache --seq-lens 1 --past-lens 128,1024 --forms auto \
+          --quantize int4,int8 --cold
       mha-export bench --from-json bench.json --markdown --plot bench.png
     """
     if plot_path:
@@ -282,6 +295,9 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
         return
     from ..bench.driver import run_bench
     cpp = cpp_programs(cpp_folder, extra_runners or ())
+    if cold and cpp:
+        raise UsageError("--cold steps a ring of instances in Python: not with --cpp")
+    quantize = bench_quantization(quantize_names, accuracy_levels)
     chosen = None if forms is None else [f.strip() for f in forms.split(",") if f.strip()]
     if chosen is not None and (not chosen or set(chosen) - set(ATTENTION_FORMS)):
         raise UsageError(f"--forms: choose from {', '.join(ATTENTION_FORMS)}, got {forms!r}")
@@ -298,12 +314,23 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
                        budget, progress=lambda line: click.echo(line, err=True),
                        weights_module=module, kv_cache=kv_cache, past_lens=past_lens,
                        static_cache=static_cache, capacity=capacity,
-                       runners=extra_runners or (), cpp=cpp,
+                       runners=extra_runners or (), cpp=cpp, quantize=quantize, cold=cold,
                        command=shlex.join(["mha-export", *sys.argv[1:]]))
     if json_path:
         from ..artifact import write_json_atomic
         write_json_atomic(json_path, report.to_dict())
     _show_bench(report, json_path or "", markdown, plot_path)
+
+
+def bench_quantization(names: Optional[str], levels: list[int]) -> list:
+    """--quantize int4,int8 x --accuracy-level 1,4 as QuantSpecs (default block and symmetry)."""
+    from ..weights.quantize import QuantSpec
+    if names is None:
+        return []
+    chosen = [n.strip() for n in names.split(",") if n.strip()]
+    if not chosen:
+        raise UsageError(f"--quantize: expected int4, int8 or int4,int8, got {names!r}")
+    return [QuantSpec.named(n, accuracy_level=level) for n in chosen for level in levels]
 
 
 def _show_bench(report, source: str, markdown: bool, plot_path: Optional[str]) -> None:

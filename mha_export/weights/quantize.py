@@ -60,6 +60,18 @@ class QuantSpec:
         """The kernel's arithmetic: 'fp32' | 'int8-activation'."""
         return ACCURACY_LEVELS[self.accuracy_level]
 
+    @property
+    def tag(self) -> str:
+        """Short name of a variant: 'int4', 'int8-b64-asym', 'int4-fp32' (accuracy level 1)."""
+        return self.name + (f"-b{self.block_size}" if self.block_size != 32 else "") + (
+            "" if self.symmetric else "-asym") + ("-fp32" if self.accuracy_level == 1 else "")
+
+    def stored_bytes(self, n: int, k: int) -> int:
+        """Bytes an (N, K) weight occupies quantized: codes, fp32 scales, zero points."""
+        blocks = -(-k // self.block_size)
+        zero_points = 0 if self.symmetric else n * -(-blocks * self.bits // 8)
+        return n * blocks * self.block_size * self.bits // 8 + 4 * n * blocks + zero_points
+
     def label(self) -> str:
         """'int4 block 32 symmetric, fp32 compute (accuracy level 1)'."""
         return (f"{self.name} block {self.block_size} "

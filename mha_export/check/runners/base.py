@@ -87,5 +87,7 @@ class RunnerKind:
     unavailable: Callable[[], Optional[str]] = lambda: None  # why it cannot run on this machine
     ort_provider: Optional[str] = None  # "cpu" | "cuda": the ``--providers`` shorthand
     by_default: bool = True  # False: runs only when named (another runtime than the file's own)
-    # config.json "export" -> also runs by default for such artifacts (by_default False)
+    # config.json "export" -> also runs by default for such artifacts (by_default False), and
+    # what those are, for help texts
     also_for: Callable[[dict], bool] = lambda export: False
+    also_for_doc: str = ""
