@@ -102,7 +102,7 @@ def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[st
             continue
         specs += [{"variant": "runner", "runner": name, "name": f"{name}-{form}", "config": c,
                    "model": str(models[form])} for form in onnx_models]
-        if "auto" in onnx_models:  # ORT's memory-pattern planner over-reserves around the block loop
+        if "auto" in onnx_models:  # ORT's memory pattern over-reserves around the block loop
             specs.append({"variant": "runner", "runner": name, "name": f"{name}-auto-nomempattern",
                           "config": c, "model": str(models["auto"]), "mem_pattern": False})
     for name in extra:
@@ -154,31 +154,12 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
         models = prepare_models(config, forms, Path(tmp), module, kind, aoti, quantize)
         onnx_models = [k for k in models if k not in ("torchscript", "aoti")]
         specs = variant_specs(config, onnx_models, models, providers, cuda_ok, kind, runners, cpp)
-        quantized = {str(models[f"{form}-{q.tag}"]): q.to_dict() for form in forms
-                     for q in quantize}  # model file -> its QuantSpec
-        specs = [{**spec, "quant": quantized[spec["model"]]} if spec.get("model") in quantized
-                 else spec for spec in specs]
-        if static_cache:  # the baseline: eager torch's growing-cache step, as users run it
-            eager = next(sp for sp in specs if sp["variant"] == BASELINE)
-            specs = [{**eager, "kind": "kv-cache"}, {**eager, "name": "eager-static"},
-                     *(sp for sp in specs if sp is not eager)]
-            specs = [{**spec, "capacity": capacity} for spec in specs]
-        total, i = len(specs) * len(points), 0
-        for seq, past in points:
-            for spec in specs:
-                i += 1
-                name = spec.get("name", spec["variant"])
-                spec = {**spec, "batch": batch, "seq": seq, "past": past, "threads": threads,
-                        "mem_limit_gib": mem_limit_gib, "budget_s": budget_s,
-                        "min_reps": 5 if seq <= 2048 else 3}
-                if cold:
-                    spec = _cold(spec, config)
-                result = run_worker(spec)
-                row = _row(name, config, spec, result, kind != "full")
-                report.rows.append(row)
-                progress(f"[{i}/{total}] {name:24s} T={seq:<6d} P={past:<6d} " + (
-                    f"{row.median_ms:10.2f} ms  {row.peak_rss_mib:8.0f} MiB" if row.median_ms
-                    else f"ERROR: {row.error}"))
+        specs = _recorded_quantization(specs, models, forms, quantize)
+        if static_cache:
+            specs = _static_specs(specs, capacity)
+        common = {"batch": batch, "threads": threads, "mem_limit_gib": mem_limit_gib,
+                  "budget_s": budget_s}
+        report.rows += _measure(config, specs, points, common, kind != "full", cold, progress)
     # The ceiling is the best GEMM rate seen, measured before and after the variants.
     report.gemm_ceiling_gflops = max(filter(None, [ceiling, gemm_ceiling(threads, budget_s,
                                                                          progress)]), default=None)
@@ -191,6 +172,43 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
             r.ceiling_fraction = r.gflops / report.gemm_ceiling_gflops
     _speedups(report)
     return report
+
+
+def _recorded_quantization(specs: list[dict], models: dict[str, Path], forms: Sequence[str],
+                           quantize: Sequence[QuantSpec]) -> list[dict]:
+    """A spec whose model has quantized projections records their QuantSpec (its bytes)."""
+    quantized = {str(models[f"{form}-{q.tag}"]): q.to_dict() for form in forms
+                 for q in quantize}  # model file -> its QuantSpec
+    return [{**spec, "quant": quantized[spec["model"]]} if spec.get("model") in quantized
+            else spec for spec in specs]
+
+
+def _static_specs(specs: list[dict], capacity: int) -> list[dict]:
+    """Static-cache runs: the baseline is eager torch's growing-cache step, as users run it,
+    beside eager's own in-place step; every buffer of ``capacity`` entries."""
+    eager = next(sp for sp in specs if sp["variant"] == BASELINE)
+    specs = [{**eager, "kind": "kv-cache"}, {**eager, "name": "eager-static"},
+             *(sp for sp in specs if sp is not eager)]
+    return [{**spec, "capacity": capacity} for spec in specs]
+
+
+def _measure(config: MHAConfig, specs: list[dict], points: list[tuple[int, int]], common: dict,
+             cached: bool, cold: bool, progress: Callable[[str], None]) -> list[BenchRow]:
+    """Every spec at every (T, past), each in its own worker process."""
+    rows, total = [], len(specs) * len(points)
+    for seq, past in points:
+        for spec in specs:
+            name = spec.get("name", spec["variant"])
+            spec = {**spec, **common, "seq": seq, "past": past,
+                    "min_reps": 5 if seq <= 2048 else 3}
+            if cold:
+                spec = _cold(spec, config)
+            row = _row(name, config, spec, run_worker(spec), cached)
+            rows.append(row)
+            progress(f"[{len(rows)}/{total}] {name:24s} T={seq:<6d} P={past:<6d} " + (
+                f"{row.median_ms:10.2f} ms  {row.peak_rss_mib:8.0f} MiB" if row.median_ms
+                else f"ERROR: {row.error}"))
+    return rows
 
 
 def gemm_ceiling(threads: int, budget_s: float, progress: Callable[[str], None]

@@ -22,6 +22,7 @@ from .forms import FORMS, AttentionIO, GraphForm, resolve_opset
 from .builder import ONNX_DTYPES, GraphBuilder
 from .rotary import rotary_cos_sin, rotary_op, rotate_heads
 from ..layer.layouts import AttentionWeights
+from .nodes import all_nodes
 from .norm import heads_rms_norm, rms_norm
 from ..signature import FLOAT, Signature, TensorSpec, make_signature
 from ..weights.quantize import QuantSpec
@@ -82,7 +83,7 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
     ir_version = helper.find_min_ir_version_for(opsets)  # onnx 1.23 would write 14; ORT reads 13
     # the domains its nodes use (com.microsoft: ONNX Runtime's contrib operators, version 1)
     opsets += [helper.make_opsetid(domain, 1)
-               for domain in sorted({n.domain for n in _all_nodes(g.nodes) if n.domain})]
+               for domain in sorted({n.domain for n in all_nodes(g.nodes) if n.domain})]
     return helper.make_model(graph, opset_imports=opsets, producer_name="mha-export",
                              ir_version=ir_version)
 
@@ -96,18 +97,9 @@ def _name_output(g: GraphBuilder, tensor: str, name: str) -> None:
     if not any(tensor in n.output for n in g.nodes):
         g.nodes.append(helper.make_node("Identity", [tensor], [name], name=f"{name}_out"))
         return
-    for node in _all_nodes(g.nodes):
+    for node in all_nodes(g.nodes):
         node.input[:] = [name if i == tensor else i for i in node.input]
         node.output[:] = [name if o == tensor else o for o in node.output]
-
-
-def _all_nodes(nodes):
-    """Nodes and the nodes of their subgraphs (Loop bodies, If branches), recursively."""
-    for node in nodes:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _all_nodes(attr.g.node)
 
 
 def _queries_keys_values(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, opset: int

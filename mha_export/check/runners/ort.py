@@ -15,6 +15,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from ...graph.nodes import all_nodes
 from ...signature import Signature
 from .base import Feeds, Runner, RunnerUnavailable
 
@@ -204,7 +205,7 @@ def _at_fp32_compute(path: str | Path) -> bytes:
     """The model with every MatMulNBits at accuracy level 1 (fp32 compute), serialized."""
     import onnx
     model = onnx.load(str(path))
-    for node in _walk(model.graph.node):
+    for node in all_nodes(model.graph.node):
         if node.op_type == "MatMulNBits":
             for attr in node.attribute:
                 if attr.name == "accuracy_level":
@@ -214,7 +215,7 @@ def _at_fp32_compute(path: str | Path) -> bytes:
 
 def _quantized_kernels(optimized_path: str, provider: str) -> QuantizedKernels:
     import onnx
-    nodes = list(_walk(onnx.load(optimized_path, load_external_data=False).graph.node))
+    nodes = list(all_nodes(onnx.load(optimized_path, load_external_data=False).graph.node))
     kinds = sorted({(a["bits"], a["block_size"], a.get("accuracy_level", 0)) for a in (
         {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
         for n in nodes if n.op_type == "MatMulNBits")})
@@ -223,16 +224,6 @@ def _quantized_kernels(optimized_path: str, provider: str) -> QuantizedKernels:
         for bits, block, level in kinds))
     return QuantizedKernels(sum(n.op_type == "MatMulNBits" for n in nodes), paths,
                             sum(n.op_type == "DequantizeLinear" for n in nodes))
-
-
-def _walk(nodes):
-    """Nodes and the nodes of their subgraphs (If branches, Loop bodies)."""
-    import onnx
-    for node in nodes:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _walk(attr.g.node)
 
 
 @functools.lru_cache(maxsize=None)
