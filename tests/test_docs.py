@@ -158,7 +158,7 @@ def runner_table() -> str:
     lines = ["| runner | runs | with | by default |", "|---|---|---|---|"]
     lines += [f"| `{k.name}` | `{k.model_file}` | {k.runtime} | "
               f"{'yes' if k.by_default else 'when named'}"
-              f"{f'; by default for {k.also_for_doc}' if k.also_for_doc else ''} |"
+              f"{f'; with `{k.also_with}` on {k.also_for_doc}' if k.also_with else ''} |"
               for k in RUNNERS.values()]
     return "\n".join(lines)
 

@@ -251,3 +251,15 @@ def test_checkpoint_families_export_quantized_and_pass(tmp_path, name):
                       output=tmp_path / "q", kv_cache=True, quantize=INT4, validate=False).path
     report = check_parity(art, **QUICK)
     assert report.passed, format_report(report)
+
+
+def test_the_fp32_compute_twin_accompanies_ort_cpu_only(tmp_path):
+    """It runs where ort-cpu runs (never as a stand-in: --providers cuda without a GPU is still
+    a check of nothing), and not beside a level-1 file, whose ort-cpu is exact already."""
+    art = _export(tmp_path)
+    assert "ort-cpu-fp32-compute" in _ran(check_parity(art, providers=["cpu"], **QUICK))
+    cuda_only = check_parity(art, providers=["cuda"], **QUICK)
+    assert "ort-cpu-fp32-compute" not in _ran(cuda_only)
+    assert cuda_only.passed == ("ort-cuda" in _ran(cuda_only))
+    exact = _export(tmp_path, spec=EXACT, name="exact")
+    assert "ort-cpu-fp32-compute" not in _ran(check_parity(exact, **QUICK))

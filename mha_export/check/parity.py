@@ -163,10 +163,12 @@ def selected_kinds(artifact: Artifact, runners: Optional[Sequence[str]],
                                  f"{artifact.path} does not hold")
         return kinds
     ort = set(ort_runner_names(list(providers))) if providers is not None else None
-    return [k for k in RUNNERS.values()
-            if (k.by_default or k.also_for(artifact.export))
-            and (artifact.path / k.model_file).is_file()
-            and (ort is None or not k.ort_provider or k.name in ort)]
+    kinds = [k for k in RUNNERS.values()
+             if k.by_default and (artifact.path / k.model_file).is_file()
+             and (ort is None or not k.ort_provider or k.name in ort)]
+    chosen = {k.name for k in kinds}  # + the runners that accompany a chosen one on such files
+    return kinds + [k for k in RUNNERS.values()
+                    if k.also_with in chosen and k.also_for(artifact.export)]
 
 
 def _cuda_kinds(artifact: Artifact, chosen: list[RunnerKind]) -> list[RunnerKind]:

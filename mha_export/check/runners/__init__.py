@@ -98,7 +98,8 @@ _KINDS = (
     RunnerKind("ort-cpu-fp32-compute", "model.onnx", "cpu",
                "ONNX Runtime (CPUExecutionProvider), quantized projections at fp32 compute: "
                "the file's weights checked exactly", _open_ort("cpu", fp32_compute=True),
-               _ort_cpu_tolerance, by_default=False, also_for=_int8_activation_export,
+               _ort_cpu_tolerance, by_default=False, also_with="ort-cpu",
+               also_for=_int8_activation_export,
                also_for_doc="files with int8-activation quantized projections"),
     RunnerKind("ort-cuda", "model.onnx", "cuda", "ONNX Runtime (CUDAExecutionProvider)",
                _open_ort("cuda"), _ort_cuda_tolerance, unavailable=_cuda_missing,

@@ -87,7 +87,8 @@ class RunnerKind:
     unavailable: Callable[[], Optional[str]] = lambda: None  # why it cannot run on this machine
     ort_provider: Optional[str] = None  # "cpu" | "cuda": the ``--providers`` shorthand
     by_default: bool = True  # False: runs only when named (another runtime than the file's own)
-    # config.json "export" -> also runs by default for such artifacts (by_default False), and
-    # what those are, for help texts
+    # runs by default beside the runner named ``also_with`` (when that one is chosen) on the
+    # artifacts whose config.json "export" ``also_for`` accepts; ``also_for_doc`` says which
+    also_with: str = ""
     also_for: Callable[[dict], bool] = lambda export: False
     also_for_doc: str = ""
