@@ -1,0 +1,71 @@
+"""An int8 KV cache's arithmetic, exactly as ONNX Runtime 1.31.1's CPU ``GroupQueryAttention``
+applies it (``kv_cache_bit_width=8``, ``k_quant_type`` / ``v_quant_type``), measured on the bare
+node (tests/test_kv_quant.py): written as
+
+    code = clip(round_half_to_even(x / scale), -128, 127)    int8
+    read = code * scale                                       float32
+
+with one scale per tensor ("tensor", shape (1,)) or per key/value channel ("channel", shape
+(1, K, 1, H)), static: calibrated once from keys after rotary and values. Torch-free: the graph
+and the check's reference both read it. Foundation of issue 24 (--kv-cache-dtype int8); not
+wired to the CLI yet.
+
+Shape legend: B = batch, K = key/value heads, S = cached positions, H = head size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UsageError
+
+GRANULARITIES = {"tensor": "PER_TENSOR", "channel": "PER_CHANNEL"}  # -> the node's attribute
+LOWEST, HIGHEST = -128, 127
+
+
+@dataclass(frozen=True)
+class KVScale:
+    """The static scale of one cache (keys or values) and how it is laid out."""
+
+    granularity: str  # GRANULARITIES
+    scale: np.ndarray  # (1,) | (1, K, 1, H) float32, > 0
+
+    def __post_init__(self) -> None:
+        if self.granularity not in GRANULARITIES:
+            raise UsageError(f"unknown KV scale granularity {self.granularity!r}: choose one of "
+                             f"{', '.join(GRANULARITIES)}")
+        if not (np.isfinite(self.scale).all() and (self.scale > 0).all()):
+            raise UsageError("KV cache scales must be finite and > 0")
+
+    @property
+    def quant_type(self) -> str:
+        """GroupQueryAttention's k_quant_type / v_quant_type."""
+        return GRANULARITIES[self.granularity]
+
+    def quantize(self, x: np.ndarray) -> np.ndarray:
+        """(B, K, S, H) float -> int8 codes: round half to even, values beyond the scale's range
+        clipped (never wrapped around)."""
+        return np.clip(np.rint(x / self.scale), LOWEST, HIGHEST).astype(np.int8)
+
+    def dequantize(self, codes: np.ndarray) -> np.ndarray:
+        return codes.astype(np.float32) * self.scale
+
+    def clipped(self, x: np.ndarray) -> float:
+        """The fraction of x's elements beyond what the codes can hold."""
+        q = np.rint(x / self.scale)
+        return float(((q < LOWEST) | (q > HIGHEST)).mean()) if x.size else 0.0
+
+
+def calibrate(samples: np.ndarray, granularity: str, margin: float = 1.0) -> KVScale:
+    """The scale that maps the largest |sample| (per tensor, or per (head, channel)) to 127,
+    times ``margin``. ``samples``: (B, K, S, H) keys after rotary, or values, from a
+    calibration run."""
+    x = np.abs(np.asarray(samples, np.float64))
+    if x.ndim != 4 or not x.size:
+        raise UsageError(f"calibration samples must be (batch, kv_heads, seq, head_dim), got "
+                         f"shape {list(x.shape)}")
+    top = x.max() if granularity == "tensor" else x.max(axis=(0, 2), keepdims=True)  # (1,K,1,H)
+    scale = np.maximum(np.asarray(top, np.float64) * margin / HIGHEST, np.finfo(np.float32).tiny)
+    return KVScale(granularity, scale.reshape(-1 if granularity == "tensor" else scale.shape)
+                   .astype(np.float32).reshape((1,) if granularity == "tensor" else scale.shape))
