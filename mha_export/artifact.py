@@ -79,8 +79,8 @@ def read_artifact(path: str | Path) -> Artifact:
         config = MHAConfig.from_dict(meta["config"])
         signature = signature_from_meta(config, meta)
         model_file = meta["export"]["file"]
-        Artifact(path, meta, config, signature).quantization  # a bad record: bad input now
-    except (ValueError, KeyError, TypeError) as e:
+        _check_quantization(meta["export"].get("quantize"))
+    except (ValueError, KeyError, TypeError, AttributeError, UsageError) as e:
         raise UsageError(f"{cfg}: corrupt artifact config ({e.__class__.__name__}: {e})") from None
     for needed in (model_file, WEIGHTS_FILE):
         if not (path / needed).is_file():
@@ -88,11 +88,18 @@ def read_artifact(path: str | Path) -> Artifact:
     return Artifact(path, meta, config, signature)
 
 
+def _check_quantization(record: Any) -> None:
+    """A quantize record that QuantSpec cannot read is a corrupt config, now."""
+    if record is not None:
+        QuantSpec.from_dict({k: v for k, v in dict(record).items()
+                             if k not in ("format", "projections")})
+
+
 def default_folder(config: MHAConfig, fmt: str, kind: str = "full",
                    root: str | Path = "models", quant: Optional[QuantSpec] = None) -> Path:
     """models/split-h12-d768-onnx, models/split-h12-d768-kv-onnx (decode-step model),
     models/split-h12-d768-static-int4-onnx (quantized projections), ..."""
-    tag = f"-{quant.name}" if quant else ""
+    tag = f"-{quant.tag}" if quant else ""
     return Path(root) / f"{config.slug()}{KIND_SUFFIX[kind]}{tag}-{fmt}"
 
 

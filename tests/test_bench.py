@@ -2,10 +2,12 @@
 import json
 
 import pytest
+import torch
 
 from click.testing import CliRunner
 
 from mha_export import MHAConfig
+from mha_export.artifact import read_artifact
 from mha_export.bench.driver import effective_flops, run_bench
 from mha_export.cli.commands import cli
 
@@ -147,3 +149,27 @@ def test_cli_refuses_bad_quantization_and_cold_requests(tmp_path, args, message)
     r = CliRunner().invoke(cli, ["bench", "--heads", "2", "--dim", "32", "--seq-lens", "4",
                                  *(a.format(tmp=tmp_path) for a in args)])
     assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_bench_of_a_quantized_artifact_measures_its_quantization(tmp_path, monkeypatch):
+    from mha_export import export_onnx
+    from mha_export.bench import driver
+    from mha_export.weights.quantize import QuantSpec
+    art = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "q", validate=False,
+                      quantize=QuantSpec(bits=8, block_size=16)).path
+    seen = {}
+    monkeypatch.setattr(driver, "run_bench", lambda config, *a, **kw: seen.update(kw) or
+                        driver.BenchReport(config.to_dict(), 1, None, {"cpu": "-", "date": "-"}))
+    r = CliRunner().invoke(cli, ["bench", str(art), "--seq-lens", "4", "--forms", "auto"])
+    assert r.exit_code == 0, r.output
+    assert seen["quantize"] == [QuantSpec(bits=8, block_size=16)]
+    weights = seen["weights_module"].to_weights().wq
+    assert torch.equal(weights, read_artifact(art).load_unquantized_module().to_weights().wq)
+
+
+def test_cold_needs_a_known_cache_size(monkeypatch):
+    from mha_export.bench import driver
+    from mha_export.errors import UsageError
+    monkeypatch.setattr(driver, "last_level_cache_bytes", lambda: 0)
+    with pytest.raises(UsageError, match="--cold"):
+        run_bench(MHAConfig(dim=32, heads=2), seq_lens=[1], cold=True, providers=["cpu"])

@@ -263,3 +263,19 @@ def test_the_fp32_compute_twin_accompanies_ort_cpu_only(tmp_path):
     assert cuda_only.passed == ("ort-cuda" in _ran(cuda_only))
     exact = _export(tmp_path, spec=EXACT, name="exact")
     assert "ort-cpu-fp32-compute" not in _ran(check_parity(exact, **QUICK))
+
+
+def test_nan_weights_are_refused_and_a_nan_cost_never_passes(tmp_path):
+    from mha_export.errors import UsageError
+    from mha_export.check.comparator import Deviation
+    from mha_export.check.parity import QuantizationCost
+    with pytest.raises(UsageError, match="NaN or Inf"):
+        quantize(np.array([[np.nan, 1.0]], np.float32), INT4)
+    cost = QuantizationCost.of(read_artifact(_export(tmp_path)), None)
+    cost.deviations = {"y": [Deviation(float("nan"), float("nan"), float("nan"))], "z": []}
+    assert [q.passed for q in cost.results()] == [False, False]  # NaN, or no case at all
+
+
+def test_naming_ort_cpu_brings_its_fp32_compute_twin(tmp_path):
+    report = check_parity(_export(tmp_path), runners=["ort-cpu"], **QUICK)
+    assert _ran(report) == {"eager-fp32", "ort-cpu", "ort-cpu-fp32-compute"}

@@ -16,7 +16,8 @@ from typing import Callable, Optional, Sequence
 
 from ..config import MHAConfig
 from ..env import last_level_cache_bytes, machine_info
-from ..weights.quantize import QuantSpec
+from ..errors import UsageError
+from ..weights.quantize import QuantSpec, quantized_projections
 from .report import BASELINE, BenchReport, BenchRow
 
 WORKER = "mha_export.bench.worker"  # run with -m: the package, not its folder, on sys.path
@@ -138,6 +139,9 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     row steps a ring of independent instances larger than the last-level cache (``RING``)."""
     from ..graph.forms import FORMS, Feature
     from ..layer.layouts import build_module
+    if cold and not last_level_cache_bytes():
+        raise UsageError("--cold: this machine does not say how large its CPU caches are "
+                         "(/sys/devices/system/cpu/cpu0/cache)")
     kind = "static-cache" if static_cache else "kv-cache" if kv_cache else "full"
     needed = {"kv-cache": Feature.KV_CACHE, "static-cache": Feature.STATIC_CACHE}.get(kind)
     forms = list(forms or [name for name, form in FORMS.items()
@@ -243,9 +247,12 @@ def stream_bandwidth(budget_s: float, progress: Callable[[str], None]) -> Option
 
 
 def weight_bytes(c: MHAConfig, quant: Optional[QuantSpec] = None) -> int:
-    """Bytes of the projections' weights: fp32, or as ``quant`` stores them."""
-    shapes = [(c.inner, c.d_in), (c.kv_inner, c.d_in), (c.kv_inner, c.d_in), (c.dim, c.inner)]
-    return sum(quant.stored_bytes(n, k) if quant else 4 * n * k for n, k in shapes)
+    """Bytes of the layer's projections' weights: fp32, or as ``quant`` stores them."""
+    shape = {"q_proj": (c.inner, c.d_in), "k_proj": (c.kv_inner, c.d_in),
+             "v_proj": (c.kv_inner, c.d_in), "out_proj": (c.dim, c.inner),
+             "gate_proj": (c.inner, c.d_in)}
+    return sum(quant.stored_bytes(*shape[p]) if quant else 4 * shape[p][0] * shape[p][1]
+               for p in quantized_projections(c))
 
 
 def step_bytes(c: MHAConfig, seq: int, batch: int, past: int,

@@ -95,7 +95,8 @@ def runner_variant(spec: dict) -> Callable[[], object]:
     from mha_export.config import MHAConfig
     from mha_export.signature import make_signature
     sig = make_signature(MHAConfig.from_dict(spec["config"]), spec.get("kind", "full"))
-    options = RunOptions(threads=spec["threads"], mem_pattern=spec.get("mem_pattern", True))
+    options = RunOptions(threads=spec["threads"], mem_pattern=spec.get("mem_pattern", True),
+                         spinning=spec.get("ring", 1) == 1)
     runner = RUNNERS[spec["runner"]].open(sig, Path(spec["model"]), options)
     prepared = runner.prepare(sample_feeds(spec))
     return lambda: runner.run_prepared(prepared)

@@ -130,9 +130,9 @@ def deviation(actual: np.ndarray, expected: np.ndarray,
 
 
 def worst(deviations: list[Deviation]) -> Deviation:
-    """The worst of each figure over several cases (NaN wins)."""
+    """The worst of each figure over several cases (NaN wins; no case: NaN, never a pass)."""
     def pick(values, fn):
-        return float("nan") if any(np.isnan(values)) else fn(values)
+        return float("nan") if not values or any(np.isnan(values)) else fn(values)
     return Deviation(pick([d.max_abs for d in deviations], max),
                      pick([d.rel for d in deviations], max),
                      pick([d.cosine for d in deviations], min))

@@ -111,8 +111,8 @@ class QuantizationCost:
         out = []
         for n, found in self.deviations.items():
             d = worst(found)
-            out.append(QuantizationError(n, self.spec.label(), d, self.budget,
-                                         self.budget is None or bool(d.rel <= self.budget)))
+            within = not np.isnan(d.rel) and (self.budget is None or d.rel <= self.budget)
+            out.append(QuantizationError(n, self.spec.label(), d, self.budget, bool(within)))
         return out
 
 
@@ -161,14 +161,14 @@ def selected_kinds(artifact: Artifact, runners: Optional[Sequence[str]],
             if not (artifact.path / kind.model_file).is_file():
                 raise UsageError(f"runner {kind.name!r} runs {kind.model_file}, which "
                                  f"{artifact.path} does not hold")
-        return kinds
-    ort = set(ort_runner_names(list(providers))) if providers is not None else None
-    kinds = [k for k in RUNNERS.values()
-             if k.by_default and (artifact.path / k.model_file).is_file()
-             and (ort is None or not k.ort_provider or k.name in ort)]
+    else:
+        ort = set(ort_runner_names(list(providers))) if providers is not None else None
+        kinds = [k for k in RUNNERS.values()
+                 if k.by_default and (artifact.path / k.model_file).is_file()
+                 and (ort is None or not k.ort_provider or k.name in ort)]
     chosen = {k.name for k in kinds}  # + the runners that accompany a chosen one on such files
-    return kinds + [k for k in RUNNERS.values()
-                    if k.also_with in chosen and k.also_for(artifact.export)]
+    return kinds + [k for k in RUNNERS.values() if k.also_with in chosen
+                    and k.name not in chosen and k.also_for(artifact.export)]
 
 
 def _cuda_kinds(artifact: Artifact, chosen: list[RunnerKind]) -> list[RunnerKind]:
@@ -335,11 +335,12 @@ def _default_tolerance(runner: Runner, dtype: str, options: RunOptions) -> Toler
 
 
 def _override(default: Tolerance, atol: Optional[float], rtol: Optional[float]) -> Tolerance:
-    """--atol / --rtol replace the default (its output-scaled part too, when either is given)."""
+    """--atol / --rtol replace the default's; --atol also its output-scaled part."""
     if atol is None and rtol is None:
         return default
     return Tolerance(default.atol if atol is None else atol,
-                     default.rtol if rtol is None else rtol)
+                     default.rtol if rtol is None else rtol,
+                     default.scaled if atol is None else 0.0)
 
 
 def _compared(runner: Runner, case: Case, call: Callable[[], Feeds], expected: dict,

@@ -63,7 +63,8 @@ def _quantization_lines(report: CheckReport) -> list[str]:
              "the unquantized layer, fp64, worst over the sweep"]
     for q in report.quantization:
         d = q.deviation
-        verdict = ("reported (no --max-quant-error)" if q.budget is None else
+        verdict = ("FAIL (not finite)" if not q.passed and q.budget is None else
+                   "reported (no --max-quant-error)" if q.budget is None else
                    f"{'PASS' if q.passed else 'FAIL'} (budget {q.budget:g})")
         lines.append(f"  {q.output:13s} max|d| {d.max_abs:.2e}  {d.rel:.2e} of max|y|  "
                      f"cosine {d.cosine:.6f}  {verdict}")
@@ -90,6 +91,7 @@ def format_report(report: CheckReport, verbose: bool = False) -> str:
         lines.append("nothing under test ran (no model runner produced output)")
     n_pass = sum(r.passed for r in report.results)
     n_cases = len({r.case for r in report.results})
+    over = " — quantization cost FAILED" if not all(q.passed for q in report.quantization) else ""
     lines.append(f"{'PASS' if report.passed else 'FAIL'}: {n_pass}/{len(report.results)} "
-                 f"comparisons within tolerance over {n_cases} cases ({report.artifact})")
+                 f"comparisons within tolerance over {n_cases} cases{over} ({report.artifact})")
     return "\n".join(lines)

@@ -304,8 +304,10 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
     weights, layer, seed = (config_fields.pop(k) for k in ("weights", "layer", "seed"))
     if artifact:
         from ..artifact import read_artifact
-        art = read_artifact(artifact)
-        config, module = art.config, art.load_source_module()
+        art = read_artifact(artifact)  # its source weights; its quantization measured as such
+        config, module = art.config, art.load_unquantized_module()
+        if art.quantization and not quantize:
+            quantize = [art.quantization]
     else:
         from ..weights.source import load_source
         source = load_source(None, weights, layer, seed, explicit(config_fields))

@@ -65,7 +65,11 @@ def calibrate(samples: np.ndarray, granularity: str, margin: float = 1.0) -> KVS
     if x.ndim != 4 or not x.size:
         raise UsageError(f"calibration samples must be (batch, kv_heads, seq, head_dim), got "
                          f"shape {list(x.shape)}")
-    top = x.max() if granularity == "tensor" else x.max(axis=(0, 2), keepdims=True)  # (1,K,1,H)
-    scale = np.maximum(np.asarray(top, np.float64) * margin / HIGHEST, np.finfo(np.float32).tiny)
-    return KVScale(granularity, scale.reshape(-1 if granularity == "tensor" else scale.shape)
-                   .astype(np.float32).reshape((1,) if granularity == "tensor" else scale.shape))
+    if not margin > 0:
+        raise UsageError(f"calibration margin must be > 0, got {margin}")
+    if granularity == "tensor":
+        top = x.max().reshape(1)  # (1,)
+    else:
+        top = x.max(axis=(0, 2), keepdims=True)  # (1, K, 1, H)
+    scale = np.maximum(top * margin / HIGHEST, np.finfo(np.float32).tiny)  # all-zero: tiny
+    return KVScale(granularity, scale.astype(np.float32))

@@ -133,6 +133,8 @@ def quantize(weight: np.ndarray, spec: QuantSpec) -> QuantizedWeight:
     """Round to nearest per block; symmetric: zero point 2^(bits-1), scale max|w| / (2^(bits-1)
     - 1); asymmetric: the block's [min, max] (0 included) over 2^bits - 1 steps."""
     n, k = weight.shape
+    if not np.isfinite(weight).all():
+        raise UsageError("cannot quantize weights holding NaN or Inf")
     blocks = -(-k // spec.block_size)
     w = np.zeros((n, blocks * spec.block_size), np.float32)
     w[:, :k] = weight

@@ -26,7 +26,7 @@ def _open_ort(provider: str, fp32_compute: bool = False):
     def open_(sig: Signature, path: Path, options: RunOptions) -> Runner:
         from .ort import OrtRunner
         return OrtRunner(sig, path, provider, options.threads, options.tf32,
-                         options.mem_pattern, fp32_compute)
+                         options.mem_pattern, fp32_compute, options.spinning)
     return open_
 
 
@@ -62,7 +62,8 @@ def _cuda_missing() -> Optional[str]:
 def _ort_cpu_tolerance(dtype: str, options: RunOptions) -> Tolerance:
     """``dtype``: the model's, or the runner's ``tolerance_dtype`` "int8-activations" when its
     quantized projections really computed with int8 activations (accuracy level 4)."""
-    return {"float16": FLOAT16, "int8-activations": INT8_ACTIVATIONS}.get(dtype, FP32)
+    from .ort import INT8_ACTIVATION_DTYPE
+    return {"float16": FLOAT16, INT8_ACTIVATION_DTYPE: INT8_ACTIVATIONS}.get(dtype, FP32)
 
 
 def _ort_cuda_tolerance(dtype: str, options: RunOptions) -> Tolerance:

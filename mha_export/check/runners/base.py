@@ -72,6 +72,9 @@ class RunOptions:
     tf32: bool = True  # CUDA: allow TF32 matmuls for float32 models
     threads: Optional[int] = None  # intra-op threads (None: the runtime's default)
     mem_pattern: bool = True  # ONNX Runtime's memory-pattern planner (the bench turns it off)
+    # ONNX Runtime's intra-op threads spin after a run; the bench's cold rings (many sessions
+    # stepped in turn) turn it off, so that no session's threads compete with the next one's
+    spinning: bool = True
 
 
 @dataclass(frozen=True)

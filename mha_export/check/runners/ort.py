@@ -43,7 +43,7 @@ def native_stderr() -> Iterator[dict]:
 
 
 COMPUTE_OPS = {"MatMul", "Gemm", "Softmax", "Attention", "MultiHeadAttention",
-               "GroupQueryAttention"}
+               "GroupQueryAttention", "MatMulNBits"}
 _PLACED = re.compile(r"(All nodes|Node\(s\)) placed on \[(\w+)\]\. Number of nodes: (\d+)")
 
 
@@ -75,14 +75,14 @@ class OrtRunner(Runner):
 
     def __init__(self, signature: Signature, path: str | Path, provider: str = "cpu",
                  threads: Optional[int] = None, tf32: bool = True, mem_pattern: bool = True,
-                 fp32_compute: bool = False):
+                 fp32_compute: bool = False, spinning: bool = True):
         """``fp32_compute``: the file's quantized projections run at accuracy level 1 (a copy
         in memory): its weights checked exactly, apart from level 4's int8 arithmetic."""
         super().__init__(signature)
         self.name = f"ort-{provider}" + ("-fp32-compute" if fp32_compute else "")
         self.fp32_compute = fp32_compute
         model = _at_fp32_compute(path) if fp32_compute else path
-        self.session = _session(model, provider, threads, tf32, mem_pattern)
+        self.session = _session(model, provider, threads, tf32, mem_pattern, spinning)
         self.providers = self.session.get_providers()
         self.device = f"{provider} ({self.providers[0]})"
         declared = {i.name: i for i in self.session.get_inputs()}
@@ -107,7 +107,7 @@ class OrtRunner(Runner):
         self.precision += f"; projections: {ran.describe()}"
         self.device = f"{self.device[:-1]}; {ran.describe()})"
         if ran.int8_activations:
-            self.tolerance_dtype = INT8_ACTIVATIONS
+            self.tolerance_dtype = INT8_ACTIVATION_DTYPE
         if ran.slow and not self.warning and not self.fp32_compute:  # the copy is slow by design
             self.warning = "; ".join(ran.slow)
 
@@ -164,7 +164,8 @@ class InPlaceCall:
                 for n in self.signature.output_names]
 
 
-INT8_ACTIVATIONS = "int8-activations"  # tolerance_dtype of MatMulNBits at accuracy level 4
+# tolerance_dtype of a session whose MatMulNBits really quantized their activations (level 4)
+INT8_ACTIVATION_DTYPE = "int8-activations"
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,8 @@ def _quantized_kernels(optimized_path: str, provider: str) -> QuantizedKernels:
         {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
         for n in nodes if n.op_type == "MatMulNBits")})
     paths = tuple(dict.fromkeys(
-        (bits, level, kernel_path(bits, block, level) if provider == "cpu" else "cuda")
+        (bits, level, kernel_path(bits, block, level) if provider == "cpu"
+         else f"{provider} kernel, not probed")
         for bits, block, level in kinds))
     return QuantizedKernels(sum(n.op_type == "MatMulNBits" for n in nodes), paths,
                             sum(n.op_type == "DequantizeLinear" for n in nodes))
@@ -294,7 +296,7 @@ def cuda_provider_missing() -> Optional[str]:
 
 
 def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf32: bool,
-             mem_pattern: bool = True):
+             mem_pattern: bool = True, spinning: bool = True):
     """An InferenceSession that really runs on ``provider`` (else RunnerUnavailable); its load
     log is kept as ``session.load_log`` (CUDA: verbose, with the node placements)."""
     import onnxruntime as ort
@@ -303,6 +305,8 @@ def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf
     if threads:
         opts.intra_op_num_threads = threads
     opts.enable_mem_pattern = mem_pattern
+    if not spinning:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     quantized = _is_quantized(path)
     scratch = tempfile.TemporaryDirectory(prefix="mha-ort-") if quantized else None
     if scratch:  # what ONNX Runtime made of the quantized projections: its optimized graph
