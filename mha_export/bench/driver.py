@@ -241,7 +241,7 @@ def stream_bandwidth(budget_s: float, progress: Callable[[str], None]) -> Option
     mib = max(64, -(-RING * last_level_cache_bytes() // 2**20))
     read = run_worker({"variant": "stream", "mib": mib, "min_reps": 5, "budget_s": budget_s})
     rate = mib * 2**20 / (read["min_ms"] / 1e3) / 1e9 if "min_ms" in read else None
-    progress(f"streaming read ({mib} MiB numpy sum, best run): "
+    progress(f"streaming read ({mib} MiB numpy sum, one thread, best run): "
              + (f"{rate:.1f} GB/s" if rate else read.get("error", "?")))
     return rate
 

@@ -100,8 +100,8 @@ def format_table(report: BenchReport) -> str:
                      "read + write, best run); GB/s above = weights + valid cache read per step")
     if report.stream_bandwidth_gbs:
         lines.append(f"cold: each row steps a ring of independent instances (weights + buffers "
-                     f"> 3 x the last-level cache); streaming read of that size "
-                     f"{report.stream_bandwidth_gbs:.1f} GB/s (best run)")
+                     f"> 3 x the last-level cache); streaming read of that size (numpy sum, one "
+                     f"thread) {report.stream_bandwidth_gbs:.1f} GB/s (best run)")
     sizes = {r.variant: r.model_mib for r in report.rows if r.model_mib}
     if sizes:
         lines.append("model file: " + ", ".join(f"{v} {m:.2f} MiB" for v, m in sizes.items()))
@@ -146,7 +146,7 @@ def _caption(report: BenchReport, source: str) -> str:
         parts.append(f"copy bandwidth {report.copy_bandwidth_gbs:.1f} GB/s")
     if report.stream_bandwidth_gbs:
         parts.append(f"cold (a ring of instances > 3 × the last-level cache), streaming read "
-                     f"{report.stream_bandwidth_gbs:.1f} GB/s")
+                     f"(one thread) {report.stream_bandwidth_gbs:.1f} GB/s")
     if report.command:
         parts.append(f"`{report.command}`")
     if source:
