@@ -58,7 +58,7 @@ class Artifact:
         if (spec := self.quantization) is None:
             return module
         from .weights.dequantized import dequantized_module
-        return dequantized_module(module, spec)
+        return dequantized_module(module, spec, self.export.get("dtype", "float32"))
 
     def load_unquantized_module(self) -> AttentionBase:
         """The eager module of the source weights as they are (what quantizing is measured

@@ -279,3 +279,11 @@ def test_nan_weights_are_refused_and_a_nan_cost_never_passes(tmp_path):
 def test_naming_ort_cpu_brings_its_fp32_compute_twin(tmp_path):
     report = check_parity(_export(tmp_path), runners=["ort-cpu"], **QUICK)
     assert _ran(report) == {"eager-fp32", "ort-cpu", "ort-cpu-fp32-compute"}
+
+
+def test_a_float16_models_reference_holds_its_float16_scales(tmp_path):
+    art = read_artifact(_export(tmp_path, dtype="float16"))
+    w = art.load_unquantized_module().to_weights().wq.numpy()
+    held = art.load_source_module().to_weights().wq.numpy()
+    assert np.array_equal(held, quantize(w, INT4).dequantized(np.float16))
+    assert not np.array_equal(held, quantize(w, INT4).dequantized())

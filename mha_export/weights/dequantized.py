@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+import numpy as np
 import torch
 
 from ..layer.base import AttentionBase, AttentionWeights
@@ -18,18 +19,21 @@ from .quantize import QuantSpec, quantize
 PROJECTION_FIELDS = ("wq", "wk", "wv", "wo", "wg")  # AttentionWeights' quantized matrices
 
 
-def dequantized_weights(w: AttentionWeights, spec: QuantSpec) -> AttentionWeights:
+def dequantized_weights(w: AttentionWeights, spec: QuantSpec,
+                        dtype: str = "float32") -> AttentionWeights:
+    """``dtype``: the model's, in which the file stores the scales."""
     def dequantized(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         if t is None:
             return None
         q = quantize(t.detach().to(torch.float32).numpy(), spec)
-        return torch.from_numpy(q.dequantized()).to(t.dtype)
+        return torch.from_numpy(q.dequantized(np.dtype(dtype).type)).to(t.dtype)
 
     return dataclasses.replace(w, **{f: dequantized(getattr(w, f)) for f in PROJECTION_FIELDS})
 
 
-def dequantized_module(module: AttentionBase, spec: QuantSpec) -> AttentionBase:
+def dequantized_module(module: AttentionBase, spec: QuantSpec,
+                       dtype: str = "float32") -> AttentionBase:
     """A new module of the same config whose projections hold the dequantized weights."""
     out = build_module(module.config)
-    out.load_weights(dequantized_weights(module.to_weights(), spec))
+    out.load_weights(dequantized_weights(module.to_weights(), spec, dtype))
     return out.train(module.training)

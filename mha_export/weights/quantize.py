@@ -102,10 +102,12 @@ class QuantizedWeight:
     scales: np.ndarray  # (N, n_blocks) float32
     zero_points: np.ndarray  # (N, n_blocks) uint8
 
-    def dequantized(self) -> np.ndarray:
-        """(N, K) float32: (code - zero point) * scale, the function the file holds."""
+    def dequantized(self, scale_dtype: type = np.float32) -> np.ndarray:
+        """(N, K) float32: (code - zero point) * scale, the function the file holds; its scales
+        as the file stores them (``scale_dtype``: float16 in a float16 model)."""
+        scales = self.scales.astype(scale_dtype).astype(np.float32)
         centered = self.codes.astype(np.float32) - self.zero_points[..., None]
-        w = centered * self.scales[..., None]  # (N, n_blocks, block)
+        w = centered * scales[..., None]  # (N, n_blocks, block)
         return w.reshape(w.shape[0], -1)[:, :self.k]
 
     def packed(self) -> np.ndarray:
