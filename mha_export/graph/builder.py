@@ -14,10 +14,10 @@ import torch
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
 from ..weights.quantize import QuantSpec, quantize
+from .nodes import CONTRIB  # noqa: F401  (re-exported: the forms import it from here)
 
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
-CONTRIB = "com.microsoft"
 
 
 @dataclass

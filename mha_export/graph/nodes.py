@@ -5,6 +5,8 @@ from typing import Iterable, Iterator
 
 import onnx
 
+CONTRIB = "com.microsoft"  # ONNX Runtime's contrib operators' domain
+
 
 def all_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
     """Nodes and the nodes of their subgraphs (Loop bodies, If branches), recursively."""

@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from ...graph.nodes import all_nodes
+from ...graph.nodes import CONTRIB, all_nodes
 from ...signature import Signature
 from .base import Feeds, Runner, RunnerUnavailable
 
@@ -271,7 +271,6 @@ def _probe(bits: int, block_size: int, level: int) -> tuple[np.ndarray, str]:
     return y, log["text"]
 
 
-CONTRIB = "com.microsoft"
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
           "tensor(int64)": np.int64}
 
