@@ -21,7 +21,8 @@ from typing import Any, Iterator, Optional
 from .config import MHAConfig
 from .errors import UsageError, raise_if_interrupted
 from .layer.layouts import AttentionBase
-from .signature import Signature, signature_from_meta
+from .signature import INT8, Signature, signature_from_meta
+from .weights.kv_quant import KVCacheSpec
 from .weights.quantize import QuantSpec
 
 CONFIG_FILE = "config.json"
@@ -50,15 +51,27 @@ class Artifact:
         return None if q is None else QuantSpec.from_dict(
             {k: v for k, v in q.items() if k not in ("format", "projections")})
 
-    def load_source_module(self) -> AttentionBase:
+    @property
+    def kv_cache(self) -> Optional[KVCacheSpec]:
+        """An int8 cache's recorded scales, or None (the float cache)."""
+        record = self.export.get("kv_cache")
+        return None if record is None else KVCacheSpec.from_dict(record)
+
+    def load_source_module(self, float_cache: bool = False) -> AttentionBase:
         """The eager module of the function the file holds, rebuilt from config + source
         weights (never from the model file): for a quantized artifact, its projections hold the
-        dequantized weights re-derived with the recorded QuantSpec."""
+        dequantized weights re-derived with the recorded QuantSpec; for an int8 cache, it
+        quantizes on write and dequantizes on read with the recorded scales (``float_cache``:
+        the same layer with a float cache, what the int8 cache is measured against)."""
         module = self.load_unquantized_module()
-        if (spec := self.quantization) is None:
-            return module
-        from .weights.dequantized import dequantized_module
-        return dequantized_module(module, spec, self.export.get("dtype", "float32"))
+        if (spec := self.quantization) is not None:
+            from .weights.dequantized import dequantized_module
+            module = dequantized_module(module, spec, self.export.get("dtype", "float32"))
+        if (cache := self.kv_cache) is not None and not float_cache:
+            import torch
+            module.use_int8_cache(torch.from_numpy(cache.key.scale),
+                                  torch.from_numpy(cache.value.scale))
+        return module
 
     def load_unquantized_module(self) -> AttentionBase:
         """The eager module of the source weights as they are (what quantizing is measured
@@ -80,6 +93,7 @@ def read_artifact(path: str | Path) -> Artifact:
         signature = signature_from_meta(config, meta)
         model_file = meta["export"]["file"]
         _check_quantization(meta["export"].get("quantize"))
+        _check_kv_cache(meta["export"].get("kv_cache"), config, signature)
     except (ValueError, KeyError, TypeError, AttributeError, UsageError) as e:
         raise UsageError(f"{cfg}: corrupt artifact config ({e.__class__.__name__}: {e})") from None
     for needed in (model_file, WEIGHTS_FILE):
@@ -95,11 +109,23 @@ def _check_quantization(record: Any) -> None:
                              if k not in ("format", "projections")})
 
 
+def _check_kv_cache(record: Any, config: MHAConfig, signature: Signature) -> None:
+    """An int8 cache's record must fit the layer and agree with the declared buffers."""
+    if (record is not None) != (signature.cache_dtype == INT8):
+        raise ValueError("export.kv_cache and the declared cache dtype disagree")
+    if record is not None:
+        spec = KVCacheSpec.from_dict(record)
+        if not all(s.fits(config.kv_heads, config.head_dim) for s in (spec.key, spec.value)):
+            raise ValueError("the int8 cache's scales do not fit kv_heads x head_dim")
+
+
 def default_folder(config: MHAConfig, fmt: str, kind: str = "full",
-                   root: str | Path = "models", quant: Optional[QuantSpec] = None) -> Path:
+                   root: str | Path = "models", quant: Optional[QuantSpec] = None,
+                   int8_cache: bool = False) -> Path:
     """models/split-h12-d768-onnx, models/split-h12-d768-kv-onnx (decode-step model),
-    models/split-h12-d768-static-int4-onnx (quantized projections), ..."""
-    tag = f"-{quant.tag}" if quant else ""
+    models/split-h12-d768-static-int4-onnx (quantized projections),
+    models/split-h12-d768-static-int4-kv8-onnx (and an int8 cache), ..."""
+    tag = (f"-{quant.tag}" if quant else "") + ("-kv8" if int8_cache else "")
     return Path(root) / f"{config.slug()}{KIND_SUFFIX[kind]}{tag}-{fmt}"
 
 

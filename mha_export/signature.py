@@ -10,6 +10,8 @@ read a ``Signature``: names, dtypes, shapes with symbolic (dynamic) axes, in cal
               (past/present: one app-owned buffer [batch, kv_heads, max_cache, head_dim],
               written in place at past_lengths[b] ...; entries beyond are never read)
     (rotary layers add position_ids [batch, seq] as the last input of each)
+    (an int8 static cache: past/present hold int8 codes, value = code * scale, with the scales
+    of config.json export.kv_cache)
 
 Adding an input or output: one entry in ``TENSORS`` and its name in the ``KINDS`` that take it.
 """
@@ -29,7 +31,7 @@ CACHE = "max_cache"  # the capacity of an app-owned static cache buffer
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    dtype: str  # FLOAT or "int64"
+    dtype: str  # FLOAT, "int64" or "int8" (an int8 cache's codes)
     shape: tuple  # ints and symbolic axis names
     doc: str = ""
 
@@ -43,6 +45,8 @@ class TensorSpec:
 
 
 STATIC = "static-cache"
+CACHE_NAMES = ("past_key", "past_value", "present_key", "present_value")
+INT8 = "int8"
 
 
 def _cache_len(kind: str, growing: str) -> str:
@@ -126,13 +130,32 @@ class Signature:
                 "dynamic_axes": self.dynamic_axes}
 
 
-def make_signature(config: MHAConfig, kind: str = "full") -> Signature:
+    @property
+    def cache_dtype(self) -> str:
+        """FLOAT, or INT8 for a static cache of int8 codes."""
+        return next((t.dtype for t in self.inputs if t.name == "past_key"), FLOAT)
+
+
+def make_signature(config: MHAConfig, kind: str = "full", cache_dtype: str = FLOAT
+                   ) -> Signature:
+    """``cache_dtype`` INT8: a static cache's buffers hold int8 codes (--kv-cache-dtype int8)."""
     if kind not in KINDS:
         raise UsageError(f"unknown signature {kind!r}: choose one of {', '.join(KINDS)}")
+    if cache_dtype not in (FLOAT, INT8) or (cache_dtype == INT8 and kind != STATIC):
+        raise UsageError(f"a {cache_dtype} cache needs the static-cache signature "
+                         f"(--static-cache), got {kind!r}")
     ins, outs = KINDS[kind]
     ins += ("position_ids",) if config.rotary != "none" else ()  # rotary layers: the last input
-    return Signature(kind, tuple(TENSORS[n](config, kind) for n in ins),
-                     tuple(TENSORS[n](config, kind) for n in outs))
+    return Signature(kind, tuple(_cached(TENSORS[n](config, kind), cache_dtype) for n in ins),
+                     tuple(_cached(TENSORS[n](config, kind), cache_dtype) for n in outs))
+
+
+def _cached(t: TensorSpec, cache_dtype: str) -> TensorSpec:
+    """An int8 cache's buffers: int8 codes of the same shape."""
+    if cache_dtype == FLOAT or t.name not in CACHE_NAMES:
+        return t
+    return TensorSpec(t.name, INT8, t.shape,
+                      t.doc + "; int8 codes: value = code * scale (config.json export.kv_cache)")
 
 
 def signature_kind(kv_cache: bool = False, attention_mask: bool = False,
@@ -147,4 +170,7 @@ def signature_kind(kv_cache: bool = False, attention_mask: bool = False,
 def signature_from_meta(config: MHAConfig, meta: dict) -> Signature:
     """The signature an artifact declares (config.json 'io'); artifacts written before named
     I/O (no 'kind') are full-sequence models."""
-    return make_signature(config, meta.get("io", {}).get("kind", "full"))
+    io = meta.get("io", {})
+    cache = next((t.get("dtype", FLOAT) for t in io.get("inputs", ())
+                  if t.get("name") == "past_key"), FLOAT)
+    return make_signature(config, io.get("kind", "full"), cache)

@@ -450,3 +450,76 @@ QUANT_FAULTS = {
     "a zero point off by one": zero_point_off_by_one,
     "dequantized with the wrong block size": wrong_block_size,
 }
+
+
+# --- faults of an int8 KV cache (issue 24) -------------------------------------------------------
+# Graph names: int8 writes are Div -> Round (key_rounded) -> Clip (key_clipped) -> Cast; reads
+# Cast -> Mul (key_read); GroupQueryAttention takes kv_cache.k_scale / v_scale as inputs 12-13.
+
+def _named(m, op_type: str, stem: str) -> list:
+    return [n for n in all_nodes(m.graph)
+            if n.op_type == op_type and n.name.split("/")[-1].split("_")[:2] == stem.split("_")]
+
+
+def _scale_name(m, which: str) -> str:
+    return next(t.name for t in m.graph.initializer if t.name.endswith(f"kv_cache.{which}"))
+
+
+def key_scale_off_on_read(path: Path) -> None:
+    """Keys dequantized with their scale x 1.1 (a copy read by every key_read Mul). A
+    GroupQueryAttention node has one scale input for its write and read: it gets the copy too
+    (its codes then differ as well)."""
+    def fn(m):
+        name = _scale_name(m, "k_scale")
+        _, scale = _initializer(m, name)
+        m.graph.initializer.append(numpy_helper.from_array(scale * 1.1, name + "_off"))
+        edited = _named(m, "Mul", "key_read") + _nodes(m, "GroupQueryAttention")
+        if not edited:
+            raise NotApplicable("no key read in this graph")
+        for node in edited:
+            node.input[:] = [name + "_off" if i == name else i for i in node.input]
+    _edit(path, fn)
+
+
+def floor_on_write(path: Path) -> None:
+    """Keys and values written with floor instead of round half to even."""
+    def fn(m):
+        rounds = [n for stem in ("key_rounded", "value_rounded") for n in _named(m, "Round", stem)]
+        if not rounds:
+            raise NotApplicable("GroupQueryAttention writes its own codes")
+        for node in rounds:
+            node.op_type = "Floor"
+    _edit(path, fn)
+
+
+def no_clipping(path: Path) -> None:
+    """The write casts without clipping: values beyond the scale wrap around in int8."""
+    def fn(m):
+        clips = [n for stem in ("key_clipped", "value_clipped") for n in _named(m, "Clip", stem)]
+        if not clips:
+            raise NotApplicable("GroupQueryAttention writes its own codes")
+        for clip in clips:
+            for n in all_nodes(m.graph):
+                n.input[:] = [clip.input[0] if i == clip.output[0] else i for i in n.input]
+    _edit(path, fn)
+
+
+def per_channel_as_per_tensor(path: Path) -> None:
+    """The keys' per-channel scales replaced by one (the first channel's) for all channels."""
+    def fn(m):
+        name = _scale_name(m, "k_scale")
+        _, scale = _initializer(m, name)
+        if scale.size == 1:
+            raise NotApplicable("the keys are scaled per tensor")
+        _set_initializer(m, name, scale.reshape(-1)[:1].copy())
+        for node in _nodes(m, "GroupQueryAttention"):
+            _attr(node, "k_quant_type", "PER_TENSOR")
+    _edit(path, fn)
+
+
+KV_FAULTS = {
+    "key scale x1.1 on read": key_scale_off_on_read,
+    "floor instead of round half to even on write": floor_on_write,
+    "no clipping (int8 wrap-around)": no_clipping,
+    "per-channel key scales applied per tensor": per_channel_as_per_tensor,
+}

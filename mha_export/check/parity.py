@@ -19,8 +19,11 @@ from ..env import versions
 from ..errors import UsageError, raise_if_interrupted
 from ..graph import forms
 from ..rope_types import switch_length
+from ..signature import INT8
 from . import scenarios
-from .comparator import FP32, Comparison, Deviation, Tolerance, compare, deviation, worst
+from .comparator import FP32, INT8_CODES, Comparison, Tolerance, compare
+from .given_codes import GivenCodes, Recording
+from .costs import KVCacheCost, KVCacheError, QuantizationCost, QuantizationError  # noqa: F401
 from .runners import (RUNNERS, Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions,
                       get_runner, ort_runner_names)
 from .runners.pytorch import EagerRunner
@@ -65,58 +68,6 @@ class OutputResult:
 
 
 @dataclass
-class QuantizationError:
-    """What quantizing the projections cost, for one output: the dequantized layer (the
-    function the file holds) against the unquantized source layer, both in fp64, worst over the
-    sweep's cases. A kernel question (does the runtime compute what the file holds) is the
-    runners' rows; this is the other question, judged only against a budget the user sets."""
-
-    output: str
-    spec: str  # e.g. "int4 block 32 symmetric, fp32 compute (accuracy level 1)"
-    deviation: Deviation
-    budget: Optional[float]  # the largest rel allowed (--max-quant-error); None: reported only
-    passed: bool
-
-
-class QuantizationCost:
-    """Collects, case by case, how far the dequantized layer (the check's fp64 reference) is
-    from the unquantized source layer run in fp64 on the same inputs; a failure only over the
-    budget (``max_quant_error``: max|d| / max|y| per output)."""
-
-    def __init__(self, artifact: Artifact, budget: Optional[float]):
-        self.spec, self.budget = artifact.quantization, budget
-        self.source = EagerRunner(artifact.signature, artifact.load_unquantized_module(),
-                                  torch.float64)
-        self.deviations: dict[str, list[Deviation]] = {
-            n: [] for n in artifact.signature.output_names}
-
-    @classmethod
-    def of(cls, artifact: Artifact, budget: Optional[float]) -> Optional["QuantizationCost"]:
-        """None for an unquantized artifact (where a budget is bad input)."""
-        if budget is not None and not (budget >= 0 and np.isfinite(budget)):
-            raise UsageError(f"--max-quant-error must be a finite number >= 0, got {budget}")
-        if artifact.quantization is None:
-            if budget is not None:
-                raise UsageError(f"--max-quant-error: {artifact.path} has no quantized "
-                                 "projections (export with --quantize int4|int8)")
-            return None
-        return cls(artifact, budget)
-
-    def add(self, feeds: Feeds, dequantized: Feeds, valid: dict) -> None:
-        unquantized = self.source.run(feeds)
-        for n, found in self.deviations.items():
-            found.append(deviation(dequantized[n], unquantized[n], valid.get(n)))
-
-    def results(self) -> list[QuantizationError]:
-        out = []
-        for n, found in self.deviations.items():
-            d = worst(found)
-            within = not np.isnan(d.rel) and (self.budget is None or d.rel <= self.budget)
-            out.append(QuantizationError(n, self.spec.label(), d, self.budget, bool(within)))
-        return out
-
-
-@dataclass
 class CheckReport:
     artifact: str
     seed: int
@@ -130,11 +81,13 @@ class CheckReport:
     versions: dict = field(default_factory=dict)  # of this check's environment
     export_versions: dict = field(default_factory=dict)  # recorded in the artifact at export
     quantization: list[QuantizationError] = field(default_factory=list)  # quantized artifacts
+    kv_cache: Optional[KVCacheError] = None  # an int8 cache's error and clipping
 
     @property
     def passed(self) -> bool:
         return (all(r.passed for r in self.results) and self.tested
                 and all(q.passed for q in self.quantization)
+                and (self.kv_cache is None or self.kv_cache.passed)
                 and not any(r.status == "failed" for r in self.runners))
 
     @property
@@ -248,7 +201,8 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
                  past_lens: Optional[Sequence[int]] = None, seed: int = 0,
                  require_cuda: bool = False, tf32: bool = True,
                  runners: Optional[Sequence[str]] = None,
-                 max_quant_error: Optional[float] = None,
+                 max_quant_error: Optional[float] = None, max_kv_error: Optional[float] = None,
+                 max_clip_rate: Optional[float] = None,
                  progress: Callable[[int, int, str], None] = lambda i, n, s: None
                  ) -> CheckReport:
     """Run the parity sweep on an artifact folder; see CheckReport.passed.
@@ -256,10 +210,12 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
     ``runners``: runner names (``RUNNERS``); default: every runner for the folder's files, those
     that cannot run here reported as skipped. ``providers``: ONNX Runtime's shorthand (cpu, cuda).
     ``require_cuda``: a CUDA runner that cannot run, or runs compute on the CPU, fails.
-    ``max_quant_error``: see ``QuantizationCost``."""
+    ``max_quant_error``, ``max_kv_error``, ``max_clip_rate``: budgets of the lossy steps
+    (costs.py: quantized projections, an int8 cache)."""
     artifact = read_artifact(artifact_dir)
     Tolerance(atol or 0.0, rtol or 0.0)  # a negative or NaN tolerance is bad input, now
     cost = QuantizationCost.of(artifact, max_quant_error)
+    kv_cost = KVCacheCost.of(artifact, max_kv_error, max_clip_rate)
     kinds = selected_kinds(artifact, runners, providers)
     if require_cuda:
         kinds += _cuda_kinds(artifact, kinds)
@@ -276,53 +232,90 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
                          versions=versions(), export_versions=artifact.meta.get("versions", {}))
     options = RunOptions(tf32=tf32)
     opened, report.runners = _open_runners(artifact, kinds, options, require_cuda)
-    dtype = artifact.export.get("dtype", "float32")
-    tolerances = {(r.name, o): _override(_default_tolerance(r, dtype, options), atol, rtol)
-                  for r in opened for o in sig.output_names}
+    tolerances = _tolerances(opened, sig, artifact.export.get("dtype", "float32"), options,
+                             atol, rtol)
     multi_call = (scenarios.static_scenario_cases(plan.static_chunks) if sig.static_cache
                   else scenarios.scenario_cases(plan.switch) if sig.has_cache else [])
     total = len(cases) + len(multi_call)
-    baseline = opened[0]
-    reference = EagerRunner(sig, baseline.source, torch.float64)
+    reference = EagerRunner(sig, opened[0].source, torch.float64)
     for i, case in enumerate(cases):
         progress(i, total, case.label())
-        feeds = make_feeds(sig, case, seed)
-        expected = {"eager": baseline.run(feeds), "reference": reference.run(feeds)}
-        valid = valid_entries(sig, feeds, case)
-        if cost:
-            cost.add(feeds, expected["reference"], valid)
-        report.results += _compared(baseline, case, lambda: expected["eager"], expected, valid,
-                                    tolerances)  # the baseline already ran: its own error is 0
-        for r in opened[1:]:
-            report.results += _compared(r, case, lambda: r.run(feeds), expected, valid,
-                                        tolerances)
+        report.results += _single_call(opened, reference, case, seed, tolerances, cost, kv_cost)
     for i, (case, split) in enumerate(multi_call, start=len(cases)):
         progress(i, total, case.label())
-        report.results += _scenario(opened, reference, config, case, split, seed, tolerances)
+        report.results += _scenario(opened, reference, config, case, split, seed, tolerances,
+                                    kv_cost)
     report.quantization = cost.results() if cost else []
+    report.kv_cache = kv_cost.result() if kv_cost else None
     progress(total, total, "")
     return report
 
 
+def _single_call(opened: list[Runner], reference: EagerRunner, case: Case, seed: int,
+                 tolerances: dict, cost: Optional[QuantizationCost],
+                 kv_cost: Optional[KVCacheCost]) -> list[OutputResult]:
+    """One case of the sweep through every runner (and into the lossy steps' costs)."""
+    baseline, sig = opened[0], reference.signature
+    feeds = make_feeds(sig, case, seed)
+    expected = {"eager": baseline.run(feeds), "reference": reference.run(feeds)}
+    valid = valid_entries(sig, feeds, case)
+    if cost:
+        cost.add(feeds, expected["reference"], valid)
+    if kv_cost:
+        kv_cost.add_case(feeds, case)
+    given = _given_codes(baseline, reference)
+    # the baseline already ran: its own error is 0 (an int8 cache: its y read over its codes
+    # by the fp64 reference, so it runs again to be recorded)
+    again = (lambda rec: rec.run(feeds)) if given else (lambda rec: expected["eager"])
+    results = _compared(baseline, case, again, expected, valid, tolerances, given)
+    for r in opened[1:]:
+        results += _compared(r, case, lambda rec: rec.run(feeds), expected, valid, tolerances,
+                             given)
+    return results
+
+
+def _given_codes(baseline: Runner, reference: EagerRunner) -> Optional[GivenCodes]:
+    """An int8 cache: y judged over each runtime's own codes (given_codes.py)."""
+    if reference.signature.cache_dtype != INT8:
+        return None
+    return GivenCodes(baseline, reference)
+
+
 def _scenario(opened: list[Runner], reference: EagerRunner, config, case: Case, split: list,
-              seed: int, tolerances: dict) -> list[OutputResult]:
+              seed: int, tolerances: dict, kv_cost: Optional[KVCacheCost] = None
+              ) -> list[OutputResult]:
     """One multi-call scenario through every runner. Its truth is one full forward (or each row
     alone) of the eager module — but for a longrope layer the eager module run call by call:
     each call picks its frequency table from its own largest position, as transformers does,
     so one full call is legitimately another function there."""
     x, mask = scenarios.scenario_inputs(config, case, seed)
-    baseline = opened[0]
-    if switch_length(config.rope_scaling) and config.rotary != "none":
-        expected = {k: scenarios.run(r, config, case, x, mask, split)
-                    for k, r in (("eager", baseline), ("reference", reference))}
-    else:
-        expected = {k: scenarios.expected(case, scenarios.eager_full(r.source), x, mask)
-                    for k, r in (("eager", baseline), ("reference", reference))}
+    stepwise = bool(switch_length(config.rope_scaling)) and config.rotary != "none"
+
+    def truth(r: EagerRunner) -> dict:
+        if stepwise:
+            return scenarios.run(r, config, case, x, mask, split)
+        return scenarios.expected(case, scenarios.eager_full(r.source), x, mask)
+
+    expected = {"eager": truth(opened[0]), "reference": truth(reference)}
+    if kv_cost:  # the same scenario's truth with a float cache
+        kv_cost.add_scenario(x, mask, expected["reference"]["y"], truth)
+    given = _given_codes(opened[0], reference)
     results = []
     for r in opened:
-        results += _compared(r, case, lambda: scenarios.run(r, config, case, x, mask, split),
-                             expected, scenarios.valid(case, mask), tolerances)
+        results += _compared(r, case, lambda rec: scenarios.run(rec, config, case, x, mask,
+                                                                split),
+                             expected, scenarios.valid(case, mask), tolerances, given)
     return results
+
+
+def _tolerances(opened: list[Runner], sig, dtype: str, options: RunOptions,
+                atol: Optional[float], rtol: Optional[float]) -> dict:
+    """(runner, output) -> tolerance: the runner's default for the dtype it computed in, with
+    --atol / --rtol; an int8 cache's codes compared as codes (INT8_CODES, never overridden)."""
+    codes = {"present_key", "present_value"} if sig.cache_dtype == "int8" else set()
+    return {(r.name, o): INT8_CODES if o in codes else _override(
+        _default_tolerance(r, dtype, options), atol, rtol)
+        for r in opened for o in sig.output_names}
 
 
 def _default_tolerance(runner: Runner, dtype: str, options: RunOptions) -> Tolerance:
@@ -343,15 +336,20 @@ def _override(default: Tolerance, atol: Optional[float], rtol: Optional[float]) 
                      default.scaled if atol is None else 0.0)
 
 
-def _compared(runner: Runner, case: Case, call: Callable[[], Feeds], expected: dict,
-              valid: dict[str, Optional[np.ndarray]], tolerances: dict) -> list[OutputResult]:
-    """Run ``call`` and compare each expected output with eager fp32 and the fp64 reference,
-    on the elements ``valid`` names per output (the rest only required finite)."""
+def _compared(runner: Runner, case: Case, call: Callable[[Runner], Feeds], expected: dict,
+              valid: dict[str, Optional[np.ndarray]], tolerances: dict,
+              given: Optional[GivenCodes] = None) -> list[OutputResult]:
+    """Run ``call`` on the runner and compare each expected output with eager fp32 and the fp64
+    reference, on the elements ``valid`` names per output (the rest only required finite);
+    ``given``: y's truth read from the codes the runner wrote (an int8 cache)."""
     sig = runner.signature
     names = [n for n in sig.output_names if n in expected["eager"]]
     where = case.to_dict()
+    target = Recording(runner) if given is not None else runner
     try:
-        out = call()
+        out = call(target)
+        if isinstance(target, Recording) and target.calls:
+            expected = given.expected(expected, target.calls)
     except Exception as e:  # a model that cannot run this case (e.g. out of memory) fails its row
         raise_if_interrupted()  # ... but an interruption is no row
         error = (str(e).strip() or type(e).__name__).splitlines()[0][:300]

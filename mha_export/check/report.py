@@ -63,11 +63,37 @@ def _quantization_lines(report: CheckReport) -> list[str]:
              "the unquantized layer, fp64, worst over the sweep"]
     for q in report.quantization:
         d = q.deviation
-        verdict = ("FAIL (not finite)" if not q.passed and q.budget is None else
-                   "reported (no --max-quant-error)" if q.budget is None else
-                   f"{'PASS' if q.passed else 'FAIL'} (budget {q.budget:g})")
+        verdict = _verdict(q.passed, q.budget, "--max-quant-error")
         lines.append(f"  {q.output:13s} max|d| {d.max_abs:.2e}  {d.rel:.2e} of max|y|  "
                      f"cosine {d.cosine:.6f}  {verdict}")
+    return lines
+
+
+def _verdict(passed: bool, budget: Optional[float], flag: str) -> str:
+    if budget is None:
+        return "FAIL (not finite)" if not passed else f"reported (no {flag})"
+    return f"{'PASS' if passed else 'FAIL'} (budget {budget:g})"
+
+
+def _kv_cache_lines(report: CheckReport) -> list[str]:
+    """What the int8 cache cost, apart from the runners' parity (which judges the runtime
+    against the int8 function the file holds)."""
+    kv = report.kv_cache
+    if kv is None:
+        return []
+    d = kv.deviation
+    error_ok = not (d.rel != d.rel) and (kv.budget is None or d.rel <= kv.budget)
+    lines = [f"int8 KV cache cost ({kv.spec}): the int8-cache layer vs the float-cache layer, "
+             "fp64, worst over the generate and ragged scenarios"]
+    if kv.synthetic:
+        lines.append("  (scales calibrated on random inputs, not the model's hidden states: "
+                     "export with --calibration FILE for real ones)")
+    lines.append(f"  {'y':13s} max|d| {d.max_abs:.2e}  {d.rel:.2e} of max|y|  cosine "
+                 f"{d.cosine:.6f}  {_verdict(error_ok, kv.budget, '--max-kv-error')}")
+    for name, rate in kv.clip_rates.items():
+        ok = rate == rate and (kv.clip_budget is None or rate <= kv.clip_budget)
+        lines.append(f"  {name:13s} clipped {rate:.3%} of the entries written in the sweep  "
+                     f"{_verdict(ok, kv.clip_budget, '--max-clip-rate')}")
     return lines
 
 
@@ -80,7 +106,7 @@ def format_report(report: CheckReport, verbose: bool = False) -> str:
     if len(failures) > MAX_FAILURE_LINES:
         lines.append(f"... and {len(failures) - MAX_FAILURE_LINES} more failing rows "
                      "(-v or --json for all)")
-    lines += _quantization_lines(report)
+    lines += _quantization_lines(report) + _kv_cache_lines(report)
     for info in report.runners:
         if info.status == "ran":
             note = f" (WARNING: {info.reason})" if info.reason else ""
@@ -92,6 +118,8 @@ def format_report(report: CheckReport, verbose: bool = False) -> str:
     n_pass = sum(r.passed for r in report.results)
     n_cases = len({r.case for r in report.results})
     over = " — quantization cost FAILED" if not all(q.passed for q in report.quantization) else ""
+    over += " — int8 KV cache cost FAILED" if report.kv_cache and not report.kv_cache.passed \
+        else ""
     lines.append(f"{'PASS' if report.passed else 'FAIL'}: {n_pass}/{len(report.results)} "
                  f"comparisons within tolerance over {n_cases} cases{over} ({report.artifact})")
     return "\n".join(lines)

@@ -26,7 +26,7 @@ import torch
 
 from ..config import MHAConfig
 from .runners.base import Feeds, Runner
-from .sweep import Case, padding_mask, positions
+from .sweep import Case, padding_mask, positions, random_values
 
 Expect = Callable[[np.ndarray, np.ndarray], dict]  # (x, mask) -> {"y", "present_key", ...}
 
@@ -90,8 +90,8 @@ def generate_static(runner: Runner, config: MHAConfig, x: np.ndarray, mask: np.n
     b, length = x.shape[:2]
     rng = np.random.default_rng(11)
     shape = (b, config.kv_heads, length + 3, config.head_dim)
-    cache = {"past_key": rng.standard_normal(shape).astype(np.float32),
-             "past_value": rng.standard_normal(shape).astype(np.float32)}
+    dtype = runner.signature.cache_dtype  # an int8 cache: random codes
+    cache = {n: random_values(rng, shape, dtype) for n in ("past_key", "past_value")}
     lengths, ys, start = np.zeros(b, np.int64), [], 0
     for n in split:
         steps = lengths[:, None] + np.arange(n)  # (B, n) rotary positions

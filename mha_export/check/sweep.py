@@ -15,7 +15,7 @@ import numpy as np
 
 from ..config import MHAConfig
 from ..errors import UsageError
-from ..signature import CACHE, FLOAT, Signature
+from ..signature import CACHE, FLOAT, INT8, Signature
 
 PADDINGS = ("none", "left", "right")
 
@@ -121,11 +121,18 @@ def make_feeds(sig: Signature, case: Case, seed: int) -> dict[str, np.ndarray]:
             feeds[t.name] = pos
         elif t.name == "past_lengths":
             feeds[t.name] = static_lengths(case)
-        elif t.dtype == FLOAT:  # a static buffer: random beyond each row's valid entries too
-            feeds[t.name] = rng.standard_normal(shape).astype(np.float32)
+        elif t.dtype in (FLOAT, INT8):  # a static buffer: random beyond the valid entries too
+            feeds[t.name] = random_values(rng, shape, t.dtype)
         else:
             raise ValueError(f"no sample values for input {t.name!r}")  # declare them here
     return feeds
+
+
+def random_values(rng: np.random.Generator, shape: tuple, dtype: str) -> np.ndarray:
+    """Standard-normal floats, or (an int8 cache's codes) uniform over every int8 value."""
+    if dtype == INT8:
+        return rng.integers(-128, 128, shape, dtype=np.int8)
+    return rng.standard_normal(shape).astype(np.float32)
 
 
 def static_lengths(case: Case) -> np.ndarray:

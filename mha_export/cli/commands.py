@@ -178,6 +178,14 @@ def aoti(**kw) -> None:
               help="Quantized artifacts: fail (exit 1) when quantizing cost more than this "
                    "max|d| / max|y| on any output (the dequantized vs the unquantized layer) "
                    "[default: reported only].")
+@click.option("--max-kv-error", type=float, default=None,
+              help="int8-cache artifacts: fail (exit 1) when the int8 cache cost more than this "
+                   "max|d| / max|y| on y over the generate and ragged scenarios (vs the same "
+                   "layer with a float cache) [default: reported only].")
+@click.option("--max-clip-rate", type=float, default=None,
+              help="int8-cache artifacts: fail (exit 1) when more than this fraction of the "
+                   "keys or values written in the sweep fell beyond the calibrated scales "
+                   "(clipped) [default: reported only].")
 @_guard
 def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
     """Check an artifact folder against eager PyTorch rebuilt from its config and source weights.
@@ -189,6 +197,7 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
       mha-export check out/gpt2-l3 --require-cuda --no-tf32
       mha-export check out/ts --runners torchscript
       mha-export check models/split-h12-d768-int4-onnx --max-quant-error 0.05
+      mha-export check models/split-h12-d768-static-kv8-onnx --max-clip-rate 0.001
     """
     from ..check.report import format_report
     report = check_parity(artifact, progress=_progress, **kw)

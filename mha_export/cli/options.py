@@ -11,6 +11,7 @@ from ..check.runners import RUNNERS, ort_runner_names
 from ..config import LAYOUTS, QK_NORMS, ROTARY, SCALINGS, MHAConfig
 from ..errors import UsageError
 from ..weights.families import FAMILIES
+from ..weights.kv_quant import CACHE_DTYPES, GRANULARITIES, VALUE_SCALE
 from ..weights.quantize import ACCURACY_LEVELS, BLOCK_SIZES, NAMES, QuantSpec
 
 # The layer's defaults are MHAConfig's: the CLI shows them, never re-declares them.
@@ -161,10 +162,29 @@ QUANT_OPTIONS = [
 ]
 
 
+KV_OPTIONS = [
+    click.option("--kv-cache-dtype", type=click.Choice(CACHE_DTYPES), default="float",
+                 show_default=True,
+                 help="With --static-cache: int8 = the buffers hold int8 codes, quantized on "
+                      "write with static scales (round half to even, clipped) and dequantized "
+                      "on read (ONNX only; docs/kv-cache.md)."),
+    click.option("--calibration", type=click.Path(dir_okay=False), default=None,
+                 help="int8 cache: hidden states [n, T, d_in] (.npy or .safetensors) to "
+                      "calibrate the scales on [default: synthetic random inputs, and the "
+                      "check's report says so]."),
+    click.option("--value-scale", type=click.Choice(tuple(GRANULARITIES)), default=VALUE_SCALE,
+                 show_default=True,
+                 help="int8 cache: one scale per value channel, or one for all values (keys: "
+                      "always per channel)."),
+]
+
+
 def export_options(kw: dict) -> dict:
     """The export API's keywords: the options the user set (``explicit``), the quantization
     ones gathered into ``quantize=QuantSpec`` (given without --quantize: an error)."""
     kw = explicit(kw)
+    if "value_scale" in kw and kw.get("kv_cache_dtype") != "int8":
+        raise UsageError("--value-scale needs --kv-cache-dtype int8")
     fields = {name: kw.pop(name) for name in ("block_size", "symmetric", "accuracy_level")
               if name in kw}
     name = kw.pop("quantize", None)
@@ -191,4 +211,4 @@ def config_options(fn: Callable) -> Callable:
 
 
 def model_options(fn: Callable) -> Callable:
-    return _apply(CONFIG_OPTIONS + ARTIFACT_OPTIONS + QUANT_OPTIONS, fn)
+    return _apply(CONFIG_OPTIONS + ARTIFACT_OPTIONS + QUANT_OPTIONS + KV_OPTIONS, fn)

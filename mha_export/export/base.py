@@ -26,3 +26,5 @@ class ExportTarget:
     prepare: Prepare
     # why --quantize cannot make this target's file (None: prepare takes ``quant``)
     quantize_refusal: Optional[str] = None
+    # why --kv-cache-dtype int8 cannot (None: prepare takes ``kv_cache``)
+    int8_cache_refusal: Optional[str] = None

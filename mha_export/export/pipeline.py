@@ -17,10 +17,13 @@ from ..config import MHAConfig
 from ..env import utc_now, versions
 from ..errors import UsageError
 from ..graph import forms
-from ..signature import Signature, make_signature, signature_kind
+from ..signature import FLOAT, INT8, STATIC, Signature, make_signature, signature_kind
 from ..weights.files import save_weights
+from ..weights.kv_calibration import calibrate_cache
+from ..weights.kv_quant import CACHE_DTYPES, VALUE_SCALE, KVCacheSpec
 from ..weights.quantize import QuantSpec
 from ..weights.source import Source, load_source
+from .base import ExportTarget
 from .targets import TARGETS
 
 ATTENTION_FORMS = tuple(forms.FORMS)
@@ -41,7 +44,8 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
                     layer: Optional[int] = None, seed: int = 0, kv_cache: bool = False,
                     attention_mask: bool = False, static_cache: bool = False,
                     force: bool = False, validate: bool = True,
-                    quantize: Optional[QuantSpec] = None,
+                    quantize: Optional[QuantSpec] = None, kv_cache_dtype: str = "float",
+                    calibration: str | Path | None = None, value_scale: str = VALUE_SCALE,
                     check_options: Optional[dict] = None,
                     target_options: Optional[dict] = None, **config_fields) -> ExportResult:
     """Write DIR/<the target's model file> + config.json + weights.safetensors (+ parity.json).
@@ -51,19 +55,26 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
     present_key, present_value); ``static_cache``: the decode-step model over an app-owned
     buffer written in place (x, past_key, past_value, past_lengths -> y, present_key,
     present_value); ``attention_mask``: the full-sequence model with a padding mask.
-    ``quantize``: weight-only quantized projections (``QuantSpec``; the ONNX target only)."""
+    ``quantize``: weight-only quantized projections (``QuantSpec``; the ONNX target only).
+    ``kv_cache_dtype`` "int8" (with ``static_cache``): the buffers hold int8 codes, with static
+    scales calibrated on ``calibration`` (hidden states [n, T, d_in], .npy / .safetensors) or on
+    synthetic inputs; values scaled per ``value_scale`` ("channel" | "tensor")."""
     chosen = TARGETS[target]
     options = dict(target_options or {})
     if quantize is not None:
         if chosen.quantize_refusal:
             raise UsageError(chosen.quantize_refusal)
         options["quant"] = quantize
+    kind = signature_kind(kv_cache, attention_mask, static_cache)
+    _check_cache_request(chosen, kind, kv_cache_dtype, calibration)
     source = load_source(config, weights, layer, seed, config_fields)
-    sig = make_signature(source.config, signature_kind(kv_cache, attention_mask, static_cache))
+    if kv_cache_dtype == "int8":
+        options["kv_cache"] = _calibrated(source, quantize, calibration, value_scale, seed)
+    sig = make_signature(source.config, kind, INT8 if kv_cache_dtype == "int8" else FLOAT)
     prepared = chosen.prepare(source.module, source.config, sig, **options)
     meta = _describe(source, sig, target, prepared.export)
-    dest = Path(output) if output is not None else default_folder(source.config, target,
-                                                                  sig.kind, quant=quantize)
+    dest = Path(output) if output is not None else default_folder(
+        source.config, target, sig.kind, quant=quantize, int8_cache=kv_cache_dtype == "int8")
     report = None
     with staged_folder(dest, force) as stage:
         save_weights(source.module, stage / WEIGHTS_FILE)
@@ -75,6 +86,35 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
             report.artifact = str(dest)
             write_json_atomic(stage / REPORT_FILE, report.to_dict())
     return ExportResult(dest, report)
+
+
+def _check_cache_request(target: ExportTarget, kind: str, cache_dtype: str,
+                         calibration: str | Path | None) -> None:
+    """--kv-cache-dtype int8 needs the static cache and a target that writes it; a calibration
+    file without it is a mistake, said before any work."""
+    if cache_dtype not in CACHE_DTYPES:
+        raise UsageError(f"unknown --kv-cache-dtype {cache_dtype!r}: choose one of "
+                         f"{', '.join(CACHE_DTYPES)}")
+    if cache_dtype == "float":
+        if calibration is not None:
+            raise UsageError("--calibration needs --kv-cache-dtype int8")
+        return
+    if target.int8_cache_refusal:
+        raise UsageError(target.int8_cache_refusal)
+    if kind != STATIC:
+        raise UsageError("--kv-cache-dtype int8 needs --static-cache: the int8 buffers are "
+                         "written in place; the growing --kv-cache model would re-quantize "
+                         "(or copy) its whole cache every step")
+
+
+def _calibrated(source: Source, quantize: Optional[QuantSpec], calibration, value_scale: str,
+                seed: int) -> KVCacheSpec:
+    """Scales calibrated on the function the file will hold (dequantized projections)."""
+    module = source.module
+    if quantize is not None:
+        from ..weights.dequantized import dequantized_module
+        module = dequantized_module(module, quantize)
+    return calibrate_cache(module.eval(), calibration, value_scale, seed)
 
 
 def _describe(source: Source, sig: Signature, target: str, export: dict) -> dict:

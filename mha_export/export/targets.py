@@ -18,11 +18,18 @@ from .base import ExportTarget
 _TORCH_QUANT = ("--quantize is ONNX-only: torch 2.13 has no CPU weight-only int4/int8 kernel "
                 "that {} compiles (torchao's int8 dequantizes every call, its CPU int4 is a "
                 "prototype); use `mha-export onnx --quantize`")
+# The eager module holds the int8 cache's function (layer/base.py), but neither torch target is
+# proven to write the codes in place and read them dequantized at speed: refused, not guessed.
+_TORCH_INT8_CACHE = ("--kv-cache-dtype int8 is ONNX-only (ONNX Runtime's GroupQueryAttention "
+                     "and standard ops); {} exports the float cache: use `mha-export onnx "
+                     "--static-cache --kv-cache-dtype int8`")
 _TARGETS = (
     ExportTarget("onnx", to_onnx.MODEL_FILE, to_onnx.prepare),
     ExportTarget("torchscript", to_torchscript.MODEL_FILE, to_torchscript.prepare,
-                 quantize_refusal=_TORCH_QUANT.format("TorchScript")),
+                 quantize_refusal=_TORCH_QUANT.format("TorchScript"),
+                 int8_cache_refusal=_TORCH_INT8_CACHE.format("TorchScript")),
     ExportTarget("aoti", to_aoti.MODEL_FILE, to_aoti.prepare,
-                 quantize_refusal=_TORCH_QUANT.format("AOTInductor")),
+                 quantize_refusal=_TORCH_QUANT.format("AOTInductor"),
+                 int8_cache_refusal=_TORCH_INT8_CACHE.format("AOTInductor")),
 )
 TARGETS: dict[str, ExportTarget] = {t.name: t for t in _TARGETS}

@@ -14,6 +14,7 @@ from ..graph import forms
 from ..graph.model import build_model
 from ..layer.layouts import AttentionBase
 from ..signature import Signature
+from ..weights.kv_quant import KVCacheSpec
 from ..weights.quantize import QuantSpec, quantized_projections
 from .base import Prepared
 
@@ -23,14 +24,17 @@ PROTOBUF_LIMIT = 2**31 - 2**26  # 2 GiB less a margin for the graph itself
 
 def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
             attention: Optional[str] = None, opset: Optional[int] = None,
-            dtype: str = "float32", quant: Optional[QuantSpec] = None) -> Prepared:
+            dtype: str = "float32", quant: Optional[QuantSpec] = None,
+            kv_cache: Optional[KVCacheSpec] = None) -> Prepared:
     form = forms.get_form(attention) if attention else forms.default_form(config, sig)
-    model = build_model(config, module.to_weights(), form, opset, dtype, sig, quant)
+    model = build_model(config, module.to_weights(), form, opset, dtype, sig, quant, kv_cache)
     opset = model.opset_import[0].version  # the form's lowest when none was asked for
     export = {"file": MODEL_FILE, "opset": opset, "attention": form.name, "dtype": dtype}
     if quant is not None:
         export["quantize"] = {**quant.to_dict(), "format": "com.microsoft.MatMulNBits",
                               "projections": quantized_projections(config)}
+    if kv_cache is not None:
+        export["kv_cache"] = kv_cache.to_dict()
     helper.set_model_props(model, {"mha_export.config": json.dumps(config.to_dict()),
                                    "mha_export.export": json.dumps(export),
                                    "mha_export.io": json.dumps(sig.to_dict())})

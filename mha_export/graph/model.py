@@ -19,19 +19,21 @@ from onnx import TensorProto, helper
 from ..config import MHAConfig
 from ..errors import UsageError
 from .forms import FORMS, AttentionIO, GraphForm, resolve_opset
+from .forms.base import Int8Cache
 from .builder import ONNX_DTYPES, GraphBuilder
 from .rotary import rotary_cos_sin, rotary_op, rotate_heads
 from ..layer.layouts import AttentionWeights
 from .nodes import all_nodes
 from .norm import heads_rms_norm, rms_norm
-from ..signature import FLOAT, Signature, TensorSpec, make_signature
+from ..signature import FLOAT, INT8, Signature, TensorSpec, make_signature
+from ..weights.kv_quant import KVCacheSpec
 from ..weights.quantize import QuantSpec
 
 DTYPES = tuple(ONNX_DTYPES)
 
 
 def _value_info(t: TensorSpec, dtype: str) -> onnx.ValueInfoProto:
-    elem = ONNX_DTYPES[dtype] if t.dtype == FLOAT else TensorProto.INT64
+    elem = {FLOAT: ONNX_DTYPES[dtype], INT8: TensorProto.INT8}.get(t.dtype, TensorProto.INT64)
     return helper.make_tensor_value_info(t.name, elem, list(t.shape))
 
 
@@ -44,17 +46,23 @@ def check_buildable(config: MHAConfig, form: GraphForm, sig: Signature, dtype: s
                          + (f" (forms that can: {', '.join(able)})" if able else ""))
     if dtype not in ONNX_DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if sig.cache_dtype == INT8 and dtype != "float32":
+        raise UsageError(f"an int8 cache is built for float32 models (queries and accumulation "
+                         f"in fp32, as GroupQueryAttention's), not {dtype}")
 
 
 def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
                 opset: int | None = None, dtype: str = "float32",
-                signature: Signature | None = None,
-                quant: QuantSpec | None = None) -> onnx.ModelProto:
+                signature: Signature | None = None, quant: QuantSpec | None = None,
+                kv_cache: KVCacheSpec | None = None) -> onnx.ModelProto:
     """The ONNX model; ``opset`` None: the form's lowest (``resolve_opset``); ``quant``: the
-    projections (q/k/v, output, gate) as weight-only quantized MatMulNBits."""
+    projections (q/k/v, output, gate) as weight-only quantized MatMulNBits; ``kv_cache``: the
+    scales of an int8 static cache (a signature whose cache dtype is int8)."""
     c = config
     sig = signature or make_signature(c)
     check_buildable(c, form, sig, dtype)
+    if (sig.cache_dtype == INT8) != (kv_cache is not None):
+        raise UsageError("an int8 cache needs both the int8 signature and its scales")
     opset = resolve_opset(form, opset)
     g = GraphBuilder(dtype=dtype, quant=quant)
     project = functools.partial(_queries_keys_values, c=c, w=w, opset=opset)
@@ -65,7 +73,7 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
                                 for n in ("past_key", "past_value", "attention_mask")),
                      sinks=sinks,  # (1, N, 1, 1)
                      past_lengths="past_lengths" if "past_lengths" in named else None,
-                     project=project)
+                     project=project, int8_cache=_int8_cache(g, kv_cache))
     out = form.core(g, io, c)
     context = out.context  # (B, T, N*H)
     if w.wg is not None:  # output gate: context * sigmoid(x @ W_gate^T + b)
@@ -86,6 +94,15 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
                for domain in sorted({n.domain for n in all_nodes(g.nodes) if n.domain})]
     return helper.make_model(graph, opset_imports=opsets, producer_name="mha-export",
                              ir_version=ir_version)
+
+
+def _int8_cache(g: GraphBuilder, spec: KVCacheSpec | None) -> Int8Cache | None:
+    """An int8 cache's scales as initializers (one set, read by every branch and block)."""
+    if spec is None:
+        return None
+    return Int8Cache(g.const("kv_cache.k_scale", spec.key.scale),
+                     g.const("kv_cache.v_scale", spec.value.scale),
+                     spec.key.quant_type, spec.value.quant_type)
 
 
 def _name_output(g: GraphBuilder, tensor: str, name: str) -> None:

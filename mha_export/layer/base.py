@@ -57,6 +57,19 @@ class AttentionBase(nn.Module):
         self.rope_switch = rope.switch_len  # longrope: long table once max(pos) + 1 > this
         self.rope_factor = rope.attention_factor  # multiplies cos and sin (yarn, longrope)
         self._add_extras(config)
+        # an int8 cache (use_int8_cache): static scales (1,) | (1, K, 1, H); empty while off
+        self.int8_cache = False
+        self.register_buffer("k_scale", torch.ones(0), persistent=False)
+        self.register_buffer("v_scale", torch.ones(0), persistent=False)
+
+    def use_int8_cache(self, k_scale: Tensor, v_scale: Tensor) -> "AttentionBase":
+        """Hold the cache as int8 codes (the function of --kv-cache-dtype int8): keys (after
+        rotary) and values quantized on write with these static scales (round half to even,
+        clipped to [-128, 127]) and dequantized on read; a call's own keys too."""
+        self.int8_cache = True
+        self.k_scale = k_scale.to(self.inv_freq.device, torch.float32)
+        self.v_scale = v_scale.to(self.inv_freq.device, torch.float32)
+        return self
 
     def _add_extras(self, c: MHAConfig) -> None:
         """The weights of the newer layers' options (Identity / empty where off: TorchScript
@@ -112,13 +125,16 @@ class AttentionBase(nn.Module):
             position_ids = torch.arange(past, past + x.size(1), device=x.device).expand(
                 x.size(0), x.size(1))  # (B, T)
         q, k, v = self._queries_keys_values(x, position_ids)
+        if self.int8_cache:  # the cache (and what this returns) holds codes
+            k, v = int8_codes(k, self.k_scale), int8_codes(v, self.v_scale)
         if past_key is not None and past_value is not None:
             k = torch.cat([past_key, k], dim=2)  # (B, N, P+T, H)
             v = torch.cat([past_value, v], dim=2)
         p = self.dropout if self.training else 0.0
         sinks = self.sinks if self.has_sinks else None
-        ctx, probs = attention(q, k, v, self.scale, self.causal, p, need_weights, attention_mask,
-                               self.window, self.softcap, sinks)  # k, v keep K heads (the cache)
+        keys, values = self._read_cache(k, v, q.dtype)  # (B, K, S, H): K heads (the cache)
+        ctx, probs = attention(q, keys, values, self.scale, self.causal, p, need_weights,
+                               attention_mask, self.window, self.softcap, sinks)
         return self._output(x, ctx), k, v, probs
 
     def forward_static(self, x: Tensor, past_key: Tensor, past_value: Tensor,
@@ -135,16 +151,51 @@ class AttentionBase(nn.Module):
         q, k, v = self._queries_keys_values(x, position_ids)  # (B, N, T, H), (B, K, T, H) x 2
         rows = torch.arange(b, device=x.device).view(b, 1)  # (B, 1)
         slots = past_lengths.view(b, 1) + steps  # (B, T): where row b's new entries go
+        if self.int8_cache:  # quantized on write
+            k, v = int8_codes(k, self.k_scale), int8_codes(v, self.v_scale)
         # index_put_ (gpt-fast's cache write): AOTInductor re-inplaces it into the caller's
         # buffer (a scatter_ became a copy of the whole buffer there)
         past_key[rows, :, slots] = k.transpose(1, 2).to(past_key.dtype)  # (B, T, K, H)
         past_value[rows, :, slots] = v.transpose(1, 2).to(past_value.dtype)
-        end = valid_end(past_lengths, t, past_key.size(2))  # the longest row's valid prefix
+        y = self._attend_static(x, q, past_key, past_value, past_lengths)
+        return y, past_key, past_value
+
+    def read_static(self, x: Tensor, past_key: Tensor, past_value: Tensor,
+                    past_lengths: Tensor, position_ids: Optional[Tensor] = None) -> Tensor:
+        """y of a static-cache call whose keys and values the buffers already hold (a runtime
+        under test wrote them): nothing is written. An int8 cache's check reads the codes the
+        runtime wrote, so that a rounding tie flipped by its last bit is judged once, as a
+        code (never again in y)."""
+        b, t = x.size(0), x.size(1)
+        if position_ids is None:
+            position_ids = past_lengths.view(b, 1) + torch.arange(t, device=x.device)
+        q, _, _ = self._queries_keys_values(x, position_ids)  # (B, N, T, H)
+        return self._attend_static(x, q, past_key, past_value, past_lengths)
+
+    def _attend_static(self, x: Tensor, q: Tensor, past_key: Tensor, past_value: Tensor,
+                       past_lengths: Tensor) -> Tensor:
+        """Queries q (B, N, T, H) over the buffers' valid prefix, row b's from past_lengths[b]."""
+        end = valid_end(past_lengths, q.size(2), past_key.size(2))  # longest row's valid prefix
         sinks = self.sinks if self.has_sinks else None
-        ctx, _ = attention(q, past_key[:, :, :end], past_value[:, :, :end], self.scale,
-                           self.causal, 0.0, False, None, self.window, self.softcap, sinks,
+        keys, values = self._read_cache(past_key[:, :, :end], past_value[:, :, :end], q.dtype)
+        ctx, _ = attention(q, keys, values, self.scale, self.causal, 0.0, False, None,
+                           self.window, self.softcap, sinks,
                            query_start=past_lengths)  # (B, N, T, H)
-        return self._output(x, ctx), past_key, past_value
+        return self._output(x, ctx)
+
+    def _read_cache(self, keys: Tensor, values: Tensor, dtype: torch.dtype
+                    ) -> Tuple[Tensor, Tensor]:
+        """The cache as attention reads it: an int8 cache's codes dequantized (code * scale)."""
+        if not self.int8_cache:
+            return keys, values
+        return (keys.to(dtype) * self.k_scale.to(dtype),
+                values.to(dtype) * self.v_scale.to(dtype))
+
+    def keys_values(self, x: Tensor, position_ids: Tensor) -> Tuple[Tensor, Tensor]:
+        """What a call writes into the cache before any quantizing: keys after q/k norm and
+        rotary, values, (B, K, T, H) each (calibration and the check's clip rates read it)."""
+        _, k, v = self._queries_keys_values(x, position_ids)
+        return k, v
 
     def _queries_keys_values(self, x: Tensor, position_ids: Tensor
                              ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -217,6 +268,12 @@ def copy_linear(dst: nn.Linear, weight: Tensor, bias: Optional[Tensor]) -> None:
         dst.weight.copy_(weight)
         if dst.bias is not None:
             dst.bias.copy_(bias if bias is not None else torch.zeros_like(dst.bias))
+
+
+def int8_codes(x: Tensor, scale: Tensor) -> Tensor:
+    """An int8 cache's write: clip(round_half_to_even(x / scale), -128, 127) as int8 (what
+    ONNX Runtime's GroupQueryAttention writes; weights/kv_quant.py in numpy)."""
+    return torch.clamp(torch.round(x / scale.to(x.dtype)), -128.0, 127.0).to(torch.int8)
 
 
 def valid_end(past_lengths: Tensor, t: int, capacity: int) -> int:

@@ -7,14 +7,15 @@ node (tests/test_kv_quant.py): written as
 
 with one scale per tensor ("tensor", shape (1,)) or per key/value channel ("channel", shape
 (1, K, 1, H)), static: calibrated once from keys after rotary and values. Torch-free: the graph
-and the check's reference both read it. Foundation of issue 24 (--kv-cache-dtype int8); not
-wired to the CLI yet.
+and the check's reference both read it. ``KVCacheSpec`` is what an artifact records
+(config.json export.kv_cache) for ``--kv-cache-dtype int8``.
 
 Shape legend: B = batch, K = key/value heads, S = cached positions, H = head size.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from ..errors import UsageError
 
 GRANULARITIES = {"tensor": "PER_TENSOR", "channel": "PER_CHANNEL"}  # -> the node's attribute
 LOWEST, HIGHEST = -128, 127
+CACHE_DTYPES = ("float", "int8")  # --kv-cache-dtype: "float" is the model's dtype
+KEY_GRANULARITY = "channel"  # keys: always per channel (rotary pairs, q/k norm: uneven ranges)
+VALUE_SCALE = "channel"  # the default for values (docs/kv-cache.md measures both)
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,15 @@ class KVScale:
                              f"{', '.join(GRANULARITIES)}")
         if not (np.isfinite(self.scale).all() and (self.scale > 0).all()):
             raise UsageError("KV cache scales must be finite and > 0")
+        shape = self.scale.shape
+        if shape != (1,) if self.granularity == "tensor" else (
+                len(shape) != 4 or shape[0] != 1 or shape[2] != 1):
+            raise UsageError(f"a per-{self.granularity} KV scale cannot have shape {list(shape)} "
+                             "(per tensor: [1]; per channel: [1, kv_heads, 1, head_dim])")
+
+    def fits(self, kv_heads: int, head_dim: int) -> bool:
+        """Whether it can scale a cache of kv_heads x head_dim channels."""
+        return self.granularity == "tensor" or self.scale.shape == (1, kv_heads, 1, head_dim)
 
     @property
     def quant_type(self) -> str:
@@ -73,3 +86,44 @@ def calibrate(samples: np.ndarray, granularity: str, margin: float = 1.0) -> KVS
         top = x.max(axis=(0, 2), keepdims=True)  # (1, K, 1, H)
     scale = np.maximum(top * margin / HIGHEST, np.finfo(np.float32).tiny)  # all-zero: tiny
     return KVScale(granularity, scale.astype(np.float32))
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """An int8 cache: the static scales of its keys (after rotary) and values, and where they
+    came from (a calibration file, or synthetic inputs: then the report says so)."""
+
+    key: KVScale
+    value: KVScale
+    calibration: str  # e.g. "synthetic: 4 x 256 standard-normal tokens"
+    synthetic: bool = True
+
+    dtype = "int8"
+
+    def label(self) -> str:
+        return (f"int8 cache, keys per {self.key.granularity}, values per "
+                f"{self.value.granularity}, scales from {self.calibration}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "symmetric": True, "rounding": "half to even",
+                "clip": [LOWEST, HIGHEST], "key": _scale_dict(self.key),
+                "value": _scale_dict(self.value), "calibration": self.calibration,
+                "synthetic": self.synthetic}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "KVCacheSpec":
+        if d.get("dtype") != cls.dtype:
+            raise UsageError(f"unknown KV cache dtype {d.get('dtype')!r} (this version reads "
+                             "int8)")
+        return cls(_scale_of(d["key"]), _scale_of(d["value"]), str(d["calibration"]),
+                   bool(d.get("synthetic", True)))
+
+
+def _scale_dict(s: KVScale) -> dict[str, Any]:
+    return {"granularity": s.granularity, "quant_type": s.quant_type,
+            "shape": list(s.scale.shape), "scale": [float(v) for v in s.scale.reshape(-1)]}
+
+
+def _scale_of(d: dict[str, Any]) -> KVScale:
+    scale = np.asarray(d["scale"], np.float32).reshape(d["shape"])
+    return KVScale(d["granularity"], scale)

@@ -272,7 +272,7 @@ def _probe(bits: int, block_size: int, level: int) -> tuple[np.ndarray, str]:
 
 
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
-          "tensor(int64)": np.int64}
+          "tensor(int64)": np.int64, "tensor(int8)": np.int8}
 
 
 def _cpu_compute_nodes(load_log: str) -> str:

@@ -50,9 +50,11 @@ def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
         s = g.sub(f"{tag}/", share_constants=True)
         q, k, v = io.project(s)  # (B, T, N*H), 2 x (B, T, K*H), inside the branch
         out = core(s, dataclasses.replace(io, q=q, k=k, v=v), c)  # context (B, T, D) [+ present]
-        results = [out.context] + ([out.present_key, out.present_value] if io.has_cache else [])
+        results = [(out.context, g.elem)] + ([(out.present_key, io.cache_elem(g)),
+                                              (out.present_value, io.cache_elem(g))]
+                                             if io.has_cache else [])
         branches.append(s.subgraph(g.name(f"auto_{tag}"), [], [
-            helper.make_tensor_value_info(r, g.elem, None) for r in results]))
+            helper.make_tensor_value_info(r, elem, None) for r, elem in results]))
     outs = g.op("If", [short], n_out=3 if io.has_cache else 1, then_branch=branches[0],
                 else_branch=branches[1], name="auto_attention")
     return AttentionOut(*outs) if io.has_cache else AttentionOut(outs)
@@ -60,7 +62,7 @@ def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
 
 def _gqa_builds(c: MHAConfig) -> bool:
     """contrib-gqa's own record can build this layer's static-cache model (causal, no window,
-    no softcap, head_dim % 8 == 0)."""
+    no softcap, head_dim % 8 == 0): with an int8 cache too (the node's own int8 buffers)."""
     return CONTRIB_GQA.problem(c, make_signature(c, STATIC)) is None
 
 

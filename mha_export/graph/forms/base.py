@@ -13,7 +13,9 @@ from typing import Callable, Optional
 import numpy as np
 
 from ...config import MHAConfig
-from ...signature import Signature
+from onnx import TensorProto
+
+from ...signature import INT8, Signature
 from ..builder import GraphBuilder, as_1d, dim, finite_lowest, split_heads
 
 
@@ -28,6 +30,7 @@ class Feature(enum.Enum):
     SOFTCAP = "softcap"
     SINKS = "sinks"
     STATIC_CACHE = "static-cache"
+    INT8_CACHE = "int8-cache"
 
     def __str__(self) -> str:
         return self.value
@@ -47,7 +50,8 @@ def required_features(config: MHAConfig, sig: Signature) -> frozenset[Feature]:
               Feature.STATIC_CACHE: sig.static_cache, Feature.ATTENTION_MASK: sig.has_mask,
               Feature.NON_CAUSAL: not config.causal, Feature.GQA: config.kv_heads != config.heads,
               Feature.SLIDING_WINDOW: bool(config.sliding_window),
-              Feature.SOFTCAP: bool(config.softcap), Feature.SINKS: config.sinks}
+              Feature.SOFTCAP: bool(config.softcap), Feature.SINKS: config.sinks,
+              Feature.INT8_CACHE: sig.cache_dtype == INT8}
     return frozenset(f for f, on in wanted.items() if on)
 
 
@@ -72,6 +76,17 @@ LINEAR = Memory(0)
 
 
 @dataclass(frozen=True)
+class Int8Cache:
+    """An int8 cache's static scales (graph values: (1,) per tensor | (1, K, 1, H) per channel)
+    and their layout, as GroupQueryAttention's k_quant_type / v_quant_type name it."""
+
+    k_scale: str
+    v_scale: str
+    k_quant_type: str  # "PER_TENSOR" | "PER_CHANNEL"
+    v_quant_type: str
+
+
+@dataclass(frozen=True)
 class AttentionIO:
     """Graph values a core reads (names in the builder's scope)."""
 
@@ -86,10 +101,15 @@ class AttentionIO:
     # builds q, k, v from x in a builder (a branch of an If): for a form whose GraphForm says
     # projects_per_branch, so that no q/k/v of the whole call is captured by the If
     project: Optional[Callable[["GraphBuilder"], tuple[str, str, str]]] = None
+    int8_cache: Optional[Int8Cache] = None  # the static buffers hold int8 codes
 
     @property
     def has_cache(self) -> bool:
         return self.past_key is not None
+
+    def cache_elem(self, g: GraphBuilder) -> int:
+        """The element type of present_key / present_value."""
+        return TensorProto.INT8 if self.int8_cache else g.elem
 
 
 @dataclass(frozen=True)
@@ -176,6 +196,9 @@ def static_keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig, seq_len: 
     Returns (keys, values) (B, K, S, H) and (present_key, present_value) (B, K, C, H)."""
     k = split_heads(g, io.k, c.kv_heads, c.head_dim, "k")  # (B, K, T, H)
     v = split_heads(g, io.v, c.kv_heads, c.head_dim, "v")
+    if io.int8_cache:  # quantized on write
+        k = int8_codes(g, k, io.int8_cache.k_scale, "key")  # (B, K, T, H) int8
+        v = int8_codes(g, v, io.int8_cache.v_scale, "value")
     index = _write_index(g, io.past_lengths, k, seq_len)  # (B, K, T, 3)
     present_k = g.op("ScatterND", [io.past_key, index, k], name="key_write")
     present_v = g.op("ScatterND", [io.past_value, index, v], name="value_write")
@@ -186,7 +209,28 @@ def static_keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig, seq_len: 
     prefix = [g.ints("zero_1d", [0]), as_1d(g, end, "valid_end_1d"), g.ints("axes2_1d", [2])]
     keys = g.op("Slice", [present_k, *prefix], name="valid_keys")  # (B, K, S, H)
     values = g.op("Slice", [present_v, *prefix], name="valid_values")
+    keys, values = read_cache(g, io, keys, values)
     return keys, values, present_k, present_v
+
+
+def int8_codes(g: GraphBuilder, x: str, scale: str, name: str) -> str:
+    """An int8 cache's write in standard ops: clip(round(x / scale), -128, 127) as int8 (ONNX
+    Round rounds half to even, as GroupQueryAttention's int8 write does)."""
+    rounded = g.op("Round", [g.op("Div", [x, scale], name=f"{name}_scaled")],
+                   name=f"{name}_rounded")
+    clipped = g.op("Clip", [rounded, g.const("int8_lowest", np.array(-128.0)),
+                            g.const("int8_highest", np.array(127.0))], name=f"{name}_clipped")
+    return g.op("Cast", [clipped], to=TensorProto.INT8, name=f"{name}_codes")
+
+
+def read_cache(g: GraphBuilder, io: AttentionIO, keys: str, values: str) -> tuple[str, str]:
+    """Keys and values (B, K, S, H) as attention reads them: an int8 cache's codes * scale."""
+    if not io.int8_cache:
+        return keys, values
+    return tuple(g.op("Mul", [g.op("Cast", [codes], to=g.elem, name=f"{name}_read_codes"),
+                              scale], name=f"{name}_read")
+                 for codes, scale, name in ((keys, io.int8_cache.k_scale, "key"),
+                                            (values, io.int8_cache.v_scale, "value")))
 
 
 def _write_index(g: GraphBuilder, past_lengths: str, k: str, seq_len: str) -> str:

@@ -28,7 +28,7 @@ from ...config import MHAConfig
 from ..builder import (GraphBuilder, additive, as_1d, ceil_div, dim, repeat_kv,
                        row_masked_positions, scale_queries, score_mask, split_heads)
 from .base import (ALL_FEATURES, ATTENTION_NODE_FEATURES, LINEAR, AttentionIO, AttentionOut,
-                   Feature, GraphForm, cache_out, keys_values, probabilities,
+                   Feature, GraphForm, cache_out, keys_values, probabilities, read_cache,
                    static_keys_values)
 
 BLOCK = 256
@@ -48,6 +48,7 @@ class _Operands:
     key_axis: int
     value_axis: int
     flat: bool  # 3-D (B, len, D) slices: no cache, no padding mask, Attention body
+    codes: bool = False  # keys/values are an int8 cache's codes: each block dequantizes its own
 
 
 def blocked_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig, block: int = BLOCK,
@@ -92,8 +93,9 @@ def _operands(g: GraphBuilder, io: AttentionIO, c: MHAConfig, use_attention_op: 
     else:
         keys, values = present = keys_values(g, io, c)  # (B, K, S, H)
         past = g.op("Sub", [dim(g, keys, 2, "blk_key_len"), seq_len], name="blk_past_len")
-    if use_attention_op:
-        return _Operands(_pad_axis(g, q, padding, 2), keys, values, past, 2, 2, 2, False), present
+    if use_attention_op:  # (an int8 cache's buffers: codes, read block by block)
+        return _Operands(_pad_axis(g, q, padding, 2), keys, values, past, 2, 2, 2, False,
+                         codes=io.int8_cache is not None and io.past_lengths is not None), present
     # plain MatMuls: every query head gets its kv head's copy, keys transposed for q @ k^T
     keys_t = g.op("Transpose", [repeat_kv(g, keys, c.groups, "blk_k")], perm=[0, 1, 3, 2],
                   name="blk_k_bhds")  # (B, N, H, S)
@@ -142,6 +144,8 @@ def _block_context(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operand
     v_block = b.op("Slice", [ops.values, key_start_1d, key_end_1d,
                              b.ints("v_axis", [ops.value_axis])],
                    name="v_prefix")  # (B, len, D) | (B, K, len, H)
+    if ops.codes:  # this block's keys and values dequantized, never the whole cache
+        k_block, v_block = read_cache(b, io, k_block, v_block)  # (B, K, len, H)
     key_len = dim(b, k_block, ops.key_axis, "key_len")
     window = c.sliding_window or 0
     if io.past_lengths is not None:  # row b's query i sits at first_rel[b] + i

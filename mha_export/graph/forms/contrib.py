@@ -3,6 +3,7 @@
 - ``contrib-mha``: ``MultiHeadAttention`` with ``unidirectional=1`` (causal), 3-D q/k/v.
 - ``contrib-gqa``: ``GroupQueryAttention``, causal by construction; its ``seqlens_k`` (B,) = T - 1
   and ``total_sequence_length`` = T come from the runtime shape. Its CPU kernel needs H % 8 == 0.
+  An int8 static cache: the node's own (kv_cache_bit_width=8, static k_scale / v_scale).
 """
 from __future__ import annotations
 
@@ -40,9 +41,15 @@ def contrib_gqa_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attentio
                                             name="seq_len_0d")], name="total")],
                  to=TensorProto.INT32, name="total_len")  # () int32
     cache = [io.past_key, io.past_value] if io.past_lengths is not None else ["", ""]
-    outs = g.op("GroupQueryAttention", [io.q, io.k, io.v, *cache, seqlens, total],
-                n_out=3 if io.past_lengths is not None else 1, name="attention",
-                domain=CONTRIB, num_heads=c.heads, kv_num_heads=c.kv_heads, scale=c.scale)
+    inputs, int8 = [io.q, io.k, io.v, *cache, seqlens, total], {}
+    if io.int8_cache:  # the node quantizes on write and reads its buffers dequantized
+        s = io.int8_cache
+        inputs += ["", "", "", "", "", s.k_scale, s.v_scale]  # after cos/sin .. head_sink
+        int8 = dict(kv_cache_bit_width=8, k_quant_type=s.k_quant_type,
+                    v_quant_type=s.v_quant_type)
+    outs = g.op("GroupQueryAttention", inputs, n_out=3 if io.past_lengths is not None else 1,
+                name="attention", domain=CONTRIB, num_heads=c.heads, kv_num_heads=c.kv_heads,
+                scale=c.scale, **int8)
     return AttentionOut(*outs) if io.past_lengths is not None else AttentionOut(outs)
 
 
@@ -59,5 +66,5 @@ CONTRIB_MHA = GraphForm(
 CONTRIB_GQA = GraphForm(
     name="contrib-gqa", core=contrib_gqa_core, min_opset=17, memory=QUADRATIC,
     summary="ONNX Runtime's com.microsoft.GroupQueryAttention (causal only; head_dim % 8 == 0)",
-    supports=frozenset({Feature.GQA, Feature.STATIC_CACHE}),
+    supports=frozenset({Feature.GQA, Feature.STATIC_CACHE, Feature.INT8_CACHE}),
     refuse=_gqa_refuses, standard=False, static_chunks=False)

@@ -1,0 +1,61 @@
+"""An int8 cache's parity: each runtime's y is judged against attention over the codes that
+runtime wrote, its codes against eager's.
+
+A key on a rounding tie (x / scale within the last bits of k + 0.5) lands one code away in a
+runtime whose projections differ from eager's in the last bit: that is a kernel's rounding, and
+it is judged once, where it happens — present_key / present_value compared as codes, at most one
+code apart and rarely (comparator.INT8_CODES). Were y compared with eager's own y, one such flip
+would move y by up to 1/127 of the value range (a token attending only to itself) and force a
+tolerance ~100x looser than fp32's. So y's truth is the eager module (fp32 and fp64) reading the
+runtime's own buffers after each call (``read_static``, nothing written): y stays at fp32's
+tolerance, and a wrong scale or read shows there.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+from .runners.base import Feeds, Runner
+from .runners.pytorch import EagerRunner
+
+
+class Recording(Runner):
+    """A runner under test whose calls are kept: (feeds, outputs) of each."""
+
+    def __init__(self, runner: Runner):
+        super().__init__(runner.signature)
+        self.runner, self.name = runner, runner.name
+        self.calls: list[tuple[Feeds, Feeds]] = []
+
+    def run(self, feeds: Feeds) -> Feeds:
+        out = self.runner.run(feeds)
+        self.calls.append(({n: np.array(v) for n, v in feeds.items()},
+                           {n: np.array(v) for n, v in out.items()}))
+        return out
+
+
+class GivenCodes:
+    """y of eager fp32 and fp64 over the buffers a runtime wrote, call by call."""
+
+    def __init__(self, eager: EagerRunner, reference: EagerRunner):
+        self.layers = {"eager": eager, "reference": reference}
+
+    def expected(self, expected: dict, calls: list[tuple[Feeds, Feeds]]) -> dict:
+        """``expected`` with y replaced by attention over each call's written buffers (y of
+        all calls concatenated along T, as the scenarios return it)."""
+        return {k: {**expected[k], "y": np.concatenate(
+            [self._read(layer, feeds, out) for feeds, out in calls], axis=1)}
+            for k, layer in self.layers.items()}
+
+    @staticmethod
+    def _read(layer: EagerRunner, feeds: Feeds, out: Feeds) -> np.ndarray:
+        dtype = layer.dtype
+        pos: Optional[np.ndarray] = feeds.get("position_ids")
+        with torch.inference_mode():
+            y = layer.source.read_static(
+                torch.from_numpy(feeds["x"]).to(dtype), torch.from_numpy(out["present_key"]),
+                torch.from_numpy(out["present_value"]), torch.from_numpy(feeds["past_lengths"]),
+                None if pos is None else torch.from_numpy(pos))
+        return y.numpy()

@@ -1,0 +1,90 @@
+"""An int8 cache's static scales, calibrated once at export from the layer's own keys (after q/k
+norm and rotary) and values over hidden states: a file of real ones (``--calibration``:
+[n, T, d_in] as .npy or .safetensors, e.g. captured from the model's previous layer), or, without
+one, synthetic standard-normal inputs — which the artifact and the check's report then say,
+because a real model's hidden states have outlier channels that random ones do not.
+
+Keys are scaled per channel (each (head, feature) its own largest |key|: rotary pairs and q/k
+norm give channels very different ranges); values per channel or per tensor (``value``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from ..layer.base import AttentionBase
+from .kv_quant import GRANULARITIES, KEY_GRANULARITY, VALUE_SCALE, KVCacheSpec, calibrate
+
+SYNTHETIC_ROWS, SYNTHETIC_TOKENS = 4, 256
+SYNTHETIC = f"synthetic: {SYNTHETIC_ROWS} x {SYNTHETIC_TOKENS} standard-normal tokens"
+ROWS_PER_CALL = 8  # calibration rows run at once (bounded memory for a long file)
+
+
+def read_hidden_states(path: str | Path, d_in: int) -> np.ndarray:
+    """[n, T, d_in] float hidden states from a .npy file or a .safetensors file holding one
+    tensor (or one named hidden_states); anything else is bad input."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--calibration: no such file {path}")
+    if path.suffix == ".npy":
+        try:
+            x = np.load(path, allow_pickle=False)
+        except ValueError as e:
+            raise UsageError(f"--calibration: cannot read {path}: {e}") from None
+    elif path.suffix == ".safetensors":
+        from safetensors.numpy import load_file
+        tensors = load_file(str(path))
+        if "hidden_states" not in tensors and len(tensors) != 1:
+            raise UsageError(f"--calibration: {path} holds {len(tensors)} tensors; name the "
+                             "one to use hidden_states")
+        x = tensors.get("hidden_states", next(iter(tensors.values()), None))
+    else:
+        raise UsageError(f"--calibration: expected a .npy or .safetensors file, got {path.name}")
+    if x.ndim != 3 or x.shape[2] != d_in or not x.size:
+        raise UsageError(f"--calibration: hidden states must be [n, T, d_in={d_in}], got "
+                         f"{list(x.shape)}")
+    if x.dtype.kind != "f" or not np.isfinite(x).all():
+        raise UsageError("--calibration: hidden states must be finite floats")
+    return x.astype(np.float32)
+
+
+def synthetic_hidden_states(d_in: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng([seed, 24])
+    return rng.standard_normal((SYNTHETIC_ROWS, SYNTHETIC_TOKENS, d_in)).astype(np.float32)
+
+
+def cache_entries(module: AttentionBase, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The keys (after q/k norm and rotary, at positions 0 .. T-1) and values the layer writes
+    for hidden states [n, T, d_in]: (n, K, T, H) each, in float32."""
+    keys, values = [], []
+    with torch.inference_mode():
+        for start in range(0, hidden.shape[0], ROWS_PER_CALL):
+            x = torch.from_numpy(hidden[start:start + ROWS_PER_CALL])  # (b, T, d_in)
+            positions = torch.arange(x.size(1)).expand(x.size(0), x.size(1))  # (b, T)
+            k, v = module.keys_values(x.to(next(module.parameters()).dtype), positions)
+            keys.append(k.float().numpy())
+            values.append(v.float().numpy())
+    return np.concatenate(keys), np.concatenate(values)
+
+
+def calibrate_cache(module: AttentionBase, calibration: Optional[str | Path] = None,
+                    value: str = VALUE_SCALE, seed: int = 0) -> KVCacheSpec:
+    """The int8 cache's scales for this layer: keys per channel, values per ``value``, each
+    mapping the largest |entry| seen to 127."""
+    if value not in GRANULARITIES:
+        raise UsageError(f"unknown value scale {value!r}: choose one of "
+                         f"{', '.join(GRANULARITIES)}")
+    d_in = module.config.d_in
+    if calibration is None:
+        hidden, source, synthetic = synthetic_hidden_states(d_in, seed), SYNTHETIC, True
+    else:
+        hidden = read_hidden_states(calibration, d_in)
+        source = f"file: {Path(calibration).name} ({hidden.shape[0]} x {hidden.shape[1]} tokens)"
+        synthetic = False
+    keys, values = cache_entries(module, hidden)
+    return KVCacheSpec(calibrate(keys, KEY_GRANULARITY), calibrate(values, value), source,
+                       synthetic)
