@@ -32,7 +32,9 @@ const char* const kUsage =
     "                       [B, K, capacity, H]; calls of 5, 1, 1 tokens (summing to L) run with ONE buffer\n"
     "                       bound as past and present (Ort::IoBinding: written in place, never copied),\n"
     "                       past_lengths and position_ids advanced by each call; writes y.npy [B, L, dim]\n"
-    "                       and the buffers after the last call (present_key.npy, present_value.npy)\n"
+    "                       and the buffers after the last call (present_key.npy, present_value.npy).\n"
+    "                       An int8-cache model (--kv-cache-dtype int8) takes int8 buffers ('|i1' .npy:\n"
+    "                       codes, value = code * the model's scale) and writes its int8 codes back\n"
     "float inputs: float32 or float16 .npy (converted to the model's float type); float outputs are\n"
     "written as float32; int64 inputs (attention_mask) must be int64 .npy\n"
     "exit codes: 0 ok, 1 runtime failure, 2 bad input, 3 requested provider unavailable";
@@ -96,6 +98,7 @@ std::string type_name(ONNXTensorElementDataType t) {
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return "bfloat16";
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: return "int8";
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: return "bool";
         default: return "type#" + std::to_string(static_cast<int>(t));
     }
@@ -106,6 +109,7 @@ mha::Kind kind_of(ONNXTensorElementDataType t) {
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT:
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return mha::Kind::Float;
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return mha::Kind::Int64;
+        case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: return mha::Kind::Int8;
         default: return mha::Kind::Other;
     }
 }
@@ -155,14 +159,16 @@ ModelIO model_io(Ort::Session& session) {
     return io;
 }
 
-// Only float32/float16/int64 tensors go through .npy here; anything else is refused up front.
-void require_supported(const ModelIO& io, const std::string& path) {
+// Only float32/float16/int64 tensors go through .npy here, and int8 ones (a static cache's
+// codes) under --generate; anything else is refused up front.
+void require_supported(const ModelIO& io, const std::string& path, bool generating) {
     for (const auto* list : {&io.inputs, &io.outputs})
         for (const auto& t : *list)
-            if (t.decl.kind == mha::Kind::Other)
+            if (t.decl.kind == mha::Kind::Other || (t.decl.kind == mha::Kind::Int8 && !generating))
                 throw mha::UsageError(path + ": " + std::string(list == &io.inputs ? "input" : "output") + " '" +
                                       t.decl.name + "' is " + t.decl.type_text +
-                                      ": only float32, float16 and int64 tensors are supported");
+                                      ": only float32, float16 and int64 tensors are supported" +
+                                      (t.decl.kind == mha::Kind::Int8 ? " (an int8 cache runs with --generate)" : ""));
 }
 
 void print_info(const std::string& path, Ort::Session& session, const ModelIO& io) {
@@ -258,19 +264,47 @@ size_t input_index(const ModelIO& io, const std::string& name) {
                           "past_lengths): this model has no input '" + name + "'");
 }
 
-Ort::Value int64_tensor(std::vector<int64_t>& data, std::vector<int64_t> shape) {
+// A tensor over `data` (not a copy: ORT reads and, bound as an output, writes that memory).
+template <class T>
+Ort::Value cpu_tensor(std::vector<T>& data, const std::vector<int64_t>& shape) {
     const Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
-    return Ort::Value::CreateTensor<int64_t>(cpu, data.data(), data.size(), shape.data(), shape.size());
+    return Ort::Value::CreateTensor<T>(cpu, data.data(), data.size(), shape.data(), shape.size());
 }
 
-Ort::Value float_tensor(std::vector<float>& data, const std::vector<int64_t>& shape) {
-    const Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
-    return Ort::Value::CreateTensor<float>(cpu, data.data(), data.size(), shape.data(), shape.size());
+// A cache buffer's elements: float32 values, or an int8 cache's codes.
+template <class T>
+std::vector<T>& elements(mha::Array& a);
+template <>
+std::vector<float>& elements<float>(mha::Array& a) { return a.data; }
+template <>
+std::vector<int8_t>& elements<int8_t>(mha::Array& a) { return a.codes; }
+
+// --generate runs float32 models whose cache is float32 or int8 (codes): x and y float32,
+// past_key, past_value, present_key and present_value all of one of those two types. Returns it.
+ONNXTensorElementDataType generate_cache_type(const ModelIO& io) {
+    const ONNXTensorElementDataType cache = io.inputs[input_index(io, "past_key")].type;
+    input_index(io, "past_lengths");
+    const bool cache_ok = cache == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || cache == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+    const std::set<std::string> buffers{"past_key", "past_value", "present_key", "present_value"};
+    for (const auto* list : {&io.inputs, &io.outputs})
+        for (const auto& t : *list) {
+            const bool buffer = buffers.count(t.decl.name) > 0;
+            const bool ok = buffer ? cache_ok && t.type == cache
+                                   : t.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT || t.decl.kind == mha::Kind::Int64;
+            if (!ok)
+                throw mha::UsageError("--generate runs float32 models with a float32 or int8 cache; " +
+                                      std::string(list == &io.inputs ? "input" : "output") + " '" + t.decl.name +
+                                      "' is " + t.decl.type_text +
+                                      (buffer && cache_ok ? ", past_key " + type_name(cache) : ""));
+        }
+    return cache;
 }
 
-// The case's x split into calls of `steps` tokens; the case's buffers bound as past_* AND
-// present_* of every call, so the model writes them in place (an output that comes back at
-// another address is a copy: an error). Returns y [B, L, dim] and the buffers, in output order.
+// The case's x split into calls of `steps` tokens; the case's buffers (elements T: float32, or
+// int8 codes) bound as past_* AND present_* of every call, so the model writes them in place (an
+// output that comes back at another address is a copy: an error). Returns y [B, L, dim] and the
+// buffers, in output order.
+template <class T>
 std::vector<mha::Array> generate(Ort::Session& session, const ModelIO& io, const mha::Case& c,
                                  const std::vector<int64_t>& steps) {
     const mha::Array& x = c.inputs[0];  // the case holds x, past_key, past_value (in this order)
@@ -281,7 +315,9 @@ std::vector<mha::Array> generate(Ort::Session& session, const ModelIO& io, const
         throw mha::UsageError(c.label + ": --generate steps sum to " + std::to_string(total) +
                               ", x.npy holds " + std::to_string(length) + " tokens");
     mha::Array key = c.inputs[1], value = c.inputs[2];  // the app's buffers, owned here
-    Ort::Value key_value = float_tensor(key.data, key.shape), value_value = float_tensor(value.data, value.shape);
+    std::vector<T>& key_data = elements<T>(key);
+    std::vector<T>& value_data = elements<T>(value);
+    Ort::Value key_value = cpu_tensor(key_data, key.shape), value_value = cpu_tensor(value_data, value.shape);
     const bool rotary = std::any_of(io.inputs.begin(), io.inputs.end(),
                                     [](const OrtTensor& t) { return t.decl.name == "position_ids"; });
     std::vector<int64_t> lengths(batch, 0);
@@ -296,9 +332,9 @@ std::vector<mha::Array> generate(Ort::Session& session, const ModelIO& io, const
         std::vector<int64_t> past_lengths = lengths, positions;
         for (int64_t b = 0; b < batch; ++b)
             for (int64_t i = 0; i < n; ++i) positions.push_back(lengths[b] + i);
-        Ort::Value x_value = float_tensor(chunk, {batch, n, width});
-        Ort::Value lengths_value = int64_tensor(past_lengths, {batch});
-        Ort::Value positions_value = int64_tensor(positions, {batch, n});
+        Ort::Value x_value = cpu_tensor(chunk, {batch, n, width});
+        Ort::Value lengths_value = cpu_tensor(past_lengths, {batch});
+        Ort::Value positions_value = cpu_tensor(positions, {batch, n});
         binding.ClearBoundInputs();
         binding.ClearBoundOutputs();
         binding.BindInput("x", x_value);
@@ -311,7 +347,7 @@ std::vector<mha::Array> generate(Ort::Session& session, const ModelIO& io, const
         binding.BindOutput("y", Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault));
         session.Run(Ort::RunOptions{nullptr}, binding);
         std::vector<Ort::Value> outs = binding.GetOutputValues();  // in binding order
-        if (outs[0].GetTensorData<float>() != key.data.data() || outs[1].GetTensorData<float>() != value.data.data())
+        if (outs[0].GetTensorData<T>() != key_data.data() || outs[1].GetTensorData<T>() != value_data.data())
             throw std::runtime_error("present_key/present_value came back as a copy: the buffer was not written in place");
         const auto y_shape = outs[2].GetTensorTypeAndShapeInfo().GetShape();
         out_width = y_shape[2];
@@ -372,18 +408,17 @@ int main_ort(int argc, char** argv) {
 
     // Every input of every case is read and checked before anything runs: bad input leaves no
     // output behind.
-    require_supported(io, args.model);
-    if (args.options.count("--generate")) {
+    const bool generating = args.options.count("--generate") > 0;
+    require_supported(io, args.model, generating);
+    if (generating) {
         const std::vector<int64_t> steps = parse_steps(args.option("--generate", ""));
         mha::Declaration given = io.decl;  // past_lengths and position_ids are made per call
         given.inputs.clear();
         for (const char* name : {"x", "past_key", "past_value"}) given.inputs.push_back(io.decl.inputs[input_index(io, name)]);
-        input_index(io, "past_lengths");
-        for (const auto& t : io.inputs)
-            if (t.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT && t.decl.kind == mha::Kind::Float)
-                throw mha::UsageError("--generate runs float32 models; input '" + t.decl.name + "' is " + t.decl.type_text);
+        const auto generate_case =
+            generate_cache_type(io) == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 ? generate<int8_t> : generate<float>;
         const std::vector<mha::Case> cases = mha::read_cases(args, given);
-        return mha::run_cases(given, cases, [&](const mha::Case& c) { return generate(*session, io, c, steps); });
+        return mha::run_cases(given, cases, [&](const mha::Case& c) { return generate_case(*session, io, c, steps); });
     }
     const std::vector<mha::Case> cases = mha::read_cases(args, io.decl);
 

@@ -1,4 +1,5 @@
-// Shared by mha_ort and mha_torch: .npy files in and out (float32, float16, int64), argument
+// Shared by mha_ort and mha_torch: .npy files in and out (float32, float16, int64; int8 for
+// mha_ort's int8 cache buffers), argument
 // parsing, the model's declared inputs/outputs, the case loop, and the exit codes of the Python
 // CLI.
 //
@@ -181,13 +182,15 @@ inline void require_file(const std::string& path, const std::string& what) {
 // ---- arrays and .npy (NumPy format 1.0 / 2.0 / 3.0, little-endian, C order) ---------------------
 
 // What an input holds in memory: float32 (float16 files are widened on reading; a float16 model's
-// runner narrows them again) or int64.
-enum class Kind { Float, Int64, Any /* either: the model does not say */, Other /* unsupported */ };
+// runner narrows them again), int64, or int8 (a static cache's codes: only ever read as int8).
+enum class Kind { Float, Int64, Int8, Any /* float or int64: the model does not say */,
+                  Other /* unsupported */ };
 
 inline const char* kind_name(Kind k) {
     switch (k) {
         case Kind::Float: return "float32";
         case Kind::Int64: return "int64";
+        case Kind::Int8: return "int8";
         case Kind::Any: return "float32 or int64";
         default: return "unsupported";
     }
@@ -195,9 +198,10 @@ inline const char* kind_name(Kind k) {
 
 struct Array {
     std::vector<int64_t> shape;
-    Kind kind = Kind::Float;     // Float or Int64
+    Kind kind = Kind::Float;     // Float, Int64 or Int8
     std::vector<float> data;     // C order, when kind == Float
     std::vector<int64_t> ints;   // C order, when kind == Int64
+    std::vector<int8_t> codes;   // C order, when kind == Int8
 
     int64_t dim(size_t i) const { return shape.at(i); }
     int64_t count() const {
@@ -289,7 +293,7 @@ void read_exact(std::ifstream& f, T* out, int64_t count, const std::string& path
 }  // namespace detail
 
 // Reads an array whose dtype fits `want` (Float: '<f4' or '<f2', widened to float32; Int64: '<i8';
-// Any: either). `what` names it in messages ("input 'x'"). Every failure is a one-line UsageError.
+// Int8: '|i1'; Any: float or int64). `what` names it in messages ("input 'x'"). Every failure is a one-line UsageError.
 inline Array read_npy(const std::string& path, Kind want = Kind::Float, const std::string& what = "input") {
     std::ifstream f(path, std::ios::binary);
     if (!f) throw UsageError(what + " not found or unreadable: " + path + " (" + std::strerror(errno) + ")");
@@ -314,12 +318,16 @@ inline Array read_npy(const std::string& path, Kind want = Kind::Float, const st
 
     const std::string descr = detail::dict_value(header, "descr", path);
     const bool is_f4 = descr == "'<f4'", is_f2 = descr == "'<f2'", is_i8 = descr == "'<i8'";
+    const bool is_i1 = descr == "'|i1'";
     const bool float_ok = want == Kind::Float || want == Kind::Any, int_ok = want == Kind::Int64 || want == Kind::Any;
-    if (!((float_ok && (is_f4 || is_f2)) || (int_ok && is_i8))) {
+    if (!((float_ok && (is_f4 || is_f2)) || (int_ok && is_i8) || (want == Kind::Int8 && is_i1))) {
         std::string expected, fix;
         if (want == Kind::Int64) {
             expected = "int64 ('<i8')";
             fix = "np.save(path, a.astype(np.int64))";
+        } else if (want == Kind::Int8) {
+            expected = "int8 ('|i1')";
+            fix = "np.save(path, codes.astype(np.int8))";
         } else if (want == Kind::Float) {
             expected = "float32 ('<f4') or float16 ('<f2')";
             fix = "np.save(path, a.astype(np.float32))";
@@ -342,9 +350,13 @@ inline Array read_npy(const std::string& path, Kind want = Kind::Float, const st
         if (d != 0 && count > (int64_t{1} << 40) / d) throw UsageError(path + ": array too large " + shape_str(a.shape));
         count *= d;
     }
-    a.kind = is_i8 ? Kind::Int64 : Kind::Float;
+    a.kind = is_i8 ? Kind::Int64 : is_i1 ? Kind::Int8 : Kind::Float;
     // capacity >= 1: data() is never null, even for a zero-size array (an empty past_key).
-    if (is_i8) {
+    if (is_i1) {
+        a.codes.reserve(static_cast<size_t>(std::max<int64_t>(count, 1)));
+        a.codes.resize(static_cast<size_t>(count));
+        detail::read_exact(f, a.codes.data(), count, path, a.shape, 1);
+    } else if (is_i8) {
         a.ints.reserve(static_cast<size_t>(std::max<int64_t>(count, 1)));
         a.ints.resize(static_cast<size_t>(count));
         detail::read_exact(f, a.ints.data(), count, path, a.shape, 8);
@@ -361,7 +373,7 @@ inline Array read_npy(const std::string& path, Kind want = Kind::Float, const st
     return a;
 }
 
-// Writes a C-ordered array (format 1.0, descr e.g. "<f4") via a temporary file renamed into place,
+// Writes a C-ordered array (format 1.0, descr e.g. "<f4", "|i1") via a temporary file renamed into place,
 // so a failure never leaves a partial file.
 inline void write_npy_raw(const std::string& path, const std::vector<int64_t>& shape, const std::string& descr,
                           const void* data, size_t item_size) {
@@ -407,8 +419,13 @@ inline void write_npy(const std::string& path, const std::vector<int64_t>& shape
     write_npy_raw(path, shape, "<i8", data, sizeof(int64_t));
 }
 
+inline void write_npy(const std::string& path, const std::vector<int64_t>& shape, const int8_t* data) {
+    write_npy_raw(path, shape, "|i1", data, sizeof(int8_t));
+}
+
 inline void write_npy(const std::string& path, const Array& a) {
     if (a.kind == Kind::Int64) write_npy(path, a.shape, a.ints.data());
+    else if (a.kind == Kind::Int8) write_npy(path, a.shape, a.codes.data());
     else write_npy(path, a.shape, a.data.data());
 }
 

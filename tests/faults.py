@@ -505,15 +505,18 @@ def no_clipping(path: Path) -> None:
 
 
 def per_channel_as_per_tensor(path: Path) -> None:
-    """The keys' per-channel scales replaced by one (the first channel's) for all channels."""
+    """The per-channel scales of keys and values replaced by one (each one's first channel's)
+    for all channels (GroupQueryAttention needs both of one granularity)."""
     def fn(m):
-        name = _scale_name(m, "k_scale")
-        _, scale = _initializer(m, name)
-        if scale.size == 1:
-            raise NotApplicable("the keys are scaled per tensor")
-        _set_initializer(m, name, scale.reshape(-1)[:1].copy())
+        for which in ("k_scale", "v_scale"):
+            name = _scale_name(m, which)
+            _, scale = _initializer(m, name)
+            if scale.size == 1:
+                raise NotApplicable("scaled per tensor")
+            _set_initializer(m, name, scale.reshape(-1)[:1].copy())
         for node in _nodes(m, "GroupQueryAttention"):
             _attr(node, "k_quant_type", "PER_TENSOR")
+            _attr(node, "v_quant_type", "PER_TENSOR")
     _edit(path, fn)
 
 
@@ -521,5 +524,5 @@ KV_FAULTS = {
     "key scale x1.1 on read": key_scale_off_on_read,
     "floor instead of round half to even on write": floor_on_write,
     "no clipping (int8 wrap-around)": no_clipping,
-    "per-channel key scales applied per tensor": per_channel_as_per_tensor,
+    "per-channel scales applied per tensor": per_channel_as_per_tensor,
 }

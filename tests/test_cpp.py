@@ -507,6 +507,71 @@ def test_ort_generate_writes_one_buffer_in_place(binaries, tmp_path, form):
     assert bad.returncode == 2 and "steps sum to 6" in bad.stderr
 
 
+@pytest.mark.parametrize("form", ["auto", "contrib-gqa", "decomposed"])
+def test_ort_generate_int8_cache_matches_python(binaries, tmp_path, form):
+    """An int8-cache export (--kv-cache-dtype int8) through mha_ort --generate 5,1,1,1: int8
+    buffers in, bound in place, int8 codes out. Python ONNX Runtime running the same calls gives
+    the same y (ATOL) and the same codes bit for bit (same kernel, same machine); the eager
+    reference's codes differ by at most 1 in very few entries; nothing beyond the writes moves."""
+    from mha_export.check.scenarios import eager_full
+    folder = export_onnx(STATIC_CONFIG, tmp_path / "m", attention=form, static_cache=True,
+                         kv_cache_dtype="int8", validate=False).path
+    model = folder / "model.onnx"
+    c = STATIC_CONFIG
+    rng = np.random.default_rng(7)
+    case = tmp_path / "case"
+    case.mkdir()
+    x = rng.standard_normal((2, 8, c.d_in)).astype(np.float32)
+    shape = (2, c.kv_heads, 20, c.head_dim)
+    buffers = {n: rng.integers(-128, 128, shape, dtype=np.int8) for n in ("past_key", "past_value")}
+    for name, a in (("x", x), *buffers.items()):
+        np.save(case / f"{name}.npy", a)
+    r = run(binaries["ort"], model, case, "--generate", "5,1,1,1")
+    assert r.returncode == 0, r.stderr
+    got = {n: np.load(case / f"{n}.npy") for n in ("y", "present_key", "present_value")}
+    for name in ("present_key", "present_value"):
+        assert got[name].dtype == np.int8 and got[name].shape == shape, name
+
+    # (a) Python ONNX Runtime, call by call over copies of the same buffers (bound in place too).
+    sig = signature_of(folder)
+    python_ort = OrtRunner(sig, model, "cpu")
+    cache = {n: a.copy() for n, a in buffers.items()}
+    ys, start = [], 0
+    for n in (5, 1, 1, 1):
+        positions = np.tile(np.arange(start, start + n), (2, 1))
+        rope = {"position_ids": positions} if "position_ids" in sig.input_names else {}
+        out = python_ort.run({"x": x[:, start:start + n], **cache,
+                              "past_lengths": np.full(2, start, np.int64), **rope})
+        ys.append(out["y"])
+        cache = {"past_key": out["present_key"], "past_value": out["present_value"]}
+        start += n
+    np.testing.assert_allclose(got["y"], np.concatenate(ys, axis=1), rtol=0, atol=ATOL)
+    np.testing.assert_array_equal(got["present_key"], cache["past_key"])
+    np.testing.assert_array_equal(got["present_value"], cache["past_value"])
+
+    # (b) the eager reference: codes of one full forward, rounding apart; (c) untouched beyond.
+    want = eager_full(read_artifact(folder).load_source_module())(x, np.ones((2, 8), np.int64))
+    np.testing.assert_allclose(got["y"], want["y"], rtol=0, atol=1e-2)
+    for name, past in (("present_key", "past_key"), ("present_value", "past_value")):
+        written = got[name][:, :, :8].astype(np.int16)
+        diff = np.abs(written - want[name].astype(np.int16))
+        assert want[name].dtype == np.int8 and diff.max() <= 1, name
+        assert np.count_nonzero(diff) <= diff.size // 100, (name, np.count_nonzero(diff))
+        np.testing.assert_array_equal(got[name][:, :, 8:], buffers[past][:, :, 8:])
+
+    # (d) a float32 buffer for the int8 model, or no --generate: exit 2, one line, nothing written.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    np.save(bad / "x.npy", x)
+    np.save(bad / "past_key.npy", buffers["past_key"].astype(np.float32))
+    np.save(bad / "past_value.npy", buffers["past_value"])
+    line = one_error_line(run(binaries["ort"], model, bad, "--generate", "5,1,1,1"))
+    assert "past_key.npy" in line and "'<f4'" in line and "int8" in line, line
+    assert not list(bad.glob("y.npy*")) and not list(bad.glob("present_*"))
+    line = one_error_line(run(binaries["ort"], model, case))
+    assert "'past_key' is int8" in line and "--generate" in line, line
+
+
 # --- quantized projections: MatMulNBits (com.microsoft) through mha_ort --------------------------
 
 # Small on purpose; each export quantizes q, k, v (inside the If branches) and the out projection.

@@ -17,6 +17,8 @@ from typing import Callable, Optional, Sequence
 from ..config import MHAConfig
 from ..env import last_level_cache_bytes, machine_info
 from ..errors import UsageError
+from ..signature import FLOAT, INT8
+from ..weights.kv_quant import KVCacheSpec
 from ..weights.quantize import QuantSpec, quantized_projections
 from .report import BASELINE, BenchReport, BenchRow
 
@@ -59,22 +61,41 @@ def cuda_status() -> tuple[bool, str]:
     return True, ""
 
 
-def prepare_models(config: MHAConfig, forms: Sequence[str], folder: Path, module,
-                   kind: str = "full", aoti: bool = False,
-                   quantize: Sequence[QuantSpec] = ()) -> dict[str, Path]:
-    """One model file per variant, all from the same weights, of one signature kind, written by
-    the export targets (export/targets.py) as an export would write them: every form, and
-    every form with each quantization (keys FORM-TAG, e.g. auto-int4)."""
-    from ..export.targets import TARGETS
-    from ..signature import make_signature
-    sig = make_signature(config, kind)
-    paths = {}
+def model_variants(config: MHAConfig, forms: Sequence[str], kind: str,
+                   quantize: Sequence[QuantSpec] = (), int8_cache: Optional[KVCacheSpec] = None
+                   ) -> dict[str, dict]:
+    """The ONNX model of each variant, by key: every form, with each quantization (FORM-TAG,
+    e.g. auto-int4), and with an int8 cache where the form builds one (FORM[-TAG]-kv8). Each
+    value holds what to build it with and what its rows record (``quant``, ``cache_dtype``)."""
+    from ..graph.forms import FORMS, Feature
+    caches = [None] + ([int8_cache] if int8_cache is not None else [])
+    out = {}
     for form in forms:
         for quant in (None, *quantize):
-            key = form if quant is None else f"{form}-{quant.tag}"
-            paths[key] = folder / f"{key}.onnx"
-            TARGETS["onnx"].prepare(module, config, sig, attention=form,
-                                    quant=quant).write(paths[key])
+            for cache in caches:
+                if cache is not None and Feature.INT8_CACHE not in FORMS[form].supports:
+                    continue
+                key = form + (f"-{quant.tag}" if quant else "") + ("-kv8" if cache else "")
+                out[key] = {"form": form, "quant": quant, "kv_cache": cache,
+                            "record": {**({"quant": quant.to_dict()} if quant else {}),
+                                       **({"cache_dtype": INT8} if cache else {})}}
+    return out
+
+
+def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, module,
+                   kind: str = "full", aoti: bool = False) -> dict[str, Path]:
+    """One model file per variant (``model_variants``), all from the same weights, of one
+    signature kind, written by the export targets (export/targets.py) as an export would write
+    them; and the TorchScript file (and the AOTInductor package)."""
+    from ..export.targets import TARGETS
+    from ..signature import make_signature
+    paths = {}
+    for key, v in variants.items():
+        sig = make_signature(config, kind, INT8 if v["kv_cache"] else FLOAT)
+        paths[key] = folder / f"{key}.onnx"
+        TARGETS["onnx"].prepare(module, config, sig, attention=v["form"], quant=v["quant"],
+                                kv_cache=v["kv_cache"]).write(paths[key])
+    sig = make_signature(config, kind)
     paths["torchscript"] = folder / TARGETS["torchscript"].model_file
     TARGETS["torchscript"].prepare(module, config, sig).write(paths["torchscript"])
     if aoti:  # an AOTInductor compile: tens of seconds
@@ -129,14 +150,16 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
               kv_cache: bool = False, past_lens: Sequence[int] = (0,), static_cache: bool = False,
               capacity: int = 8192, runners: Sequence[str] = (), cpp: Optional[Path] = None,
               command: str = "", quantize: Sequence[QuantSpec] = (),
-              cold: bool = False) -> BenchReport:
+              cold: bool = False, int8_cache: bool = False) -> BenchReport:
     """Every variant at every (T, past); ``kv_cache``: the decode-step models (x,
     attention_mask, past_key, past_value), e.g. T=1 over past 128..4096, or a long prefill;
     ``static_cache``: the in-place models over a buffer of ``capacity`` entries, against eager
     torch's growing-cache step (the baseline row) and its own in-place step; ``cpp``: a folder
     holding the built C++ programs (``make cpp``), timed on the same files; ``command``: kept
     in the report; ``quantize``: each form also with quantized projections; ``cold``: each
-    row steps a ring of independent instances larger than the last-level cache (``RING``)."""
+    row steps a ring of independent instances larger than the last-level cache (``RING``);
+    ``int8_cache`` (static cache): each form that builds one also with an int8 cache, its scales
+    calibrated on synthetic inputs."""
     from ..graph.forms import FORMS, Feature
     from ..layer.layouts import build_module
     if cold and not last_level_cache_bytes():
@@ -152,13 +175,20 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     report = BenchReport(config.to_dict(), threads, ceiling, machine_info(), command=command)
     if "cuda" in providers and not cuda_ok:
         report.notes.append(f"CUDA variants not run: {cuda_reason}")
+    if int8_cache and not static_cache:
+        raise UsageError("--kv-cache-dtype int8 is measured on the static cache: add "
+                         "--static-cache")
     with tempfile.TemporaryDirectory(prefix="mha-bench-") as tmp:
         module = weights_module or build_module(config, seed=seed)
         aoti = any(r.startswith("aoti") for r in runners)
-        models = prepare_models(config, forms, Path(tmp), module, kind, aoti, quantize)
+        from ..weights.kv_calibration import calibrate_cache
+        variants = model_variants(config, forms, kind, quantize, calibrate_cache(
+            module.eval()) if int8_cache else None)
+        models = prepare_models(config, variants, Path(tmp), module, kind, aoti)
         onnx_models = [k for k in models if k not in ("torchscript", "aoti")]
         specs = variant_specs(config, onnx_models, models, providers, cuda_ok, kind, runners, cpp)
-        specs = _recorded_quantization(specs, models, forms, quantize)
+        records = {str(models[k]): v["record"] for k, v in variants.items()}
+        specs = [{**spec, **records.get(spec.get("model"), {})} for spec in specs]
         if static_cache:
             specs = _static_specs(specs, capacity)
         common = {"batch": batch, "threads": threads, "mem_limit_gib": mem_limit_gib,
@@ -176,15 +206,6 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
             r.ceiling_fraction = r.gflops / report.gemm_ceiling_gflops
     _speedups(report)
     return report
-
-
-def _recorded_quantization(specs: list[dict], models: dict[str, Path], forms: Sequence[str],
-                           quantize: Sequence[QuantSpec]) -> list[dict]:
-    """A spec whose model has quantized projections records their QuantSpec (its bytes)."""
-    quantized = {str(models[f"{form}-{q.tag}"]): q.to_dict() for form in forms
-                 for q in quantize}  # model file -> its QuantSpec
-    return [{**spec, "quant": quantized[spec["model"]]} if spec.get("model") in quantized
-            else spec for spec in specs]
 
 
 def _static_specs(specs: list[dict], capacity: int) -> list[dict]:
@@ -256,9 +277,11 @@ def weight_bytes(c: MHAConfig, quant: Optional[QuantSpec] = None) -> int:
 
 
 def step_bytes(c: MHAConfig, seq: int, batch: int, past: int,
-               quant: Optional[QuantSpec] = None) -> float:
-    """Bytes a cached step must read: the weights once, and the valid fp32 keys and values."""
-    return weight_bytes(c, quant) + 4.0 * batch * 2 * c.kv_inner * (past + seq)
+               quant: Optional[QuantSpec] = None, cache_dtype: str = FLOAT) -> float:
+    """Bytes a cached step must read: the weights once, and the valid keys and values (fp32, or
+    an int8 cache's codes)."""
+    width = 1 if cache_dtype == INT8 else 4
+    return weight_bytes(c, quant) + width * batch * 2 * c.kv_inner * (past + seq)
 
 
 # A cold row's ring holds RING x the last-level cache in weights + valid cache (at least 2
@@ -270,7 +293,8 @@ def _cold(spec: dict, c: MHAConfig) -> dict:
     """The spec as a ring of instances larger than the last-level cache; a static buffer sized
     to the call (capacity = past + T: what is read is the same, the ring fits in memory)."""
     quant = QuantSpec.from_dict(spec["quant"]) if spec.get("quant") else None
-    instance = step_bytes(c, spec["seq"], spec["batch"], spec["past"], quant)
+    instance = step_bytes(c, spec["seq"], spec["batch"], spec["past"], quant,
+                          spec.get("cache_dtype", FLOAT))
     count = -(-RING * last_level_cache_bytes() // int(instance))
     out = {**spec, "ring": min(512, max(2, count))}
     if "capacity" in spec:
@@ -288,7 +312,8 @@ def _row(name: str, c: MHAConfig, spec: dict, result: dict, cached: bool = False
     model = Path(spec["model"]) if spec.get("model") else None
     return BenchRow(name, seq, batch, past, result["median_ms"], result["reps"], batch * seq / s,
                     gflops, None, None, result["peak_rss_mib"], result.get("peak_device_mib"),
-                    bandwidth_gbs=step_bytes(c, seq, batch, past, quant) / s / 1e9 if cached
+                    bandwidth_gbs=step_bytes(c, seq, batch, past, quant,
+                                             spec.get("cache_dtype", FLOAT)) / s / 1e9 if cached
                     else None, model_mib=model.stat().st_size / 2**20 if model and
                     model.suffix == ".onnx" else None, ring=spec.get("ring", 1))
 

@@ -34,19 +34,25 @@ def time_it(fn: Callable[[], object], min_reps: int, budget_s: float) -> tuple[l
     return times, len(times)
 
 
+def spec_signature(spec: dict):
+    """The signature of the spec's model (an int8 cache: "cache_dtype": "int8")."""
+    from mha_export.config import MHAConfig
+    from mha_export.signature import FLOAT, make_signature
+    return make_signature(MHAConfig.from_dict(spec["config"]), spec.get("kind", "full"),
+                          spec.get("cache_dtype", FLOAT))
+
+
 def sample_feeds(spec: dict) -> dict:
     """The signature's named inputs at the spec's (batch, seq, past), as the parity sweep makes
     them (no padding); imports no torch, so an ONNX Runtime worker stays torch-free."""
-    from mha_export.config import MHAConfig
-    from mha_export.signature import make_signature
     from mha_export.check.sweep import Case, make_feeds
-    sig = make_signature(MHAConfig.from_dict(spec["config"]), spec.get("kind", "full"))
+    sig = spec_signature(spec)
     feeds = make_feeds(sig, Case(spec["batch"], spec["seq"], spec.get("past", 0)), seed=0)
     if sig.static_cache and spec.get("capacity"):  # the app's buffer at its full capacity
         import numpy as np
         for name in ("past_key", "past_value"):
             b, k, _, h = feeds[name].shape
-            feeds[name] = np.zeros((b, k, spec["capacity"], h), np.float32)
+            feeds[name] = np.zeros((b, k, spec["capacity"], h), feeds[name].dtype)
         feeds["past_lengths"] = np.full(spec["batch"], spec.get("past", 0), np.int64)
     return feeds
 
@@ -92,9 +98,7 @@ def runner_variant(spec: dict) -> Callable[[], object]:
     from pathlib import Path
 
     from mha_export.check.runners import RUNNERS, RunOptions
-    from mha_export.config import MHAConfig
-    from mha_export.signature import make_signature
-    sig = make_signature(MHAConfig.from_dict(spec["config"]), spec.get("kind", "full"))
+    sig = spec_signature(spec)
     options = RunOptions(threads=spec["threads"], mem_pattern=spec.get("mem_pattern", True),
                          spinning=spec.get("ring", 1) == 1)
     runner = RUNNERS[spec["runner"]].open(sig, Path(spec["model"]), options)

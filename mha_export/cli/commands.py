@@ -271,6 +271,10 @@ def cpp_programs(folder: Optional[str], runners: tuple | list):
 @click.option("--accuracy-level", "accuracy_levels", default="4", show_default=True,
               callback=int_list, help="With --quantize: MatMulNBits accuracy levels to "
                                       "measure (4 = int8 activations, 1 = fp32), e.g. 1,4.")
+@click.option("--kv-cache-dtype", "kv_cache_dtype", type=click.Choice(("float", "int8")),
+              default="float", show_default=True,
+              help="With --static-cache: int8 = also measure every form that builds it with an "
+                   "int8 cache (scales calibrated on synthetic inputs), with each --quantize.")
 @click.option("--cold", is_flag=True,
               help="Each row steps a ring of independent instances (own weights and buffers) "
                    "larger than the last-level cache, as the layers of a real model evict each "
@@ -282,7 +286,7 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
           forms: str, threads: int, budget: float, mem_limit_gib: float,
           json_path: Optional[str], plot_path: Optional[str], from_json: Optional[str],
           markdown: bool, quantize_names: Optional[str], accuracy_levels: list[int], cold: bool,
-          **config_fields) -> None:
+          kv_cache_dtype: str, **config_fields) -> None:
     """Measure eager PyTorch (textbook and SDPA), TorchScript and every ONNX graph form side by
     side, each measurement in its own process (peak RSS per variant).
 
@@ -294,6 +298,8 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
       mha-export bench --static-cache --seq-lens 1 --past-lens 128,1024,4096,8000
       mha-export bench --static-cache --seq-lens 1 --past-lens 128,1024 --forms auto \
           --quantize int4,int8 --cold
+      mha-export bench --static-cache --seq-lens 1 --past-lens 1024,4096 --forms auto \
+          --quantize int4 --kv-cache-dtype int8
       mha-export bench --from-json bench.json --markdown --plot bench.png
     """
     if plot_path:
@@ -317,6 +323,8 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
         config, module = art.config, art.load_unquantized_module()
         if art.quantization and not quantize:
             quantize = [art.quantization]
+        if art.kv_cache is not None:  # its speed, with scales calibrated anew (the same bytes)
+            kv_cache_dtype = "int8"
     else:
         from ..weights.source import load_source
         source = load_source(None, weights, layer, seed, explicit(config_fields))
@@ -326,7 +334,7 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
                        weights_module=module, kv_cache=kv_cache, past_lens=past_lens,
                        static_cache=static_cache, capacity=capacity,
                        runners=extra_runners or (), cpp=cpp, quantize=quantize, cold=cold,
-                       command=shlex.join(["mha-export", *sys.argv[1:]]))
+                       int8_cache=kv_cache_dtype == "int8", command=shlex.join(["mha-export", *sys.argv[1:]]))
     if json_path:
         from ..artifact import write_json_atomic
         write_json_atomic(json_path, report.to_dict())

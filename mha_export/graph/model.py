@@ -73,7 +73,7 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
                                 for n in ("past_key", "past_value", "attention_mask")),
                      sinks=sinks,  # (1, N, 1, 1)
                      past_lengths="past_lengths" if "past_lengths" in named else None,
-                     project=project, int8_cache=_int8_cache(g, kv_cache))
+                     project=project, int8_cache=_int8_cache(g, c, kv_cache))
     out = form.core(g, io, c)
     context = out.context  # (B, T, N*H)
     if w.wg is not None:  # output gate: context * sigmoid(x @ W_gate^T + b)
@@ -96,13 +96,17 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
                              ir_version=ir_version)
 
 
-def _int8_cache(g: GraphBuilder, spec: KVCacheSpec | None) -> Int8Cache | None:
-    """An int8 cache's scales as initializers (one set, read by every branch and block)."""
+def _int8_cache(g: GraphBuilder, c: MHAConfig, spec: KVCacheSpec | None) -> Int8Cache | None:
+    """An int8 cache's scales as initializers (one set, read by every branch and block); keys
+    and values of different granularities both per channel (GroupQueryAttention needs one)."""
     if spec is None:
         return None
-    return Int8Cache(g.const("kv_cache.k_scale", spec.key.scale),
-                     g.const("kv_cache.v_scale", spec.value.scale),
-                     spec.key.quant_type, spec.value.quant_type)
+    key, value = spec.key, spec.value
+    if key.granularity != value.granularity:
+        key, value = (s.per_channel(c.kv_heads, c.head_dim) for s in (key, value))
+    return Int8Cache(g.const("kv_cache.k_scale", key.scale), g.const("kv_cache.v_scale",
+                                                                     value.scale),
+                     key.quant_type, value.quant_type)
 
 
 def _name_output(g: GraphBuilder, tensor: str, name: str) -> None:

@@ -47,6 +47,15 @@ class KVScale:
             raise UsageError(f"a per-{self.granularity} KV scale cannot have shape {list(shape)} "
                              "(per tensor: [1]; per channel: [1, kv_heads, 1, head_dim])")
 
+    def per_channel(self, kv_heads: int, head_dim: int) -> "KVScale":
+        """The same scale laid out per channel (every channel one per-tensor scale): the same
+        codes and reads. ONNX Runtime 1.31.1's CPU GroupQueryAttention requires
+        k_quant_type == v_quant_type, so per-tensor values beside per-channel keys go in this
+        form."""
+        if self.granularity == "channel":
+            return self
+        return KVScale("channel", np.full((1, kv_heads, 1, head_dim), self.scale[0], np.float32))
+
     def fits(self, kv_heads: int, head_dim: int) -> bool:
         """Whether it can scale a cache of kv_heads x head_dim channels."""
         return self.granularity == "tensor" or self.scale.shape == (1, kv_heads, 1, head_dim)
