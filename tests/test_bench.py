@@ -10,6 +10,7 @@ from mha_export import MHAConfig
 from mha_export.artifact import read_artifact
 from mha_export.bench.driver import effective_flops, run_bench
 from mha_export.cli.commands import cli
+from mha_export.errors import UsageError
 
 
 def test_flop_count_matches_the_documented_formula():
@@ -127,6 +128,26 @@ def test_quantized_variants_record_their_smaller_files_and_bytes(tmp_path):
     row = rows["ort-cpu-auto-int4"]
     assert row.bandwidth_gbs == pytest.approx(step_bytes(c, 1, 1, 8, int4)
                                               / (row.median_ms / 1e3) / 1e9)
+
+
+def test_int8_cache_variants_read_one_byte_per_cached_value(tmp_path):
+    """--kv-cache-dtype int8 (static cache): every form that builds one also with an int8
+    cache (and with each quantization), its rows' bytes counting 1-byte codes."""
+    from mha_export.bench.driver import step_bytes
+    from mha_export.weights.quantize import QuantSpec
+    c = MHAConfig(dim=64, heads=4, kv_heads=2)
+    report = run_bench(c, seq_lens=[1], past_lens=[8], static_cache=True, capacity=16,
+                       providers=["cpu"], forms=["auto"], budget_s=0.01,
+                       quantize=[QuantSpec(bits=4)], int8_cache=True)
+    rows = {r.variant: r for r in report.rows}
+    assert {"ort-cpu-auto-kv8", "ort-cpu-auto-int4-kv8"} <= set(rows)
+    assert all(r.error == "" for r in rows.values()), [r.error for r in rows.values()]
+    row = rows["ort-cpu-auto-kv8"]
+    assert row.bandwidth_gbs == pytest.approx(step_bytes(c, 1, 1, 8, None, "int8")
+                                              / (row.median_ms / 1e3) / 1e9)
+    assert step_bytes(c, 1, 1, 8) - step_bytes(c, 1, 1, 8, None, "int8") == 3 * 2 * 32 * 9
+    with pytest.raises(UsageError, match="--static-cache"):
+        run_bench(c, seq_lens=[1], past_lens=[8], kv_cache=True, int8_cache=True)
 
 
 def test_cold_rows_step_a_ring_larger_than_the_last_level_cache(monkeypatch):

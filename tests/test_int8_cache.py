@@ -113,7 +113,7 @@ def test_a_calibration_file_sets_the_scales(tmp_path):
     assert not spec.synthetic and "h.npy (3 x 40 tokens)" in spec.calibration
     keys, values = cache_entries(module, hidden)
     assert spec.key.clipped(keys) == 0 and spec.value.clipped(values) == 0  # max -> 127
-    assert np.abs(spec.key.quantize(keys)).max() >= 127
+    assert np.abs(spec.key.quantize(keys)).max() > 100  # the range is used (pairs: <= 127)
     synthetic = calibrate_cache(module)
     assert synthetic.synthetic and (spec.key.scale > synthetic.key.scale).any()
     from safetensors.numpy import save_file

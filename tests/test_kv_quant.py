@@ -129,3 +129,27 @@ def test_calibration_scales_and_bad_input():
         calibrate(x, "row")
     with pytest.raises(UsageError, match="batch, kv_heads, seq, head_dim"):
         calibrate(x[0], "tensor")
+
+
+def test_rotary_pairs_are_scaled_by_their_norm_so_no_position_clips():
+    """A rotated key's channel ranges over its pair's norm as the position turns it: scales
+    from the pair norms (a calibration run sees few positions) clip at none."""
+    from mha_export.config import MHAConfig
+    from mha_export.weights.kv_calibration import rotary_partners
+    c = MHAConfig(dim=64, heads=4, rotary="half", rotary_dim=12)
+    partners = rotary_partners(c)
+    assert list(partners[:12]) == [6, 7, 8, 9, 10, 11, 0, 1, 2, 3, 4, 5]
+    assert (partners[12:] == -1).all()
+    interleaved = rotary_partners(c.replace(rotary="interleaved"))
+    assert list(interleaved[:4]) == [1, 0, 3, 2]
+    rng = np.random.default_rng(2)
+    keys = rng.standard_normal((1, 1, 50, 16))  # seen at one position (angle 0)
+    scale = calibrate(keys, "channel", partners=partners)
+    plain = calibrate(keys, "channel")
+    angle = 1.1  # a later position turns pair (i, i + 6)
+    turned = keys.copy()
+    a, b = keys[..., :6], keys[..., 6:12]
+    turned[..., :6], turned[..., 6:12] = a * np.cos(angle) - b * np.sin(angle), \
+        a * np.sin(angle) + b * np.cos(angle)
+    assert scale.clipped(turned) == 0 < plain.clipped(turned)
+    assert (scale.scale[..., 12:] == plain.scale[..., 12:]).all()  # unrotated: as before

@@ -4,8 +4,9 @@ norm and rotary) and values over hidden states: a file of real ones (``--calibra
 one, synthetic standard-normal inputs — which the artifact and the check's report then say,
 because a real model's hidden states have outlier channels that random ones do not.
 
-Keys are scaled per channel (each (head, feature) its own largest |key|: rotary pairs and q/k
-norm give channels very different ranges); values per channel or per tensor (``value``).
+Keys are scaled per channel (q/k norm and the projections give channels very different ranges),
+each rotary pair by its norm (a rotated channel's range depends on the position); values per
+tensor (measured: docs/kv-cache.md) or per channel (``value``).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..config import MHAConfig
 from ..errors import UsageError
 from ..layer.base import AttentionBase
 from .kv_quant import GRANULARITIES, KEY_GRANULARITY, VALUE_SCALE, KVCacheSpec, calibrate
@@ -86,5 +88,18 @@ def calibrate_cache(module: AttentionBase, calibration: Optional[str | Path] = N
         source = f"file: {Path(calibration).name} ({hidden.shape[0]} x {hidden.shape[1]} tokens)"
         synthetic = False
     keys, values = cache_entries(module, hidden)
-    return KVCacheSpec(calibrate(keys, KEY_GRANULARITY), calibrate(values, value), source,
-                       synthetic)
+    return KVCacheSpec(calibrate(keys, KEY_GRANULARITY, partners=rotary_partners(module.config)),
+                       calibrate(values, value), source, synthetic)
+
+
+def rotary_partners(c: MHAConfig) -> np.ndarray | None:
+    """(H,) the channel each key channel rotates with (-1: not rotated), or None without
+    rotary: half (GPT-NeoX: i <-> i + rd/2) or interleaved (GPT-J: 2i <-> 2i + 1) over the
+    first rotary_dim channels."""
+    if c.rotary == "none":
+        return None
+    partners = np.full(c.head_dim, -1)
+    i = np.arange(c.rotary_dim)
+    partners[:c.rotary_dim] = (i ^ 1 if c.rotary == "interleaved"
+                               else (i + c.rotary_dim // 2) % c.rotary_dim)
+    return partners
