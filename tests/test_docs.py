@@ -149,7 +149,8 @@ def fault_list() -> str:
     groups = (("Every graph form", faults.ONNX_FAULTS), ("Decode models (growing cache)",
               faults.CACHE_FAULTS), ("Static-cache models", faults.STATIC_FAULTS),
               ("Layer options", faults.OPTION_FAULTS),
-              ("Quantized projections (caught at fp32 compute)", faults.QUANT_FAULTS))
+              ("Quantized projections (caught at fp32 compute)", faults.QUANT_FAULTS),
+              ("int8 KV cache", faults.KV_FAULTS))
     return "\n".join(f"- **{title}:** " + "; ".join(sorted(group)) + "." for title, group in groups)
 
 
@@ -190,8 +191,27 @@ def quant_error_table(path: str) -> str:
     return "\n".join(lines) + f"\n\n<small>{m['cpu']}, {m['date']}; `{path}`</small>"
 
 
+def kv_error_table(path: str) -> str:
+    """benchmarks/kv_error.py's JSON: what an int8 cache cost per layer and value scale."""
+    data = json.loads((ROOT / path).read_text())
+    pasts = [f"past {p['past']}" for p in data["rows"][0]["long"]]
+    lines = ["| layer | values per | check: y max\\|d\\| / max\\|y\\| | check: clipped keys "
+             "/ values | " + " | ".join(f"{p}: y max\\|d\\| / max\\|y\\| (clipped keys)"
+                                        for p in pasts) + " | kernel (`ort-cpu`, y) |",
+             "|---" * (5 + len(pasts)) + "|"]
+    for r in data["rows"]:
+        clip = r["clip_rates"]
+        long = " | ".join(f"{p['rel']:.2e} ({p['clip_key']:.3%})" for p in r["long"])
+        lines.append(f"| {r['layer']} | {r['value_scale']} | {r['cost_y']['rel']:.2e} | "
+                     f"{clip['present_key']:.3%} / {clip['present_value']:.3%} | {long} | "
+                     f"{r['kernel_rel_y']:.1e} |")
+    m = data["machine"]
+    return "\n".join(lines) + f"\n\n<small>{m['cpu']}, {m['date']}; `{path}`</small>"
+
+
 GENERATORS = {"forms": form_table, "signature": signature_table, "bench": bench_table,
-              "faults": fault_list, "runners": runner_table, "quant-error": quant_error_table}
+              "faults": fault_list, "runners": runner_table, "quant-error": quant_error_table,
+              "kv-error": kv_error_table}
 
 
 def generated_blocks(text: str) -> list[tuple[str, str]]:
