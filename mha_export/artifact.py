@@ -22,7 +22,7 @@ from .config import MHAConfig
 from .errors import UsageError, raise_if_interrupted
 from .layer.layouts import AttentionBase
 from .signature import INT8, Signature, signature_from_meta
-from .weights.kv_quant import KVCacheSpec
+from .weights.kv_quant import INT8_CACHE_TAG, KVCacheSpec
 from .weights.quantize import QuantSpec
 
 CONFIG_FILE = "config.json"
@@ -125,7 +125,7 @@ def default_folder(config: MHAConfig, fmt: str, kind: str = "full",
     """models/split-h12-d768-onnx, models/split-h12-d768-kv-onnx (decode-step model),
     models/split-h12-d768-static-int4-onnx (quantized projections),
     models/split-h12-d768-static-int4-kv8-onnx (and an int8 cache), ..."""
-    tag = (f"-{quant.tag}" if quant else "") + ("-kv8" if int8_cache else "")
+    tag = (f"-{quant.tag}" if quant else "") + (f"-{INT8_CACHE_TAG}" if int8_cache else "")
     return Path(root) / f"{config.slug()}{KIND_SUFFIX[kind]}{tag}-{fmt}"
 
 

@@ -129,7 +129,6 @@ class Signature:
                 "outputs": [t.to_dict() for t in self.outputs],
                 "dynamic_axes": self.dynamic_axes}
 
-
     @property
     def cache_dtype(self) -> str:
         """FLOAT, or INT8 for a static cache of int8 codes."""
@@ -141,9 +140,11 @@ def make_signature(config: MHAConfig, kind: str = "full", cache_dtype: str = FLO
     """``cache_dtype`` INT8: a static cache's buffers hold int8 codes (--kv-cache-dtype int8)."""
     if kind not in KINDS:
         raise UsageError(f"unknown signature {kind!r}: choose one of {', '.join(KINDS)}")
-    if cache_dtype not in (FLOAT, INT8) or (cache_dtype == INT8 and kind != STATIC):
-        raise UsageError(f"a {cache_dtype} cache needs the static-cache signature "
-                         f"(--static-cache), got {kind!r}")
+    if cache_dtype not in (FLOAT, INT8):
+        raise UsageError(f"unknown cache dtype {cache_dtype!r}: choose {FLOAT} or {INT8}")
+    if cache_dtype == INT8 and kind != STATIC:
+        raise UsageError(f"an int8 cache needs the static-cache signature (--static-cache), "
+                         f"got {kind!r}")
     ins, outs = KINDS[kind]
     ins += ("position_ids",) if config.rotary != "none" else ()  # rotary layers: the last input
     return Signature(kind, tuple(_cached(TENSORS[n](config, kind), cache_dtype) for n in ins),

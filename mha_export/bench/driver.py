@@ -18,7 +18,7 @@ from ..config import MHAConfig
 from ..env import last_level_cache_bytes, machine_info
 from ..errors import UsageError
 from ..signature import FLOAT, INT8
-from ..weights.kv_quant import KVCacheSpec
+from ..weights.kv_quant import INT8_CACHE_TAG, KVCacheSpec
 from ..weights.quantize import QuantSpec, quantized_projections
 from .report import BASELINE, BenchReport, BenchRow
 
@@ -75,7 +75,8 @@ def model_variants(config: MHAConfig, forms: Sequence[str], kind: str,
             for cache in caches:
                 if cache is not None and Feature.INT8_CACHE not in FORMS[form].supports:
                     continue
-                key = form + (f"-{quant.tag}" if quant else "") + ("-kv8" if cache else "")
+                key = form + (f"-{quant.tag}" if quant else "") + (f"-{INT8_CACHE_TAG}"
+                                                                   if cache else "")
                 out[key] = {"form": form, "quant": quant, "kv_cache": cache,
                             "record": {**({"quant": quant.to_dict()} if quant else {}),
                                        **({"cache_dtype": INT8} if cache else {})}}
@@ -165,6 +166,8 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     if cold and not last_level_cache_bytes():
         raise UsageError("--cold: this machine does not say how large its CPU caches are "
                          "(/sys/devices/system/cpu/cpu0/cache)")
+    if int8_cache and not static_cache:
+        raise UsageError("an int8 cache is measured on the static cache: add --static-cache")
     kind = "static-cache" if static_cache else "kv-cache" if kv_cache else "full"
     needed = {"kv-cache": Feature.KV_CACHE, "static-cache": Feature.STATIC_CACHE}.get(kind)
     forms = list(forms or [name for name, form in FORMS.items()
@@ -175,16 +178,12 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     report = BenchReport(config.to_dict(), threads, ceiling, machine_info(), command=command)
     if "cuda" in providers and not cuda_ok:
         report.notes.append(f"CUDA variants not run: {cuda_reason}")
-    if int8_cache and not static_cache:
-        raise UsageError("--kv-cache-dtype int8 is measured on the static cache: add "
-                         "--static-cache")
     with tempfile.TemporaryDirectory(prefix="mha-bench-") as tmp:
         module = weights_module or build_module(config, seed=seed)
-        aoti = any(r.startswith("aoti") for r in runners)
-        from ..weights.kv_calibration import calibrate_cache
-        variants = model_variants(config, forms, kind, quantize, calibrate_cache(
-            module.eval()) if int8_cache else None)
-        models = prepare_models(config, variants, Path(tmp), module, kind, aoti)
+        variants = model_variants(config, forms, kind, quantize,
+                                  _int8_cache(module) if int8_cache else None)
+        models = prepare_models(config, variants, Path(tmp), module, kind,
+                                aoti=any(r.startswith("aoti") for r in runners))
         onnx_models = [k for k in models if k not in ("torchscript", "aoti")]
         specs = variant_specs(config, onnx_models, models, providers, cuda_ok, kind, runners, cpp)
         records = {str(models[k]): v["record"] for k, v in variants.items()}
@@ -194,18 +193,32 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
         common = {"batch": batch, "threads": threads, "mem_limit_gib": mem_limit_gib,
                   "budget_s": budget_s}
         report.rows += _measure(config, specs, points, common, kind != "full", cold, progress)
-    # The ceiling is the best GEMM rate seen, measured before and after the variants.
+    _machine_figures(report, ceiling, threads, budget_s, kind != "full", cold, progress)
+    _speedups(report)
+    return report
+
+
+def _machine_figures(report: BenchReport, ceiling: Optional[float], threads: int,
+                     budget_s: float, cached: bool, cold: bool,
+                     progress: Callable[[str], None]) -> None:
+    """The GEMM ceiling (the best rate seen, measured before and after the variants) and each
+    row's fraction of it; the copy bandwidth of cached runs and the streaming read of cold
+    ones."""
     report.gemm_ceiling_gflops = max(filter(None, [ceiling, gemm_ceiling(threads, budget_s,
                                                                          progress)]), default=None)
-    if kind != "full":
+    if cached:
         report.copy_bandwidth_gbs = copy_bandwidth(budget_s, progress)
     if cold:
         report.stream_bandwidth_gbs = stream_bandwidth(budget_s, progress)
     for r in report.rows:
         if r.gflops and report.gemm_ceiling_gflops:
             r.ceiling_fraction = r.gflops / report.gemm_ceiling_gflops
-    _speedups(report)
-    return report
+
+
+def _int8_cache(module) -> KVCacheSpec:
+    """Scales calibrated on synthetic inputs: a step's speed does not depend on their values."""
+    from ..weights.kv_calibration import calibrate_cache
+    return calibrate_cache(module.eval())
 
 
 def _static_specs(specs: list[dict], capacity: int) -> list[dict]:

@@ -80,9 +80,12 @@ def _failed(reason: str, nonfinite: int = 0) -> Comparison:
 
 
 def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
-            valid: Optional[np.ndarray] = None) -> Comparison:
+            valid: Optional[np.ndarray] = None, written: Optional[np.ndarray] = None
+            ) -> Comparison:
     """``valid``: a boolean mask broadcastable to the output; only those elements are compared
-    (e.g. the real tokens of a padded batch). Every element must be finite regardless."""
+    (e.g. the real tokens of a padded batch). Every element must be finite regardless.
+    ``written`` (with a tolerance's ``changed``): the only elements that may change at all
+    (those the call wrote; the rest must be exact), the allowance counted over them."""
     actual = np.asarray(actual)
     expected = np.asarray(expected, dtype=np.float64)
     if actual.shape != expected.shape:
@@ -104,12 +107,25 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
     passed = bool(excess.max() <= 0)
     reason = "" if passed else (f"{int((excess > 0).sum())} of {kept.size} elements outside "
                                 f"{tol}; worst at {worst}")
-    changed = int((kept > 0).sum())
-    if passed and tol.changed is not None and changed > max(tol.changed * kept.size, TIES):
-        passed, reason = False, f"{changed} of {kept.size} elements changed ({tol})"
+    if passed and tol.changed is not None:
+        passed, reason = _few_changed(err, keep, tol, written)
     return Comparison(passed, float(kept.max()), float(kept.mean()),
                       float(np.quantile(kept, 0.99)), float(kept.max()) / max(scale, 1e-30), 0,
                       worst, reason)
+
+
+def _few_changed(err: np.ndarray, keep: np.ndarray, tol: Tolerance,
+                 written: Optional[np.ndarray]) -> tuple[bool, str]:
+    """At most ``tol.changed`` of the written elements (or TIES) differ, none of the rest."""
+    may = keep if written is None else keep & np.broadcast_to(written, err.shape)
+    changed = err > 0
+    if (changed & keep & ~may).any():
+        return False, (f"{int((changed & keep & ~may).sum())} elements this call did not write "
+                       "changed")
+    n, total = int((changed & may).sum()), int(may.sum())
+    if n > max(tol.changed * total, TIES):
+        return False, f"{n} of {total} written elements changed ({tol})"
+    return True, ""
 
 
 @dataclass(frozen=True)

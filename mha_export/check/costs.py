@@ -10,7 +10,7 @@ budget the user sets (a NaN or empty measurement never passes).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
@@ -26,6 +26,12 @@ from .runners.pytorch import EagerRunner
 from .sweep import Case, positions
 
 CACHE_OUTPUTS = {"present_key": "key", "present_value": "value"}
+
+
+def within(value: float, budget: Optional[float]) -> bool:
+    """A measured figure passes: finite (a NaN or empty measurement never does), and within
+    the budget where one is set."""
+    return bool(np.isfinite(value) and (budget is None or value <= budget))
 
 
 def _budget(name: str, value: Optional[float], applies: bool, why_not: str) -> None:
@@ -85,14 +91,10 @@ class QuantizationCost:
     @classmethod
     def of(cls, artifact: Artifact, budget: Optional[float]) -> Optional["QuantizationCost"]:
         """None for an unquantized artifact (where a budget is bad input)."""
-        if budget is not None and not (budget >= 0 and np.isfinite(budget)):
-            raise UsageError(f"--max-quant-error must be a finite number >= 0, got {budget}")
-        if artifact.quantization is None:
-            if budget is not None:
-                raise UsageError(f"--max-quant-error: {artifact.path} has no quantized "
-                                 "projections (export with --quantize int4|int8)")
-            return None
-        return cls(artifact, budget)
+        _budget("--max-quant-error", budget, artifact.quantization is not None,
+                f"{artifact.path} has no quantized projections (export with --quantize "
+                "int4|int8)")
+        return None if artifact.quantization is None else cls(artifact, budget)
 
     def add(self, feeds: Feeds, dequantized: Feeds, valid: dict) -> None:
         """``dequantized``: the check's fp64 reference on ``feeds`` (re-run here with a float
@@ -108,8 +110,8 @@ class QuantizationCost:
         out = []
         for n, found in self.deviations.items():
             d = worst(found)
-            within = not np.isnan(d.rel) and (self.budget is None or d.rel <= self.budget)
-            out.append(QuantizationError(n, self.spec.label(), d, self.budget, bool(within)))
+            out.append(QuantizationError(n, self.spec.label(), d, self.budget,
+                                         within(d.rel, self.budget)))
         return out
 
 
@@ -125,7 +127,20 @@ class KVCacheError:
     budget: Optional[float]  # --max-kv-error: the largest rel allowed; None: reported only
     clip_rates: dict = field(default_factory=dict)  # {"present_key": fraction, ...}
     clip_budget: Optional[float] = None  # --max-clip-rate
-    passed: bool = True
+
+    @property
+    def error_passed(self) -> bool:
+        return within(self.deviation.rel, self.budget)
+
+    def clip_passed(self, output: str) -> bool:
+        return within(self.clip_rates[output], self.clip_budget)
+
+    @property
+    def passed(self) -> bool:
+        return self.error_passed and all(self.clip_passed(n) for n in self.clip_rates)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "passed": self.passed}
 
 
 class KVCacheCost:
@@ -183,14 +198,10 @@ class KVCacheCost:
         self.add_call(x, positions(mask), mask == 1)
 
     def result(self) -> KVCacheError:
-        d = worst(self.deviations)
         rates = {n: (c / total if total else float("nan")) for n, (c, total)
                  in self.clipped.items()}
-        within = not np.isnan(d.rel) and (self.budget is None or d.rel <= self.budget)
-        clip_ok = all(not np.isnan(r) and (self.clip_budget is None or r <= self.clip_budget)
-                      for r in rates.values())
-        return KVCacheError(self.spec.label(), self.spec.synthetic, d, self.budget, rates,
-                            self.clip_budget, bool(within and clip_ok))
+        return KVCacheError(self.spec.label(), self.spec.synthetic, worst(self.deviations),
+                            self.budget, rates, self.clip_budget)
 
 
 def _clipped_count(scale: KVScale, entries: np.ndarray) -> int:

@@ -159,10 +159,19 @@ def valid_entries(sig: Signature, feeds: dict[str, np.ndarray], case: Case
     [0, past_lengths[b] + T) (beyond them the contract says nothing)."""
     valid: dict[str, Optional[np.ndarray]] = {"y": real_queries(feeds, case)}
     if sig.static_cache:
-        ends = feeds["past_lengths"] + case.seq  # (B,)
-        entries = np.arange(static_capacity(case))[None, :] < ends[:, None]  # (B, C)
-        valid["present_key"] = valid["present_value"] = entries[:, None, :, None]
+        starts = feeds["past_lengths"][:, None]  # (B, 1)
+        slots = np.arange(static_capacity(case))[None, :]  # (1, C)
+        entries = slots < starts + case.seq  # (B, C)
+        written = (slots >= starts) & entries  # (B, C): this call's own entries
+        for name in ("present_key", "present_value"):
+            valid[name] = entries[:, None, :, None]
+            valid[written_key(name)] = written[:, None, :, None]
     return valid
+
+
+def written_key(output: str) -> str:
+    """The ``valid_entries`` key of the entries of ``output`` the call itself wrote."""
+    return f"{output}:written"
 
 
 ScoresAt = Callable[[int], bool]  # T -> whether the model materialises (N, T, S) scores

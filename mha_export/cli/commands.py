@@ -23,6 +23,8 @@ from ..errors import Interrupted, UsageError, interrupt, raise_if_interrupted
 from ..export.pipeline import ATTENTION_FORMS, export_aoti, export_onnx, export_torchscript
 from ..graph.forms import DEFAULT, MAX_OPSET, opset_summary
 from ..graph.model import DTYPES
+from ..signature import INT8
+from ..weights.kv_quant import CACHE_DTYPES
 from ..check.runners import RUNNERS
 from .options import (config_options, explicit, export_options, int_list, model_options,
                       provider_list, runner_list)
@@ -271,7 +273,7 @@ def cpp_programs(folder: Optional[str], runners: tuple | list):
 @click.option("--accuracy-level", "accuracy_levels", default="4", show_default=True,
               callback=int_list, help="With --quantize: MatMulNBits accuracy levels to "
                                       "measure (4 = int8 activations, 1 = fp32), e.g. 1,4.")
-@click.option("--kv-cache-dtype", "kv_cache_dtype", type=click.Choice(("float", "int8")),
+@click.option("--kv-cache-dtype", "kv_cache_dtype", type=click.Choice(CACHE_DTYPES),
               default="float", show_default=True,
               help="With --static-cache: int8 = also measure every form that builds it with an "
                    "int8 cache (scales calibrated on synthetic inputs), with each --quantize.")
@@ -324,7 +326,7 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
         if art.quantization and not quantize:
             quantize = [art.quantization]
         if art.kv_cache is not None:  # its speed, with scales calibrated anew (the same bytes)
-            kv_cache_dtype = "int8"
+            kv_cache_dtype = INT8
     else:
         from ..weights.source import load_source
         source = load_source(None, weights, layer, seed, explicit(config_fields))
@@ -334,7 +336,8 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
                        weights_module=module, kv_cache=kv_cache, past_lens=past_lens,
                        static_cache=static_cache, capacity=capacity,
                        runners=extra_runners or (), cpp=cpp, quantize=quantize, cold=cold,
-                       int8_cache=kv_cache_dtype == "int8", command=shlex.join(["mha-export", *sys.argv[1:]]))
+                       int8_cache=kv_cache_dtype == INT8,
+                       command=shlex.join(["mha-export", *sys.argv[1:]]))
     if json_path:
         from ..artifact import write_json_atomic
         write_json_atomic(json_path, report.to_dict())

@@ -66,15 +66,16 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
             raise UsageError(chosen.quantize_refusal)
         options["quant"] = quantize
     kind = signature_kind(kv_cache, attention_mask, static_cache)
-    _check_cache_request(chosen, kind, kv_cache_dtype, calibration)
+    int8_cache = _int8_cache_requested(chosen, kind, kv_cache_dtype, calibration,
+                                       options.get("dtype", "float32"))
     source = load_source(config, weights, layer, seed, config_fields)
-    if kv_cache_dtype == "int8":
+    if int8_cache:
         options["kv_cache"] = _calibrated(source, quantize, calibration, value_scale, seed)
-    sig = make_signature(source.config, kind, INT8 if kv_cache_dtype == "int8" else FLOAT)
+    sig = make_signature(source.config, kind, INT8 if int8_cache else FLOAT)
     prepared = chosen.prepare(source.module, source.config, sig, **options)
     meta = _describe(source, sig, target, prepared.export)
     dest = Path(output) if output is not None else default_folder(
-        source.config, target, sig.kind, quant=quantize, int8_cache=kv_cache_dtype == "int8")
+        source.config, target, sig.kind, quant=quantize, int8_cache=int8_cache)
     report = None
     with staged_folder(dest, force) as stage:
         save_weights(source.module, stage / WEIGHTS_FILE)
@@ -88,23 +89,27 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
     return ExportResult(dest, report)
 
 
-def _check_cache_request(target: ExportTarget, kind: str, cache_dtype: str,
-                         calibration: str | Path | None) -> None:
-    """--kv-cache-dtype int8 needs the static cache and a target that writes it; a calibration
-    file without it is a mistake, said before any work."""
+def _int8_cache_requested(target: ExportTarget, kind: str, cache_dtype: str,
+                          calibration: str | Path | None, dtype: str) -> bool:
+    """Whether an int8 cache was asked for: it needs the static cache, a float32 model and a
+    target that writes it; a calibration file without it is a mistake, said before any work."""
     if cache_dtype not in CACHE_DTYPES:
         raise UsageError(f"unknown --kv-cache-dtype {cache_dtype!r}: choose one of "
                          f"{', '.join(CACHE_DTYPES)}")
-    if cache_dtype == "float":
+    if cache_dtype != INT8:
         if calibration is not None:
             raise UsageError("--calibration needs --kv-cache-dtype int8")
-        return
+        return False
     if target.int8_cache_refusal:
         raise UsageError(target.int8_cache_refusal)
     if kind != STATIC:
         raise UsageError("--kv-cache-dtype int8 needs --static-cache: the int8 buffers are "
                          "written in place; the growing --kv-cache model would re-quantize "
                          "(or copy) its whole cache every step")
+    if dtype != "float32":
+        raise UsageError(f"--kv-cache-dtype int8 is built for float32 models (queries and "
+                         f"accumulation in fp32, as GroupQueryAttention's), not {dtype}")
+    return True
 
 
 def _calibrated(source: Source, quantize: Optional[QuantSpec], calibration, value_scale: str,

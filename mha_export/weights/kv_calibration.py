@@ -19,7 +19,8 @@ import torch
 from ..config import MHAConfig
 from ..errors import UsageError
 from ..layer.base import AttentionBase
-from .kv_quant import GRANULARITIES, KEY_GRANULARITY, VALUE_SCALE, KVCacheSpec, calibrate
+from .kv_quant import (GRANULARITIES, KEY_GRANULARITY, VALUE_SCALE, KVCacheSpec, channel_max,
+                       scale_from_max)
 
 SYNTHETIC_ROWS, SYNTHETIC_TOKENS = 4, 256
 SYNTHETIC = f"synthetic: {SYNTHETIC_ROWS} x {SYNTHETIC_TOKENS} standard-normal tokens"
@@ -32,26 +33,32 @@ def read_hidden_states(path: str | Path, d_in: int) -> np.ndarray:
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"--calibration: no such file {path}")
-    if path.suffix == ".npy":
-        try:
-            x = np.load(path, allow_pickle=False)
-        except ValueError as e:
-            raise UsageError(f"--calibration: cannot read {path}: {e}") from None
-    elif path.suffix == ".safetensors":
-        from safetensors.numpy import load_file
-        tensors = load_file(str(path))
-        if "hidden_states" not in tensors and len(tensors) != 1:
-            raise UsageError(f"--calibration: {path} holds {len(tensors)} tensors; name the "
-                             "one to use hidden_states")
-        x = tensors.get("hidden_states", next(iter(tensors.values()), None))
-    else:
+    if path.suffix not in (".npy", ".safetensors"):
         raise UsageError(f"--calibration: expected a .npy or .safetensors file, got {path.name}")
-    if x.ndim != 3 or x.shape[2] != d_in or not x.size:
-        raise UsageError(f"--calibration: hidden states must be [n, T, d_in={d_in}], got "
-                         f"{list(x.shape)}")
+    try:
+        x = _load_hidden_states(path)
+    except UsageError:
+        raise
+    except Exception as e:  # an empty, corrupt or foreign file: numpy's and safetensors' errors
+        raise UsageError(f"--calibration: cannot read {path}: {type(e).__name__}: "
+                         f"{str(e).strip()[:200]}") from None
+    if not isinstance(x, np.ndarray) or x.ndim != 3 or x.shape[2] != d_in or not x.size:
+        shape = list(x.shape) if isinstance(x, np.ndarray) else type(x).__name__
+        raise UsageError(f"--calibration: hidden states must be [n, T, d_in={d_in}], got {shape}")
     if x.dtype.kind != "f" or not np.isfinite(x).all():
         raise UsageError("--calibration: hidden states must be finite floats")
     return x.astype(np.float32)
+
+
+def _load_hidden_states(path: Path):
+    if path.suffix == ".npy":
+        return np.load(path, allow_pickle=False)
+    from safetensors.numpy import load_file
+    tensors = load_file(str(path))
+    if "hidden_states" not in tensors and len(tensors) != 1:
+        raise UsageError(f"--calibration: {path} holds {len(tensors)} tensors; name the one to "
+                         "use hidden_states")
+    return tensors.get("hidden_states", next(iter(tensors.values()), None))
 
 
 def synthetic_hidden_states(d_in: int, seed: int = 0) -> np.ndarray:
@@ -75,8 +82,9 @@ def cache_entries(module: AttentionBase, hidden: np.ndarray) -> tuple[np.ndarray
 
 def calibrate_cache(module: AttentionBase, calibration: Optional[str | Path] = None,
                     value: str = VALUE_SCALE, seed: int = 0) -> KVCacheSpec:
-    """The int8 cache's scales for this layer: keys per channel, values per ``value``, each
-    mapping the largest |entry| seen to 127."""
+    """The int8 cache's scales for this layer: keys per channel (rotary pairs by their norm),
+    values per ``value``, each mapping the largest |entry| seen to 127. A file is read in
+    chunks of rows: only each channel's running maximum is kept."""
     if value not in GRANULARITIES:
         raise UsageError(f"unknown value scale {value!r}: choose one of "
                          f"{', '.join(GRANULARITIES)}")
@@ -87,9 +95,18 @@ def calibrate_cache(module: AttentionBase, calibration: Optional[str | Path] = N
         hidden = read_hidden_states(calibration, d_in)
         source = f"file: {Path(calibration).name} ({hidden.shape[0]} x {hidden.shape[1]} tokens)"
         synthetic = False
-    keys, values = cache_entries(module, hidden)
-    return KVCacheSpec(calibrate(keys, KEY_GRANULARITY, partners=rotary_partners(module.config)),
-                       calibrate(values, value), source, synthetic)
+    partners = rotary_partners(module.config)
+    keys = values = None
+    for start in range(0, hidden.shape[0], ROWS_PER_CALL):
+        k, v = cache_entries(module, hidden[start:start + ROWS_PER_CALL])
+        keys = _maximum(keys, channel_max(k, partners))  # (1, K, 1, H)
+        values = _maximum(values, channel_max(v))
+    return KVCacheSpec(scale_from_max(keys, KEY_GRANULARITY), scale_from_max(values, value),
+                       source, synthetic)
+
+
+def _maximum(a: Optional[np.ndarray], b: np.ndarray) -> np.ndarray:
+    return b if a is None else np.maximum(a, b)
 
 
 def rotary_partners(c: MHAConfig) -> np.ndarray | None:

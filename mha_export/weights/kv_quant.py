@@ -24,6 +24,7 @@ from ..errors import UsageError
 GRANULARITIES = {"tensor": "PER_TENSOR", "channel": "PER_CHANNEL"}  # -> the node's attribute
 LOWEST, HIGHEST = -128, 127
 CACHE_DTYPES = ("float", "int8")  # --kv-cache-dtype: "float" is the model's dtype
+INT8_CACHE_TAG = "kv8"  # in default folder names and bench variants: ...-static-int4-kv8-onnx
 KEY_GRANULARITY = "channel"  # keys: always per channel (rotary pairs, q/k norm: uneven ranges)
 # the default for values: per tensor clipped less and cost less than per channel on the layers
 # measured (benchmarks/kv_error.py, docs/kv-cache.md)
@@ -85,9 +86,15 @@ def calibrate(samples: np.ndarray, granularity: str, margin: float = 1.0,
               partners: np.ndarray | None = None) -> KVScale:
     """The scale that maps the largest |sample| (per tensor, or per (head, channel)) to 127,
     times ``margin``. ``samples``: (B, K, S, H) keys after rotary, or values, from a
-    calibration run. ``partners`` (H,): for rotary keys, the channel each one rotates with (-1:
-    none): the bound is then the pair's norm sqrt(k_i^2 + k_j^2), which no rotation exceeds —
-    a key's channel range depends on its position, and a calibration run sees few of them."""
+    calibration run; ``partners``: see ``channel_max``."""
+    return scale_from_max(channel_max(samples, partners), granularity, margin)
+
+
+def channel_max(samples: np.ndarray, partners: np.ndarray | None = None) -> np.ndarray:
+    """(1, K, 1, H): the largest |sample| of each (head, channel) of (B, K, S, H) samples.
+    ``partners`` (H,): for rotary keys, the channel each one rotates with (-1: none): the bound
+    is then the pair's norm sqrt(k_i^2 + k_j^2), which no rotation exceeds — a key's channel
+    range depends on its position, and a calibration run sees few of them."""
     x = np.abs(np.asarray(samples, np.float64))
     if x.ndim != 4 or not x.size:
         raise UsageError(f"calibration samples must be (batch, kv_heads, seq, head_dim), got "
@@ -95,13 +102,19 @@ def calibrate(samples: np.ndarray, granularity: str, margin: float = 1.0,
     if partners is not None:
         rotated = partners >= 0
         x[..., rotated] = np.hypot(x[..., rotated], x[..., partners[rotated]])
+    return x.max(axis=(0, 2), keepdims=True)
+
+
+def scale_from_max(top: np.ndarray, granularity: str, margin: float = 1.0) -> KVScale:
+    """The scale mapping each channel's maximum ``top`` (1, K, 1, H) (per tensor: their
+    largest) to 127, times ``margin``; an all-zero channel gets a tiny valid scale."""
     if not margin > 0:
         raise UsageError(f"calibration margin must be > 0, got {margin}")
-    if granularity == "tensor":
-        top = x.max().reshape(1)  # (1,)
-    else:
-        top = x.max(axis=(0, 2), keepdims=True)  # (1, K, 1, H)
-    scale = np.maximum(top * margin / HIGHEST, np.finfo(np.float32).tiny)  # all-zero: tiny
+    if granularity not in GRANULARITIES:
+        raise UsageError(f"unknown KV scale granularity {granularity!r}: choose one of "
+                         f"{', '.join(GRANULARITIES)}")
+    top = top.max().reshape(1) if granularity == "tensor" else top  # (1,) | (1, K, 1, H)
+    scale = np.maximum(top * margin / HIGHEST, np.finfo(np.float32).tiny)
     return KVScale(granularity, scale.astype(np.float32))
 
 

@@ -4,9 +4,11 @@ itself; its (N, T, S) scores are small there), the ``blocked`` loop from 512 on 
 in T).
 
 A static cache: ``GroupQueryAttention`` on the app's buffer (its kernel reads only each row's
-valid length) for a single token, or for T < 512 at batch 1 — the calls it can run — and the
-``blocked`` loop over the same buffer for every other call (a long prefill, in memory linear in
-T; several tokens at batch > 1, which the node refuses). Where the node cannot build the layer
+valid length; an int8 cache: its own, kv_cache_bit_width=8) for a single token, or for T < 512
+at batch 1 — the calls it can run — and the ``blocked`` loop over the same buffer (an int8
+cache: standard ops, quantized on write and each block dequantized on read) for every other
+call (a long prefill, in memory linear in T; several tokens at batch > 1, which the node
+refuses). Where the node cannot build the layer
 (head_dim % 8, a sliding window, softcapping, not causal), ``decomposed`` takes the short calls.
 
 The threshold was measured (benchmarks/blocked_sweep.py, 2-core Xeon, noisy: T=128 one node
@@ -73,4 +75,5 @@ FORM = GraphForm(
             f"its calls, the blocked loop for the rest)",
     switch_seq_lens=(AUTO_THRESHOLD - 1, AUTO_THRESHOLD) + tuple(
         AUTO_THRESHOLD + e for e in BLOCK_EDGES),
-    supports=ATTENTION_NODE_FEATURES | {Feature.STATIC_CACHE}, projects_per_branch=True)
+    supports=ATTENTION_NODE_FEATURES | {Feature.STATIC_CACHE, Feature.INT8_CACHE},
+    projects_per_branch=True)

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
-
-from ...config import MHAConfig
 from onnx import TensorProto
 
+from ...config import MHAConfig
 from ...signature import INT8, Signature
 from ..builder import GraphBuilder, as_1d, dim, finite_lowest, split_heads
 
@@ -40,7 +39,8 @@ ALL_FEATURES = frozenset(Feature)
 # What a core built on the standard Attention node supports: it has no sink logits. Its
 # softcap attribute is applied before the mask by ONNX Runtime 1.31 (transformers' order; proven
 # in tests/test_layer_options.py), so softcapping is built with it.
-ATTENTION_NODE_FEATURES = ALL_FEATURES - {Feature.SINKS, Feature.STATIC_CACHE}
+ATTENTION_NODE_FEATURES = ALL_FEATURES - {Feature.SINKS, Feature.STATIC_CACHE,
+                                          Feature.INT8_CACHE}
 
 
 

@@ -227,7 +227,8 @@ BLOCKED = GraphForm(
     name="blocked", core=blocked_core, min_opset=23, memory=LINEAR,
     summary=f"a Loop over blocks of <= {BLOCK} queries, one Attention node per block over keys "
             "[0, block end), mask only for the block",
-    switch_seq_lens=BLOCK_EDGES, supports=ATTENTION_NODE_FEATURES | {Feature.STATIC_CACHE})
+    switch_seq_lens=BLOCK_EDGES,
+    supports=ATTENTION_NODE_FEATURES | {Feature.STATIC_CACHE, Feature.INT8_CACHE})
 BLOCKED_PLAIN = GraphForm(
     name="blocked-plain", core=functools.partial(blocked_core, use_attention_op=False),
     min_opset=17, memory=LINEAR,
