@@ -1,0 +1,161 @@
+"""Multi-head Latent Attention (layer/mla.py) against transformers' own DeepSeek-V2/V3 attention
+modules (tiny random configs built here, nothing downloaded): a left-padded batch, full sequence
+and prefill + single-token steps with transformers' own cache; y and the latent cache, in the
+expanded form and in the absorbed one (the cache read as stored, never expanded)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from mha_export.check.sweep import positions
+from mha_export.errors import UsageError
+from mha_export.layer.mla import MLAConfig, MLAttention
+
+MOE = dict(n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+           moe_intermediate_size=16, first_k_dense_replace=1)
+COMMON = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+              intermediate_size=32, vocab_size=60, max_position_embeddings=64,
+              kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=24,
+              initializer_range=0.2, **MOE)
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.9,
+        "mscale_all_dim": 0.8, "original_max_position_embeddings": 16}
+MODELS = {  # name: (model_type, config)
+    "v3-qlora-interleave-yarn": ("deepseek_v3", dict(COMMON, q_lora_rank=48, rope_interleave=True,
+                                                     rope_parameters=YARN)),
+    "v3-halves-bias": ("deepseek_v3", dict(COMMON, q_lora_rank=48, rope_interleave=False,
+                                           attention_bias=True)),
+    "v2-lite-no-qlora": ("deepseek_v2", dict(COMMON, q_lora_rank=None)),
+}
+B, L, PREFILL = 3, 11, 6
+
+
+def _ours(attn, hf) -> MLAttention:
+    rope = dict(hf.rope_parameters or {})
+    theta = rope.pop("rope_theta", 10000.0)
+    config = MLAConfig(
+        dim=hf.hidden_size, heads=hf.num_attention_heads, kv_lora_rank=hf.kv_lora_rank,
+        qk_nope_head_dim=hf.qk_nope_head_dim, qk_rope_head_dim=hf.qk_rope_head_dim,
+        v_head_dim=hf.v_head_dim, q_lora_rank=hf.q_lora_rank, bias=hf.attention_bias,
+        rope_layout=("interleaved" if hf.model_type == "deepseek_v2"  # the complex form
+                     else "deinterleaving" if hf.rope_interleave else "half"),
+        rope_theta=theta, rope_scaling=rope if rope.get("rope_type", "default") != "default"
+        else None)
+    module = MLAttention(config).eval()
+    module.load_state_dict(attn.state_dict(), strict=True)
+    return module
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def built(request):
+    kind, settings = MODELS[request.param]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **settings),
+                                             attn_implementation="eager").eval()
+    attn = model.model.layers[1].self_attn
+    with torch.no_grad():  # norms away from their initial ones, which hide a wrong read
+        for name, p in attn.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn(p.shape) * 0.5)
+    return request.param, model, attn, _ours(attn, model.config)
+
+
+def _batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 60, (B, L), generator=g)
+    mask = torch.ones(B, L, dtype=torch.long)
+    mask[1, :3] = 0
+    mask[2, :7] = 0  # left padding
+    return ids, mask, torch.from_numpy(positions(mask.numpy()))
+
+
+def _capture(attn):
+    calls = []
+
+    def hook(module, args, kwargs, out):
+        x = kwargs.get("hidden_states", args[0] if args else None)
+        calls.append((x.detach().clone(), out[0].detach().clone()))
+    return calls, attn.register_forward_hook(hook, with_kwargs=True)
+
+
+def _close(got, want, rows, what):
+    diff = (got - want).abs()[rows]
+    assert torch.isfinite(got).all() and diff.max() <= 2e-5, (what, float(diff.max()))
+
+
+@pytest.mark.parametrize("absorbed", [False, True])
+def test_full_sequence_equals_transformers(built, absorbed):
+    name, model, attn, ours = built
+    ids, mask, pos = _batch()
+    calls, handle = _capture(attn)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=pos)
+    handle.remove()
+    x, want = calls[0]
+    with torch.inference_mode():
+        y, latent, k_rot = ours(x, mask, position_ids=pos, absorbed=absorbed)
+    assert latent.shape == (B, 1, L, 32) and k_rot.shape == (B, 1, L, 8)
+    _close(y, want, mask.bool(), f"{name} absorbed={absorbed}")
+
+
+@pytest.mark.parametrize("absorbed", [False, True])
+def test_cached_decode_equals_transformers_with_its_own_latent_cache(built, absorbed):
+    """Prefill, then single-token steps: y at every real position, and the final cache equal to
+    the latent and rotated key transformers' DynamicCache holds for the layer."""
+    name, model, attn, ours = built
+    ids, mask, pos = _batch()
+    calls, handle = _capture(attn)
+    with torch.no_grad():
+        cache = model(input_ids=ids[:, :PREFILL], attention_mask=mask[:, :PREFILL],
+                      position_ids=pos[:, :PREFILL], use_cache=True).past_key_values
+        for t in range(PREFILL, L):
+            cache = model(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
+                          position_ids=pos[:, t:t + 1], past_key_values=cache,
+                          use_cache=True).past_key_values
+    handle.remove()
+    latent = k_rot = None
+    start = 0
+    for x, want in calls:
+        end = start + x.shape[1]
+        with torch.inference_mode():
+            y, latent, k_rot = ours(x, mask[:, :end], latent, k_rot, pos[:, start:end],
+                                    absorbed=absorbed)
+        _close(y, want, mask[:, start:end].bool(), f"{name} tokens {start}-{end}")
+        start = end
+    theirs = cache.layers[1]
+    real = mask.bool()
+    for got, held in ((latent, theirs.keys), (k_rot, theirs.values)):
+        diff = (got - held).abs().transpose(1, 2)[real]
+        assert diff.max() <= 2e-5, (name, "cache vs transformers'", float(diff.max()))
+
+
+def test_the_absorbed_form_never_expands_the_cache(built):
+    """The decode form reads the latent cache as stored: no kv_b_proj over the cache (its
+    weights are folded into the query and the output), and its result is the expanded one's."""
+    _, _, _, ours = built
+    calls = []
+    handle = ours.kv_b_proj.register_forward_hook(lambda m, a, o: calls.append(a[0].shape))
+    x = torch.randn(2, 1, 64)
+    past = torch.randn(2, 1, 40, 32), torch.randn(2, 1, 40, 8)
+    with torch.inference_mode():
+        fast = ours(x, None, *past, absorbed=True)[0]
+        assert calls == []
+        slow = ours(x, None, *past, absorbed=False)[0]
+    handle.remove()
+    assert calls == [(2, 41, 32)]  # the expanded form multiplies every cached latent
+    torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
+
+
+def test_yarn_mscale_scales_the_softmax_and_bad_configs_are_refused():
+    base = dict(dim=64, heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                v_head_dim=24)
+    plain = MLAConfig(**base)
+    assert plain.scale == pytest.approx(24 ** -0.5) and plain.cache_widths() == (32, 8)
+    yarn = MLAConfig(**base, rope_scaling=dict(YARN))
+    m = 0.1 * 0.8 * np.log(4.0) + 1.0
+    assert yarn.scale == pytest.approx(24 ** -0.5 * m * m)
+    with pytest.raises(UsageError, match="qk_rope_head_dim must be even"):
+        MLAConfig(**{**base, "qk_rope_head_dim": 7})
+    with pytest.raises(UsageError, match="kv_lora_rank must be a positive integer"):
+        MLAConfig(**{**base, "kv_lora_rank": 0})
