@@ -139,3 +139,16 @@ def test_openvino_runs_only_when_named(onnx_model):
     own check must not fail on OpenVINO's bugs), always available by name."""
     report = check_parity(onnx_model, seq_lens=[3], batch_sizes=[1])
     assert not {"openvino-cpu", "openvino-cpu-default"} & {i.name for i in report.runners}
+
+
+def test_openvino_runs_the_int8_cache_of_a_standard_ops_form(tmp_path):
+    """--kv-cache-dtype int8 with --attention blocked: quantize-on-write and dequantize-on-read
+    in standard ops, which OpenVINO runs to the same codes (the default auto holds
+    GroupQueryAttention, whose static cache OpenVINO does not keep: docs/runtimes.md)."""
+    folder = export_onnx(MHAConfig(dim=64, heads=4, kv_heads=2, rotary="half", max_seq_len=16),
+                         tmp_path / "kv8", static_cache=True, kv_cache_dtype="int8",
+                         attention="blocked", validate=False).path
+    report = check_parity(folder, runners=["openvino-cpu"], seq_lens=[1, 7], past_lens=[0, 5])
+    assert report.passed, [r.error for r in report.results if not r.passed][:3]
+    assert {r.output for r in report.results if r.runner == "openvino-cpu"} == {
+        "y", "present_key", "present_value"}
