@@ -159,3 +159,32 @@ def test_yarn_mscale_scales_the_softmax_and_bad_configs_are_refused():
         MLAConfig(**{**base, "qk_rope_head_dim": 7})
     with pytest.raises(UsageError, match="kv_lora_rank must be a positive integer"):
         MLAConfig(**{**base, "kv_lora_rank": 0})
+
+
+def test_static_cache_rows_of_different_lengths_equal_each_row_alone(built):
+    """The app-owned buffers written in place at each row's past_lengths: a right-padded
+    prefill (rows of 7, 5 and 3 real tokens), then each row's length set to its own, then two
+    single-token steps, equal each row's real tokens run alone; the buffers hold each row's
+    latent and rotated key (the padding's entries overwritten)."""
+    _, _, _, ours = built
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 9, 64, generator=g)
+    real = [7, 5, 3]
+    buffers = torch.randn(3, 1, 12, 32), torch.randn(3, 1, 12, 8)  # random beyond the writes
+    lengths = torch.zeros(3, dtype=torch.long)
+    ys = []
+    with torch.inference_mode():
+        y, *buffers = ours.forward_static(x[:, :7], *buffers, lengths)
+        ys.append(y)
+        lengths = torch.tensor(real)
+        for step in (7, 8):
+            y, *buffers = ours.forward_static(x[:, step:step + 1], *buffers, lengths)
+            ys.append(y)
+            lengths = lengths + 1
+        for r, n in enumerate(real):
+            tokens = torch.cat([x[r:r + 1, :n], x[r:r + 1, 7:9]], dim=1)  # (1, n + 2, 64)
+            want, latent, k_rot = ours(tokens)
+            got = torch.cat([ys[0][r:r + 1, :n], ys[1][r:r + 1], ys[2][r:r + 1]], dim=1)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
+            torch.testing.assert_close(buffers[0][r:r + 1, :, :n + 2], latent)
+            torch.testing.assert_close(buffers[1][r:r + 1, :, :n + 2], k_rot)

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from .. import rope_types
 from ..errors import UsageError
 from .attention import attention, merge_heads
+from .base import valid_end
 from .norm import RMSNorm
 from .rotary import cos_sin, rope_tables, rotate
 
@@ -145,6 +146,27 @@ class MLAttention(nn.Module):
         ctx = core(q_nope, q_rot, latent, k_rot, attention_mask)  # (B, N, T, Hv)
         return self.o_proj(merge_heads(ctx)), latent, k_rot
 
+    def forward_static(self, x: Tensor, past_latent: Tensor, past_rope: Tensor,
+                       past_lengths: Tensor, position_ids: Optional[Tensor] = None
+                       ) -> Tuple[Tensor, Tensor, Tensor]:
+        """The static-cache call over app-owned buffers (B, 1, C, R) and (B, 1, C, Hr): this
+        call's latent and rotated key written in place at past_lengths[b] + i of row b, then
+        the absorbed form over each row's valid prefix (query i of row b sees cached positions
+        <= past_lengths[b] + i). Returns y and the buffers themselves."""
+        b, t = x.size(0), x.size(1)
+        steps = torch.arange(t, device=x.device)
+        if position_ids is None:
+            position_ids = past_lengths.view(b, 1) + steps  # (B, T)
+        q_nope, q_rot = self.queries(x, position_ids)  # (B, N, T, Hn), (B, N, T, Hr)
+        latent, k_rot = self.cache_entries(x, position_ids)  # (B, 1, T, R), (B, 1, T, Hr)
+        rows, slots = torch.arange(b, device=x.device).view(b, 1), past_lengths.view(b, 1) + steps
+        past_latent[rows, :, slots] = latent.transpose(1, 2)  # (B, T, 1, R)
+        past_rope[rows, :, slots] = k_rot.transpose(1, 2)
+        end = valid_end(past_lengths, t, past_latent.size(2))  # the longest row's prefix
+        ctx = self._absorbed(q_nope, q_rot, past_latent[:, :, :end], past_rope[:, :, :end], None,
+                             query_start=past_lengths)  # (B, N, T, Hv)
+        return self.o_proj(merge_heads(ctx)), past_latent, past_rope
+
     def queries(self, x: Tensor, position_ids: Tensor) -> Tuple[Tensor, Tensor]:
         """q_nope (B, N, T, Hn) and the rotated q_rot (B, N, T, Hr)."""
         c = self.config
@@ -196,12 +218,14 @@ class MLAttention(nn.Module):
         return ctx  # (B, N, T, Hv)
 
     def _absorbed(self, q_nope: Tensor, q_rot: Tensor, latent: Tensor, k_rot: Tensor,
-                  attention_mask: Optional[Tensor]) -> Tensor:
-        """Multi-query attention in latent space: one key [latent | k_rot], one value latent."""
+                  attention_mask: Optional[Tensor], query_start: Optional[Tensor] = None
+                  ) -> Tensor:
+        """Multi-query attention in latent space: one key [latent | k_rot], one value latent.
+        ``query_start`` (B,): a static cache's rows (queries at query_start[b] + i)."""
         w_uk, w_uv = self.kv_b_heads()  # (N, Hn, R), (N, Hv, R)
         q_latent = q_nope @ w_uk  # (B, N, T, R)
         query = torch.cat([q_latent, q_rot], dim=-1)  # (B, N, T, R+Hr)
         key = torch.cat([latent, k_rot], dim=-1)  # (B, 1, S, R+Hr)
         ctx, _ = attention(query, key, latent, self.config.scale, True, 0.0, False,
-                           attention_mask)  # (B, N, T, R)
+                           attention_mask, query_start=query_start)  # (B, N, T, R)
         return ctx @ w_uv.transpose(1, 2)  # (B, N, T, Hv)
