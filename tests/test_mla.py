@@ -188,3 +188,37 @@ def test_static_cache_rows_of_different_lengths_equal_each_row_alone(built):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
             torch.testing.assert_close(buffers[0][r:r + 1, :, :n + 2], latent)
             torch.testing.assert_close(buffers[1][r:r + 1, :, :n + 2], k_rot)
+
+
+def test_the_onnx_static_step_equals_the_eager_layer(built, tmp_path):
+    """graph/mla.py's absorbed static-cache step in ONNX Runtime: a right-padded prefill of a
+    ragged batch, then single-token steps over the same buffers bound in place, equal the eager
+    layer's forward_static call by call (y and both buffers)."""
+    import onnx
+    from mha_export.check.runners.ort import OrtRunner
+    from mha_export.graph.mla import build_mla_static
+    from mha_export.signature import Signature, TensorSpec
+    _, _, _, ours = built
+    model = build_mla_static(ours)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(tmp_path / "mla.onnx"))
+    sig = Signature("static-cache", tuple(TensorSpec(n, "float", ()) for n in (
+        "x", "past_key", "past_value", "past_lengths", "position_ids")),
+        tuple(TensorSpec(n, "float", ()) for n in ("y", "present_key", "present_value")))
+    runner = OrtRunner(sig, tmp_path / "mla.onnx", "cpu")
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 9, 64, generator=g)
+    eager = [torch.randn(3, 1, 12, 32, generator=g), torch.randn(3, 1, 12, 8, generator=g)]
+    ort = [t.numpy().copy() for t in eager]
+    lengths = torch.zeros(3, dtype=torch.long)
+    for start, end, after in ((0, 7, torch.tensor([7, 5, 3])), (7, 8, None), (8, 9, None)):
+        pos = lengths.view(3, 1) + torch.arange(end - start)
+        with torch.inference_mode():
+            want, *eager = ours.forward_static(x[:, start:end], *eager, lengths, pos)
+        got = runner.run({"x": x[:, start:end].numpy(), "past_key": ort[0], "past_value": ort[1],
+                          "past_lengths": lengths.numpy(), "position_ids": pos.numpy()})
+        ort = [got["present_key"], got["present_value"]]
+        np.testing.assert_allclose(got["y"], want.numpy(), rtol=0, atol=2e-5)
+        for ours_buffer, theirs in zip(ort, eager):
+            np.testing.assert_allclose(ours_buffer, theirs.numpy(), rtol=0, atol=2e-5)
+        lengths = after if after is not None else lengths + 1

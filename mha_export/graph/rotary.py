@@ -16,10 +16,17 @@ from .builder import GraphBuilder
 
 
 def rotary_cos_sin(g: GraphBuilder, position_ids: str, config: MHAConfig) -> tuple[str, str]:
+    """position_ids (B, T) int64 -> cos, sin (B, T, rd/2) in the model dtype (``cos_sin_at``
+    of the config's rotary settings)."""
+    return cos_sin_at(g, position_ids, config.rotary_dim, config.rope_theta, config.rope_scaling)
+
+
+def cos_sin_at(g: GraphBuilder, position_ids: str, rotary_dim: int, theta: float,
+               scaling: dict | None) -> tuple[str, str]:
     """position_ids (B, T) int64 -> cos, sin (B, T, rd/2) in the model dtype; the angles
     position * inv_freq in float32, as the eager module and transformers compute them, then
     cos and sin times the attention factor (yarn, longrope) in float32, then the cast."""
-    tables = rope_tables(config.rotary_dim, config.rope_theta, config.rope_scaling)
+    tables = rope_tables(rotary_dim, theta, scaling)
     freq = g.const("rotary.inv_freq", tables.inv_freq.numpy(), float_dtype=False)  # (rd/2,)
     if tables.long_inv_freq is not None:
         freq = _longrope_freq(g, position_ids, freq, tables.long_inv_freq.numpy(),
@@ -63,8 +70,11 @@ def rotary_op(g: GraphBuilder, x: str, heads: int, rotary_dim: int, interleaved:
 
 
 def rotate_heads(g: GraphBuilder, x: str, heads: int, head_dim: int, rotary_dim: int,
-                 interleaved: bool, cos: str, sin: str, name: str) -> str:
-    """(B, T, heads*H): the first rotary_dim features of each head rotated, the rest kept."""
+                 interleaved: bool, cos: str, sin: str, name: str,
+                 halves_out: bool = False) -> str:
+    """(B, T, heads*H): the first rotary_dim features of each head rotated, the rest kept.
+    ``halves_out`` (with interleaved): pairs (2i, 2i+1) read, the rotated evens then the rotated
+    odds written (DeepSeek-V3's rope_interleave)."""
     half = rotary_dim // 2
     cos, sin = (g.op("Unsqueeze", [t, g.ints("axes2", [2])], name=f"{name}_{t}_heads")
                 for t in (cos, sin))  # (B, T, 1, rd/2)
@@ -86,7 +96,7 @@ def rotate_heads(g: GraphBuilder, x: str, heads: int, head_dim: int, rotary_dim:
     mul = lambda a, b, n: g.op("Mul", [a, b], name=f"{name}_{n}")  # noqa: E731
     o1 = g.op("Sub", [mul(x1, cos, "x1cos"), mul(x2, sin, "x2sin")], name=f"{name}_rot1")
     o2 = g.op("Add", [mul(x2, cos, "x2cos"), mul(x1, sin, "x1sin")], name=f"{name}_rot2")
-    if interleaved:
+    if interleaved and not halves_out:
         o1, o2 = (g.op("Unsqueeze", [o, g.ints("axes4", [4])], name=f"{name}_rot{i}_pair")
                   for i, o in ((1, o1), (2, o2)))
         rot = g.op("Reshape", [g.op("Concat", [o1, o2], axis=4, name=f"{name}_rot_pairs"),

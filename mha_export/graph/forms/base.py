@@ -199,7 +199,7 @@ def static_keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig, seq_len: 
     if io.int8_cache:  # quantized on write
         k = int8_codes(g, k, io.int8_cache.k_scale, "key")  # (B, K, T, H) int8
         v = int8_codes(g, v, io.int8_cache.v_scale, "value")
-    index = _write_index(g, io.past_lengths, k, seq_len)  # (B, K, T, 3)
+    index = write_index(g, io.past_lengths, k, seq_len)  # (B, K, T, 3)
     present_k = g.op("ScatterND", [io.past_key, index, k], name="key_write")
     present_v = g.op("ScatterND", [io.past_value, index, v], name="value_write")
     if not valid_prefix:
@@ -233,7 +233,7 @@ def read_cache(g: GraphBuilder, io: AttentionIO, keys: str, values: str) -> tupl
                                             (values, io.int8_cache.v_scale, "value")))
 
 
-def _write_index(g: GraphBuilder, past_lengths: str, k: str, seq_len: str) -> str:
+def write_index(g: GraphBuilder, past_lengths: str, k: str, seq_len: str) -> str:
     """ScatterND's index of entry (b, h, i) of this call's keys k (B, K, T, H): (b, h,
     past_lengths[b] + i), (B, K, T, 3) int64 (ScatterElements' per-element index was H times
     larger, and its kernel ~30x slower on a long prefill)."""
