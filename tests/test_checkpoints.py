@@ -19,6 +19,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
+from hf_decode import capture, decode
 from mha_export import UsageError, export_onnx, export_torchscript
 from mha_export.artifact import read_artifact
 from mha_export.check.runners.ort import OrtRunner
@@ -148,12 +149,7 @@ def checkpoint(request, built):
 
 def _capture(model, kind, layer):
     """Hooks recording every call's (input hidden states, attention output) of the layer."""
-    calls = []
-
-    def hook(module, args, kwargs, out):
-        x = kwargs.get("hidden_states", args[0] if args else None)
-        calls.append((x.detach().clone().numpy(), out[0].detach().clone().numpy()))
-    return calls, _attention(model, kind, layer).register_forward_hook(hook, with_kwargs=True)
+    return capture(_attention(model, kind, layer))
 
 
 def _batch():
@@ -205,15 +201,7 @@ def test_full_sequence_layer_equals_transformers(checkpoint, fmt, tmp_path):
 def _decode_in_transformers(model, kind, layer, ids, mask, pos):
     """Prefill PREFILL tokens, then single-token steps with the model's own cache: the layer's
     calls and the final cache."""
-    calls, handle = _capture(model, kind, layer)
-    with torch.no_grad():
-        cache = model(input_ids=ids[:, :PREFILL], attention_mask=mask[:, :PREFILL],
-                      position_ids=pos[:, :PREFILL], use_cache=True).past_key_values
-        for t in range(PREFILL, L):
-            cache = model(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
-                          position_ids=pos[:, t:t + 1], past_key_values=cache,
-                          use_cache=True).past_key_values
-    handle.remove()
+    calls, cache = decode(model, _attention(model, kind, layer), ids, mask, pos, PREFILL)
     return calls, cache.layers[layer]
 
 

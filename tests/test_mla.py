@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from hf_decode import capture, decode
 from mha_export.check.sweep import positions
 from mha_export.errors import UsageError
 from mha_export.layer.mla import MLAConfig, MLAttention
@@ -70,15 +71,6 @@ def _batch():
     return ids, mask, torch.from_numpy(positions(mask.numpy()))
 
 
-def _capture(attn):
-    calls = []
-
-    def hook(module, args, kwargs, out):
-        x = kwargs.get("hidden_states", args[0] if args else None)
-        calls.append((x.detach().clone(), out[0].detach().clone()))
-    return calls, attn.register_forward_hook(hook, with_kwargs=True)
-
-
 def _close(got, want, rows, what):
     diff = (got - want).abs()[rows]
     assert torch.isfinite(got).all() and diff.max() <= 2e-5, (what, float(diff.max()))
@@ -88,11 +80,11 @@ def _close(got, want, rows, what):
 def test_full_sequence_equals_transformers(built, absorbed):
     name, model, attn, ours = built
     ids, mask, pos = _batch()
-    calls, handle = _capture(attn)
+    calls, handle = capture(attn)
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask, position_ids=pos)
     handle.remove()
-    x, want = calls[0]
+    x, want = (torch.from_numpy(a) for a in calls[0])
     with torch.inference_mode():
         y, latent, k_rot = ours(x, mask, position_ids=pos, absorbed=absorbed)
     assert latent.shape == (B, 1, L, 32) and k_rot.shape == (B, 1, L, 8)
@@ -105,18 +97,10 @@ def test_cached_decode_equals_transformers_with_its_own_latent_cache(built, abso
     the latent and rotated key transformers' DynamicCache holds for the layer."""
     name, model, attn, ours = built
     ids, mask, pos = _batch()
-    calls, handle = _capture(attn)
-    with torch.no_grad():
-        cache = model(input_ids=ids[:, :PREFILL], attention_mask=mask[:, :PREFILL],
-                      position_ids=pos[:, :PREFILL], use_cache=True).past_key_values
-        for t in range(PREFILL, L):
-            cache = model(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
-                          position_ids=pos[:, t:t + 1], past_key_values=cache,
-                          use_cache=True).past_key_values
-    handle.remove()
+    calls, cache = decode(model, attn, ids, mask, pos, PREFILL)
     latent = k_rot = None
     start = 0
-    for x, want in calls:
+    for x, want in ((torch.from_numpy(a), torch.from_numpy(b)) for a, b in calls):
         end = start + x.shape[1]
         with torch.inference_mode():
             y, latent, k_rot = ours(x, mask[:, :end], latent, k_rot, pos[:, start:end],
