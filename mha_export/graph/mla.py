@@ -67,9 +67,10 @@ def _latent_attention(g: GraphBuilder, c: MLAConfig, q_latent: str, q_rot: str,
                       latents: str, k_rot: str, bias: str) -> str:
     """Multi-query attention with every head's queries as rows of one matrix: scores =
     q_latent . latent + q_rot . k_rot, context = p @ latents — the one key/value head is read
-    once, never repeated per head, nor concatenated into one key (measured on a DeepSeek-V2-Lite
-    shape at past 4096, AMD EPYC: one Attention node 16.0 ms, a concatenated key 6.8, this 5.6;
-    benchmarks/mla_step.py).
+    once, never repeated per head, nor concatenated into one key. Measured on a DeepSeek-V2-Lite
+    shape at past 4096 (AMD EPYC, benchmarks/mla_step.py): one Attention node 16.0 ms, a
+    concatenated key 6.8, this 4.8 (scores as keys @ queries^T: the GEMM packs the few query
+    columns, not the cache: 1.34 -> 0.69 ms; the context the other way round was slower).
     q_latent (B, N, T, R), q_rot (B, N, T, Hr), latents (B, 1, S, R), k_rot (B, 1, S, Hr),
     bias (B, 1, T, S)."""
     def rows(q: str, width: int, name: str) -> str:
@@ -79,11 +80,15 @@ def _latent_attention(g: GraphBuilder, c: MLAConfig, q_latent: str, q_rot: str,
     def transposed(k: str, name: str) -> str:
         return g.op("Transpose", [k], perm=[0, 1, 3, 2], name=f"{name}_t")  # (B, 1, w, S)
 
-    scores = g.op("Add", [
-        g.op("MatMul", [rows(q_latent, c.kv_lora_rank, "q_latent"),
-                        transposed(latents, "latents")], name="latent_scores"),
-        g.op("MatMul", [rows(q_rot, c.qk_rope_head_dim, "q_rot"), transposed(k_rot, "k_rot")],
-             name="rope_scores")], name="scores")  # (B, 1, N*T, S)
+    # keys as the streamed left operand (the queries, few rows, are what a GEMM packs):
+    # (S, R) @ (R, N*T), then the small result transposed
+    scores_t = g.op("Add", [
+        g.op("MatMul", [latents, transposed(rows(q_latent, c.kv_lora_rank, "q_latent"),
+                                            "q_latent_rows")], name="latent_scores"),
+        g.op("MatMul", [k_rot, transposed(rows(q_rot, c.qk_rope_head_dim, "q_rot"),
+                                          "q_rot_rows")], name="rope_scores")],
+        name="scores_t")  # (B, 1, S, N*T)
+    scores = g.op("Transpose", [scores_t], perm=[0, 1, 3, 2], name="scores")  # (B,1,N*T,S)
     heads = g.op("Concat", [g.ints("bn", [0, c.heads]), g.ints("minus_one_1d", [-1]),
                             g.op("Shape", [latents], start=2, end=3, name="key_count")],
                  axis=0, name="score_heads_shape")  # [B, N, -1, S]
