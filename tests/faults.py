@@ -481,13 +481,18 @@ def key_scale_off_on_read(path: Path) -> None:
     _edit(path, fn)
 
 
+def _written(m, op_type: str, step: str) -> list:
+    """The standard-op write's ``step`` nodes (key_<step>, value_<step>) of every branch."""
+    nodes = [n for which in ("key", "value") for n in _named(m, op_type, f"{which}_{step}")]
+    if not nodes:
+        raise NotApplicable("GroupQueryAttention writes its own codes")
+    return nodes
+
+
 def floor_on_write(path: Path) -> None:
     """Keys and values written with floor instead of round half to even."""
     def fn(m):
-        rounds = [n for stem in ("key_rounded", "value_rounded") for n in _named(m, "Round", stem)]
-        if not rounds:
-            raise NotApplicable("GroupQueryAttention writes its own codes")
-        for node in rounds:
+        for node in _written(m, "Round", "rounded"):
             node.op_type = "Floor"
     _edit(path, fn)
 
@@ -495,10 +500,7 @@ def floor_on_write(path: Path) -> None:
 def no_clipping(path: Path) -> None:
     """The write casts without clipping: values beyond the scale wrap around in int8."""
     def fn(m):
-        clips = [n for stem in ("key_clipped", "value_clipped") for n in _named(m, "Clip", stem)]
-        if not clips:
-            raise NotApplicable("GroupQueryAttention writes its own codes")
-        for clip in clips:
+        for clip in _written(m, "Clip", "clipped"):
             for n in all_nodes(m.graph):
                 n.input[:] = [clip.input[0] if i == clip.output[0] else i for i in n.input]
     _edit(path, fn)

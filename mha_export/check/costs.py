@@ -19,7 +19,6 @@ import torch
 from ..artifact import Artifact
 from ..errors import UsageError
 from ..signature import INT8, STATIC, make_signature
-from ..weights.kv_quant import KVScale
 from .comparator import Deviation, deviation, worst
 from .runners import Feeds
 from .runners.pytorch import EagerRunner
@@ -178,7 +177,7 @@ class KVCacheCost:
             kept = entries.numpy().transpose(0, 2, 1, 3)  # (B, T, K, H)
             kept = kept if real is None else kept[real.astype(bool)]
             kept = kept.reshape(1, -1, *kept.shape[-2:]).transpose(0, 2, 1, 3)  # (1, K, n, H)
-            self.clipped[name][0] += _clipped_count(scale, kept)
+            self.clipped[name][0] += scale.clipped_count(kept)
             self.clipped[name][1] += kept.size
 
     def add_case(self, feeds: Feeds, case: Case) -> None:
@@ -203,6 +202,3 @@ class KVCacheCost:
         return KVCacheError(self.spec.label(), self.spec.synthetic, worst(self.deviations),
                             self.budget, rates, self.clip_budget)
 
-
-def _clipped_count(scale: KVScale, entries: np.ndarray) -> int:
-    return int(round(scale.clipped(entries) * entries.size))

@@ -20,7 +20,7 @@ from ..graph import forms
 from ..signature import FLOAT, INT8, STATIC, Signature, make_signature, signature_kind
 from ..weights.files import save_weights
 from ..weights.kv_calibration import calibrate_cache
-from ..weights.kv_quant import CACHE_DTYPES, VALUE_SCALE, KVCacheSpec
+from ..weights.kv_quant import CACHE_DTYPES, FLOAT32_ONLY, VALUE_SCALE, KVCacheSpec
 from ..weights.quantize import QuantSpec
 from ..weights.source import Source, load_source
 from .base import ExportTarget
@@ -107,8 +107,7 @@ def _int8_cache_requested(target: ExportTarget, kind: str, cache_dtype: str,
                          "written in place; the growing --kv-cache model would re-quantize "
                          "(or copy) its whole cache every step")
     if dtype != "float32":
-        raise UsageError(f"--kv-cache-dtype int8 is built for float32 models (queries and "
-                         f"accumulation in fp32, as GroupQueryAttention's), not {dtype}")
+        raise UsageError(FLOAT32_ONLY.format(dtype=dtype))
     return True
 
 

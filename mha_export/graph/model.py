@@ -26,7 +26,7 @@ from ..layer.layouts import AttentionWeights
 from .nodes import all_nodes
 from .norm import heads_rms_norm, rms_norm
 from ..signature import FLOAT, INT8, Signature, TensorSpec, make_signature
-from ..weights.kv_quant import KVCacheSpec
+from ..weights.kv_quant import FLOAT32_ONLY, KVCacheSpec
 from ..weights.quantize import QuantSpec
 
 DTYPES = tuple(ONNX_DTYPES)
@@ -47,8 +47,7 @@ def check_buildable(config: MHAConfig, form: GraphForm, sig: Signature, dtype: s
     if dtype not in ONNX_DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if sig.cache_dtype == INT8 and dtype != "float32":
-        raise UsageError(f"an int8 cache is built for float32 models (queries and accumulation "
-                         f"in fp32, as GroupQueryAttention's), not {dtype}")
+        raise UsageError(FLOAT32_ONLY.format(dtype=dtype))
 
 
 def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,

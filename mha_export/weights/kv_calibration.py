@@ -69,15 +69,11 @@ def synthetic_hidden_states(d_in: int, seed: int = 0) -> np.ndarray:
 def cache_entries(module: AttentionBase, hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The keys (after q/k norm and rotary, at positions 0 .. T-1) and values the layer writes
     for hidden states [n, T, d_in]: (n, K, T, H) each, in float32."""
-    keys, values = [], []
+    x = torch.from_numpy(hidden)  # (n, T, d_in)
+    positions = torch.arange(x.size(1)).expand(x.size(0), x.size(1))  # (n, T)
     with torch.inference_mode():
-        for start in range(0, hidden.shape[0], ROWS_PER_CALL):
-            x = torch.from_numpy(hidden[start:start + ROWS_PER_CALL])  # (b, T, d_in)
-            positions = torch.arange(x.size(1)).expand(x.size(0), x.size(1))  # (b, T)
-            k, v = module.keys_values(x.to(next(module.parameters()).dtype), positions)
-            keys.append(k.float().numpy())
-            values.append(v.float().numpy())
-    return np.concatenate(keys), np.concatenate(values)
+        k, v = module.keys_values(x.to(next(module.parameters()).dtype), positions)
+    return k.float().numpy(), v.float().numpy()
 
 
 def calibrate_cache(module: AttentionBase, calibration: Optional[str | Path] = None,

@@ -25,6 +25,8 @@ GRANULARITIES = {"tensor": "PER_TENSOR", "channel": "PER_CHANNEL"}  # -> the nod
 LOWEST, HIGHEST = -128, 127
 CACHE_DTYPES = ("float", "int8")  # --kv-cache-dtype: "float" is the model's dtype
 INT8_CACHE_TAG = "kv8"  # in default folder names and bench variants: ...-static-int4-kv8-onnx
+FLOAT32_ONLY = ("an int8 cache is built for float32 models (queries and accumulation in "
+                "fp32, as GroupQueryAttention's), not {dtype}")
 KEY_GRANULARITY = "channel"  # keys: always per channel (rotary pairs, q/k norm: uneven ranges)
 # the default for values: per tensor clipped less and cost less than per channel on the layers
 # measured (benchmarks/kv_error.py, docs/kv-cache.md)
@@ -76,10 +78,14 @@ class KVScale:
     def dequantize(self, codes: np.ndarray) -> np.ndarray:
         return codes.astype(np.float32) * self.scale
 
+    def clipped_count(self, x: np.ndarray) -> int:
+        """How many of x's elements lie beyond what the codes can hold."""
+        q = np.rint(x / self.scale)
+        return int(((q < LOWEST) | (q > HIGHEST)).sum())
+
     def clipped(self, x: np.ndarray) -> float:
         """The fraction of x's elements beyond what the codes can hold."""
-        q = np.rint(x / self.scale)
-        return float(((q < LOWEST) | (q > HIGHEST)).mean()) if x.size else 0.0
+        return self.clipped_count(x) / x.size if x.size else 0.0
 
 
 def calibrate(samples: np.ndarray, granularity: str, margin: float = 1.0,
