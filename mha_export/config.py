@@ -4,12 +4,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
-from .errors import UsageError
+from .errors import UsageError, require_positive as _positive
+from .latent import ROPE_LAYOUTS, Latent, MLAConfig
 from .rope_types import SCALING_FIELDS, SCALINGS, normalized_scaling  # noqa: F401
 
-LAYOUTS = ("single", "stacked", "split", "fused")
+# "latent": Multi-head Latent Attention (layer/mla.py), the layout of a config with a latent section
+LAYOUTS = ("single", "stacked", "split", "fused", "latent")
 # RMSNorm of q and k after the projections: over each head's features (Qwen3, Gemma 3, Qwen3.5) or
 # over the whole projection before the heads split (OLMo 2).
 QK_NORMS = ("none", "head", "full")
@@ -49,14 +51,22 @@ class MHAConfig:
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
     sinks: bool = False  # a learned logit per head joins the softmax denominator (gpt-oss)
     output_gate: bool = False  # y = out_proj(attention * sigmoid(x @ W_gate)) (Qwen3.5)
-    layout: str = "split"
+    layout: Optional[str] = None  # LAYOUTS (default: "latent" with a latent section, else split)
+    latent: Optional[Latent] = None  # Multi-head Latent Attention (latent.py), or a plain layer
 
     def __post_init__(self) -> None:
         _positive("dim", self.dim)
         _positive("heads", self.heads)
         _positive("max_seq_len", self.max_seq_len)
+        if self.latent is not None:
+            self._resolve_latent()
+        if self.layout is None:
+            object.__setattr__(self, "layout", "split")
         if self.layout not in LAYOUTS:
             raise UsageError(f"unknown layout {self.layout!r}: choose one of {', '.join(LAYOUTS)}")
+        if self.layout == "latent" and self.latent is None:
+            raise UsageError("layout 'latent' is Multi-head Latent Attention: give its latent "
+                             "section (--kv-lora-rank ...)")
         if not 0.0 <= self.dropout < 1.0:
             raise UsageError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.d_in is None:
@@ -97,13 +107,60 @@ class MHAConfig:
                 f"layout {self.layout!r} has no output projection, so heads*head_dim "
                 f"({self.heads}*{self.head_dim}={self.inner}) must equal dim ({self.dim})")
 
+    def _resolve_latent(self) -> None:
+        """An MLA layer: the section read, the fields it decides derived from it (a given one
+        must agree), the options that do not apply to it refused."""
+        latent = Latent.from_value(self.latent)
+        object.__setattr__(self, "latent", latent)
+        refused = {"a sliding window": self.sliding_window, "qk_norm": self.qk_norm != "none",
+                   "softcap": self.softcap, "sinks": self.sinks, "output_gate": self.output_gate,
+                   "softmax_scale (MLA's is (Hn + Hr)^-0.5 and yarn's mscale)": self.softmax_scale,
+                   "a non-causal layer": not self.causal, "dropout": self.dropout,
+                   "norm_offset": self.norm_offset, "layout " + repr(self.layout):
+                   self.layout not in (None, "latent")}
+        for name, on in refused.items():
+            if on:
+                raise UsageError(f"{name} does not apply to Multi-head Latent Attention")
+        derived = {"d_in": self.dim, "kv_heads": 1, "layout": "latent",
+                   "head_dim": latent.qk_nope_head_dim + latent.qk_rope_head_dim,
+                   "rotary": "deinterleaving" if self.rotary == "none" else self.rotary,
+                   "rotary_dim": latent.qk_rope_head_dim}
+        for name, value in derived.items():
+            given = getattr(self, name)
+            if given is not None and given != value and name != "rotary":
+                raise UsageError(f"{name} of a Multi-head Latent Attention layer is {value} "
+                                 f"(from its latent section), got {given}")
+            object.__setattr__(self, name, value)
+        if self.rotary not in ROPE_LAYOUTS:
+            raise UsageError(f"unknown rotary {self.rotary!r} for Multi-head Latent Attention: "
+                             f"choose one of {', '.join(ROPE_LAYOUTS)}")
+
+    @property
+    def mla(self) -> MLAConfig:
+        """The flat view of an MLA layer (layer/mla.py, graph/mla.py read it)."""
+        if self.latent is None:
+            raise UsageError("not a Multi-head Latent Attention layer (no latent section)")
+        return MLAConfig(self.dim, self.heads, self.latent.kv_lora_rank,
+                         self.latent.qk_nope_head_dim, self.latent.qk_rope_head_dim,
+                         self.latent.v_head_dim, self.latent.q_lora_rank, self.qkv_bias,
+                         self.out_bias, self.rotary, self.rope_theta, self.rope_scaling,
+                         self.latent.norm_eps)
+
+    @property
+    def cache_shape(self) -> tuple[int, int, int]:
+        """(heads, key width, value width) of the cache: (kv_heads, head_dim, head_dim), or an
+        MLA layer's (1, kv_lora_rank, qk_rope_head_dim): latent and shared rotated key."""
+        if self.latent is not None:
+            return 1, self.latent.kv_lora_rank, self.latent.qk_rope_head_dim
+        return self.kv_heads, self.head_dim, self.head_dim
+
     @property
     def inner(self) -> int:
         """Width of the concatenated heads: heads * head_dim."""
         return self.heads * self.head_dim
 
     def _check_rotary(self) -> None:
-        if self.rotary not in ROTARY:
+        if self.rotary not in (ROPE_LAYOUTS if self.latent else ROTARY):
             raise UsageError(f"unknown rotary {self.rotary!r}: choose one of {', '.join(ROTARY)}")
         if self.rotary == "none":
             return
@@ -118,6 +175,8 @@ class MHAConfig:
             raise UsageError(f"rope_theta must be a positive number, got {self.rope_theta!r}")
         object.__setattr__(self, "rope_scaling",
                            normalized_scaling(self.rope_scaling, self.rotary_dim))
+        if self.latent and (self.rope_scaling or {}).get("rope_type") == "longrope":
+            raise UsageError("longrope does not apply to Multi-head Latent Attention")
 
     def _check_logits(self) -> None:
         """q/k norm, the softmax scale, softcapping: each a finite positive number where set."""
@@ -144,7 +203,10 @@ class MHAConfig:
 
     @property
     def scale(self) -> float:
-        """Softmax scale (default 1/sqrt(head_dim)): written once, read by every implementation."""
+        """Softmax scale (default 1/sqrt(head_dim); MLA: latent.py's): written once, read by
+        every implementation."""
+        if self.latent is not None:
+            return self.mla.scale
         return self.softmax_scale or 1.0 / math.sqrt(self.head_dim)
 
     def replace(self, **changes: Any) -> "MHAConfig":
@@ -159,11 +221,17 @@ class MHAConfig:
         unknown = set(d) - names
         if unknown:
             raise UsageError(f"config has unknown fields: {', '.join(sorted(unknown))}")
+        if d.get("latent") is not None:
+            d = {**d, "latent": Latent.from_value(d["latent"])}
         return cls(**d)
 
     def slug(self) -> str:
-        """Folder-name form, e.g. 'split-h12-d768'."""
+        """Folder-name form, e.g. 'split-h12-d768', 'latent-h16-d2048-r512-rope64'."""
         s = f"{self.layout}-h{self.heads}-d{self.dim}"
+        if self.latent is not None:
+            q = self.latent.q_lora_rank
+            return s + f"-r{self.latent.kv_lora_rank}-rope{self.rotary_dim}" + (
+                f"-q{q}" if q else "")
         if self.d_in != self.dim:
             s += f"-in{self.d_in}"
         if self.head_dim * self.heads != self.dim:
@@ -178,8 +246,3 @@ class MHAConfig:
             s += f"-qkn{self.qk_norm}"
         return s + "".join(f"-{tag}" for tag, on in (("cap", self.softcap), ("sinks", self.sinks),
                                                      ("gate", self.output_gate)) if on)
-
-
-def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise UsageError(f"{name} must be a positive integer, got {value!r}")

@@ -3,10 +3,17 @@ and the interruptions (SIGINT, SIGTERM) it turns into exit codes 130 and 143."""
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 
 class UsageError(Exception):
     """Bad input: a wrong flag value, a missing or corrupt file, weights that do not fit."""
+
+
+def require_positive(name: str, value: Any) -> None:
+    """A setting that must be a positive integer (a bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UsageError(f"{name} must be a positive integer, got {value!r}")
 
 
 class Interrupted(BaseException):

@@ -10,6 +10,9 @@ read a ``Signature``: names, dtypes, shapes with symbolic (dynamic) axes, in cal
               (past/present: one app-owned buffer [batch, kv_heads, max_cache, head_dim],
               written in place at past_lengths[b] ...; entries beyond are never read)
     (rotary layers add position_ids [batch, seq] as the last input of each)
+    (Multi-head Latent Attention: past/present_key hold the normalised latent [batch, 1, ...,
+    kv_lora_rank], past/present_value the shared rotated key [batch, 1, ..., qk_rope_head_dim],
+    as transformers' DynamicCache holds them)
     (an int8 static cache: past/present hold int8 codes, value = code * scale, with the scales
     of config.json export.kv_cache)
 
@@ -49,9 +52,12 @@ CACHE_NAMES = ("past_key", "past_value", "present_key", "present_value")
 INT8 = "int8"
 
 
-def _cache_len(kind: str, growing: str) -> str:
-    """The cache's length axis: the fixed buffer's capacity, or the growing cache's length."""
-    return CACHE if kind == STATIC else growing
+def _cache(c: MHAConfig, kind: str, growing: str, width: int) -> tuple:
+    """A cache tensor's shape [batch, heads, length, width]: the length the fixed buffer's
+    capacity or the growing cache's; heads and width (1: keys', 2: values') the config's
+    ``cache_shape`` (an MLA layer: the latent and the shared rotated key)."""
+    shape = c.cache_shape
+    return BATCH, shape[0], CACHE if kind == STATIC else growing, shape[width]
 
 
 TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
@@ -61,11 +67,11 @@ TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
         "1 = real token, 0 = padding" + (", over the cache and this call"
                                          if kind == "kv-cache" else "")),
     "past_key": lambda c, kind: TensorSpec(
-        "past_key", FLOAT, (BATCH, c.kv_heads, _cache_len(kind, PAST), c.head_dim),
+        "past_key", FLOAT, _cache(c, kind, PAST, 1),
         "the key buffer: entries [0, past_lengths[b]) of row b are valid" if kind == STATIC
         else "cached keys; past_seq 0 at prefill"),
     "past_value": lambda c, kind: TensorSpec(
-        "past_value", FLOAT, (BATCH, c.kv_heads, _cache_len(kind, PAST), c.head_dim),
+        "past_value", FLOAT, _cache(c, kind, PAST, 2),
         "the value buffer" if kind == STATIC else "cached values"),
     "past_lengths": lambda c, kind: TensorSpec(
         "past_lengths", "int64", (BATCH,),
@@ -74,11 +80,11 @@ TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
         "position_ids", "int64", (BATCH, SEQ), "rotary position of each token of this call"),
     "y": lambda c, kind: TensorSpec("y", FLOAT, (BATCH, SEQ, c.dim), "output"),
     "present_key": lambda c, kind: TensorSpec(
-        "present_key", FLOAT, (BATCH, c.kv_heads, _cache_len(kind, TOTAL), c.head_dim),
+        "present_key", FLOAT, _cache(c, kind, TOTAL, 1),
         "the key buffer after this call's write (bind it to past_key's memory: no copy)"
         if kind == STATIC else "past_key + this call's keys"),
     "present_value": lambda c, kind: TensorSpec(
-        "present_value", FLOAT, (BATCH, c.kv_heads, _cache_len(kind, TOTAL), c.head_dim),
+        "present_value", FLOAT, _cache(c, kind, TOTAL, 2),
         "the value buffer after this call's write" if kind == STATIC
         else "past_value + this call's values"),
 }
@@ -128,6 +134,12 @@ class Signature:
         return {"kind": self.kind, "inputs": [t.to_dict() for t in self.inputs],
                 "outputs": [t.to_dict() for t in self.outputs],
                 "dynamic_axes": self.dynamic_axes}
+
+    def cache_buffer(self, name: str, batch: int, length: int) -> tuple[int, int, int, int]:
+        """The concrete shape of cache input ``name`` ("past_key" | "past_value") holding
+        ``length`` entries per row: [batch, heads, length, width] as declared."""
+        spec = next(t for t in self.inputs if t.name == name)
+        return batch, spec.shape[1], length, spec.shape[3]
 
     @property
     def cache_dtype(self) -> str:

@@ -42,6 +42,14 @@ SIGLIP = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_att
               image_size=16, patch_size=8)
 QWEN_VISION = dict(depth=1, hidden_size=16, num_heads=2, intermediate_size=16,
                    out_hidden_size=64, num_position_embeddings=16)
+# Multi-head Latent Attention (DeepSeek-V2/V3): experts on every layer after the first
+MLA = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2,
+           intermediate_size=32, vocab_size=60, max_position_embeddings=64, initializer_range=0.2,
+           kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=24,
+           n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+           moe_intermediate_size=16, first_k_dense_replace=1)
+MLA_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.9,
+            "mscale_all_dim": 0.8, "original_max_position_embeddings": 16}
 LONGROPE = {"type": "longrope", "short_factor": [1.0, 1.3, 2.1, 3.7],
             "long_factor": [1.5, 2.5, 4.0, 9.0]}  # rotary_dim / 2 = 4 entries
 
@@ -96,9 +104,18 @@ MODELS = {
     # layer 3 is NoPE (no_rope_layer_interval 4) and slides (use_sliding_window)
     "smollm3": Spec("smollm3", dict(NEW, pad_token_id=None, use_sliding_window=True,
                                     sliding_window=4), (1, 3)),
+    # V2 without q LoRA (V2-Lite), its complex-number rope; V3 with q LoRA, rope_interleave and
+    # yarn's mscale; V3 rotating halves, with biases
+    "deepseek_v2": Spec("deepseek_v2", dict(MLA, q_lora_rank=None), (1,)),
+    "deepseek_v3": Spec("deepseek_v3", dict(MLA, q_lora_rank=48, rope_interleave=True,
+                                            rope_parameters=MLA_YARN), (1,)),
+    "deepseek_v3-halves-bias": Spec("deepseek_v3", dict(
+        MLA, q_lora_rank=48, rope_interleave=False, attention_bias=True), (0,)),
 }
 CASES = [f"{name}@{layer}" for name, spec in MODELS.items() for layer in spec.layers]
-FORMATS = ["onnx", "onnx-decomposed", "torchscript"]  # onnx: the default form
+# onnx: the default form; onnx-standard: a standard-ops one (decomposed; MLA: latent-expanded,
+# the default's other core, since its short calls run the absorbed one)
+FORMATS = ["onnx", "onnx-standard", "torchscript"]
 B, L, PREFILL = 3, 11, 6
 
 
@@ -171,13 +188,17 @@ def _close(got, want, rows, what):
 
 
 def _export(fmt, folder, layer, output, **options):
-    """(artifact, runner) of the layer in fmt: onnx (its default form), onnx-FORM, torchscript."""
+    """(artifact, runner) of the layer in fmt: onnx (its default form), onnx-standard,
+    torchscript."""
     if fmt == "torchscript":
         art = export_torchscript(weights=folder, layer=layer, output=output, validate=False,
                                  **options).path
         sig = read_artifact(art).signature
         return art, TorchScriptRunner(sig, art / "model.pt")
-    form = fmt.partition("-")[2] or None
+    form = None
+    if fmt == "onnx-standard":
+        model_type = json.loads((Path(folder) / "config.json").read_text())["model_type"]
+        form = "latent-expanded" if FAMILIES[model_type].layout == "latent" else "decomposed"
     art = export_onnx(weights=folder, layer=layer, output=output, validate=False,
                       attention=form, **options).path
     return art, OrtRunner(read_artifact(art).signature, art / "model.onnx")
@@ -216,8 +237,8 @@ def test_cached_decode_equals_transformers_with_its_own_cache(checkpoint, fmt, t
     art, runner = _export(fmt, folder, layer, tmp_path / "kv", kv_cache=True)
     artifact = read_artifact(art)
     sig, c = artifact.signature, artifact.config
-    past = np.zeros((B, c.kv_heads, 0, c.head_dim), np.float32)
-    present = {"present_key": past, "present_value": past}
+    present = {f"present_{n}": np.zeros(sig.cache_buffer(f"past_{n}", B, 0), np.float32)
+               for n in ("key", "value")}
     start = 0
     for x, want in calls:
         end = start + x.shape[1]
@@ -269,6 +290,11 @@ EXPECT = {
     "gpt_oss@1": ((4, 2, 16, None, "half", 16), dict(sinks=True, out_bias=True)),
     "smollm3@1": ((4, 2, 16, None, "half", 16), dict(rope_theta=2e6)),
     "smollm3@3": ((4, 2, 16, 4, "none", None), {}),  # NoPE
+    # MLA: one cache head, head_dim = qk_nope + qk_rope, the rope layout as rotary
+    "deepseek_v2@1": ((4, 1, 24, None, "interleaved", 8), dict(qkv_bias=False)),
+    "deepseek_v3@1": ((4, 1, 24, None, "deinterleaving", 8), dict(out_bias=False)),
+    "deepseek_v3-halves-bias@0": ((4, 1, 24, None, "half", 8), dict(qkv_bias=True,
+                                                                    out_bias=True)),
 }
 
 
@@ -279,7 +305,8 @@ def test_config_is_read_from_config_json_in_both_spellings(checkpoint, tmp_path)
     shape, options = EXPECT[f"{name}@{layer}"]
     assert (c.heads, c.kv_heads, c.head_dim, c.sliding_window, c.rotary, c.rotary_dim) == shape
     assert {k: getattr(c, k) for k in options} == pytest.approx(options)
-    scaling = {"llama-mqa-llama3": "llama3", "phi3": "longrope", "gpt_oss": "yarn"}.get(name)
+    scaling = {"llama-mqa-llama3": "llama3", "phi3": "longrope", "gpt_oss": "yarn",
+               "deepseek_v3": "yarn"}.get(name)
     assert (c.rope_scaling or {}).get("rope_type") == scaling
     if name == "llama-mqa-llama3":
         assert c.rope_theta == 500000.0

@@ -1,7 +1,8 @@
-"""Multi-head Latent Attention (layer/mla.py) against transformers' own DeepSeek-V2/V3 attention
-modules (tiny random configs built here, nothing downloaded): a left-padded batch, full sequence
-and prefill + single-token steps with transformers' own cache; y and the latent cache, in the
-expanded form and in the absorbed one (the cache read as stored, never expanded)."""
+"""Multi-head Latent Attention (layer/mla.py), read from Hugging Face folders by the deepseek_v2 /
+deepseek_v3 families (one sharded), against transformers' own attention modules (tiny random
+configs built here, nothing downloaded): a left-padded batch, full sequence and prefill +
+single-token steps with transformers' own cache; y and the latent cache, in the expanded form
+and in the absorbed one (the cache read as stored, never expanded); the static cache."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from hf_decode import capture, decode
 from mha_export.check.sweep import positions
 from mha_export.errors import UsageError
-from mha_export.layer.mla import MLAConfig, MLAttention
+from mha_export.latent import MLAConfig
+from mha_export.weights.source import load_source
 
 MOE = dict(n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
            moe_intermediate_size=16, first_k_dense_replace=1)
@@ -32,24 +34,10 @@ MODELS = {  # name: (model_type, config)
 B, L, PREFILL = 3, 11, 6
 
 
-def _ours(attn, hf) -> MLAttention:
-    rope = dict(hf.rope_parameters or {})
-    theta = rope.pop("rope_theta", 10000.0)
-    config = MLAConfig(
-        dim=hf.hidden_size, heads=hf.num_attention_heads, kv_lora_rank=hf.kv_lora_rank,
-        qk_nope_head_dim=hf.qk_nope_head_dim, qk_rope_head_dim=hf.qk_rope_head_dim,
-        v_head_dim=hf.v_head_dim, q_lora_rank=hf.q_lora_rank, bias=hf.attention_bias,
-        rope_layout=("interleaved" if hf.model_type == "deepseek_v2"  # the complex form
-                     else "deinterleaving" if hf.rope_interleave else "half"),
-        rope_theta=theta, rope_scaling=rope if rope.get("rope_type", "default") != "default"
-        else None)
-    module = MLAttention(config).eval()
-    module.load_state_dict(attn.state_dict(), strict=True)
-    return module
-
-
 @pytest.fixture(scope="module", params=list(MODELS))
-def built(request):
+def built(request, tmp_path_factory):
+    """transformers' model, its layer-1 attention, and ours read from the saved folder by the
+    family (the V2 one in 20 KB shards)."""
     kind, settings = MODELS[request.param]
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **settings),
@@ -59,7 +47,9 @@ def built(request):
         for name, p in attn.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn(p.shape) * 0.5)
-    return request.param, model, attn, _ours(attn, model.config)
+    folder = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(folder, **({"max_shard_size": "20KB"} if kind == "deepseek_v2" else {}))
+    return request.param, model, attn, load_source(weights=folder, layer=1).module
 
 
 def _batch():
@@ -86,7 +76,7 @@ def test_full_sequence_equals_transformers(built, absorbed):
     handle.remove()
     x, want = (torch.from_numpy(a) for a in calls[0])
     with torch.inference_mode():
-        y, latent, k_rot = ours(x, mask, position_ids=pos, absorbed=absorbed)
+        y, latent, k_rot = ours.attend(x, mask, None, None, pos, absorbed)
     assert latent.shape == (B, 1, L, 32) and k_rot.shape == (B, 1, L, 8)
     _close(y, want, mask.bool(), f"{name} absorbed={absorbed}")
 
@@ -103,8 +93,8 @@ def test_cached_decode_equals_transformers_with_its_own_latent_cache(built, abso
     for x, want in ((torch.from_numpy(a), torch.from_numpy(b)) for a, b in calls):
         end = start + x.shape[1]
         with torch.inference_mode():
-            y, latent, k_rot = ours(x, mask[:, :end], latent, k_rot, pos[:, start:end],
-                                    absorbed=absorbed)
+            y, latent, k_rot = ours.attend(x, mask[:, :end], latent, k_rot, pos[:, start:end],
+                                           absorbed)
         _close(y, want, mask[:, start:end].bool(), f"{name} tokens {start}-{end}")
         start = end
     theirs = cache.layers[1]
@@ -123,9 +113,9 @@ def test_the_absorbed_form_never_expands_the_cache(built):
     x = torch.randn(2, 1, 64)
     past = torch.randn(2, 1, 40, 32), torch.randn(2, 1, 40, 8)
     with torch.inference_mode():
-        fast = ours(x, None, *past, absorbed=True)[0]
+        fast = ours.attend(x, None, *past, None, True)[0]
         assert calls == []
-        slow = ours(x, None, *past, absorbed=False)[0]
+        slow = ours.attend(x, None, *past, None, False)[0]
     handle.remove()
     assert calls == [(2, 41, 32)]  # the expanded form multiplies every cached latent
     torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
@@ -167,42 +157,8 @@ def test_static_cache_rows_of_different_lengths_equal_each_row_alone(built):
             lengths = lengths + 1
         for r, n in enumerate(real):
             tokens = torch.cat([x[r:r + 1, :n], x[r:r + 1, 7:9]], dim=1)  # (1, n + 2, 64)
-            want, latent, k_rot = ours(tokens)
+            want, latent, k_rot = ours.attend(tokens, None, None, None)
             got = torch.cat([ys[0][r:r + 1, :n], ys[1][r:r + 1], ys[2][r:r + 1]], dim=1)
             torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
             torch.testing.assert_close(buffers[0][r:r + 1, :, :n + 2], latent)
             torch.testing.assert_close(buffers[1][r:r + 1, :, :n + 2], k_rot)
-
-
-def test_the_onnx_static_step_equals_the_eager_layer(built, tmp_path):
-    """graph/mla.py's absorbed static-cache step in ONNX Runtime: a right-padded prefill of a
-    ragged batch, then single-token steps over the same buffers bound in place, equal the eager
-    layer's forward_static call by call (y and both buffers)."""
-    import onnx
-    from mha_export.check.runners.ort import OrtRunner
-    from mha_export.graph.mla import build_mla_static
-    from mha_export.signature import Signature, TensorSpec
-    _, _, _, ours = built
-    model = build_mla_static(ours)
-    onnx.checker.check_model(model, full_check=True)
-    onnx.save(model, str(tmp_path / "mla.onnx"))
-    sig = Signature("static-cache", tuple(TensorSpec(n, "float", ()) for n in (
-        "x", "past_key", "past_value", "past_lengths", "position_ids")),
-        tuple(TensorSpec(n, "float", ()) for n in ("y", "present_key", "present_value")))
-    runner = OrtRunner(sig, tmp_path / "mla.onnx", "cpu")
-    g = torch.Generator().manual_seed(5)
-    x = torch.randn(3, 9, 64, generator=g)
-    eager = [torch.randn(3, 1, 12, 32, generator=g), torch.randn(3, 1, 12, 8, generator=g)]
-    ort = [t.numpy().copy() for t in eager]
-    lengths = torch.zeros(3, dtype=torch.long)
-    for start, end, after in ((0, 7, torch.tensor([7, 5, 3])), (7, 8, None), (8, 9, None)):
-        pos = lengths.view(3, 1) + torch.arange(end - start)
-        with torch.inference_mode():
-            want, *eager = ours.forward_static(x[:, start:end], *eager, lengths, pos)
-        got = runner.run({"x": x[:, start:end].numpy(), "past_key": ort[0], "past_value": ort[1],
-                          "past_lengths": lengths.numpy(), "position_ids": pos.numpy()})
-        ort = [got["present_key"], got["present_value"]]
-        np.testing.assert_allclose(got["y"], want.numpy(), rtol=0, atol=2e-5)
-        for ours_buffer, theirs in zip(ort, eager):
-            np.testing.assert_allclose(ours_buffer, theirs.numpy(), rtol=0, atol=2e-5)
-        lengths = after if after is not None else lengths + 1

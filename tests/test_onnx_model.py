@@ -12,6 +12,9 @@ from mha_export.graph.model import build_model
 from mha_export.signature import KINDS, make_signature
 from mha_export.check.sweep import Case, make_feeds, valid_entries
 
+# Multi-head Latent Attention (DeepSeek-V2 shape: no q LoRA, complex-form rope pairs)
+MLA = MHAConfig(dim=64, heads=4, rotary="interleaved", latent=dict(
+    kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24))
 CONFIGS = [MHAConfig(dim=64, heads=4, qkv_bias=True),
            MHAConfig(dim=48, heads=3, head_dim=20, d_in=40, layout="fused", qkv_bias=True),
            MHAConfig(dim=32, heads=2, layout="stacked"),
@@ -24,7 +27,8 @@ CONFIGS = [MHAConfig(dim=64, heads=4, qkv_bias=True),
            MHAConfig(dim=48, heads=3, rotary="interleaved", rope_theta=500.0,  # GPT-J, llama3
                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0,
-                                   "original_max_position_embeddings": 16})]
+                                   "original_max_position_embeddings": 16}),
+           MLA]
 
 
 def _session(model):
@@ -33,6 +37,13 @@ def _session(model):
 
 def _buildable(form, config, sig) -> bool:
     return form.problem(config, sig) is None
+
+
+def _for(form: str, config: MHAConfig) -> MHAConfig:
+    """config, or an MLA layer of its width for a form that builds MLA layers only."""
+    if _buildable(FORMS[form], config, make_signature(config)) or config.latent:
+        return config
+    return MLA.replace(dim=config.dim, d_in=None, max_seq_len=config.max_seq_len)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -71,7 +82,7 @@ def test_matches_eager_at_lengths_never_seen(form, config, kind):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("form", FORMS)
 def test_io_declares_named_inputs_with_symbolic_axes(form, kind):
-    c = MHAConfig(dim=64, heads=4)
+    c = _for(form, MHAConfig(dim=64, heads=4))
     sig = make_signature(c, kind)
     if not _buildable(FORMS[form], c, sig):
         pytest.skip("not buildable")
@@ -87,17 +98,17 @@ def test_io_declares_named_inputs_with_symbolic_axes(form, kind):
 @pytest.mark.parametrize("form", FORMS)
 def test_no_baked_mask_or_sequence_sized_constant(form):
     """Nothing in the graph has a max_seq_len-sized dimension (the textbook buffer would)."""
-    c = MHAConfig(dim=64, heads=4, max_seq_len=96)
+    c = _for(form, MHAConfig(dim=64, heads=4, max_seq_len=97))
     model = build_model(c, build_module(c, seed=0).to_weights(), FORMS[form])
     for t in model.graph.initializer:
-        assert 96 not in t.dims, t.name
+        assert 97 not in t.dims, t.name
         if not t.name.endswith((".weight", ".bias")):  # only the weights are larger than a few values
             assert np.prod(t.dims) <= 8, t.name
 
 
 @pytest.mark.parametrize("form", FORMS)
 def test_every_supported_opset_loads(form):
-    c = MHAConfig(dim=32, heads=2)
+    c = _for(form, MHAConfig(dim=32, heads=2))
     w = build_module(c, seed=0).to_weights()
     x = {"x": np.ones((1, 3, 32), np.float32)}
     outs = [_session(build_model(c, w, FORMS[form], opset)).run(None, x)[0]

@@ -6,6 +6,7 @@ import onnx
 import pytest
 
 from mha_export import MHAConfig, check_parity, export_onnx, export_torchscript
+from mha_export.artifact import read_artifact
 from mha_export.graph.forms import FORMS, Feature
 from mha_export.check.sweep import default_seq_lens
 
@@ -13,6 +14,16 @@ import faults
 from conftest import cuda_expected
 
 CFG = MHAConfig(dim=64, heads=4, max_seq_len=32)
+# Multi-head Latent Attention: its forms' artifacts (q LoRA, yarn's mscale on the softmax)
+MLA_CFG = MHAConfig(dim=64, heads=4, max_seq_len=32, rope_scaling={
+    "rope_type": "yarn", "factor": 4.0, "mscale": 0.9, "mscale_all_dim": 0.8,
+    "original_max_position_embeddings": 16}, latent=dict(
+        kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, q_lora_rank=48))
+
+
+def config_for(form: str) -> MHAConfig:
+    """The layer a form's artifact holds: an MLA layer for the latent forms."""
+    return MLA_CFG if Feature.LATENT in FORMS[form].supports else CFG
 SWEEP = dict(seq_lens=[1, 5, 32, 513], batch_sizes=[1, 2], providers=["cpu"])  # 513: auto's loop
 
 
@@ -20,8 +31,8 @@ SWEEP = dict(seq_lens=[1, 5, 32, 513], batch_sizes=[1, 2], providers=["cpu"])  #
 
 @pytest.fixture(scope="module", params=sorted(FORMS))
 def onnx_artifact(request, tmp_path_factory):
-    return export_onnx(CFG, tmp_path_factory.mktemp("a") / "art", attention=request.param,
-                       validate=False).path
+    return export_onnx(config_for(request.param), tmp_path_factory.mktemp("a") / "art",
+                       attention=request.param, validate=False).path
 
 
 @pytest.fixture
@@ -53,7 +64,8 @@ def test_good_artifact_passes_default_sweep(onnx_artifact):
 def test_planted_fault_is_caught(fresh_copy, fault):
     assert check_parity(fresh_copy, **SWEEP).passed  # the copy passes before the fault ...
     try:
-        faults.ONNX_FAULTS[fault](fresh_copy / "model.onnx", CFG)
+        faults.ONNX_FAULTS[fault](fresh_copy / "model.onnx",
+                                  read_artifact(fresh_copy).config)
     except faults.NotApplicable as e:
         pytest.skip(str(e))
     report = check_parity(fresh_copy, **SWEEP)
@@ -75,7 +87,8 @@ def test_tampered_source_weights_are_the_truth(fresh_copy):
     """The checker rebuilds eager from weights.safetensors; a model that disagrees fails."""
     from mha_export import build_module
     from mha_export.weights.files import save_weights
-    save_weights(build_module(CFG, seed=99), fresh_copy / "weights.safetensors")
+    save_weights(build_module(read_artifact(fresh_copy).config, seed=99),
+                 fresh_copy / "weights.safetensors")
     assert not check_parity(fresh_copy, **SWEEP).passed
 
 
@@ -116,7 +129,8 @@ def test_a_check_of_nothing_never_passes(onnx_artifact, monkeypatch):
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_float16_models_pass_with_the_float16_tolerance(tmp_path, form):
     """fp16 graphs: finite mask fill (no NaN at T=1 or past a block), within atol 2e-3/rtol 2e-2."""
-    path = export_onnx(CFG, tmp_path / "f16", attention=form, dtype="float16", validate=False).path
+    path = export_onnx(config_for(form), tmp_path / "f16", attention=form, dtype="float16",
+                       validate=False).path
     report = check_parity(path, seq_lens=[1, 7, 513], batch_sizes=[2], providers=["cpu"])
     assert report.passed, [r.error for r in report.results if not r.passed]
     ort_rows = [r for r in report.results if r.runner == "ort-cpu"]
@@ -130,8 +144,8 @@ KV_SWEEP = dict(seq_lens=[1, 4], batch_sizes=[1, 3], past_lens=[0, 3], providers
 
 @pytest.fixture(scope="module", params=KV_FORMS)
 def kv_artifact(request, tmp_path_factory):
-    return export_onnx(CFG, tmp_path_factory.mktemp("kv") / "art", attention=request.param,
-                       kv_cache=True, validate=False).path
+    return export_onnx(config_for(request.param), tmp_path_factory.mktemp("kv") / "art",
+                       attention=request.param, kv_cache=True, validate=False).path
 
 
 def test_kv_artifact_passes_the_sweep_and_the_generation_scenarios(kv_artifact):
@@ -185,7 +199,8 @@ def test_torchscript_kv_model_passes(tmp_path):
 
 @pytest.mark.parametrize("form", KV_FORMS)
 def test_float16_kv_models_stay_finite_and_within_tolerance(tmp_path, form):
-    path = export_onnx(CFG, tmp_path / "f16", attention=form, kv_cache=True, dtype="float16",
+    path = export_onnx(config_for(form), tmp_path / "f16", attention=form, kv_cache=True,
+                       dtype="float16",
                        validate=False).path
     report = check_parity(path, **KV_SWEEP)
     assert report.passed, [r.error for r in report.results if not r.passed][:3]

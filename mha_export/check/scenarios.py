@@ -47,9 +47,8 @@ def generate(runner: Runner, config: MHAConfig, x: np.ndarray, mask: np.ndarray,
              split: Sequence[int]) -> Feeds:
     """Calls of len split[0], split[1], ... with the cache carried: y of all calls (B, L, dim)
     and the last present_key/present_value (B, K, L, H)."""
-    b = x.shape[0]
-    empty = np.zeros((b, config.kv_heads, 0, config.head_dim), np.float32)
-    past = {"past_key": empty, "past_value": empty}
+    past = {n: np.zeros(runner.signature.cache_buffer(n, x.shape[0], 0), np.float32)
+            for n in ("past_key", "past_value")}
     ys, pos = [], 0
     rope = {"position_ids": positions(mask)} if "position_ids" in runner.signature.input_names \
         else {}
@@ -89,9 +88,9 @@ def generate_static(runner: Runner, config: MHAConfig, x: np.ndarray, mask: np.n
     first L entries (B, K, L, H)."""
     b, length = x.shape[:2]
     rng = np.random.default_rng(11)
-    shape = (b, config.kv_heads, length + 3, config.head_dim)
     dtype = runner.signature.cache_dtype  # an int8 cache: random codes
-    cache = {n: random_values(rng, shape, dtype) for n in ("past_key", "past_value")}
+    cache = {n: random_values(rng, runner.signature.cache_buffer(n, b, length + 3), dtype)
+             for n in ("past_key", "past_value")}
     lengths, ys, start = np.zeros(b, np.int64), [], 0
     for n in split:
         steps = lengths[:, None] + np.arange(n)  # (B, n) rotary positions

@@ -12,15 +12,18 @@ axes.
 from __future__ import annotations
 
 import functools
+from typing import Mapping
 
 import onnx
 from onnx import TensorProto, helper
+from torch import Tensor
 
 from ..config import MHAConfig
 from ..errors import UsageError
-from .forms import FORMS, AttentionIO, GraphForm, resolve_opset
+from .forms import FORMS, AttentionIO, Feature, GraphForm, resolve_opset
 from .forms.base import Int8Cache
 from .builder import ONNX_DTYPES, GraphBuilder
+from .mla import build_latent
 from .rotary import rotary_cos_sin, rotary_op, rotate_heads
 from ..layer.layouts import AttentionWeights
 from .nodes import all_nodes
@@ -50,12 +53,13 @@ def check_buildable(config: MHAConfig, form: GraphForm, sig: Signature, dtype: s
         raise UsageError(FLOAT32_ONLY.format(dtype=dtype))
 
 
-def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
+def build_model(config: MHAConfig, w: AttentionWeights | Mapping[str, Tensor], form: GraphForm,
                 opset: int | None = None, dtype: str = "float32",
                 signature: Signature | None = None, quant: QuantSpec | None = None,
                 kv_cache: KVCacheSpec | None = None) -> onnx.ModelProto:
-    """The ONNX model; ``opset`` None: the form's lowest (``resolve_opset``); ``quant``: the
-    projections (q/k/v, output, gate) as weight-only quantized MatMulNBits; ``kv_cache``: the
+    """The ONNX model; ``w``: layout-neutral weights, or a Multi-head Latent Attention layer's
+    state dict (mla.py and its forms build it); ``opset`` None: the form's lowest
+    (``resolve_opset``); ``quant``: the projections (q/k/v, output, gate) as weight-only quantized MatMulNBits; ``kv_cache``: the
     scales of an int8 static cache (a signature whose cache dtype is int8)."""
     c = config
     sig = signature or make_signature(c)
@@ -64,6 +68,29 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
         raise UsageError("an int8 cache needs both the int8 signature and its scales")
     opset = resolve_opset(form, opset)
     g = GraphBuilder(dtype=dtype, quant=quant)
+    if Feature.LATENT in form.supports:  # Multi-head Latent Attention: its own layer (mla.py)
+        results = build_latent(g, c, w, form, sig)
+    else:
+        results = _attention_layer(g, c, w, form, sig, opset, kv_cache)
+    for name in sig.output_names:
+        _name_output(g, results[name], name)
+    graph = helper.make_graph(g.nodes, f"mha_{form.name}",
+                              [_value_info(t, dtype) for t in sig.inputs],
+                              [_value_info(t, dtype) for t in sig.outputs],
+                              initializer=g.initializers)
+    opsets = [helper.make_opsetid("", opset)]
+    ir_version = helper.find_min_ir_version_for(opsets)  # onnx 1.23 would write 14; ORT reads 13
+    # the domains its nodes use (com.microsoft: ONNX Runtime's contrib operators, version 1)
+    opsets += [helper.make_opsetid(domain, 1)
+               for domain in sorted({n.domain for n in all_nodes(g.nodes) if n.domain})]
+    return helper.make_model(graph, opset_imports=opsets, producer_name="mha-export",
+                             ir_version=ir_version)
+
+
+def _attention_layer(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, form: GraphForm,
+                     sig: Signature, opset: int, kv_cache: KVCacheSpec | None) -> dict[str, str]:
+    """The layer's nodes: projections, the form's core, gate, output projection; returns the
+    graph values of y (and present_key / present_value)."""
     project = functools.partial(_queries_keys_values, c=c, w=w, opset=opset)
     q, k, v = (None, None, None) if form.projects_per_branch else project(g)
     named = set(sig.input_names)
@@ -79,20 +106,7 @@ def build_model(config: MHAConfig, w: AttentionWeights, form: GraphForm,
         gate = g.op("Sigmoid", [g.linear("x", "gate", w.wg, w.bg)], name="gate")  # (B, T, N*H)
         context = g.op("Mul", [context, gate], name="gated_context")
     y = context if w.wo is None else g.linear(context, "out", w.wo, w.bo)  # (B, T, dim)
-    results = {"y": y, "present_key": out.present_key, "present_value": out.present_value}
-    for name in sig.output_names:
-        _name_output(g, results[name], name)
-    graph = helper.make_graph(g.nodes, f"mha_{form.name}",
-                              [_value_info(t, dtype) for t in sig.inputs],
-                              [_value_info(t, dtype) for t in sig.outputs],
-                              initializer=g.initializers)
-    opsets = [helper.make_opsetid("", opset)]
-    ir_version = helper.find_min_ir_version_for(opsets)  # onnx 1.23 would write 14; ORT reads 13
-    # the domains its nodes use (com.microsoft: ONNX Runtime's contrib operators, version 1)
-    opsets += [helper.make_opsetid(domain, 1)
-               for domain in sorted({n.domain for n in all_nodes(g.nodes) if n.domain})]
-    return helper.make_model(graph, opset_imports=opsets, producer_name="mha-export",
-                             ir_version=ir_version)
+    return {"y": y, "present_key": out.present_key, "present_value": out.present_value}
 
 
 def _int8_cache(g: GraphBuilder, c: MHAConfig, spec: KVCacheSpec | None) -> Int8Cache | None:

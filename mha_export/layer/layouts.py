@@ -2,7 +2,8 @@
 to per-head q, k, v (B, heads, T, H), rotates them (rotary layers), runs the one eager attention
 core (attention.py) and merges the heads back. Layouts differ only in how their weights are stored
 (textbook single / stacked / split, GPT-2 fused); ``AttentionWeights`` is the layout-neutral form
-used for conversions and by the ONNX graph builder."""
+used for conversions and by the ONNX graph builder. A fifth, "latent", is Multi-head Latent
+Attention (mla.py): another function, built here from the same registry."""
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
@@ -13,6 +14,7 @@ from torch import Tensor, nn
 from ..config import MHAConfig
 from ..errors import UsageError
 from .base import AttentionBase, AttentionWeights, copy_linear
+from .mla import MLAttention
 
 
 def _bias(linear: nn.Linear) -> Optional[Tensor]:
@@ -177,6 +179,7 @@ LAYOUT_CLASSES = {
     "stacked": StackedHeadsAttention,
     "split": SplitHeadsAttention,
     "fused": FusedQKVAttention,
+    "latent": MLAttention,  # Multi-head Latent Attention: its checkpoints' one layout
 }
 
 
@@ -196,6 +199,10 @@ def build_module(config: MHAConfig, seed: Optional[int] = None) -> AttentionBase
 
 def convert(module: AttentionBase, layout: str) -> AttentionBase:
     """The same function in another weight layout (where shapes allow)."""
+    if "latent" in (layout, module.config.layout):
+        raise UsageError("Multi-head Latent Attention has one weight layout ('latent'): it "
+                         f"cannot be converted to {layout!r}" if layout != "latent" else
+                         f"layout {module.config.layout!r} cannot become 'latent'")
     target = build_module(module.config.replace(layout=layout))
     target.load_weights(module.to_weights())
     return target.train(module.training)

@@ -65,7 +65,7 @@ def unchanged(fields: dict, tensors: dict) -> dict:
 @dataclass(frozen=True)
 class Family:
     model_type: str  # config.json's model_type, e.g. "llama"
-    layout: str  # our layout its tensors map onto: "split" | "fused"
+    layout: str  # our layout its tensors map onto: "split" | "fused" | "latent"
     attention: str  # the layer's attention module, after the prefix ("model.", "transformer.")
     tensors: dict[str, str]  # checkpoint module (or parameter) -> ours ({"q_proj": "W_query"})
     defaults: dict[str, Any]  # transformers' defaults for the config.json keys `fields` reads
@@ -396,6 +396,45 @@ QWEN35 = Family(
     summary="q_proj = per head [query | gate] (output gate), q/k norm per head (1 + w), "
             "partial rotary (0.25), full-attention layers of layer_types only")
 
+# Multi-head Latent Attention (DeepSeek-V2/V3) ---------------------------------------------------
+
+LATENT_TENSORS = {name: name for name in (  # the checkpoints' names are the layer's (layer/mla.py)
+    "q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
+    "kv_b_proj", "o_proj")}
+LATENT_DEFAULTS = {"rope_theta": 10000.0, "partial_rotary_factor": 1.0, "kv_lora_rank": 512,
+                   "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+                   "v_head_dim": 128, "attention_bias": False, "rms_norm_eps": 1e-6}
+
+
+def latent_fields(rope_layout: Callable[[Settings], str]) -> Fields:
+    """An MLA layer (every layer of DeepSeek-V2/V3 is one): MHAConfig's latent section, the
+    rotary layout that decides what the cache holds, yarn's mscale in the rope dict."""
+    def fields(s: Settings, layer: int) -> dict:
+        r = rope(s)
+        latent = {name: s[name] for name in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+                                             "qk_nope_head_dim", "v_head_dim")}
+        return {"dim": s["hidden_size"], "heads": s["num_attention_heads"], "causal": True,
+                "qkv_bias": s["attention_bias"], "out_bias": s["attention_bias"],
+                "rotary": rope_layout(s), "rope_theta": r["rope_theta"],
+                "rope_scaling": r["rope_scaling"],
+                "latent": {**latent, "norm_eps": float(s["rms_norm_eps"])}}
+    return fields
+
+
+LATENT_FAMILIES = (
+    Family("deepseek_v2", "latent", ATTN, LATENT_TENSORS,
+           {**LATENT_DEFAULTS, "max_position_embeddings": 2048},
+           latent_fields(lambda s: "interleaved"),  # V2's complex-number rotation: pairs
+           summary="Multi-head Latent Attention: kv_lora_rank, q_lora_rank (null: q_proj), "
+                   "qk_nope/rope_head_dim, v_head_dim, attention_bias, rope pairs (complex "
+                   "form), yarn with mscale_all_dim"),
+    Family("deepseek_v3", "latent", ATTN, LATENT_TENSORS,
+           {**LATENT_DEFAULTS, "max_position_embeddings": 4096, "rope_interleave": True},
+           latent_fields(lambda s: "deinterleaving" if s["rope_interleave"] else "half"),
+           summary="as deepseek_v2; rope_interleave (pairs in, halves out; false: halves)"),
+)
+
+
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("llama", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "attention_bias": False},
@@ -481,6 +520,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
             "scale_attn_by_inverse_layer_idx": False},
            gpt2_fields, gpt2_convert, layer_count="n_layer", context="n_positions",
            summary="n_head, n_embd (Conv1D weights transposed)"),
+    *LATENT_FAMILIES,
 )}
 
 

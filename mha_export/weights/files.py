@@ -22,6 +22,7 @@ from ..layer.layouts import AttentionBase, build_module, convert
 
 # Key (after the prefix) that identifies each layout.
 LAYOUT_ANCHORS = {
+    "latent": "kv_a_proj_with_mqa.weight",
     "fused": "c_attn.weight",
     "split": "out_proj.weight",
     "stacked": "heads.0.W_query.weight",

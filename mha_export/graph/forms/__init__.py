@@ -8,23 +8,31 @@ from __future__ import annotations
 
 from ...config import MHAConfig
 from ...errors import UsageError
-from ...signature import Signature
-from . import attention_op, auto, blocked, contrib, decomposed
+from ...signature import Signature, make_signature
+from . import attention_op, auto, blocked, contrib, decomposed, latent
 from .base import (ALL_FEATURES, AttentionIO, AttentionOut, Feature, GraphForm, Memory,
                    required_features)
 
 _FORMS = (auto.FORM, decomposed.FORM, attention_op.FORM, blocked.BLOCKED, blocked.BLOCKED_PLAIN,
-          contrib.CONTRIB_MHA, contrib.CONTRIB_GQA)
+          contrib.CONTRIB_MHA, contrib.CONTRIB_GQA, latent.LATENT_AUTO, latent.LATENT_ABSORBED,
+          latent.LATENT_EXPANDED)
 FORMS: dict[str, GraphForm] = {f.name: f for f in _FORMS}
 # Renamed in 0.2, refused since 0.3 with the new name in the error.
 RENAMED = {"fused": "attention-op"}
 DEFAULT = "auto"
+LATENT_DEFAULT = latent.LATENT_AUTO.name  # Multi-head Latent Attention's
 # Highest opset ONNX Runtime 1.31 loads (27+ is refused).
 MAX_OPSET = 26
 
 __all__ = ["FORMS", "DEFAULT", "MAX_OPSET", "ALL_FEATURES", "Feature", "Memory", "AttentionIO",
            "AttentionOut", "GraphForm", "get_form", "resolve_opset", "required_features",
-           "opset_summary", "default_form"]
+           "opset_summary", "default_form", "forms_for"]
+
+
+def forms_for(config: MHAConfig, sig: Signature | None = None) -> list[str]:
+    """The names of the forms that can build this config (and signature: default full)."""
+    sig = sig or make_signature(config)
+    return [name for name, form in FORMS.items() if not form.problem(config, sig)]
 
 
 def get_form(name: str) -> GraphForm:
@@ -55,8 +63,9 @@ def opset_summary() -> str:
 
 
 def default_form(config: MHAConfig, sig: Signature) -> GraphForm:
-    """``auto``; where it cannot build the layer (sinks) the first memory-linear form that can,
-    then any that can (build_model then names the forms that can when none does)."""
-    candidates = [FORMS[DEFAULT]] + sorted(FORMS.values(),
+    """``auto`` (``latent`` for Multi-head Latent Attention); where it cannot build the layer
+    (sinks) the first memory-linear form that can, then any that can (build_model then names
+    the forms that can when none does)."""
+    candidates = [FORMS[DEFAULT], FORMS[LATENT_DEFAULT]] + sorted(FORMS.values(),
                                            key=lambda f: f.memory.linear_from != 0)
     return next((f for f in candidates if not f.problem(config, sig)), FORMS[DEFAULT])

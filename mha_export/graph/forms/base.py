@@ -30,12 +30,13 @@ class Feature(enum.Enum):
     SINKS = "sinks"
     STATIC_CACHE = "static-cache"
     INT8_CACHE = "int8-cache"
+    LATENT = "latent"  # Multi-head Latent Attention (forms/latent.py builds it, nothing else)
 
     def __str__(self) -> str:
         return self.value
 
 
-ALL_FEATURES = frozenset(Feature)
+ALL_FEATURES = frozenset(Feature) - {Feature.LATENT}  # every feature of a plain layer
 # What a core built on the standard Attention node supports: it has no sink logits. Its
 # softcap attribute is applied before the mask by ONNX Runtime 1.31 (transformers' order; proven
 # in tests/test_layer_options.py), so softcapping is built with it.
@@ -51,7 +52,8 @@ def required_features(config: MHAConfig, sig: Signature) -> frozenset[Feature]:
               Feature.NON_CAUSAL: not config.causal, Feature.GQA: config.kv_heads != config.heads,
               Feature.SLIDING_WINDOW: bool(config.sliding_window),
               Feature.SOFTCAP: bool(config.softcap), Feature.SINKS: config.sinks,
-              Feature.INT8_CACHE: sig.cache_dtype == INT8}
+              Feature.INT8_CACHE: sig.cache_dtype == INT8,
+              Feature.LATENT: config.latent is not None}
     return frozenset(f for f, on in wanted.items() if on)
 
 

@@ -1,0 +1,158 @@
+"""The graph forms of Multi-head Latent Attention (graph/mla.py builds the rest of the layer:
+projections, rotary, the latent cache, the mask), each a core from queries to context:
+
+    ``latent-absorbed``  W_UK moves q_nope into latent space, W_UV brings the context out:
+                         multi-query attention over the cache as stored (one key [latent |
+                         k_rot] of width R + Hr, one value latent of width R), never expanded
+    ``latent-expanded``  transformers' computation: kv_b_proj expands every cached latent into
+                         each head's k_nope and v (fewer FLOPs when T is large)
+    ``latent``           (the default for MLA layers) an If on the runtime T: absorbed below
+                         LATENT_THRESHOLD tokens (every decode step), expanded from there
+
+FLOPs per (query, key) pair and head: absorbed 2R + Hr, expanded Hn + Hr + Hv, plus the
+expansion's R (Hn + Hv) per key; equal at T = R (Hn + Hv) / (2R - Hn - Hv), 171 for DeepSeek-V2/V3
+(R 512, Hn = Hv = 128): the threshold rounds that up to 192. Both materialise the (N, T, S)
+scores (standard MatMul / Softmax, opset 17): memory O(N*T*S), no memory-linear prefill yet.
+
+Shape legend: B = batch, T = this call, S = keys read, N = heads, R = kv_lora_rank,
+Hn = qk_nope_head_dim, Hr = qk_rope_head_dim, Hv = v_head_dim.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from onnx import helper
+from torch import Tensor
+
+from ...config import MHAConfig
+from ..builder import GraphBuilder, dim
+from .base import Feature, GraphForm, QUADRATIC
+
+LATENT_THRESHOLD = 192
+
+
+@dataclass(frozen=True)
+class LatentIO:
+    """What an MLA core reads: rotated queries, every key position the call reads, the mask."""
+
+    q_nope: str  # (B, N, T, Hn)
+    q_rot: str  # (B, N, T, Hr), rotated
+    latents: str  # (B, 1, S, R), normalised
+    k_rot: str  # (B, 1, S, Hr), rotated, shared by every head
+    bias: str  # (B|1, 1|., T, S) additive: 0 or the lowest finite value
+    weights: Mapping[str, Tensor]  # the layer's state dict (checkpoint names)
+
+
+def _head_weights(c: MHAConfig, w: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
+    """kv_b_proj per head: W_UK (N, Hn, R), W_UV (N, Hv, R)."""
+    m = c.mla
+    per_head = w["kv_b_proj.weight"].reshape(m.heads, m.qk_nope_head_dim + m.v_head_dim,
+                                             m.kv_lora_rank)  # (N, Hn+Hv, R)
+    return per_head[:, :m.qk_nope_head_dim], per_head[:, m.qk_nope_head_dim:]
+
+
+def _softmax(g: GraphBuilder, scores: str, c: MHAConfig, bias: str) -> str:
+    """(B, N, T, S) scores -> probabilities: scaled, masked additively, softmax over S."""
+    scaled = g.op("Mul", [scores, g.const("softmax_scale", c.scale)], name="scaled_scores")
+    return g.op("Softmax", [g.op("Add", [scaled, bias], name="masked_scores")], axis=-1,
+                name="probs")  # (B, N, T, S)
+
+
+def absorbed_core(g: GraphBuilder, io: LatentIO, c: MHAConfig) -> str:
+    """Scores = (q_nope W_UK) . latent + q_rot . k_rot with every head's queries as rows of one
+    matrix, so that the latent cache is read once (never repeated per head, nor concatenated
+    into one key); context = p @ latent, then W_UV^T. Measured on a DeepSeek-V2-Lite shape at
+    past 4096 (AMD EPYC, benchmarks/mla_step.py): one Attention node 16.0 ms, a concatenated
+    key 6.8, this 4.8 (the scores as keys @ queries^T: the GEMM packs the few query columns,
+    not the cache: 1.34 -> 0.69 ms)."""
+    m = c.mla
+    w_uk, w_uv = _head_weights(c, io.weights)
+    q_latent = g.op("MatMul", [io.q_nope, g.const("kv_b_proj.key_heads.weight", w_uk)],
+                    name="q_latent")  # (B, N, T, R)
+
+    def rows_t(q: str, width: int, name: str) -> str:  # (B, N, T, w) -> (B, 1, w, N*T)
+        flat = g.op("Reshape", [q, g.ints(f"{name}_rows_shape", [0, 1, -1, width])],
+                    name=f"{name}_rows")  # (B, 1, N*T, w)
+        return g.op("Transpose", [flat], perm=[0, 1, 3, 2], name=f"{name}_rows_t")
+
+    scores_t = g.op("Add", [
+        g.op("MatMul", [io.latents, rows_t(q_latent, m.kv_lora_rank, "q_latent")],
+             name="latent_scores"),
+        g.op("MatMul", [io.k_rot, rows_t(io.q_rot, m.qk_rope_head_dim, "q_rot")],
+             name="rope_scores")], name="scores_t")  # (B, 1, S, N*T)
+    scores = g.op("Transpose", [scores_t], perm=[0, 1, 3, 2], name="scores")  # (B, 1, N*T, S)
+    heads = g.op("Concat", [g.ints("bn", [0, m.heads]), g.ints("minus_one_1d", [-1]),
+                            g.op("Shape", [io.latents], start=2, end=3, name="key_count")],
+                 axis=0, name="score_heads_shape")  # [B, N, -1, S]
+    probs = _softmax(g, g.op("Reshape", [scores, heads], name="scores_by_head"), c, io.bias)
+    probs = g.op("Reshape", [probs, g.ints("prob_rows", [0, 1, -1, 0])],
+                 name="prob_rows_3d")  # (B, 1, N*T, S)
+    ctx = g.op("MatMul", [probs, io.latents], name="latent_context")  # (B, 1, N*T, R)
+    ctx = g.op("Reshape", [ctx, g.ints("ctx_heads", [0, m.heads, -1, m.kv_lora_rank])],
+               name="latent_context_heads")  # (B, N, T, R)
+    return g.op("MatMul", [ctx, g.const("kv_b_proj.value_heads_t.weight",
+                                   w_uv.transpose(1, 2))],
+                name="context_out_of_latent")  # (B, N, T, Hv)
+
+
+def expanded_core(g: GraphBuilder, io: LatentIO, c: MHAConfig) -> str:
+    """kv_b_proj over every latent read: each head's k_nope and v; scores = q_nope . k_nope +
+    q_rot . k_rot (the shared rotated key broadcast over the heads, never copied)."""
+    m = c.mla
+    width = m.qk_nope_head_dim + m.v_head_dim
+    kv = g.op("MatMul", [io.latents, g.const("kv_b_proj.t.weight",
+                                             io.weights["kv_b_proj.weight"].t())],
+              name="kv_expanded")  # (B, 1, S, N*(Hn+Hv))
+    kv = g.op("Transpose", [g.op("Reshape", [kv, g.ints("kv_heads_shape", [0, -1, m.heads,
+                                                                          width])],
+                                 name="kv_heads")], perm=[0, 2, 1, 3],
+              name="kv_bnsh")  # (B, N, S, Hn+Hv)
+    k_nope, v = g.op("Split", [kv, g.ints("kv_b_split", [m.qk_nope_head_dim, m.v_head_dim])],
+                     n_out=2, axis=3, name="kv_b_parts")  # (B, N, S, Hn), (B, N, S, Hv)
+    t = lambda x, name: g.op("Transpose", [x], perm=[0, 1, 3, 2], name=name)  # noqa: E731
+    scores = g.op("Add", [g.op("MatMul", [io.q_nope, t(k_nope, "k_nope_t")], name="nope_scores"),
+                          g.op("MatMul", [io.q_rot, t(io.k_rot, "k_rot_t")],
+                               name="rope_scores")], name="scores")  # (B, N, T, S)
+    return g.op("MatMul", [_softmax(g, scores, c, io.bias), v], name="context")  # (B,N,T,Hv)
+
+
+def auto_core(g: GraphBuilder, io: LatentIO, c: MHAConfig,
+              threshold: int = LATENT_THRESHOLD) -> str:
+    """An If on the runtime T: the absorbed core below ``threshold``, the expanded from it."""
+    t = dim(g, "x", 1, "latent_seq_len")  # () T
+    short = g.op("Less", [t, g.ints("latent_threshold", threshold)], name="latent_is_short")
+    branches = []
+    for tag, core in (("absorbed", absorbed_core), ("expanded", expanded_core)):
+        s = g.sub(f"{tag}/", share_constants=True)
+        ctx = core(s, io, c)  # (B, N, T, Hv)
+        branches.append(s.subgraph(g.name(f"latent_{tag}"), [], [
+            helper.make_tensor_value_info(ctx, g.elem, None)]))
+    return g.op("If", [short], then_branch=branches[0], else_branch=branches[1],
+                name="latent_attention")  # (B, N, T, Hv)
+
+
+def _latent_only(c: MHAConfig) -> Optional[str]:
+    return None if c.latent is not None else "builds Multi-head Latent Attention layers only"
+
+
+# What an MLA form supports: its caches, padding, and the one shared key head (GQA's feature)
+LATENT_FEATURES = frozenset({Feature.LATENT, Feature.KV_CACHE, Feature.STATIC_CACHE,
+                             Feature.ATTENTION_MASK, Feature.GQA})
+LATENT_AUTO = GraphForm(
+    name="latent", core=auto_core, min_opset=17, memory=QUADRATIC,
+    summary=f"Multi-head Latent Attention (the default for it): an If on the runtime T, the "
+            f"absorbed core for T < {LATENT_THRESHOLD} (every decode step: the latent cache "
+            f"read as stored), the expanded one from {LATENT_THRESHOLD}",
+    switch_seq_lens=(LATENT_THRESHOLD - 1, LATENT_THRESHOLD), supports=LATENT_FEATURES,
+    refuse=_latent_only)
+LATENT_ABSORBED = GraphForm(
+    name="latent-absorbed", core=absorbed_core, min_opset=17, memory=QUADRATIC,
+    summary="Multi-head Latent Attention, every call absorbed: multi-query attention over the "
+            "latent cache as stored (MatMul, Softmax, MatMul)",
+    supports=LATENT_FEATURES, refuse=_latent_only)
+LATENT_EXPANDED = GraphForm(
+    name="latent-expanded", core=expanded_core, min_opset=17, memory=QUADRATIC,
+    summary="Multi-head Latent Attention, every call expanded as transformers computes it "
+            "(kv_b_proj over every cached latent)",
+    supports=LATENT_FEATURES, refuse=_latent_only)
