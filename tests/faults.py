@@ -55,11 +55,14 @@ def _attr(node, name, value):
 
 
 def nudge_weight(path: Path, delta: float = 1e-3) -> None:
-    """One weight element moved by delta after export."""
+    """One weight element moved by delta after export (the query projection's: q_proj, or an
+    MLA layer's q_a_proj)."""
     def fn(m):
-        _, w = _initializer(m, "q_proj.weight")
+        names = {t.name for t in m.graph.initializer}
+        name = next(n for n in ("q_proj.weight", "q_a_proj.weight") if n in names)
+        _, w = _initializer(m, name)
         w[5, 7] += delta
-        _set_initializer(m, "q_proj.weight", w)
+        _set_initializer(m, name, w)
     _edit(path, fn)
 
 
@@ -80,6 +83,8 @@ def remove_causal_mask(path: Path) -> None:
 def permute_heads(path: Path, head_dim: int) -> None:
     """Swap the value projections of heads 0 and 1 (the out projection no longer matches)."""
     def fn(m):
+        if "v_proj.weight" not in {t.name for t in m.graph.initializer}:
+            raise NotApplicable("no value projection (MLA: see MLA_FAULTS)")
         _, w = _initializer(m, "v_proj.weight")  # (d_in, kv_inner): the value heads
         hd = head_dim
         if w.shape[1] < 2 * hd:
@@ -98,8 +103,10 @@ def wrong_scale(path: Path, head_dim: int) -> None:
             _attr(node, "scale", 1.0 / head_dim)
         if attention:
             return
-        _, s = _initializer(m, "attn.scale")
-        _set_initializer(m, "attn.scale", (s * math.sqrt(head_dim) / head_dim).astype(s.dtype))
+        names = {t.name for t in m.graph.initializer}
+        name = next(n for n in ("attn.scale", "softmax_scale") if n in names)  # MLA: the latter
+        _, s = _initializer(m, name)
+        _set_initializer(m, name, (s * math.sqrt(head_dim) / head_dim).astype(s.dtype))
     _edit(path, fn)
 
 
@@ -126,6 +133,108 @@ ONNX_FAULTS = {
     "heads permuted": lambda p, c: permute_heads(p, c.head_dim),
     "wrong scale": lambda p, c: wrong_scale(p, c.head_dim),
     "seq len baked in": lambda p, c: bake_seq_len(p),
+}
+
+
+# --- faults of Multi-head Latent Attention (issue 23) -------------------------------------------
+
+def _rebuild(path: Path, config, patch=None) -> None:
+    """model.onnx rebuilt from the artifact's source weights with ``config`` (a wrong reading of
+    the layer) and/or under ``patch`` (a context manager replacing a builder function): an
+    export bug, written where the export put the file."""
+    import contextlib
+    import json
+
+    from mha_export.graph.forms import get_form
+    from mha_export.graph.model import build_model
+    from mha_export.layer.layouts import build_module
+    from mha_export.signature import signature_from_meta
+    from mha_export.weights.files import load_strict, read_state_dict
+    folder = Path(path).parent
+    meta = json.loads((folder / "config.json").read_text())
+    module = build_module(config)
+    load_strict(module, read_state_dict(folder / "weights.safetensors"))
+    with patch or contextlib.nullcontext():
+        model = build_model(config, module.to_weights(), get_form(meta["export"]["attention"]),
+                            meta["export"]["opset"], meta["export"]["dtype"],
+                            signature_from_meta(config, meta))
+    onnx.save(model, str(path))
+
+
+def mscale_dropped(path: Path, c) -> None:
+    """yarn's mscale(factor, mscale_all_dim)^2 left out of the softmax scale."""
+    if not (c.rope_scaling or {}).get("mscale_all_dim"):
+        raise NotApplicable("no mscale_all_dim: the scale has no mscale")
+    def fn(m):
+        _, s = _initializer(m, "softmax_scale")
+        _set_initializer(m, "softmax_scale", np.array(c.head_dim ** -0.5, s.dtype))
+    _edit(path, fn)
+
+
+def rope_interleave_ignored(path: Path, c) -> None:
+    """DeepSeek-V3's rope_interleave (pairs in, halves out) read as rotating halves."""
+    if c.rotary == "half":
+        raise NotApplicable("the layer rotates halves")
+    _rebuild(path, c.replace(rotary="half"))
+
+
+def latent_cached_before_norm(path: Path, c) -> None:
+    """The cache (and attention) take the latent before kv_a_layernorm."""
+    def fn(m):
+        node = next(n for n in all_nodes(m.graph) if n.name == "latent_4d")
+        node.input[0] = "kv_parts_0"  # the split's latent, before the RMSNorm
+    _edit(path, fn)
+
+
+def kv_b_split_wrong(path: Path, c) -> None:
+    """kv_b_proj's rows per head read as [v | k_nope] instead of [k_nope | v]: W_UK and W_UV
+    (and the expanded k_nope, v) split at the wrong row."""
+    from mha_export.weights.files import read_state_dict
+    m_ = c.mla
+    w = read_state_dict(Path(path).parent / "weights.safetensors")["kv_b_proj.weight"]
+    per_head = w.reshape(m_.heads, -1, m_.kv_lora_rank)  # (N, Hn+Hv, R)
+    swapped = torch.cat([per_head[:, m_.v_head_dim:], per_head[:, :m_.v_head_dim]], dim=1)
+    def fn(m):
+        names = {t.name for t in m.graph.initializer}
+        values = {"kv_b_proj.key_heads.weight": swapped[:, :m_.qk_nope_head_dim],
+                  "kv_b_proj.value_heads_t.weight":
+                      swapped[:, m_.qk_nope_head_dim:].transpose(1, 2),
+                  "kv_b_proj.t.weight": swapped.reshape(-1, m_.kv_lora_rank).t()}
+        for name, value in values.items():
+            if name in names:
+                _set_initializer(m, name, value.contiguous().numpy().astype(np.float32))
+    _edit(path, fn)
+
+
+def k_rot_per_head(path: Path, c) -> None:
+    """The shared rotated key handled as per-head keys: rotated as N heads of Hr / N features
+    (each head's frequencies restarting), not as one head of Hr."""
+    from unittest import mock
+
+    import mha_export.graph.mla as mla
+    hr, heads = c.mla.qk_rope_head_dim, c.heads
+    if hr % (2 * heads):
+        raise NotApplicable("Hr does not split into heads")
+    original = mla._rotate
+
+    def per_head(g, c_, x, n, cos, sin, name):
+        if name != "k_rot":
+            return original(g, c_, x, n, cos, sin, name)
+        half = g.op("Slice", [cos, g.ints("zero_1d", [0]), g.ints("per_head_1d", [hr // heads // 2]),
+                              g.ints("last_1d", [-1])], name="per_head_cos")
+        half_sin = g.op("Slice", [sin, g.ints("zero_1d", [0]), g.ints("per_head_1d", [hr // heads // 2]),
+                                  g.ints("last_1d", [-1])], name="per_head_sin")
+        return mla.rotate_heads(g, x, heads, hr // heads, hr // heads, True, half, half_sin,
+                                name)
+    _rebuild(path, c, mock.patch.object(mla, "_rotate", per_head))
+
+
+MLA_FAULTS = {
+    "mscale dropped from the softmax scale": mscale_dropped,
+    "rope_interleave ignored": rope_interleave_ignored,
+    "latent cached before its RMSNorm": latent_cached_before_norm,
+    "k_nope / v split at the wrong row": kv_b_split_wrong,
+    "k_rot not shared (rotated per head)": k_rot_per_head,
 }
 
 

@@ -125,7 +125,8 @@ def signature_table(kind: str) -> str:
     """The inputs and outputs of a call kind, in call order, with symbolic sizes."""
     from types import SimpleNamespace
     from mha_export.signature import KINDS, TENSORS
-    sizes = SimpleNamespace(d_in="d_in", dim="dim", kv_heads="kv_heads", head_dim="head_dim")
+    sizes = SimpleNamespace(d_in="d_in", dim="dim",
+                            cache_shape=("kv_heads", "head_dim", "head_dim"))
     ins, outs = KINDS[kind]
     rows = [("input", n) for n in ins] + [("input, rotary layers", "position_ids")] + \
            [("output", n) for n in outs]
@@ -166,8 +167,8 @@ def runner_table() -> str:
 
 def form_table() -> str:
     """What each graph form can build, from its registry record."""
-    from mha_export.graph.forms import ALL_FEATURES, FORMS, MAX_OPSET
-    features = sorted(ALL_FEATURES, key=str)
+    from mha_export.graph.forms import FORMS, MAX_OPSET, Feature
+    features = sorted(Feature, key=str)  # latent: Multi-head Latent Attention
     lines = ["| form | opsets | memory | standard ops only | " +
              " | ".join(str(f) for f in features) + " |", "|---" * (4 + len(features)) + "|"]
     for form in FORMS.values():

@@ -13,7 +13,7 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 from mha_export.config import MHAConfig
-from mha_export.graph.forms import ALL_FEATURES, FORMS, Memory
+from mha_export.graph.forms import FORMS, Feature, Memory
 from mha_export.layer.entry import entry_module
 from mha_export.layer.layouts import build_module
 from mha_export.graph.model import build_model
@@ -25,6 +25,8 @@ CONFIGS = {
     "d48h3hd20": MHAConfig(dim=48, heads=3, head_dim=20, qkv_bias=True),
 }
 VARIANTS = {"attention_op": "blocked", "plain": "blocked-plain"}
+MLA = MHAConfig(dim=32, heads=4, latent=dict(kv_lora_rank=16, qk_nope_head_dim=8,
+                                            qk_rope_head_dim=4, v_head_dim=12, q_lora_rank=24))
 
 
 def _model(config: MHAConfig, form: str, kind: str = "full", **core_args):
@@ -116,8 +118,10 @@ def test_reference_evaluator_runs_the_portable_forms(form: str, kind: str) -> No
     """Standard ops only, rotary (in plain ops at opset 17) and grouped-query included."""
     config = MHAConfig(dim=32, heads=4, kv_heads=2, qkv_bias=True, rotary="interleaved",
                        rotary_dim=4)
+    if Feature.LATENT in FORMS[form].supports:  # Multi-head Latent Attention's forms
+        config = MLA
     args = {"block": 3} if form == "blocked-plain" else {}
-    if form == "decomposed":
+    if form == "decomposed" or config is MLA:
         module = build_module(config, seed=0)
         sig = make_signature(config, kind)
         model = build_model(config, module.to_weights(), FORMS[form], signature=sig)
@@ -130,5 +134,6 @@ def test_reference_evaluator_runs_the_portable_forms(form: str, kind: str) -> No
 def test_registry_records_are_complete() -> None:
     for name, form in FORMS.items():
         assert form.name == name and form.min_opset in range(17, 27) and form.summary
-        assert form.supports <= ALL_FEATURES and isinstance(form.memory, Memory)
+        assert form.supports <= frozenset(Feature) and isinstance(form.memory, Memory)
+        assert (Feature.LATENT in form.supports) == (form.problem(MLA, make_signature(MLA)) is None)
         assert all(isinstance(t, int) for t in form.switch_seq_lens)

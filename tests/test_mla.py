@@ -10,8 +10,10 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+import faults
 from hf_decode import capture, decode
 from mha_export.check.sweep import positions
+from mha_export.config import MHAConfig
 from mha_export.errors import UsageError
 from mha_export.latent import MLAConfig
 from mha_export.weights.source import load_source
@@ -162,3 +164,81 @@ def test_static_cache_rows_of_different_lengths_equal_each_row_alone(built):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5)
             torch.testing.assert_close(buffers[0][r:r + 1, :, :n + 2], latent)
             torch.testing.assert_close(buffers[1][r:r + 1, :, :n + 2], k_rot)
+
+
+# --- exports: the check of MLA artifacts, and the planted faults it must catch -------------------
+
+MLA_CFG = MHAConfig(dim=64, heads=4, max_seq_len=32, rope_scaling=dict(YARN), latent=dict(
+    kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, q_lora_rank=48))
+SWEEP = dict(seq_lens=[1, 5, 32, 200], batch_sizes=[1, 2], providers=["cpu"])  # 200: expanded
+
+
+@pytest.fixture(scope="module", params=["static-cache", "kv-cache"])
+def mla_artifact(request, tmp_path_factory):
+    from mha_export import export_onnx
+    kind = {"static_cache": request.param == "static-cache",
+            "kv_cache": request.param == "kv-cache"}
+    return export_onnx(MLA_CFG, tmp_path_factory.mktemp("mla") / "art", validate=False,
+                       **kind).path
+
+
+@pytest.mark.parametrize("fault", sorted(faults.MLA_FAULTS))
+def test_planted_mla_fault_makes_check_exit_1(mla_artifact, fault, tmp_path):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from mha_export import check_parity
+    from mha_export.cli.commands import cli
+    copy = tmp_path / "copy"
+    shutil.copytree(mla_artifact, copy)
+    assert check_parity(copy, **SWEEP).passed  # the copy passes before the fault ...
+    faults.MLA_FAULTS[fault](copy / "model.onnx", MLA_CFG)
+    assert not check_parity(copy, **SWEEP).passed  # ... and fails after it
+    r = CliRunner().invoke(cli, ["check", str(copy), "--seq-lens", "1,5", "--batch-sizes", "2"])
+    assert r.exit_code == 1, r.output
+
+
+def test_mla_exports_name_the_latent_cache_and_refuse_what_does_not_apply(tmp_path):
+    """config.json declares the latent cache's widths; options without meaning for MLA are
+    one-line errors that write nothing."""
+    from mha_export import export_onnx, export_torchscript
+    from mha_export.artifact import read_artifact
+    art = read_artifact(export_onnx(MLA_CFG, tmp_path / "s", static_cache=True,
+                                    validate=False).path)
+    shapes = {t.name: t.shape for t in art.signature.inputs}
+    assert shapes["past_key"] == ("batch", 1, "max_cache", 32)
+    assert shapes["past_value"] == ("batch", 1, "max_cache", 8)
+    assert art.export["attention"] == "latent" and art.config.layout == "latent"
+    assert art.config.slug() == "latent-h4-d64-r32-rope8-q48"
+    cases = [(dict(attention="auto"), "'auto' does not support latent"),
+             (dict(quantize=True), "Multi-head Latent Attention"),
+             (dict(static_cache=True, kv_cache_dtype="int8"), "Multi-head Latent Attention")]
+    for options, msg in cases:
+        if options.get("quantize"):
+            from mha_export.weights.quantize import QuantSpec
+            options = {"quantize": QuantSpec(bits=4)}
+        with pytest.raises(UsageError, match=msg):
+            export_onnx(MLA_CFG, tmp_path / "x", validate=False, **options)
+        assert not (tmp_path / "x").exists()
+    for bad, msg in ((dict(sliding_window=4), "a sliding window does not apply"),
+                     (dict(kv_heads=2), "kv_heads of a Multi-head Latent Attention layer is 1"),
+                     (dict(layout="split"), "layout 'split' does not apply"),
+                     (dict(rotary="yarn"), "unknown rotary 'yarn'")):
+        with pytest.raises(UsageError, match=msg):
+            MLA_CFG.replace(**bad)
+    with pytest.raises(UsageError, match="layout 'latent' is Multi-head Latent Attention"):
+        MHAConfig(dim=64, heads=4, layout="latent")
+    export_torchscript(MLA_CFG, tmp_path / "ts", validate=False)
+
+
+@pytest.mark.parametrize("target", ["torchscript", "aoti"])
+def test_torch_targets_export_the_static_latent_cache_and_pass_the_check(target, tmp_path):
+    """TorchScript scripts the layer; AOTInductor compiles its static-cache step (the absorbed
+    core in plain matmuls: SDPA over a concatenated key failed to lower with the data-dependent
+    valid length). Each export's own check passes (ragged rows, steps, both buffers)."""
+    from mha_export.export.pipeline import export_artifact
+    result = export_artifact(target, MLA_CFG.replace(max_seq_len=16), tmp_path / target,
+                             static_cache=True, check_options=dict(
+                                 seq_lens=[1, 3, 16], batch_sizes=[1, 3]))
+    assert result.passed and result.report.tested

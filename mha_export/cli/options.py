@@ -8,8 +8,9 @@ from typing import Any, Callable, Optional
 import click
 
 from ..check.runners import RUNNERS, ort_runner_names
-from ..config import LAYOUTS, QK_NORMS, ROTARY, SCALINGS, MHAConfig
+from ..config import LAYOUTS, QK_NORMS, ROPE_LAYOUTS, ROTARY, SCALINGS, MHAConfig
 from ..errors import UsageError
+from ..latent import LATENT_FIELDS, Latent
 from ..weights.families import FAMILIES
 from ..weights.kv_quant import CACHE_DTYPES, GRANULARITIES, VALUE_SCALE
 from ..weights.quantize import ACCURACY_LEVELS, BLOCK_SIZES, NAMES, QuantSpec
@@ -91,9 +92,11 @@ CONFIG_OPTIONS = [
     click.option("--max-seq-len", type=int, default=DEFAULTS["max_seq_len"], show_default=True,
                  help="Context length; checked by default. Longer inputs also work."),
     click.option("--causal/--no-causal", default=DEFAULTS["causal"], show_default=True),
-    click.option("--rotary", type=click.Choice(ROTARY), default=DEFAULTS["rotary"],
-                 show_default=True, help="Rotary position embeddings: half = GPT-NeoX/Llama "
-                 "rotate_half, interleaved = GPT-J; adds input position_ids."),
+    click.option("--rotary", type=click.Choice(tuple(dict.fromkeys(ROTARY + ROPE_LAYOUTS))),
+                 default=DEFAULTS["rotary"], show_default=True,
+                 help="Rotary position embeddings: half = GPT-NeoX/Llama rotate_half, "
+                 "interleaved = GPT-J (and DeepSeek-V2's pairs), deinterleaving = DeepSeek-V3's "
+                 "rope_interleave (MLA only, its default); adds input position_ids."),
     click.option("--rotary-dim", type=int, default=None,
                  help="Features of each head that rotate (partial rotary) [default: head_dim]."),
     click.option("--rope-theta", type=float, default=DEFAULTS["rope_theta"], show_default=True),
@@ -118,7 +121,20 @@ CONFIG_OPTIONS = [
     click.option("--sliding-window", type=int, default=None,
                  help="Query i sees key j only when i - j < N (Mistral) [default: no window]."),
     click.option("--layout", type=click.Choice(LAYOUTS), default=None,
-                 help=f"Weight layout [default: the weights file's, else {DEFAULTS['layout']}]."),
+                 help="Weight layout [default: the weights file's, else split; latent with "
+                      "--kv-lora-rank]."),
+    click.option("--kv-lora-rank", type=int, default=None,
+                 help="Multi-head Latent Attention (DeepSeek-V2/V3): the cached latent's width; "
+                      "the other MLA options need it (docs/mla.md) [default: not MLA]."),
+    click.option("--q-lora-rank", type=int, default=None,
+                 help="MLA: queries through a low-rank bottleneck [default: none, q_proj]."),
+    click.option("--qk-nope-head-dim", type=int, default=None,
+                 help=f"MLA: each head's unrotated query/key width [default: "
+                      f"{Latent.qk_nope_head_dim}]."),
+    click.option("--qk-rope-head-dim", type=int, default=None,
+                 help=f"MLA: the shared rotated key's width [default: {Latent.qk_rope_head_dim}]."),
+    click.option("--v-head-dim", type=int, default=None,
+                 help=f"MLA: each head's value width [default: {Latent.v_head_dim}]."),
     click.option("--weights", type=click.Path(), default=None,
                  help="State dict (.pt/.pth/.bin) or .safetensors in any layout's keys, or a "
                       f"Hugging Face checkpoint folder ({', '.join(FAMILIES)})."),
@@ -202,8 +218,18 @@ def explicit(kw: dict) -> dict:
     """Only the options the user set: defaults stay the API's, and a Hugging Face checkpoint's
     config.json fills what was not given (a given value that contradicts it is an error)."""
     ctx = click.get_current_context()
-    return {k: v for k, v in kw.items()
-            if ctx.get_parameter_source(k) is not click.core.ParameterSource.DEFAULT}
+    default = click.core.ParameterSource.DEFAULT
+    return latent_section({k: v for k, v in kw.items()
+                           if ctx.get_parameter_source(k) is not default})
+
+
+def latent_section(kw: dict) -> dict:
+    """The MLA options gathered into MHAConfig's latent section (--kv-lora-rank turns it on)."""
+    given = {k: kw.pop(k) for k in (*LATENT_FIELDS, "q_lora_rank") if kw.get(k) is not None}
+    if given and "kv_lora_rank" not in given:
+        raise UsageError(f"--{next(iter(given)).replace('_', '-')} needs --kv-lora-rank "
+                         "(Multi-head Latent Attention)")
+    return {**kw, "latent": given} if given else kw
 
 
 def config_options(fn: Callable) -> Callable:

@@ -59,8 +59,9 @@ def build_model(config: MHAConfig, w: AttentionWeights | Mapping[str, Tensor], f
                 kv_cache: KVCacheSpec | None = None) -> onnx.ModelProto:
     """The ONNX model; ``w``: layout-neutral weights, or a Multi-head Latent Attention layer's
     state dict (mla.py and its forms build it); ``opset`` None: the form's lowest
-    (``resolve_opset``); ``quant``: the projections (q/k/v, output, gate) as weight-only quantized MatMulNBits; ``kv_cache``: the
-    scales of an int8 static cache (a signature whose cache dtype is int8)."""
+    (``resolve_opset``); ``quant``: the projections (q/k/v, output, gate) as weight-only
+    quantized MatMulNBits; ``kv_cache``: the scales of an int8 static cache (a signature whose
+    cache dtype is int8)."""
     c = config
     sig = signature or make_signature(c)
     check_buildable(c, form, sig, dtype)
@@ -74,8 +75,13 @@ def build_model(config: MHAConfig, w: AttentionWeights | Mapping[str, Tensor], f
         results = _attention_layer(g, c, w, form, sig, opset, kv_cache)
     for name in sig.output_names:
         _name_output(g, results[name], name)
-    graph = helper.make_graph(g.nodes, f"mha_{form.name}",
-                              [_value_info(t, dtype) for t in sig.inputs],
+    return _model(g, sig, dtype, opset, f"mha_{form.name}")
+
+
+def _model(g: GraphBuilder, sig: Signature, dtype: str, opset: int, name: str
+           ) -> onnx.ModelProto:
+    """The graph of g's nodes with the signature's inputs and outputs, at the exact opset."""
+    graph = helper.make_graph(g.nodes, name, [_value_info(t, dtype) for t in sig.inputs],
                               [_value_info(t, dtype) for t in sig.outputs],
                               initializer=g.initializers)
     opsets = [helper.make_opsetid("", opset)]

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ..config import MHAConfig
 from ..latent import MLAConfig
-from .attention import attention, merge_heads
+from .attention import attention, lowest_value, merge_heads, score_mask
 from .base import valid_end
 from .norm import RMSNorm
 from .rotary import cos_sin, rope_tables, rotate
@@ -177,12 +177,17 @@ class MLAttention(nn.Module):
     def _absorbed(self, q_nope: Tensor, q_rot: Tensor, latent: Tensor, k_rot: Tensor,
                   attention_mask: Optional[Tensor], query_start: Optional[Tensor] = None
                   ) -> Tensor:
-        """Multi-query attention in latent space: one key [latent | k_rot], one value latent.
-        ``query_start`` (B,): a static cache's rows (queries at query_start[b] + i)."""
+        """Multi-query attention in latent space: scores = q_latent . latent + q_rot . k_rot,
+        context = p @ latent (the one cache head broadcast over the heads, never copied nor
+        concatenated into one key). ``query_start`` (B,): a static cache's rows (queries at
+        query_start[b] + i)."""
         w_uk, w_uv = self.kv_b_heads()  # (N, Hn, R), (N, Hv, R)
         q_latent = q_nope @ w_uk  # (B, N, T, R)
-        query = torch.cat([q_latent, q_rot], dim=-1)  # (B, N, T, R+Hr)
-        key = torch.cat([latent, k_rot], dim=-1)  # (B, 1, S, R+Hr)
-        ctx, _ = attention(query, key, latent, self.scale, True, 0.0, False,
-                           attention_mask, query_start=query_start)  # (B, N, T, R)
+        scores = (q_latent @ latent.transpose(-2, -1)
+                  + q_rot @ k_rot.transpose(-2, -1)) * self.scale  # (B, N, T, S)
+        masked = score_mask(q_nope.size(2), latent.size(2), True, attention_mask,
+                            q_nope.device, 0, query_start)  # (B|1, 1, T, S)
+        if masked is not None:
+            scores = scores.masked_fill(masked, lowest_value(scores.dtype))
+        ctx = torch.softmax(scores, dim=-1) @ latent  # (B, N, T, R)
         return ctx @ w_uv.transpose(1, 2)  # (B, N, T, Hv)
