@@ -4,7 +4,8 @@
 - transformers 5.23's ``DeepseekV2Attention`` with its DynamicCache of P latents (cropped back
   to P after each call): it re-expands the whole latent cache through kv_b_proj every step;
 - the eager layer (layer/mla.py) in its expanded and absorbed forms over the same cache;
-- the ONNX absorbed static-cache step (graph/mla.py) in ONNX Runtime, buffers of capacity 8192
+- the ONNX static-cache step as `mha-export onnx --static-cache` writes it (the default form
+  ``latent``: a decode step runs its absorbed core) in ONNX Runtime, buffers of capacity 8192
   bound in place (IO binding), as an app runs it.
 
     .venv/bin/python benchmarks/mla_step.py [--pasts 128,1024,4096] [--out FILE.json]
@@ -25,10 +26,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.cache_utils import DynamicCache
 
 from mha_export.check.runners.ort import OrtRunner
+from mha_export.config import MHAConfig
 from mha_export.env import machine_info
-from mha_export.graph.mla import build_mla_static
-from mha_export.layer.mla import MLAConfig, MLAttention
-from mha_export.signature import Signature, TensorSpec
+from mha_export.export.targets import TARGETS
+from mha_export.layer.layouts import build_module
+from mha_export.signature import make_signature
 
 SHAPE = dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=16,
              kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
@@ -54,11 +56,11 @@ def layers():
                                              attn_implementation="sdpa").eval()
     attn = model.model.layers[0].self_attn
     c = model.config
-    ours = MLAttention(MLAConfig(dim=c.hidden_size, heads=c.num_attention_heads,
-                                 kv_lora_rank=c.kv_lora_rank, qk_nope_head_dim=c.qk_nope_head_dim,
-                                 qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim,
-                                 rope_layout="interleaved",
-                                 rope_theta=c.rope_parameters["rope_theta"])).eval()
+    config = MHAConfig(dim=c.hidden_size, heads=c.num_attention_heads, rotary="interleaved",
+                       rope_theta=c.rope_parameters["rope_theta"], out_bias=False, latent=dict(
+                           kv_lora_rank=c.kv_lora_rank, qk_nope_head_dim=c.qk_nope_head_dim,
+                           qk_rope_head_dim=c.qk_rope_head_dim, v_head_dim=c.v_head_dim))
+    ours = build_module(config)
     ours.load_state_dict(attn.state_dict())
     return model, attn, ours
 
@@ -84,7 +86,7 @@ def eager_step(ours, past: int, absorbed: bool):
 
     def step():
         with torch.inference_mode():
-            ours(x, None, latent, k_rot, pos, absorbed=absorbed)
+            ours.attend(x, None, latent, k_rot, pos, absorbed)
     return step
 
 
@@ -105,11 +107,8 @@ def main() -> None:
     torch.set_num_threads(THREADS)
     model, attn, ours = layers()
     path = Path("/tmp/mla_step.onnx")
-    import onnx
-    onnx.save(build_mla_static(ours), str(path))
-    sig = Signature("static-cache", tuple(TensorSpec(n, "float", ()) for n in (
-        "x", "past_key", "past_value", "past_lengths", "position_ids")),
-        tuple(TensorSpec(n, "float", ()) for n in ("y", "present_key", "present_value")))
+    sig = make_signature(ours.config, "static-cache")
+    TARGETS["onnx"].prepare(ours, ours.config, sig).write(path)  # the default form: latent
     runner = OrtRunner(sig, path, "cpu", THREADS)
     rows = []
     for past in (int(p) for p in args.pasts.split(",")):
@@ -117,7 +116,7 @@ def main() -> None:
                "transformers_ms": median_ms(transformers_step(model, attn, past)),
                "eager_expanded_ms": median_ms(eager_step(ours, past, False)),
                "eager_absorbed_ms": median_ms(eager_step(ours, past, True)),
-               "onnx_absorbed_ms": median_ms(onnx_step(runner, past))}
+               "onnx_latent_ms": median_ms(onnx_step(runner, past))}
         rows.append(row)
         print(json.dumps(row))
     result = {"machine": machine_info(), "threads": THREADS, "capacity": CAPACITY,

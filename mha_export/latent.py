@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from . import rope_types
 from .errors import UsageError, require_positive as _positive
@@ -105,6 +105,29 @@ class MLAConfig:
     def cache_widths(self) -> Tuple[int, int]:
         """Numbers cached per token: (latent R, shared rotated key Hr)."""
         return self.kv_lora_rank, self.qk_rope_head_dim
+
+    def weight_shapes(self) -> Dict[str, Tuple[int, int]]:
+        """The projections' weights, [out, in], by checkpoint name."""
+        q = self.heads * self.qk_head_dim
+        r, n = self.kv_lora_rank, self.heads
+        queries = {"q_proj": (q, self.dim)} if self.q_lora_rank is None else {
+            "q_a_proj": (self.q_lora_rank, self.dim), "q_b_proj": (q, self.q_lora_rank)}
+        return {**queries, "kv_a_proj_with_mqa": (r + self.qk_rope_head_dim, self.dim),
+                "kv_b_proj": (n * (self.qk_nope_head_dim + self.v_head_dim), r),
+                "o_proj": (self.dim, n * self.v_head_dim)}
+
+    def call_flops(self, seq: int, pairs: float, keys: int) -> float:
+        """FLOPs of a call of ``seq`` queries over ``keys`` keys with ``pairs`` (query, key)
+        pairs, in the cheaper form: absorbed (kv_b_proj applied per query, 2R + Hr per pair and
+        head) or expanded (kv_b_proj applied per key, Hn + Hr + Hv per pair and head)."""
+        shapes = self.weight_shapes()
+        kv_b = math.prod(shapes.pop("kv_b_proj"))
+        projections = 2 * seq * sum(math.prod(s) for s in shapes.values())
+        absorbed = 2 * seq * kv_b + 2 * pairs * self.heads * (2 * self.kv_lora_rank
+                                                               + self.qk_rope_head_dim)
+        expanded = 2 * keys * kv_b + 2 * pairs * self.heads * (
+            self.qk_head_dim + self.v_head_dim)
+        return projections + min(absorbed, expanded)
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:

@@ -480,29 +480,40 @@ def test_bundle_runs_after_being_moved(binaries, tmp_path):
 STATIC_CONFIG = MHAConfig(dim=64, heads=4, kv_heads=2, rotary="half", max_seq_len=64)
 
 
-@pytest.mark.parametrize("form", ["auto", "contrib-gqa", "decomposed"])
-def test_ort_generate_writes_one_buffer_in_place(binaries, tmp_path, form):
+# Multi-head Latent Attention: the buffers hold latents [B, 1, C, R] and rotated keys [B, 1, C, Hr]
+MLA_CONFIG = MHAConfig(dim=64, heads=4, max_seq_len=64, latent=dict(
+    kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24, q_lora_rank=48))
+
+
+@pytest.mark.parametrize("config, form", [(STATIC_CONFIG, "auto"), (STATIC_CONFIG, "contrib-gqa"),
+                                          (STATIC_CONFIG, "decomposed"), (MLA_CONFIG, "latent")],
+                         ids=["auto", "contrib-gqa", "decomposed", "mla-latent"])
+def test_ort_generate_writes_one_buffer_in_place(binaries, tmp_path, config, form):
     """mha_ort --generate 5,1,1,1: Ort::IoBinding binds the case's buffers as past and present;
-    y equals one full forward of the sequence, the buffer's first 8 entries its keys/values."""
+    y equals one full forward of the sequence, the buffer's first 8 entries its keys/values
+    (an MLA layer's: its latents and rotated keys)."""
     from mha_export import export_onnx
     from mha_export.check.scenarios import eager_full
-    folder = export_onnx(STATIC_CONFIG, tmp_path / "m", attention=form, static_cache=True,
+    folder = export_onnx(config, tmp_path / "m", attention=form, static_cache=True,
                          validate=False).path
+    sig = read_artifact(folder).signature
     rng = np.random.default_rng(4)
     case = tmp_path / "case"
     case.mkdir()
     x = rng.standard_normal((2, 8, 64)).astype(np.float32)
-    buffers = rng.standard_normal((2, 2, 20, 16)).astype(np.float32)  # never read beyond writes
-    for name, a in (("x", x), ("past_key", buffers), ("past_value", buffers * 2)):
+    key_buffer, value_buffer = (rng.standard_normal(sig.cache_buffer(n, 2, 20)).astype(
+        np.float32) for n in ("past_key", "past_value"))  # never read beyond the writes
+    for name, a in (("x", x), ("past_key", key_buffer), ("past_value", value_buffer)):
         np.save(case / f"{name}.npy", a)
     r = run(binaries["ort"], folder / "model.onnx", case, "--generate", "5,1,1,1")
     assert r.returncode == 0, r.stderr
     want = eager_full(read_artifact(folder).load_source_module())(x, np.ones((2, 8), np.int64))
     np.testing.assert_allclose(np.load(case / "y.npy"), want["y"], rtol=0, atol=ATOL)
-    key = np.load(case / "present_key.npy")
-    assert key.shape == (2, 2, 20, 16)
-    np.testing.assert_allclose(key[:, :, :8], want["present_key"], rtol=0, atol=ATOL)
-    np.testing.assert_array_equal(key[:, :, 8:], buffers[:, :, 8:])  # untouched beyond
+    for name, buffer in (("present_key", key_buffer), ("present_value", value_buffer)):
+        got = np.load(case / f"{name}.npy")
+        assert got.shape == buffer.shape
+        np.testing.assert_allclose(got[:, :, :8], want[name], rtol=0, atol=ATOL)
+        np.testing.assert_array_equal(got[:, :, 8:], buffer[:, :, 8:])  # untouched beyond
     bad = run(binaries["ort"], folder / "model.onnx", case, "--generate", "5,1")
     assert bad.returncode == 2 and "steps sum to 6" in bad.stderr
 

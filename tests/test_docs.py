@@ -13,12 +13,15 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 MHA_EXPORT = Path(sys.executable).with_name("mha-export")
 # Pages whose every `mha-export` command and Python snippet is run, in order, in one folder.
-EXECUTED_PAGES = ("getting-started.md", "decoding.md")
+EXECUTED_PAGES = ("getting-started.md", "decoding.md", "mla.md")
 # What the pages say the tests change: small shapes, a short bench, a generated checkpoint.
 SMALL = (("--heads 12 --dim 768", "--heads 4 --dim 64 --max-seq-len 16"),
          ("h12-d768", "h4-d64"),
          ("heads=12, dim=768", "heads=4, dim=64"),
-         ("--seq-lens 128,2048", "--seq-lens 16,64 --budget 0.05"))
+         ("--seq-lens 128,2048", "--seq-lens 16,64 --budget 0.05"),
+         ("--heads 16 --dim 2048 --kv-lora-rank 512",  # Multi-head Latent Attention
+          "--heads 4 --dim 64 --kv-lora-rank 32 --max-seq-len 16"),
+         ("latent-h16-d2048-r512", "latent-h4-d64-r32"))
 CHECKPOINT = "path/to/Qwen3-0.6B"
 
 
@@ -151,7 +154,8 @@ def fault_list() -> str:
               faults.CACHE_FAULTS), ("Static-cache models", faults.STATIC_FAULTS),
               ("Layer options", faults.OPTION_FAULTS),
               ("Quantized projections (caught at fp32 compute)", faults.QUANT_FAULTS),
-              ("int8 KV cache", faults.KV_FAULTS))
+              ("int8 KV cache", faults.KV_FAULTS),
+              ("Multi-head Latent Attention", faults.MLA_FAULTS))
     return "\n".join(f"- **{title}:** " + "; ".join(sorted(group)) + "." for title, group in groups)
 
 
@@ -210,9 +214,26 @@ def kv_error_table(path: str) -> str:
     return "\n".join(lines) + f"\n\n<small>{m['cpu']}, {m['date']}; `{path}`</small>"
 
 
+def mla_step_table(path: str) -> str:
+    """benchmarks/mla_step.py's JSON: one decode step, transformers' beside ours."""
+    data = json.loads((ROOT / path).read_text())
+    lines = ["| past | transformers (ms) | eager expanded | eager absorbed | ONNX Runtime, "
+             "`latent` form | transformers / ONNX |", "|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        lines.append(f"| {r['past']} | {r['transformers_ms']:.2f} | {r['eager_expanded_ms']:.2f}"
+                     f" | {r['eager_absorbed_ms']:.2f} | {r['onnx_latent_ms']:.2f} | "
+                     f"{r['transformers_ms'] / r['onnx_latent_ms']:.1f}x |")
+    m, per_token = data["machine"], data["cache_bytes_per_token"]
+    return "\n".join(lines) + (
+        f"\n\nCache per token (fp32): {per_token['latent_fp32']:,} bytes latent + rotated key, "
+        f"against {per_token['expanded_fp32']:,} for every head's expanded keys and values "
+        f"({per_token['expanded_fp32'] / per_token['latent_fp32']:.1f}x)."
+        f"\n\n<small>{m['cpu']}, {m['date']}, {data['threads']} threads; `{path}`</small>")
+
+
 GENERATORS = {"forms": form_table, "signature": signature_table, "bench": bench_table,
               "faults": fault_list, "runners": runner_table, "quant-error": quant_error_table,
-              "kv-error": kv_error_table}
+              "kv-error": kv_error_table, "mla-step": mla_step_table}
 
 
 def generated_blocks(text: str) -> list[tuple[str, str]]:

@@ -8,6 +8,7 @@ measured in the same run, speed-up over eager SDPA, peak RSS.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,8 @@ def effective_flops(c: MHAConfig, seq: int, batch: int, past: int = 0) -> float:
     w = c.sliding_window
     pairs = (seq * seq / 2 if not w or w >= seq else seq * w - w * w / 2) if c.causal \
         else seq * seq
+    if c.latent is not None:  # Multi-head Latent Attention: its cheaper form's
+        return batch * c.mla.call_flops(seq, pairs + seq * past, seq + past)
     attn = 4 * pairs * c.inner + 4 * seq * (min(past, w) if w else past) * c.inner
     return batch * (2 * seq * (c.d_in * (c.inner + 2 * c.kv_inner) + c.inner * c.dim) + attn)
 
@@ -161,17 +164,16 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     row steps a ring of independent instances larger than the last-level cache (``RING``);
     ``int8_cache`` (static cache): each form that builds one also with an int8 cache, its scales
     calibrated on synthetic inputs."""
-    from ..graph.forms import FORMS, Feature
+    from ..graph.forms import forms_for
     from ..layer.layouts import build_module
+    from ..signature import make_signature
     if cold and not last_level_cache_bytes():
         raise UsageError("--cold: this machine does not say how large its CPU caches are "
                          "(/sys/devices/system/cpu/cpu0/cache)")
     if int8_cache and not static_cache:
         raise UsageError("an int8 cache is measured on the static cache: add --static-cache")
     kind = "static-cache" if static_cache else "kv-cache" if kv_cache else "full"
-    needed = {"kv-cache": Feature.KV_CACHE, "static-cache": Feature.STATIC_CACHE}.get(kind)
-    forms = list(forms or [name for name, form in FORMS.items()
-                           if needed is None or needed in form.supports])
+    forms = list(forms or forms_for(config, make_signature(config, kind)))
     points = [(t, p) for t in seq_lens for p in (past_lens if kind != "full" else [0])]
     cuda_ok, cuda_reason = cuda_status() if "cuda" in providers else (False, "not requested")
     ceiling = gemm_ceiling(threads, budget_s, progress)
@@ -282,6 +284,8 @@ def stream_bandwidth(budget_s: float, progress: Callable[[str], None]) -> Option
 
 def weight_bytes(c: MHAConfig, quant: Optional[QuantSpec] = None) -> int:
     """Bytes of the layer's projections' weights: fp32, or as ``quant`` stores them."""
+    if c.latent is not None:  # never quantized (refused at export)
+        return 4 * sum(math.prod(s) for s in c.mla.weight_shapes().values())
     shape = {"q_proj": (c.inner, c.d_in), "k_proj": (c.kv_inner, c.d_in),
              "v_proj": (c.kv_inner, c.d_in), "out_proj": (c.dim, c.inner),
              "gate_proj": (c.inner, c.d_in)}
@@ -292,9 +296,11 @@ def weight_bytes(c: MHAConfig, quant: Optional[QuantSpec] = None) -> int:
 def step_bytes(c: MHAConfig, seq: int, batch: int, past: int,
                quant: Optional[QuantSpec] = None, cache_dtype: str = FLOAT) -> float:
     """Bytes a cached step must read: the weights once, and the valid keys and values (fp32, or
-    an int8 cache's codes)."""
+    an int8 cache's codes; an MLA layer's: latents and rotated keys)."""
     width = 1 if cache_dtype == INT8 else 4
-    return weight_bytes(c, quant) + width * batch * 2 * c.kv_inner * (past + seq)
+    heads, key_width, value_width = c.cache_shape
+    return weight_bytes(c, quant) + width * batch * heads * (key_width + value_width) * (
+        past + seq)
 
 
 # A cold row's ring holds RING x the last-level cache in weights + valid cache (at least 2

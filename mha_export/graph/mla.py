@@ -38,26 +38,36 @@ def build_latent(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], form: G
     latent, k_rot = _cache_entries(g, c, w, cos, sin)  # (B, 1, T, R), (B, 1, T, Hr)
     seq_len = dim(g, "x", 1, "seq_len")  # () T
     if sig.static_cache:
-        latents, rope, masked, present = _static_cache(g, latent, k_rot, seq_len)
+        latents, rope, present = _static_cache(g, latent, k_rot, seq_len)
+
+        def mask(b: GraphBuilder, start: str, t: str) -> str:  # row b's query i: lengths[b] + i
+            first = b.op("Add", ["past_lengths", start], name="rows_first_query")  # (B,)
+            return additive(b, row_masked_positions(b, first, t, dim(b, latents, 2, "key_len")),
+                            "bias")  # (B, 1, t, S)
     else:
         latents, rope = latent, k_rot
         if sig.has_cache:
             latents = g.op("Concat", ["past_key", latent], axis=2, name="all_latents")
             rope = g.op("Concat", ["past_value", k_rot], axis=2, name="all_rope")  # (B,1,S,Hr)
-        masked = score_mask(g, True, seq_len, dim(g, latents, 2, "key_len"),
-                            "attention_mask" if sig.has_mask else None)  # (T,S)|(B,1,T,S)
         present = {"present_key": latents, "present_value": rope} if sig.has_cache else {}
-    ctx = form.core(g, LatentIO(q_nope, q_rot, latents, rope, additive(g, masked, "bias"), w),
-                    c)  # (B, N, T, Hv)
+
+        def mask(b: GraphBuilder, start: str, t: str) -> str:  # query i at P + start + i
+            keys = dim(b, latents, 2, "key_len")  # () S
+            first = b.op("Add", [b.op("Sub", [keys, seq_len], name="past_len"), start],
+                         name="first_query")  # () P + start
+            return additive(b, score_mask(b, True, t, keys, "attention_mask" if sig.has_mask
+                                          else None, start=first), "bias")  # (.., t, S)
+    ctx = form.core(g, LatentIO(q_nope, q_rot, latents, rope, mask, w), c)  # (B, N, T, Hv)
     y = g.linear(merge_heads(g, ctx, m.heads * m.v_head_dim), "o_proj", w["o_proj.weight"],
                  w.get("o_proj.bias"))  # (B, T, dim)
     return {"y": y, **present}
 
 
 def _static_cache(g: GraphBuilder, latent: str, k_rot: str, seq_len: str
-                  ) -> tuple[str, str, str, dict[str, str]]:
-    """This call's entries written at past_lengths[b] + i of row b; each row's valid prefix
-    [0, max(past_lengths) + T) read, row b's query i seeing positions <= past_lengths[b] + i."""
+                  ) -> tuple[str, str, dict[str, str]]:
+    """This call's entries written at past_lengths[b] + i of row b; the valid prefix
+    [0, max(past_lengths) + T) that attention reads (row b's query i then sees positions
+    <= past_lengths[b] + i: the mask's)."""
     index = write_index(g, "past_lengths", latent, seq_len)  # (B, 1, T, 3)
     present_key = g.op("ScatterND", ["past_key", index, latent], name="latent_write")
     present_value = g.op("ScatterND", ["past_value", index, k_rot], name="rope_write")
@@ -66,9 +76,7 @@ def _static_cache(g: GraphBuilder, latent: str, k_rot: str, seq_len: str
     prefix = [g.ints("zero_1d", [0]), as_1d(g, end, "valid_end_1d"), g.ints("axes2_1d", [2])]
     latents = g.op("Slice", [present_key, *prefix], name="valid_latents")  # (B, 1, S, R)
     rope = g.op("Slice", [present_value, *prefix], name="valid_rope")  # (B, 1, S, Hr)
-    masked = row_masked_positions(g, "past_lengths", seq_len,
-                                  dim(g, latents, 2, "valid_len"))  # (B, 1, T, S)
-    return latents, rope, masked, {"present_key": present_key, "present_value": present_value}
+    return latents, rope, {"present_key": present_key, "present_value": present_value}
 
 
 def _queries(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], cos: str, sin: str

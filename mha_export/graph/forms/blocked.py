@@ -65,7 +65,7 @@ def blocked_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig, block: int = BL
     iteration, cond = body.name("iter"), body.name("cond_in")
     context = _block_context(body, io, c, operands, iteration, block_size, use_attention_op)
     tail = [-1, c.inner] if operands.flat else [c.heads, -1, c.head_dim]
-    ctx = _run_loop(g, body, n_blocks, iteration, cond, context, operands.queries,
+    ctx = run_loop(g, body, n_blocks, iteration, cond, context, operands.queries,
                     tail)  # (nb, B, bs, D) | (nb, B, N, bs, H)
     perm = [1, 0, 2, 3] if operands.flat else [1, 0, 3, 2, 4]
     ctx = g.op("Transpose", [ctx], perm=perm, name="blk_ctx")  # (B, nb, bs, [N,] H|D)
@@ -81,7 +81,7 @@ def _operands(g: GraphBuilder, io: AttentionIO, c: MHAConfig, use_attention_op: 
     """The loop's operands, and the present keys/values (B, K, S, H) of a call with a cache."""
     q = scale_queries(g, io.q, c.scale)  # (B, T, D)
     if use_attention_op and not io.has_cache and io.attention_mask is None:
-        ops = _Operands(_pad_axis(g, q, padding, 1), io.k, io.v, None, 1, 1, 1, True)
+        ops = _Operands(pad_axis(g, q, padding, 1), io.k, io.v, None, 1, 1, 1, True)
         return ops, (io.k, io.v)
     q = split_heads(g, q, c.heads, c.head_dim, "blk_q")  # (B, N, T, H)
     if io.past_lengths is not None:  # a static cache: written in place, valid prefix read
@@ -94,13 +94,13 @@ def _operands(g: GraphBuilder, io: AttentionIO, c: MHAConfig, use_attention_op: 
         keys, values = present = keys_values(g, io, c)  # (B, K, S, H)
         past = g.op("Sub", [dim(g, keys, 2, "blk_key_len"), seq_len], name="blk_past_len")
     if use_attention_op:  # (an int8 cache's buffers: codes, read block by block)
-        return _Operands(_pad_axis(g, q, padding, 2), keys, values, past, 2, 2, 2, False,
+        return _Operands(pad_axis(g, q, padding, 2), keys, values, past, 2, 2, 2, False,
                          codes=io.int8_cache is not None and io.past_lengths is not None), present
     # plain MatMuls: every query head gets its kv head's copy, keys transposed for q @ k^T
     keys_t = g.op("Transpose", [repeat_kv(g, keys, c.groups, "blk_k")], perm=[0, 1, 3, 2],
                   name="blk_k_bhds")  # (B, N, H, S)
     values = repeat_kv(g, values, c.groups, "blk_v")  # (B, N, S, H)
-    return _Operands(_pad_axis(g, q, padding, 2), keys_t, values, past, 2, 3, 2, False), present
+    return _Operands(pad_axis(g, q, padding, 2), keys_t, values, past, 2, 3, 2, False), present
 
 
 def _key_range(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operands, start: str,
@@ -160,7 +160,7 @@ def _block_context(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operand
     return body(b, c, io, q_block, k_block, v_block, masked, ops.flat)  # (B, bs, D) | (B, N, bs, H)
 
 
-def _pad_axis(g: GraphBuilder, x: str, pad: str, axis: int) -> str:
+def pad_axis(g: GraphBuilder, x: str, pad: str, axis: int) -> str:
     """Pad x with ``pad`` zero rows at the end of ``axis`` (x is 3-D or 4-D)."""
     rank = 3 if axis == 1 else 4
     pads = g.op("Concat", [g.ints("blk_pads_head", [0] * (rank + axis)),
@@ -200,7 +200,7 @@ def _plain_body(b: GraphBuilder, c: MHAConfig, io: AttentionIO, qb: str, kb: str
     return b.op("MatMul", [probs, vb], name="context")  # (B, N, bs, H)
 
 
-def _run_loop(g: GraphBuilder, b: GraphBuilder, nb: str, it: str, cond: str, ctx_b: str,
+def run_loop(g: GraphBuilder, b: GraphBuilder, nb: str, it: str, cond: str, ctx_b: str,
               batch_of: str, tail: list[int]) -> str:
     """Wrap body builder b (iteration ``it``, condition ``cond``, scan output ctx_b of shape
     (B, *rest)) in a Loop of nb iterations; returns the stacked scan output (nb, B, *rest).

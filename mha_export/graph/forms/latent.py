@@ -4,15 +4,17 @@ projections, rotary, the latent cache, the mask), each a core from queries to co
     ``latent-absorbed``  W_UK moves q_nope into latent space, W_UV brings the context out:
                          multi-query attention over the cache as stored (one key [latent |
                          k_rot] of width R + Hr, one value latent of width R), never expanded
-    ``latent-expanded``  transformers' computation: kv_b_proj expands every cached latent into
-                         each head's k_nope and v (fewer FLOPs when T is large)
+    ``latent-expanded``  transformers' computation: kv_b_proj expands every latent read into each
+                         head's k_nope and v once, then a Loop over blocks of <= 256 queries
+                         (memory linear in T: one block's (N, bs, S) scores at a time)
     ``latent``           (the default for MLA layers) an If on the runtime T: absorbed below
                          LATENT_THRESHOLD tokens (every decode step), expanded from there
 
 FLOPs per (query, key) pair and head: absorbed 2R + Hr, expanded Hn + Hr + Hv, plus the
 expansion's R (Hn + Hv) per key; equal at T = R (Hn + Hv) / (2R - Hn - Hv), 171 for DeepSeek-V2/V3
-(R 512, Hn = Hv = 128): the threshold rounds that up to 192. Both materialise the (N, T, S)
-scores (standard MatMul / Softmax, opset 17): memory O(N*T*S), no memory-linear prefill yet.
+(R 512, Hn = Hv = 128): the threshold rounds that up to 192 (computed, not measured). Standard
+ops only (MatMul, Softmax, Loop; opset 17). The absorbed core materialises its (N, T, S) scores:
+below the threshold only, in ``latent``.
 
 Shape legend: B = batch, T = this call, S = keys read, N = heads, R = kv_lora_rank,
 Hn = qk_nope_head_dim, Hr = qk_rope_head_dim, Hv = v_head_dim.
@@ -20,16 +22,19 @@ Hn = qk_nope_head_dim, Hr = qk_rope_head_dim, Hv = v_head_dim.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from onnx import helper
 from torch import Tensor
 
 from ...config import MHAConfig
-from ..builder import GraphBuilder, dim
-from .base import Feature, GraphForm, QUADRATIC
+from ..builder import GraphBuilder, as_1d, ceil_div, dim
+from .base import LINEAR, QUADRATIC, Feature, GraphForm, Memory
+from .blocked import BLOCK, BLOCK_EDGES, pad_axis, run_loop
 
 LATENT_THRESHOLD = 192
+# (builder, first query's index in the call (), queries ()) -> additive bias (B|1, 1, t, S)
+MaskBuilder = Callable[[GraphBuilder, str, str], str]
 
 
 @dataclass(frozen=True)
@@ -40,8 +45,12 @@ class LatentIO:
     q_rot: str  # (B, N, T, Hr), rotated
     latents: str  # (B, 1, S, R), normalised
     k_rot: str  # (B, 1, S, Hr), rotated, shared by every head
-    bias: str  # (B|1, 1|., T, S) additive: 0 or the lowest finite value
+    mask: MaskBuilder  # the bias of queries [start, start + t): built per block, never (T, S)
     weights: Mapping[str, Tensor]  # the layer's state dict (checkpoint names)
+
+    def bias(self, g: GraphBuilder) -> str:
+        """The whole call's additive bias (B|1, 1, T, S)."""
+        return self.mask(g, g.ints("zero", 0), dim(g, self.q_nope, 2, "query_count"))
 
 
 def _head_weights(c: MHAConfig, w: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
@@ -85,7 +94,7 @@ def absorbed_core(g: GraphBuilder, io: LatentIO, c: MHAConfig) -> str:
     heads = g.op("Concat", [g.ints("bn", [0, m.heads]), g.ints("minus_one_1d", [-1]),
                             g.op("Shape", [io.latents], start=2, end=3, name="key_count")],
                  axis=0, name="score_heads_shape")  # [B, N, -1, S]
-    probs = _softmax(g, g.op("Reshape", [scores, heads], name="scores_by_head"), c, io.bias)
+    probs = _softmax(g, g.op("Reshape", [scores, heads], name="scores_by_head"), c, io.bias(g))
     probs = g.op("Reshape", [probs, g.ints("prob_rows", [0, 1, -1, 0])],
                  name="prob_rows_3d")  # (B, 1, N*T, S)
     ctx = g.op("MatMul", [probs, io.latents], name="latent_context")  # (B, 1, N*T, R)
@@ -96,9 +105,11 @@ def absorbed_core(g: GraphBuilder, io: LatentIO, c: MHAConfig) -> str:
                 name="context_out_of_latent")  # (B, N, T, Hv)
 
 
-def expanded_core(g: GraphBuilder, io: LatentIO, c: MHAConfig) -> str:
-    """kv_b_proj over every latent read: each head's k_nope and v; scores = q_nope . k_nope +
-    q_rot . k_rot (the shared rotated key broadcast over the heads, never copied)."""
+def expanded_core(g: GraphBuilder, io: LatentIO, c: MHAConfig, block: int = BLOCK) -> str:
+    """kv_b_proj over every latent read, once: each head's k_nope and v; then a Loop over blocks
+    of <= ``block`` queries (bs = ceil(T / ceil(T / block)), the last padded), each block's
+    scores q_nope . k_nope + q_rot . k_rot (the shared rotated key broadcast over the heads,
+    never copied) over every key, masked by its own rows' bias."""
     m = c.mla
     width = m.qk_nope_head_dim + m.v_head_dim
     kv = g.op("MatMul", [io.latents, g.const("kv_b_proj.t.weight",
@@ -111,10 +122,32 @@ def expanded_core(g: GraphBuilder, io: LatentIO, c: MHAConfig) -> str:
     k_nope, v = g.op("Split", [kv, g.ints("kv_b_split", [m.qk_nope_head_dim, m.v_head_dim])],
                      n_out=2, axis=3, name="kv_b_parts")  # (B, N, S, Hn), (B, N, S, Hv)
     t = lambda x, name: g.op("Transpose", [x], perm=[0, 1, 3, 2], name=name)  # noqa: E731
-    scores = g.op("Add", [g.op("MatMul", [io.q_nope, t(k_nope, "k_nope_t")], name="nope_scores"),
-                          g.op("MatMul", [io.q_rot, t(io.k_rot, "k_rot_t")],
-                               name="rope_scores")], name="scores")  # (B, N, T, S)
-    return g.op("MatMul", [_softmax(g, scores, c, io.bias), v], name="context")  # (B,N,T,Hv)
+    k_nope_t, k_rot_t = t(k_nope, "k_nope_t"), t(io.k_rot, "k_rot_t")  # (B, N|1, H., S)
+    seq_len = dim(g, io.q_nope, 2, "exp_seq_len")  # () T
+    n_blocks = ceil_div(g, seq_len, g.ints("exp_block", block), "exp_count")  # ()
+    block_size = ceil_div(g, seq_len, n_blocks, "exp_size")  # () <= block
+    padding = g.op("Sub", [g.op("Mul", [n_blocks, block_size], name="exp_padded_len"),
+                           seq_len], name="exp_pad")  # () query rows added to the last block
+    q_nope, q_rot = (pad_axis(g, q, padding, 2) for q in (io.q_nope, io.q_rot))  # (B,N,nb*bs,.)
+    b = g.sub("exp/")
+    iteration, cond = b.name("iter"), b.name("cond_in")
+    start = b.op("Mul", [iteration, block_size], name="start")  # () the block's first query
+    rows = [as_1d(b, start, "start_1d"),
+            as_1d(b, b.op("Add", [start, block_size], name="end"), "end_1d"), b.ints("axes2", [2])]
+    qn, qr = (b.op("Slice", [q, *rows], name=f"{n}_block")
+              for q, n in ((q_nope, "q_nope"), (q_rot, "q_rot")))  # (B, N, bs, H.)
+    scores = b.op("Add", [b.op("MatMul", [qn, k_nope_t], name="nope_scores"),
+                          b.op("MatMul", [qr, k_rot_t], name="rope_scores")],
+                  name="scores")  # (B, N, bs, S)
+    ctx = b.op("MatMul", [_softmax(b, scores, c, io.mask(b, start, block_size)), v],
+               name="context")  # (B, N, bs, Hv)
+    ctx = run_loop(g, b, n_blocks, iteration, cond, ctx, io.q_nope,
+                   [m.heads, -1, m.v_head_dim])  # (nb, B, N, bs, Hv)
+    ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[1, 2, 0, 3, 4], name="exp_ctx"),
+                           g.ints("exp_ctx_shape", [0, m.heads, -1, m.v_head_dim])],
+               name="exp_ctx_padded")  # (B, N, nb*bs, Hv)
+    return g.op("Slice", [ctx, g.ints("zero_1d", [0]), as_1d(g, seq_len, "exp_seq_len_1d"),
+                          g.ints("axes2_1d", [2])], name="expanded_context")  # (B, N, T, Hv)
 
 
 def auto_core(g: GraphBuilder, io: LatentIO, c: MHAConfig,
@@ -140,11 +173,12 @@ def _latent_only(c: MHAConfig) -> Optional[str]:
 LATENT_FEATURES = frozenset({Feature.LATENT, Feature.KV_CACHE, Feature.STATIC_CACHE,
                              Feature.ATTENTION_MASK, Feature.GQA})
 LATENT_AUTO = GraphForm(
-    name="latent", core=auto_core, min_opset=17, memory=QUADRATIC,
+    name="latent", core=auto_core, min_opset=17, memory=Memory(linear_from=LATENT_THRESHOLD),
     summary=f"Multi-head Latent Attention (the default for it): an If on the runtime T, the "
             f"absorbed core for T < {LATENT_THRESHOLD} (every decode step: the latent cache "
-            f"read as stored), the expanded one from {LATENT_THRESHOLD}",
-    switch_seq_lens=(LATENT_THRESHOLD - 1, LATENT_THRESHOLD), supports=LATENT_FEATURES,
+            f"read as stored), the expanded loop from {LATENT_THRESHOLD}",
+    switch_seq_lens=(LATENT_THRESHOLD - 1, LATENT_THRESHOLD) + BLOCK_EDGES,
+    supports=LATENT_FEATURES,
     refuse=_latent_only)
 LATENT_ABSORBED = GraphForm(
     name="latent-absorbed", core=absorbed_core, min_opset=17, memory=QUADRATIC,
@@ -152,7 +186,7 @@ LATENT_ABSORBED = GraphForm(
             "latent cache as stored (MatMul, Softmax, MatMul)",
     supports=LATENT_FEATURES, refuse=_latent_only)
 LATENT_EXPANDED = GraphForm(
-    name="latent-expanded", core=expanded_core, min_opset=17, memory=QUADRATIC,
+    name="latent-expanded", core=expanded_core, min_opset=17, memory=LINEAR,
     summary="Multi-head Latent Attention, every call expanded as transformers computes it "
-            "(kv_b_proj over every cached latent)",
-    supports=LATENT_FEATURES, refuse=_latent_only)
+            f"(kv_b_proj over every latent read), then a Loop over blocks of <= {BLOCK} queries",
+    switch_seq_lens=BLOCK_EDGES, supports=LATENT_FEATURES, refuse=_latent_only)
