@@ -159,8 +159,22 @@ def make_signature(config: MHAConfig, kind: str = "full", cache_dtype: str = FLO
                          f"got {kind!r}")
     ins, outs = KINDS[kind]
     ins += ("position_ids",) if config.rotary != "none" else ()  # rotary layers: the last input
-    return Signature(kind, tuple(_cached(TENSORS[n](config, kind), cache_dtype) for n in ins),
-                     tuple(_cached(TENSORS[n](config, kind), cache_dtype) for n in outs))
+    spec = lambda n: _latent(_cached(TENSORS[n](config, kind), cache_dtype), config)  # noqa: E731
+    return Signature(kind, tuple(spec(n) for n in ins), tuple(spec(n) for n in outs))
+
+
+# Multi-head Latent Attention: what its cache tensors hold (transformers' DynamicCache layout)
+LATENT_DOCS = {"past_key": "the normalised latents (kv_lora_rank wide)",
+               "past_value": "the rotated keys every head shares (qk_rope_head_dim wide)",
+               "present_key": "the latents after this call", "present_value":
+               "the rotated keys after this call"}
+
+
+def _latent(t: TensorSpec, config: MHAConfig) -> TensorSpec:
+    """An MLA layer's cache tensors say what they hold."""
+    if config.latent is None or t.name not in LATENT_DOCS:
+        return t
+    return TensorSpec(t.name, t.dtype, t.shape, f"{LATENT_DOCS[t.name]}: {t.doc}")
 
 
 def _cached(t: TensorSpec, cache_dtype: str) -> TensorSpec:

@@ -248,7 +248,7 @@ def top_left_causal(path: Path) -> None:
             if n.name.endswith("causal_offset"):  # t_k - t_q -> t_q - t_q = 0
                 n.input[0] = n.input[1]
                 hit = True
-            elif n.name.endswith("first_key"):  # past + block start -> block start
+            elif n.name.endswith(("first_key", "first_query")):  # past + start -> start
                 n.op_type = "Identity"
                 del n.input[0]
                 del n.attribute[:]
@@ -273,7 +273,7 @@ def cache_mixed_up(path: Path) -> None:
     def fn(m):
         hit = False
         for n in all_nodes(m.graph):
-            if n.name.endswith(("all_keys", "all_values")):
+            if n.name.endswith(("all_keys", "all_values", "all_latents", "all_rope")):
                 n.input[0], n.input[1] = n.input[1], n.input[0]
                 hit = True
             elif n.op_type == "Attention" and len(n.input) == 6:

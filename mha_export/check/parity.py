@@ -296,7 +296,7 @@ def _scenario(opened: list[Runner], reference: EagerRunner, config, case: Case, 
 
     def truth(r: EagerRunner) -> dict:
         if stepwise:
-            return scenarios.run(r, config, case, x, mask, split)
+            return scenarios.run(r, case, x, mask, split)
         return scenarios.expected(case, scenarios.eager_full(r.source), x, mask)
 
     expected = {"eager": truth(opened[0]), "reference": truth(reference)}
@@ -305,8 +305,7 @@ def _scenario(opened: list[Runner], reference: EagerRunner, config, case: Case, 
     given = _given_codes(opened[0], reference)
     results = []
     for r in opened:
-        results += _compared(r, case, lambda rec: scenarios.run(rec, config, case, x, mask,
-                                                                split),
+        results += _compared(r, case, lambda rec: scenarios.run(rec, case, x, mask, split),
                              expected, scenarios.valid(case, mask), tolerances, given)
     return results
 

@@ -43,8 +43,7 @@ def eager_full(module) -> Expect:
     return run
 
 
-def generate(runner: Runner, config: MHAConfig, x: np.ndarray, mask: np.ndarray,
-             split: Sequence[int]) -> Feeds:
+def generate(runner: Runner, x: np.ndarray, mask: np.ndarray, split: Sequence[int]) -> Feeds:
     """Calls of len split[0], split[1], ... with the cache carried: y of all calls (B, L, dim)
     and the last present_key/present_value (B, K, L, H)."""
     past = {n: np.zeros(runner.signature.cache_buffer(n, x.shape[0], 0), np.float32)
@@ -80,7 +79,7 @@ def alone(expect: Expect, x: np.ndarray, mask: np.ndarray) -> dict:
     return out
 
 
-def generate_static(runner: Runner, config: MHAConfig, x: np.ndarray, mask: np.ndarray,
+def generate_static(runner: Runner, x: np.ndarray, mask: np.ndarray,
                     split: Sequence[int]) -> Feeds:
     """Calls of len split[0], split[1], ... into one buffer of capacity L + 3 (random beyond the
     writes: never read), past_lengths advanced by each call — after a right-padded prefill
@@ -152,11 +151,12 @@ def expected(case: Case, expect: Expect, x: np.ndarray, mask: np.ndarray) -> dic
     return expect(x, mask)
 
 
-def run(runner: Runner, config: MHAConfig, case: Case, x: np.ndarray, mask: np.ndarray,
+def run(runner: Runner, case: Case, x: np.ndarray, mask: np.ndarray,
         split: Sequence[int]) -> Feeds:
+    """The case's calls through the runner, cache buffers shaped by its signature."""
     if case.scenario.startswith("static"):
-        return generate_static(runner, config, x, mask, split)
-    return generate(runner, config, x, mask, split)
+        return generate_static(runner, x, mask, split)
+    return generate(runner, x, mask, split)
 
 
 def valid(case: Case, mask: np.ndarray) -> dict:

@@ -129,7 +129,7 @@ def expanded_core(g: GraphBuilder, io: LatentIO, c: MHAConfig, block: int = BLOC
     padding = g.op("Sub", [g.op("Mul", [n_blocks, block_size], name="exp_padded_len"),
                            seq_len], name="exp_pad")  # () query rows added to the last block
     q_nope, q_rot = (pad_axis(g, q, padding, 2) for q in (io.q_nope, io.q_rot))  # (B,N,nb*bs,.)
-    b = g.sub("exp/")
+    b = g.sub("exp/", share_constants=True)  # weights and scale stored once, in the graph
     iteration, cond = b.name("iter"), b.name("cond_in")
     start = b.op("Mul", [iteration, block_size], name="start")  # () the block's first query
     rows = [as_1d(b, start, "start_1d"),
