@@ -35,7 +35,9 @@ class MHAConfig:
     head_dim: int | None = None  # default: dim // heads
     kv_heads: int | None = None  # key/value heads (default: heads; 1 = multi-query)
     qkv_bias: bool = False
-    out_bias: bool = True  # split / fused only (single / stacked have no output projection)
+    # split / fused / latent only (single / stacked have no output projection); default True,
+    # False for an MLA layer (DeepSeek's attention_bias is false)
+    out_bias: Optional[bool] = None
     dropout: float = 0.0
     max_seq_len: int = 1024
     causal: bool = True
@@ -60,6 +62,8 @@ class MHAConfig:
         _positive("max_seq_len", self.max_seq_len)
         if self.latent is not None:
             self._resolve_latent()
+        if self.out_bias is None:
+            object.__setattr__(self, "out_bias", self.latent is None)
         if self.layout is None:
             object.__setattr__(self, "layout", "split")
         if self.layout not in LAYOUTS:
@@ -160,8 +164,9 @@ class MHAConfig:
         return self.heads * self.head_dim
 
     def _check_rotary(self) -> None:
-        if self.rotary not in (ROPE_LAYOUTS if self.latent else ROTARY):
-            raise UsageError(f"unknown rotary {self.rotary!r}: choose one of {', '.join(ROTARY)}")
+        choices = ROPE_LAYOUTS if self.latent else ROTARY
+        if self.rotary not in choices:
+            raise UsageError(f"unknown rotary {self.rotary!r}: choose one of {', '.join(choices)}")
         if self.rotary == "none":
             return
         if self.rotary_dim is None:

@@ -1,4 +1,4 @@
-"""Multi-head Latent Attention's settings (DeepSeek-V2/V3, Kimi K2), torch-free: ``Latent``, the
+"""Multi-head Latent Attention's settings (DeepSeek-V2/V3), torch-free: ``Latent``, the
 section MHAConfig nests (``MHAConfig.latent``, set: the layer is MLA, layout "latent"), and
 ``MLAConfig``, the flat view of an MLA layer that the eager layer (layer/mla.py) and the graph
 (graph/mla.py) read (``MHAConfig.mla``).
@@ -43,7 +43,8 @@ class Latent:
             _positive("q_lora_rank", self.q_lora_rank)
         if self.qk_rope_head_dim % 2:
             raise UsageError(f"qk_rope_head_dim must be even, got {self.qk_rope_head_dim}")
-        if not (isinstance(self.norm_eps, (int, float)) and math.isfinite(self.norm_eps)
+        if isinstance(self.norm_eps, bool) or not (
+                isinstance(self.norm_eps, (int, float)) and math.isfinite(self.norm_eps)
                 and self.norm_eps > 0):
             raise UsageError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
 
@@ -87,6 +88,10 @@ class MLAConfig:
                              f"{', '.join(ROPE_LAYOUTS)}")
         object.__setattr__(self, "rope_scaling", rope_types.normalized_scaling(
             self.rope_scaling, self.qk_rope_head_dim))
+        mscale = (self.rope_scaling or {}).get("mscale_all_dim")  # read for every scaling type
+        if mscale is not None and (isinstance(mscale, bool) or not isinstance(
+                mscale, (int, float)) or not math.isfinite(mscale) or mscale < 0):
+            raise UsageError(f"rope_scaling mscale_all_dim must be a number >= 0, got {mscale!r}")
 
     @property
     def qk_head_dim(self) -> int:
@@ -128,6 +133,19 @@ class MLAConfig:
         expanded = 2 * keys * kv_b + 2 * pairs * self.heads * (
             self.qk_head_dim + self.v_head_dim)
         return projections + min(absorbed, expanded)
+
+
+def refuse_unbuilt(config_latent: Optional["Latent"], quantize: bool, int8_cache: bool) -> None:
+    """What is not built for Multi-head Latent Attention yet: a one-line refusal (export and
+    bench)."""
+    if config_latent is None:
+        return
+    if quantize:
+        raise UsageError("--quantize is not built for Multi-head Latent Attention yet (its "
+                         "projections, W_UK and W_UV are float)")
+    if int8_cache:
+        raise UsageError("--kv-cache-dtype int8 is not built for Multi-head Latent Attention "
+                         "yet (its latent cache is float)")
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:

@@ -242,3 +242,34 @@ def test_torch_targets_export_the_static_latent_cache_and_pass_the_check(target,
                              static_cache=True, check_options=dict(
                                  seq_lens=[1, 3, 16], batch_sizes=[1, 3]))
     assert result.passed and result.report.tested
+
+
+def test_the_families_read_what_transformers_builds(tmp_path):
+    """The latent norms' eps is RMSNorm's 1e-6 whatever rms_norm_eps says (transformers builds
+    them so); MLA flags are checked one by one against config.json; a quantized (FP8)
+    checkpoint is refused, never read as plain floats."""
+    import json
+
+    from mha_export.weights.families import FAMILIES, Settings
+    from mha_export.weights.huggingface import merge_fields
+    family = FAMILIES["deepseek_v3"]
+    fields = family.fields(Settings(dict(COMMON, rms_norm_eps=1e-5), family.defaults), 1)
+    assert fields["latent"]["norm_eps"] == 1e-6 and fields["out_bias"] is False
+    assert merge_fields(fields, {"latent": {"kv_lora_rank": 32}})["latent"] == fields["latent"]
+    with pytest.raises(UsageError, match=r"--kv-lora-rank 16 contradicts .*kv_lora_rank = 32"):
+        merge_fields(fields, {"latent": {"kv_lora_rank": 16}})
+    folder = tmp_path / "fp8"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(dict(
+        COMMON, model_type="deepseek_v3", quantization_config={"quant_method": "fp8"})))
+    with pytest.raises(UsageError, match="quantized checkpoint .*'fp8'"):
+        load_source(weights=folder, layer=1)
+
+
+def test_bench_refuses_what_mla_does_not_build():
+    from mha_export.bench.driver import run_bench
+    from mha_export.weights.quantize import QuantSpec
+    for options, msg in ((dict(quantize=[QuantSpec(bits=4)]), "--quantize"),
+                         (dict(int8_cache=True, static_cache=True), "--kv-cache-dtype int8")):
+        with pytest.raises(UsageError, match=msg):
+            run_bench(MLA_CFG, [1], 1, ["cpu"], None, 2, 0, 4.0, 0.1, **options)

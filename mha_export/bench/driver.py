@@ -18,6 +18,7 @@ from typing import Callable, Optional, Sequence
 from ..config import MHAConfig
 from ..env import last_level_cache_bytes, machine_info
 from ..errors import UsageError
+from ..latent import refuse_unbuilt
 from ..signature import FLOAT, INT8
 from ..weights.kv_quant import INT8_CACHE_TAG, KVCacheSpec
 from ..weights.quantize import QuantSpec, quantized_projections
@@ -172,6 +173,7 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
                          "(/sys/devices/system/cpu/cpu0/cache)")
     if int8_cache and not static_cache:
         raise UsageError("an int8 cache is measured on the static cache: add --static-cache")
+    refuse_unbuilt(config.latent, bool(quantize), int8_cache)
     kind = "static-cache" if static_cache else "kv-cache" if kv_cache else "full"
     forms = list(forms or forms_for(config, make_signature(config, kind)))
     points = [(t, p) for t in seq_lens for p in (past_lens if kind != "full" else [0])]

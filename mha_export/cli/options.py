@@ -85,8 +85,9 @@ CONFIG_OPTIONS = [
                       "1 = multi-query]."),
     click.option("--qkv-bias/--no-qkv-bias", default=DEFAULTS["qkv_bias"], show_default=True,
                  help="Biases on the q/k/v projections."),
-    click.option("--out-bias/--no-out-bias", default=DEFAULTS["out_bias"], show_default=True,
-                 help="Bias on the output projection (split/fused)."),
+    click.option("--out-bias/--no-out-bias", default=None,
+                 help="Bias on the output projection (split/fused/latent) [default: yes; MLA: "
+                      "no, as DeepSeek's]."),
     click.option("--dropout", type=float, default=DEFAULTS["dropout"], show_default=True,
                  help="Attention dropout (training only; exports run in eval mode)."),
     click.option("--max-seq-len", type=int, default=DEFAULTS["max_seq_len"], show_default=True,

@@ -17,6 +17,7 @@ from ..config import MHAConfig
 from ..env import utc_now, versions
 from ..errors import UsageError
 from ..graph import forms
+from ..latent import refuse_unbuilt
 from ..signature import FLOAT, INT8, STATIC, Signature, make_signature, signature_kind
 from ..weights.files import save_weights
 from ..weights.kv_calibration import calibrate_cache
@@ -69,7 +70,7 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
     int8_cache = _int8_cache_requested(chosen, kind, kv_cache_dtype, calibration,
                                        options.get("dtype", "float32"))
     source = load_source(config, weights, layer, seed, config_fields)
-    _refuse_for_latent(source.config, quantize, int8_cache)
+    refuse_unbuilt(source.config.latent, quantize is not None, int8_cache)
     if int8_cache:
         options["kv_cache"] = _calibrated(source, quantize, calibration, value_scale, seed)
     sig = make_signature(source.config, kind, INT8 if int8_cache else FLOAT)
@@ -88,19 +89,6 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
             report.artifact = str(dest)
             write_json_atomic(stage / REPORT_FILE, report.to_dict())
     return ExportResult(dest, report)
-
-
-def _refuse_for_latent(config: MHAConfig, quantize: Optional[QuantSpec], int8_cache: bool
-                       ) -> None:
-    """What is not built for Multi-head Latent Attention yet: a one-line refusal."""
-    if config.latent is None:
-        return
-    if quantize is not None:
-        raise UsageError("--quantize is not built for Multi-head Latent Attention yet (its "
-                         "projections, W_UK and W_UV are float)")
-    if int8_cache:
-        raise UsageError("--kv-cache-dtype int8 is not built for Multi-head Latent Attention "
-                         "yet (its latent cache is float)")
 
 
 def _int8_cache_requested(target: ExportTarget, kind: str, cache_dtype: str,

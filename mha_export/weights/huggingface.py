@@ -28,6 +28,8 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 # max_position_embeddings, at most this (131072 for Llama 3 would be a sweep no machine runs);
 # --max-seq-len sets it, and longer inputs work either way.
 CHECKED_CONTEXT = 1024
+FLOAT8 = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+                                      "float8_e5m2fnuz") if hasattr(torch, n)}
 
 
 def hf_config_path(path: str | Path) -> Optional[Path]:
@@ -55,12 +57,25 @@ def _read_config(cfg_path: Path) -> tuple[Family, dict]:
     if family is None:
         raise UsageError(f"{cfg_path}: unsupported model type {kind!r} (supported: "
                          f"{supported_types()})")
+    _refuse_quantized(cfg_path, cfg)
     if family.nested is None:
         return family, cfg
     text = cfg.get(family.nested)
     if not isinstance(text, (dict, type(None))):
         raise UsageError(f"{cfg_path}: {family.nested} must be a JSON object")
     return family, text or {}
+
+
+def _refuse_quantized(cfg_path: Path, cfg: dict) -> None:
+    """A quantized checkpoint (DeepSeek-V3's FP8 blocks with weight_scale_inv beside them, GPTQ,
+    AWQ, ...) stores weights that mean nothing without their scales: refused, never read as
+    plain floats."""
+    found = cfg.get("quantization_config")
+    method = found.get("quant_method", "unknown") if isinstance(found, dict) else found
+    if method:
+        raise UsageError(f"{cfg_path}: a quantized checkpoint (quantization_config "
+                         f"quant_method {method!r}) is not read: its weights need their scales; "
+                         "export from a bf16/fp16/fp32 checkpoint")
 
 
 def _layer_pattern(family: Family, layer: int) -> re.Pattern:
@@ -134,6 +149,9 @@ def _read_tensors(path: Path, family: Family, layer: int) -> dict[str, Tensor]:
         raise UsageError(f"{path}: no attention tensors for layer {layer}")
     named = {}
     for name, tensor in found.items():
+        if tensor.dtype in FLOAT8:
+            raise UsageError(f"{file}: {name} is {tensor.dtype} (a quantized checkpoint's "
+                             "codes): export from a bf16/fp16/fp32 checkpoint")
         match = pattern.search(name)
         part = f".{match['part']}" if match["part"] else ""
         named[family.tensors[match["module"]] + part] = tensor.float()
@@ -164,16 +182,19 @@ def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict
 
 def merge_fields(from_checkpoint: dict, given: dict[str, Any]) -> dict:
     """The checkpoint's fields; a given field that contradicts one is an error. max_seq_len (the
-    checked context length) and layout (a conversion target) may be chosen freely."""
+    checked context length) and layout (a conversion target) may be chosen freely. The MLA
+    options (MHAConfig's latent section) are compared one by one."""
     free = {"max_seq_len", "layout", "dropout"}
-    for name, value in given.items():
+    checkpoint = {**from_checkpoint, **(from_checkpoint.get("latent") or {})}
+    flat = {**{k: v for k, v in given.items() if k != "latent"}, **(given.get("latent") or {})}
+    for name, value in flat.items():
         if name in free:
             continue
-        if name not in from_checkpoint:
-            raise UsageError(f"--{name.replace('_', '-')} cannot be set for a checkpoint layer: "
-                             "config.json decides it")
-        if from_checkpoint[name] != value:
-            flag = "--" + name.replace("_", "-")
+        flag = "--" + name.replace("_", "-")
+        if name not in checkpoint:
+            raise UsageError(f"{flag} cannot be set for a checkpoint layer: config.json decides "
+                             "it")
+        if checkpoint[name] != value:
             raise UsageError(f"{flag} {value} contradicts the checkpoint's config.json "
-                             f"({name} = {from_checkpoint[name]})")
-    return {**from_checkpoint, **given}
+                             f"({name} = {checkpoint[name]})")
+    return {**from_checkpoint, **{k: v for k, v in given.items() if k != "latent"}}
