@@ -135,14 +135,11 @@ class MLAConfig:
         return projections + min(absorbed, expanded)
 
 
-def refuse_unbuilt(config_latent: Optional["Latent"], quantize: bool, int8_cache: bool) -> None:
+def refuse_unbuilt(config_latent: Optional["Latent"], int8_cache: bool) -> None:
     """What is not built for Multi-head Latent Attention yet: a one-line refusal (export and
     bench)."""
     if config_latent is None:
         return
-    if quantize:
-        raise UsageError("--quantize is not built for Multi-head Latent Attention yet (its "
-                         "projections, W_UK and W_UV are float)")
     if int8_cache:
         raise UsageError("--kv-cache-dtype int8 is not built for Multi-head Latent Attention "
                          "yet (its latent cache is float)")

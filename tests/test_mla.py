@@ -212,12 +212,8 @@ def test_mla_exports_name_the_latent_cache_and_refuse_what_does_not_apply(tmp_pa
     assert art.export["attention"] == "latent" and art.config.layout == "latent"
     assert art.config.slug() == "latent-h4-d64-r32-rope8-q48"
     cases = [(dict(attention="auto"), "'auto' does not support latent"),
-             (dict(quantize=True), "Multi-head Latent Attention"),
              (dict(static_cache=True, kv_cache_dtype="int8"), "Multi-head Latent Attention")]
     for options, msg in cases:
-        if options.get("quantize"):
-            from mha_export.weights.quantize import QuantSpec
-            options = {"quantize": QuantSpec(bits=4)}
         with pytest.raises(UsageError, match=msg):
             export_onnx(MLA_CFG, tmp_path / "x", validate=False, **options)
         assert not (tmp_path / "x").exists()
@@ -268,8 +264,34 @@ def test_the_families_read_what_transformers_builds(tmp_path):
 
 def test_bench_refuses_what_mla_does_not_build():
     from mha_export.bench.driver import run_bench
+    with pytest.raises(UsageError, match="--kv-cache-dtype int8"):
+        run_bench(MLA_CFG, [1], 1, ["cpu"], None, 2, 0, 4.0, 0.1, int8_cache=True,
+                  static_cache=True)
+
+
+# DeepSeek-V2-Lite's kind of layer (q_proj, no q LoRA): the quantized-projection faults edit q_proj
+MLA_V2 = MHAConfig(dim=64, heads=4, max_seq_len=16, rotary="interleaved", latent=dict(
+    kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24))
+
+
+@pytest.mark.parametrize("fault", sorted(faults.QUANT_FAULTS))
+def test_quantized_mla_projections_pass_and_their_faults_fail(fault, tmp_path):
+    """--quantize int4 on an MLA layer: q_proj, kv_a_proj_with_mqa and o_proj as MatMulNBits
+    (kv_b_proj's W_UK / W_UV stay float). The export's own check passes at level 4 (int8
+    activations, and the file at fp32 compute); each planted fault then fails at fp32
+    compute."""
+    import json
+
+    from mha_export import check_parity, export_onnx
     from mha_export.weights.quantize import QuantSpec
-    for options, msg in ((dict(quantize=[QuantSpec(bits=4)]), "--quantize"),
-                         (dict(int8_cache=True, static_cache=True), "--kv-cache-dtype int8")):
-        with pytest.raises(UsageError, match=msg):
-            run_bench(MLA_CFG, [1], 1, ["cpu"], None, 2, 0, 4.0, 0.1, **options)
+    spec = QuantSpec(bits=4, accuracy_level=4, symmetric=fault != "a zero point off by one")
+    result = export_onnx(MLA_V2, tmp_path / "q", static_cache=True, quantize=spec)
+    assert result.passed and result.report.quantization
+    record = json.loads((result.path / "config.json").read_text())["export"]["quantize"]
+    assert record["projections"] == ["q_proj", "kv_a_proj_with_mqa", "o_proj"]
+    try:
+        faults.QUANT_FAULTS[fault](result.path / "model.onnx")
+    except faults.NotApplicable as e:
+        pytest.skip(str(e))
+    report = check_parity(result.path, seq_lens=[1, 5, 16], batch_sizes=[2], providers=["cpu"])
+    assert any(not r.passed for r in report.results if r.runner == "ort-cpu-fp32-compute")

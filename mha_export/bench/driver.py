@@ -173,7 +173,7 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
                          "(/sys/devices/system/cpu/cpu0/cache)")
     if int8_cache and not static_cache:
         raise UsageError("an int8 cache is measured on the static cache: add --static-cache")
-    refuse_unbuilt(config.latent, bool(quantize), int8_cache)
+    refuse_unbuilt(config.latent, int8_cache)
     kind = "static-cache" if static_cache else "kv-cache" if kv_cache else "full"
     forms = list(forms or forms_for(config, make_signature(config, kind)))
     points = [(t, p) for t in seq_lens for p in (past_lens if kind != "full" else [0])]
@@ -285,14 +285,18 @@ def stream_bandwidth(budget_s: float, progress: Callable[[str], None]) -> Option
 
 
 def weight_bytes(c: MHAConfig, quant: Optional[QuantSpec] = None) -> int:
-    """Bytes of the layer's projections' weights: fp32, or as ``quant`` stores them."""
-    if c.latent is not None:  # never quantized (refused at export)
-        return 4 * sum(math.prod(s) for s in c.mla.weight_shapes().values())
-    shape = {"q_proj": (c.inner, c.d_in), "k_proj": (c.kv_inner, c.d_in),
-             "v_proj": (c.kv_inner, c.d_in), "out_proj": (c.dim, c.inner),
-             "gate_proj": (c.inner, c.d_in)}
-    return sum(quant.stored_bytes(*shape[p]) if quant else 4 * shape[p][0] * shape[p][1]
-               for p in quantized_projections(c))
+    """Bytes of the layer's projections' weights: fp32, or as ``quant`` stores the quantized
+    ones (an MLA layer's kv_b_proj stays fp32)."""
+    if c.latent is not None:
+        shape = c.mla.weight_shapes()
+    else:
+        shape = {"q_proj": (c.inner, c.d_in), "k_proj": (c.kv_inner, c.d_in),
+                 "v_proj": (c.kv_inner, c.d_in), "out_proj": (c.dim, c.inner),
+                 "gate_proj": (c.inner, c.d_in)}
+        shape = {p: shape[p] for p in quantized_projections(c)}
+    quantized = set(quantized_projections(c)) if quant else set()
+    return sum(quant.stored_bytes(*s) if p in quantized else 4 * s[0] * s[1]
+               for p, s in shape.items())
 
 
 def step_bytes(c: MHAConfig, seq: int, batch: int, past: int,

@@ -70,7 +70,7 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
     int8_cache = _int8_cache_requested(chosen, kind, kv_cache_dtype, calibration,
                                        options.get("dtype", "float32"))
     source = load_source(config, weights, layer, seed, config_fields)
-    refuse_unbuilt(source.config.latent, quantize is not None, int8_cache)
+    refuse_unbuilt(source.config.latent, int8_cache)
     if int8_cache:
         options["kv_cache"] = _calibrated(source, quantize, calibration, value_scale, seed)
     sig = make_signature(source.config, kind, INT8 if int8_cache else FLOAT)

@@ -7,14 +7,13 @@ unquantized source module."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import numpy as np
 import torch
 
 from ..layer.base import AttentionBase, AttentionWeights
 from ..layer.layouts import build_module
-from .quantize import QuantSpec, quantize
+from .quantize import QuantSpec, quantize, quantized_projections
 
 PROJECTION_FIELDS = ("wq", "wk", "wv", "wo", "wg")  # AttentionWeights' quantized matrices
 
@@ -22,18 +21,25 @@ PROJECTION_FIELDS = ("wq", "wk", "wv", "wo", "wg")  # AttentionWeights' quantize
 def dequantized_weights(w: AttentionWeights, spec: QuantSpec,
                         dtype: str = "float32") -> AttentionWeights:
     """``dtype``: the model's, in which the file stores the scales."""
-    def dequantized(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        if t is None:
-            return None
-        q = quantize(t.detach().to(torch.float32).numpy(), spec)
-        return torch.from_numpy(q.dequantized(np.dtype(dtype).type)).to(t.dtype)
-
-    return dataclasses.replace(w, **{f: dequantized(getattr(w, f)) for f in PROJECTION_FIELDS})
+    return dataclasses.replace(w, **{f: None if getattr(w, f) is None else _dequantized(
+        getattr(w, f), spec, dtype) for f in PROJECTION_FIELDS})
 
 
 def dequantized_module(module: AttentionBase, spec: QuantSpec,
                        dtype: str = "float32") -> AttentionBase:
     """A new module of the same config whose projections hold the dequantized weights."""
     out = build_module(module.config)
+    if module.config.latent is not None:  # MLA: its nn.Linear projections, by checkpoint name
+        state = module.state_dict()
+        for name in quantized_projections(module.config):
+            state[f"{name}.weight"] = _dequantized(state[f"{name}.weight"], spec, dtype)
+        out.load_state_dict(state)
+        return out.train(module.training)
     out.load_weights(dequantized_weights(module.to_weights(), spec, dtype))
     return out.train(module.training)
+
+
+def _dequantized(t: torch.Tensor, spec: QuantSpec, dtype: str) -> torch.Tensor:
+    """(code - zero point) * scale of t quantized with spec, scales stored in ``dtype``."""
+    q = quantize(t.detach().to(torch.float32).numpy(), spec)
+    return torch.from_numpy(q.dequantized(np.dtype(dtype).type)).to(t.dtype)
