@@ -8,7 +8,6 @@ measured in the same run, speed-up over eager SDPA, peak RSS.
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import tempfile

@@ -34,7 +34,6 @@ import torch
 from torch import Tensor, nn
 
 from ..config import MHAConfig
-from ..latent import MLAConfig
 from .attention import attention, lowest_value, merge_heads, score_mask
 from .base import valid_end
 from .norm import RMSNorm
