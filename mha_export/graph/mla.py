@@ -21,9 +21,9 @@ from torch import Tensor
 
 from ..config import MHAConfig
 from ..signature import Signature
-from .builder import (GraphBuilder, additive, as_1d, dim, merge_heads, row_masked_positions,
+from .builder import (GraphBuilder, additive, dim, merge_heads, row_masked_positions,
                       score_mask)
-from .forms.base import GraphForm, write_index
+from .forms.base import GraphForm, valid_prefixes, write_index
 from .forms.latent import LatentIO
 from .norm import rms_norm
 from .rotary import cos_sin_at, rotate_heads
@@ -71,11 +71,8 @@ def _static_cache(g: GraphBuilder, latent: str, k_rot: str, seq_len: str
     index = write_index(g, "past_lengths", latent, seq_len)  # (B, 1, T, 3)
     present_key = g.op("ScatterND", ["past_key", index, latent], name="latent_write")
     present_value = g.op("ScatterND", ["past_value", index, k_rot], name="rope_write")
-    end = g.op("Add", [g.op("ReduceMax", ["past_lengths"], keepdims=0, name="longest_past"),
-                       seq_len], name="valid_end")  # () max(past_lengths) + T
-    prefix = [g.ints("zero_1d", [0]), as_1d(g, end, "valid_end_1d"), g.ints("axes2_1d", [2])]
-    latents = g.op("Slice", [present_key, *prefix], name="valid_latents")  # (B, 1, S, R)
-    rope = g.op("Slice", [present_value, *prefix], name="valid_rope")  # (B, 1, S, Hr)
+    latents, rope = valid_prefixes(g, "past_lengths", seq_len, (present_key, "valid_latents"),
+                                   (present_value, "valid_rope"))  # (B, 1, S, R), (B, 1, S, Hr)
     return latents, rope, {"present_key": present_key, "present_value": present_value}
 
 

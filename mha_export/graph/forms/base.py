@@ -206,13 +206,20 @@ def static_keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig, seq_len: 
     present_v = g.op("ScatterND", [io.past_value, index, v], name="value_write")
     if not valid_prefix:
         return present_k, present_v, present_k, present_v
-    end = g.op("Add", [g.op("ReduceMax", [io.past_lengths], keepdims=0, name="longest_past"),
-                       seq_len], name="valid_end")  # () max(past_lengths) + T
-    prefix = [g.ints("zero_1d", [0]), as_1d(g, end, "valid_end_1d"), g.ints("axes2_1d", [2])]
-    keys = g.op("Slice", [present_k, *prefix], name="valid_keys")  # (B, K, S, H)
-    values = g.op("Slice", [present_v, *prefix], name="valid_values")
+    keys, values = valid_prefixes(g, io.past_lengths, seq_len, (present_k, "valid_keys"),
+                                  (present_v, "valid_values"))  # (B, K, S, H)
     keys, values = read_cache(g, io, keys, values)
     return keys, values, present_k, present_v
+
+
+def valid_prefixes(g: GraphBuilder, past_lengths: str, seq_len: str,
+                   *buffers: tuple[str, str]) -> list[str]:
+    """Each (buffer (B, ., C, .), name)'s valid prefix [0, max(past_lengths) + T) on axis 2:
+    what a static cache's attention reads after this call's write."""
+    end = g.op("Add", [g.op("ReduceMax", [past_lengths], keepdims=0, name="longest_past"),
+                       seq_len], name="valid_end")  # () max(past_lengths) + T
+    prefix = [g.ints("zero_1d", [0]), as_1d(g, end, "valid_end_1d"), g.ints("axes2_1d", [2])]
+    return [g.op("Slice", [buffer, *prefix], name=name) for buffer, name in buffers]
 
 
 def int8_codes(g: GraphBuilder, x: str, scale: str, name: str) -> str:
