@@ -152,3 +152,81 @@ def test_openvino_runs_the_int8_cache_of_a_standard_ops_form(tmp_path):
     assert report.passed, [r.error for r in report.results if not r.passed][:3]
     assert {r.output for r in report.results if r.runner == "openvino-cpu"} == {
         "y", "present_key", "present_value"}
+
+
+# --- weight-compressed MatMuls: OpenVINO's dynamic quantization of activations (issue 31) -------
+
+@pytest.fixture(scope="module")
+def quantized_model(tmp_path_factory):
+    """int4 projections (accuracy level 4) with a growing cache: four outputs to judge."""
+    from mha_export.weights.quantize import QuantSpec
+    return export_onnx(MHAConfig(dim=64, heads=4, max_seq_len=32),
+                       tmp_path_factory.mktemp("ovq") / "q", quantize=QuantSpec(bits=4),
+                       kv_cache=True, validate=False).path
+
+
+def _plugin_quantized_activations(path) -> bool:
+    """Decided without the runner under test: the whole file compiled with f32 as the runner
+    does, and again with dynamic quantization off, run on one input: do the outputs differ?"""
+    import numpy as np
+    from mha_export.artifact import read_artifact
+    from mha_export.check.sweep import make_cases, make_feeds
+    sig = read_artifact(path.parent).signature
+    feeds = make_feeds(sig, make_cases(sig, [2], [9], [4])[0], seed=0)
+    outs = []
+    for extra in ({}, {"DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}):
+        compiled = ov.Core().compile_model(str(path), "CPU",
+                                           {"INFERENCE_PRECISION_HINT": "f32", **extra})
+        outs.append(compiled({n: feeds[n] for n in sig.input_names})[compiled.output("y")])
+    return not np.array_equal(*outs)
+
+
+def test_the_runner_reports_what_the_plugin_did_with_activations(quantized_model):
+    """On every CPU: int8 activations reported (and judged at their tolerance) exactly where the
+    plugin really quantized them (VNNI/AMX CPUs), fp32 where it did not (AVX2-only CPUs)."""
+    from mha_export.artifact import read_artifact
+    from mha_export.check.comparator import INT8_ACTIVATIONS
+    from mha_export.check.runners.openvino import OpenVinoRunner
+    path = quantized_model / "model.onnx"
+    runner = OpenVinoRunner(read_artifact(quantized_model).signature, path)
+    truth = _plugin_quantized_activations(path)
+    assert runner.compressed is not None and runner.compressed.int8_activations == truth
+    assert ("activations quantized to int8" in runner.device) == truth
+    report = check_parity(quantized_model, runners=["openvino-cpu"], **SWEEP)
+    assert report.passed, format_report(report)
+    rows = [r for r in report.results if r.runner == "openvino-cpu"]
+    assert rows and all(r.tolerance == (INT8_ACTIVATIONS if truth else FP32) for r in rows)
+
+
+def test_quantized_files_get_an_exact_openvino_row(quantized_model):
+    """Dynamic quantization off: the file's weights judged at fp32's tolerance, on every CPU."""
+    report = check_parity(quantized_model, runners=["openvino-cpu"], **SWEEP)
+    info = _info(report, "openvino-cpu-fp32-compute")
+    assert info.status == "ran" and "dynamic quantization off" in info.device
+    rows = [r for r in report.results if r.runner == "openvino-cpu-fp32-compute"]
+    assert report.passed and rows and all(r.tolerance == FP32 for r in rows)
+    assert max(r.vs_reference.rel for r in rows) < 1e-5
+
+
+def test_a_flipped_code_fails_the_exact_openvino_row(quantized_model, tmp_path):
+    """A wrong 4-bit code hides in int8 rounding no longer: the exact row fails."""
+    from faults import nibble_flipped
+    faulty = tmp_path / "faulty"
+    shutil.copytree(quantized_model, faulty)
+    nibble_flipped(faulty / "model.onnx")
+    report = check_parity(faulty, runners=["openvino-cpu"], **SWEEP)
+    assert any(not r.passed for r in report.results
+               if r.runner == "openvino-cpu-fp32-compute"), format_report(report)
+
+
+def test_quantized_activations_are_never_an_fp32_result(quantized_model, monkeypatch):
+    """On any CPU: when the probe says the plugin quantized activations (what a VNNI CPU does),
+    the runner says so and the check applies int8 activations' tolerance, not fp32's."""
+    from mha_export.check.comparator import INT8_ACTIVATIONS
+    from mha_export.check.runners import openvino as ov_runner
+    monkeypatch.setattr(ov_runner, "activations_quantized", lambda *args: True)
+    report = check_parity(quantized_model, runners=["openvino-cpu"], seq_lens=[3],
+                          batch_sizes=[1])
+    rows = [r for r in report.results if r.runner == "openvino-cpu"]
+    assert rows and all(r.tolerance == INT8_ACTIVATIONS for r in rows)
+    assert "activations quantized to int8 per group of" in format_report(report)

@@ -59,6 +59,14 @@ INT8_CODES = Tolerance(atol=1.0, rtol=0.0, changed=1e-3)
 TIES = 4  # a tolerance with ``changed`` always allows this many (a small case's one flip)
 
 
+def loosest(tolerances: list[Tolerance]) -> Tolerance:
+    """Each bound at its loosest over ``tolerances``: arithmetic that had several lossy steps
+    (bf16 and int8 activations) is held to the widest of them, never to the tightest."""
+    changed = [t.changed for t in tolerances if t.changed is not None]
+    return Tolerance(max(t.atol for t in tolerances), max(t.rtol for t in tolerances),
+                     max(t.scaled for t in tolerances), max(changed) if changed else None)
+
+
 @dataclass(frozen=True)
 class Comparison:
     passed: bool

@@ -15,7 +15,8 @@ from typing import Optional
 
 from ...errors import UsageError
 from ...signature import Signature
-from ..comparator import BFLOAT16, FLOAT16, FP32, FP32_TF32, INT8_ACTIVATIONS, Tolerance
+from ..comparator import (BFLOAT16, FLOAT16, FP32, FP32_TF32, INT8_ACTIVATIONS, Tolerance,
+                          loosest)
 from .base import Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions
 
 __all__ = ["RUNNERS", "Feeds", "Runner", "RunnerKind", "RunnerUnavailable", "RunOptions",
@@ -35,6 +36,13 @@ def _int8_activation_export(export: dict) -> bool:
     rounding (~1e-2) would hide a wrong weight, so the file's weights are also run at fp32
     compute and checked at fp32's tolerance."""
     return export.get("quantize", {}).get("accuracy_level") == 4
+
+
+def _quantized_export(export: dict) -> bool:
+    """Quantized projections at any accuracy level: OpenVINO ignores the level and quantizes
+    their activations wherever the CPU has int8 dot products, so the file's weights are also run
+    with its dynamic quantization off, at fp32's tolerance."""
+    return "quantize" in export
 
 
 def _open_torchscript(sig: Signature, path: Path, options: RunOptions) -> Runner:
@@ -73,10 +81,10 @@ def _ort_cuda_tolerance(dtype: str, options: RunOptions) -> Tolerance:
     return FP32_TF32 if options.tf32 else FP32
 
 
-def _open_openvino(name: str, hint: Optional[str]):
+def _open_openvino(name: str, hint: Optional[str], dynamic_quantization: bool = True):
     def open_(sig: Signature, path: Path, options: RunOptions) -> Runner:
         from .openvino import OpenVinoRunner
-        return OpenVinoRunner(sig, path, name, hint, options.threads)
+        return OpenVinoRunner(sig, path, name, hint, options.threads, dynamic_quantization)
     return open_
 
 
@@ -87,8 +95,11 @@ def _openvino_missing() -> Optional[str]:
 
 def _openvino_tolerance(dtype: str, options: RunOptions) -> Tolerance:
     """``dtype``: the runner's ``tolerance_dtype`` (bfloat16 when OpenVINO really ran bf16,
-    float16 for fp16 arithmetic), else the model's."""
-    return {"bfloat16": BFLOAT16, "float16": FLOAT16}.get(dtype, FP32)
+    float16 for fp16 arithmetic, "+int8-activations" when it quantized the activations of
+    compressed-weight MatMuls), else the model's: the loosest of what ran."""
+    from .ort import INT8_ACTIVATION_DTYPE
+    known = {"bfloat16": BFLOAT16, "float16": FLOAT16, INT8_ACTIVATION_DTYPE: INT8_ACTIVATIONS}
+    return loosest([known.get(part, FP32) for part in dtype.split("+")])
 
 
 _KINDS = (
@@ -108,6 +119,13 @@ _KINDS = (
     RunnerKind("openvino-cpu", "model.onnx", "cpu", "OpenVINO (CPU plugin)",
                _open_openvino("openvino-cpu", "f32"), _openvino_tolerance,
                unavailable=_openvino_missing, by_default=False),
+    RunnerKind("openvino-cpu-fp32-compute", "model.onnx", "cpu",
+               "OpenVINO (CPU plugin, f32, dynamic quantization of compressed-weight MatMuls "
+               "off): the file's quantized weights checked exactly",
+               _open_openvino("openvino-cpu-fp32-compute", "f32", dynamic_quantization=False),
+               _openvino_tolerance, unavailable=_openvino_missing, by_default=False,
+               also_with="openvino-cpu", also_for=_quantized_export,
+               also_for_doc="files with quantized projections"),
     RunnerKind("openvino-cpu-default", "model.onnx", "cpu",
                "OpenVINO (CPU plugin, its default precision: bf16 where the CPU has it)",
                _open_openvino("openvino-cpu-default", None), _openvino_tolerance,

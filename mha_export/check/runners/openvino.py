@@ -6,17 +6,30 @@ plugin runs fp32 models in bf16 unless asked for f32. ``openvino-cpu`` asks for 
 way the precision reported is the one OpenVINO says it used, read back from the compiled model
 (its ``INFERENCE_PRECISION_HINT`` and the precision of the compute nodes of its runtime graph),
 and the tolerance follows it (``tolerance_dtype``): a bf16 run is never an fp32 result.
+
+Weight-compressed MatMuls (a file with quantized projections: MatMulNBits) are the plugin's other
+silent precision change: on CPUs with int8 dot products (AVX-512 VNNI, AMX) it quantizes their
+activations to int8 per group of ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` (32 by default), even when
+f32 was asked for; on AVX2-only CPUs it computes them in f32. Which one ran is probed on this CPU
+(one such matmul compiled with the runner's settings and with dynamic quantization off: do they
+differ?), reported on the "ran on" line and followed by the tolerance (int8 activations, as ONNX
+Runtime's accuracy level 4). ``openvino-cpu-fp32-compute`` turns it off
+(``DYNAMIC_QUANTIZATION_GROUP_SIZE`` 0): the file's weights checked at fp32's tolerance.
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
+from ...graph.nodes import matmul_nbits_kinds, matmul_nbits_probe
 from ...signature import Signature
 from .base import Feeds, Runner, RunnerUnavailable
+from .ort import INT8_ACTIVATION_DTYPE
 
 INSTALL = "pip install 'mha-export[openvino]'"
 # OpenVINO's element type names -> the names the check reports, lowest precision first.
@@ -24,6 +37,8 @@ PRECISIONS = {"bf16": "bf16", "f16": "fp16", "f32": "fp32"}
 TOLERANCE_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # fp32: the model's own dtype
 COMPUTE_LAYERS = {"FullyConnected", "MatMul", "ScaledDotProductAttention", "Softmax",
                   "SoftMax", "Eltwise", "MHA"}
+DYNAMIC_QUANTIZATION = "DYNAMIC_QUANTIZATION_GROUP_SIZE"
+COMPRESSED = {"u4", "i4", "u8", "i8", "u2", "nf4", "f4e2m1"}  # weight precisions of compressed FCs
 
 
 def openvino_missing() -> Optional[str]:
@@ -44,12 +59,17 @@ class OpenVinoRunner(Runner):
     default. A model the plugin cannot read or compile raises RunnerUnavailable (one line)."""
 
     def __init__(self, signature: Signature, path: str | Path, name: str = "openvino-cpu",
-                 hint: Optional[str] = "f32", threads: Optional[int] = None):
+                 hint: Optional[str] = "f32", threads: Optional[int] = None,
+                 dynamic_quantization: bool = True):
+        """``dynamic_quantization``: False compiles with DYNAMIC_QUANTIZATION_GROUP_SIZE 0 (the
+        compressed-weight MatMuls compute in the hinted float precision)."""
         super().__init__(signature)
         import openvino as ov
         self.name = name
         core = ov.Core()
         config = {"INFERENCE_PRECISION_HINT": hint} if hint else {}
+        if not dynamic_quantization:
+            config[DYNAMIC_QUANTIZATION] = "0"
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
         version = ov.get_version().split("-")[0]
@@ -59,9 +79,15 @@ class OpenVinoRunner(Runner):
             raise RunnerUnavailable(f"OpenVINO {version} cannot compile "
                                     f"{Path(path).name}: {message(e)}") from None
         self.precision = executed_precision(self.compiled)
+        self.compressed = compressed_matmuls(self.compiled, path, config)
+        self.tolerance_dtype = TOLERANCE_DTYPES.get(self.precision)
+        if self.compressed is not None:
+            self.precision += f"; projections: {self.compressed.describe()}"
+            if self.compressed.int8_activations:
+                self.tolerance_dtype = "+".join(filter(None, (self.tolerance_dtype,
+                                                              INT8_ACTIVATION_DTYPE)))
         self.device = (f"cpu (OpenVINO {version} CPU plugin, {self.precision}, "
                        f"{core.get_property('CPU', 'FULL_DEVICE_NAME')})")
-        self.tolerance_dtype = TOLERANCE_DTYPES.get(self.precision)
         self.dtypes = {n: self.compiled.input(n).get_element_type().to_dtype()
                        for n in signature.input_names}
         self.request = self.compiled.create_infer_request()
@@ -107,3 +133,59 @@ def executed_precision(compiled) -> str:
         if name in names:
             return reported
     return "/".join(sorted(names))  # an arithmetic the check has no name for: shown as is
+
+
+@dataclass(frozen=True)
+class CompressedMatMuls:
+    """The weight-compressed MatMuls of a compiled model and what the plugin really does with
+    their activations on this CPU (probed: ``activations_quantized``)."""
+
+    count: int  # FullyConnected nodes with compressed weights
+    weights: tuple  # their weight precisions, e.g. ("u4",)
+    group_size: int  # DYNAMIC_QUANTIZATION_GROUP_SIZE read back from the compiled model
+    int8_activations: bool
+
+    def describe(self) -> str:
+        what = (f"activations quantized to int8 per group of {self.group_size} (OpenVINO's "
+                f"dynamic quantization)" if self.int8_activations else
+                "float activations" + ("" if self.group_size else " (dynamic quantization off)"))
+        plural = "s" if self.count != 1 else ""
+        return (f"{self.count} compressed-weight MatMul{plural} ({'/'.join(self.weights)}): "
+                f"{what}")
+
+
+def compressed_matmuls(compiled, path: str | Path, config: dict) -> Optional[CompressedMatMuls]:
+    """None for a model without weight-compressed MatMuls."""
+    weights = []
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        if "layerType" in info and info["layerType"].astype(str) == "FullyConnected":
+            precision = info["runtimePrecision"].astype(str)
+            if precision in COMPRESSED:
+                weights.append(precision)
+    if not weights:
+        return None
+    group = int(str(compiled.get_property(DYNAMIC_QUANTIZATION)))
+    import onnx
+    kinds = matmul_nbits_kinds(onnx.load(str(path), load_external_data=False))
+    hint = str(config.get("INFERENCE_PRECISION_HINT", ""))
+    quantized = group > 0 and any(activations_quantized(bits, block, hint, group)
+                                  for bits, block, _ in kinds)
+    return CompressedMatMuls(len(weights), tuple(sorted(set(weights))), group, quantized)
+
+
+@functools.lru_cache(maxsize=None)
+def activations_quantized(bits: int, block_size: int, hint: str, group: int) -> bool:
+    """Whether the CPU plugin quantizes the activations of an int``bits`` MatMulNBits with
+    ``block_size`` here: the probe matmul compiled with these settings and with dynamic
+    quantization off, run on the same input: any difference is the int8 rounding."""
+    import openvino as ov
+    model, a = matmul_nbits_probe(bits, block_size)
+    core = ov.Core()
+    base = {"INFERENCE_PRECISION_HINT": hint} if hint else {}
+    outs = []
+    for extra in ({DYNAMIC_QUANTIZATION: str(group)}, {DYNAMIC_QUANTIZATION: "0"}):
+        compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU",
+                                      {**base, **extra})
+        outs.append(compiled({"A": a})[compiled.output(0)].copy())
+    return not np.array_equal(*outs)

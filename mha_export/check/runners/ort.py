@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from ...graph.nodes import CONTRIB, all_nodes
+from ...graph.nodes import all_nodes, matmul_nbits_kinds, matmul_nbits_probe
 from ...signature import Signature
 from .base import Feeds, Runner, RunnerUnavailable
 
@@ -216,10 +216,9 @@ def _at_fp32_compute(path: str | Path) -> bytes:
 
 def _quantized_kernels(optimized_path: str, provider: str) -> QuantizedKernels:
     import onnx
-    nodes = list(all_nodes(onnx.load(optimized_path, load_external_data=False).graph.node))
-    kinds = sorted({(a["bits"], a["block_size"], a.get("accuracy_level", 0)) for a in (
-        {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
-        for n in nodes if n.op_type == "MatMulNBits")})
+    model = onnx.load(optimized_path, load_external_data=False)
+    nodes = list(all_nodes(model.graph.node))
+    kinds = matmul_nbits_kinds(model)
     paths = tuple(dict.fromkeys(
         (bits, level, kernel_path(bits, block, level) if provider == "cpu"
          else f"{provider} kernel, not probed")
@@ -246,28 +245,15 @@ def kernel_path(bits: int, block_size: int, accuracy_level: int) -> str:
 
 
 def _probe(bits: int, block_size: int, level: int) -> tuple[np.ndarray, str]:
-    """One MatMulNBits (K = 4 blocks, N = 16) over fixed random codes: its output and the
-    kernel's verbose log of one run."""
+    """The probe matmul's output and the kernel's verbose log of one run."""
     import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-    k, n = 4 * block_size, 16
-    rng = np.random.default_rng(0)
-    packed = rng.integers(0, 256, (n, 4, block_size * bits // 8), dtype=np.uint8)
-    scales = rng.uniform(0.01, 0.02, n * 4).astype(np.float32)
-    node = helper.make_node("MatMulNBits", ["A", "B", "scales"], ["Y"], domain=CONTRIB, K=k,
-                            N=n, bits=bits, block_size=block_size, accuracy_level=level)
-    graph = helper.make_graph(
-        [node], "probe", [helper.make_tensor_value_info("A", TensorProto.FLOAT, [3, k])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, n])],
-        [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scales, "scales")])
-    model = helper.make_model(graph, ir_version=10, opset_imports=[
-        helper.make_opsetid("", 21), helper.make_opsetid(CONTRIB, 1)])
+    model, a = matmul_nbits_probe(bits, block_size, level)
     opts = ort.SessionOptions()
     opts.log_severity_level = 0
     with native_stderr() as log:
         session = ort.InferenceSession(model.SerializeToString(), opts,
                                        providers=["CPUExecutionProvider"])
-        y = session.run(None, {"A": rng.standard_normal((3, k)).astype(np.float32)})[0]
+        y = session.run(None, {"A": a})[0]
     return y, log["text"]
 
 
