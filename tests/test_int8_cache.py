@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from faults import KV_FAULTS, NotApplicable
 from mha_export import MHAConfig, export_onnx
 from mha_export.artifact import default_folder, read_artifact
+from mha_export.check.comparator import FP32
 from mha_export.check.parity import check_parity
 from mha_export.cli.commands import cli
 from mha_export.layer.layouts import build_module
@@ -68,7 +69,8 @@ def test_the_check_reports_what_the_int8_cache_cost_apart(int8_auto):
     codes = [r for r in int8_auto.report.results if r.output == "present_key"]
     assert codes and all(r.tolerance.changed is not None for r in codes)
     y = [r for r in int8_auto.report.results if r.output == "y" and r.runner == "ort-cpu"]
-    assert y and all(r.tolerance.atol == 1e-5 and not r.tolerance.scaled for r in y)
+    assert y and all(r.tolerance == FP32 for r in y)  # fp32's, not int8 activations'
+
 
 
 @pytest.mark.parametrize("form", ["contrib-gqa", "blocked", "blocked-plain", "decomposed"])
@@ -115,8 +117,8 @@ def test_int4_projections_and_an_int8_cache_are_costed_apart(tmp_path, level):
     projections = {q.output: q.deviation.rel for q in report.quantization}
     assert 0 < projections["y"] < 0.5
     assert report.kv_cache is not None and 0 < report.kv_cache.deviation.rel < 0.1
-    folder = default_folder(CONFIG, "onnx", "static-cache", quant=QuantSpec(bits=4),
-                            int8_cache=True)
+    folder = default_folder(CONFIG, "onnx", "static-cache",
+                            quant=QuantSpec(bits=4, accuracy_level=4), int8_cache=True)
     assert folder.name == f"{CONFIG.slug()}-static-int4-kv8-onnx"
 
 

@@ -27,6 +27,7 @@ from .costs import (CACHE_OUTPUTS, KVCacheCost, KVCacheError, QuantizationCost, 
                     QuantizationError)
 from .runners import (RUNNERS, Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions,
                       get_runner, ort_runner_names)
+from .real_inputs import RealInputs, read_real_inputs
 from .runners.pytorch import EagerRunner
 from .sweep import (Case, default_past_lens, default_seq_lens, make_cases, make_feeds,
                     require_fits, valid_entries, window_cases, written_key)
@@ -61,11 +62,12 @@ class OutputResult:
     tolerance: Optional[Tolerance] = None
     error: str = ""
     positions_end: int = 0  # rotary: the call's max(position_ids) + 1 when the sweep set it
+    inputs: str = "random"  # "real": a captured layer input (--inputs)
 
     @property
     def case(self) -> Case:
         return Case(self.batch, self.seq, self.past, self.padding, self.scenario,
-                    self.positions_end)
+                    self.positions_end, self.inputs)
 
 
 @dataclass
@@ -83,12 +85,15 @@ class CheckReport:
     export_versions: dict = field(default_factory=dict)  # recorded in the artifact at export
     quantization: list[QuantizationError] = field(default_factory=list)  # quantized artifacts
     kv_cache: Optional[KVCacheError] = None  # an int8 cache's error and clipping
+    real_inputs: str = ""  # --inputs FILE (its cases are labelled inputs "real")
+    real_quantization: list[QuantizationError] = field(default_factory=list)  # on real inputs
+    real_kv_cache: Optional[KVCacheError] = None  # on real inputs
 
     @property
     def passed(self) -> bool:
         return (all(r.passed for r in self.results) and self.tested
-                and all(q.passed for q in self.quantization)
-                and (self.kv_cache is None or self.kv_cache.passed)
+                and all(q.passed for q in self.quantization + self.real_quantization)
+                and all(kv is None or kv.passed for kv in (self.kv_cache, self.real_kv_cache))
                 and not any(r.status == "failed" for r in self.runners))
 
     @property
@@ -99,8 +104,9 @@ class CheckReport:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["passed"] = self.passed
-        if self.kv_cache is not None:
-            d["kv_cache"] = self.kv_cache.to_dict()
+        for name in ("kv_cache", "real_kv_cache"):
+            if getattr(self, name) is not None:
+                d[name] = getattr(self, name).to_dict()
         return d
 
 
@@ -206,6 +212,7 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
                  runners: Optional[Sequence[str]] = None,
                  max_quant_error: Optional[float] = None, max_kv_error: Optional[float] = None,
                  max_clip_rate: Optional[float] = None,
+                 inputs: Optional[str | Path] = None,
                  progress: Callable[[int, int, str], None] = lambda i, n, s: None
                  ) -> CheckReport:
     """Run the parity sweep on an artifact folder; see CheckReport.passed.
@@ -214,8 +221,11 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
     that cannot run here reported as skipped. ``providers``: ONNX Runtime's shorthand (cpu, cuda).
     ``require_cuda``: a CUDA runner that cannot run, or runs compute on the CPU, fails.
     ``max_quant_error``, ``max_kv_error``, ``max_clip_rate``: budgets of the lossy steps
-    (costs.py: quantized projections, an int8 cache)."""
+    (costs.py: quantized projections, an int8 cache). ``inputs``: a file of captured layer
+    inputs (``mha-export capture``): real cases for the artifact's call kind, with the lossy
+    steps' costs on them reported apart (real_inputs.py)."""
     artifact = read_artifact(artifact_dir)
+    real = read_real_inputs(inputs, artifact) if inputs is not None else None
     Tolerance(atol or 0.0, rtol or 0.0)  # a negative or NaN tolerance is bad input, now
     cost = QuantizationCost.of(artifact, max_quant_error)
     kv_cost = KVCacheCost.of(artifact, max_kv_error, max_clip_rate)
@@ -239,7 +249,8 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
                              atol, rtol)
     multi_call = (scenarios.static_scenario_cases(plan.static_chunks) if sig.static_cache
                   else scenarios.scenario_cases(plan.switch) if sig.has_cache else [])
-    total = len(cases) + len(multi_call)
+    real_cases = real.cases(sig.has_cache, sig.static_cache) if real else []
+    total = len(cases) + len(multi_call) + len(real_cases)
     reference = EagerRunner(sig, opened[0].source, torch.float64)
     for i, case in enumerate(cases):
         progress(i, total, case.label())
@@ -250,16 +261,46 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
                                     kv_cost)
     report.quantization = cost.results() if cost else []
     report.kv_cache = kv_cost.result() if kv_cost else None
+    if real:
+        report.real_inputs = real.path
+        _real_cases(report, artifact, real, real_cases, len(cases) + len(multi_call), total,
+                    progress,
+                    opened, reference, seed, tolerances, max_quant_error, max_kv_error,
+                    max_clip_rate)
     progress(total, total, "")
     return report
 
 
+def _real_cases(report: CheckReport, artifact: Artifact, real: RealInputs, cases: list,
+                start: int, total: int, progress: Callable, opened: list[Runner], reference: EagerRunner, seed: int,
+                tolerances: dict, max_quant_error: Optional[float],
+                max_kv_error: Optional[float], max_clip_rate: Optional[float]) -> None:
+    """The captured inputs through every runner, with the lossy steps' costs measured on them
+    alone (reported beside the random-input costs)."""
+    cost = QuantizationCost.of(artifact, max_quant_error)
+    kv_cost = KVCacheCost.of(artifact, max_kv_error, max_clip_rate)
+    for i, (case, split) in enumerate(cases, start=start):
+        progress(i, total, case.label())
+        if split is None:
+            report.results += _single_call(opened, reference, case, seed, tolerances, cost,
+                                           kv_cost, real.x)
+        else:
+            report.results += _scenario(opened, reference, artifact.config, case, split, seed,
+                                        tolerances, kv_cost, real.x)
+    report.real_quantization = cost.results() if cost else []
+    report.real_kv_cache = kv_cost.result() if kv_cost else None
+
+
 def _single_call(opened: list[Runner], reference: EagerRunner, case: Case, seed: int,
                  tolerances: dict, cost: Optional[QuantizationCost],
-                 kv_cost: Optional[KVCacheCost]) -> list[OutputResult]:
-    """One case of the sweep through every runner (and into the lossy steps' costs)."""
+                 kv_cost: Optional[KVCacheCost], x: Optional[np.ndarray] = None
+                 ) -> list[OutputResult]:
+    """One case of the sweep through every runner (and into the lossy steps' costs); ``x``:
+    real inputs in place of the random ones."""
     baseline, sig = opened[0], reference.signature
     feeds = make_feeds(sig, case, seed)
+    if x is not None:
+        feeds["x"] = x
     expected = {"eager": baseline.run(feeds), "reference": reference.run(feeds)}
     valid = valid_entries(sig, feeds, case)
     if cost:
@@ -285,13 +326,14 @@ def _given_codes(baseline: Runner, reference: EagerRunner) -> Optional[GivenCode
 
 
 def _scenario(opened: list[Runner], reference: EagerRunner, config, case: Case, split: list,
-              seed: int, tolerances: dict, kv_cost: Optional[KVCacheCost] = None
-              ) -> list[OutputResult]:
+              seed: int, tolerances: dict, kv_cost: Optional[KVCacheCost] = None,
+              real_x: Optional[np.ndarray] = None) -> list[OutputResult]:
     """One multi-call scenario through every runner. Its truth is one full forward (or each row
     alone) of the eager module — but for a longrope layer the eager module run call by call:
     each call picks its frequency table from its own largest position, as transformers does,
     so one full call is legitimately another function there."""
     x, mask = scenarios.scenario_inputs(config, case, seed)
+    x = x if real_x is None else real_x
     stepwise = bool(switch_length(config.rope_scaling)) and config.rotary != "none"
 
     def truth(r: EagerRunner) -> dict:
@@ -326,7 +368,7 @@ def codes_tolerance(default: Tolerance) -> Tolerance:
     with the output's scale (quantized projections at int8 activations: keys off by ~1e-2 of
     their range, ~1 code, often), that error in codes — scaled x max|code| — with no count of
     changed entries: its fp32-compute twin holds the same file's codes to INT8_CODES."""
-    if default.scaled:
+    if default.scaled > FP32.scaled:  # lossy arithmetic, beyond fp32's rounding
         return Tolerance(INT8_CODES.atol, 0.0, scaled=default.scaled)
     return INT8_CODES
 

@@ -35,7 +35,8 @@ def _table(header: tuple, rows: list[tuple]) -> list[str]:
 def _summary_rows(report: CheckReport) -> list[tuple]:
     groups: dict[tuple, list[OutputResult]] = {}
     for r in report.results:
-        groups.setdefault((r.runner, r.output), []).append(r)
+        runner = r.runner + (" [real inputs]" if r.inputs == "real" else "")
+        groups.setdefault((runner, r.output), []).append(r)
     rows = []
     for (runner, output), rs in groups.items():
         worst = max(rs, key=lambda r: (not r.passed, max(
@@ -55,13 +56,13 @@ def _case_row(r: OutputResult) -> tuple:
             _num(ref and ref.max_abs), str(r.tolerance), "PASS" if r.passed else "FAIL")
 
 
-def _quantization_lines(report: CheckReport) -> list[str]:
+def _quantization_lines(costs: list, over: str = "the sweep") -> list[str]:
     """What quantizing cost, per output, apart from the runners' kernel parity above."""
-    if not report.quantization:
+    if not costs:
         return []
-    lines = [f"quantization cost ({report.quantization[0].spec}): the dequantized layer vs "
-             "the unquantized layer, fp64, worst over the sweep"]
-    for q in report.quantization:
+    lines = [f"quantization cost ({costs[0].spec}): the dequantized layer vs "
+             f"the unquantized layer, fp64, worst over {over}"]
+    for q in costs:
         d = q.deviation
         verdict = _verdict(q.passed, q.budget, "--max-quant-error")
         lines.append(f"  {q.output:13s} max|d| {d.max_abs:.2e}  {d.rel:.2e} of max|y|  "
@@ -75,15 +76,14 @@ def _verdict(passed: bool, budget: Optional[float], flag: str) -> str:
     return f"{'PASS' if passed else 'FAIL'} (budget {budget:g})"
 
 
-def _kv_cache_lines(report: CheckReport) -> list[str]:
+def _kv_cache_lines(kv, over: str = "the generate and ragged scenarios") -> list[str]:
     """What the int8 cache cost, apart from the runners' parity (which judges the runtime
     against the int8 function the file holds)."""
-    kv = report.kv_cache
     if kv is None:
         return []
     d = kv.deviation
     lines = [f"int8 KV cache cost ({kv.spec}): the int8-cache layer vs the float-cache layer, "
-             "fp64, worst over the generate and ragged scenarios"]
+             f"fp64, worst over {over}"]
     if kv.synthetic:
         lines.append("  (scales calibrated on random inputs, not the model's hidden states: "
                      "export with --calibration FILE for real ones)")
@@ -104,7 +104,10 @@ def format_report(report: CheckReport, verbose: bool = False) -> str:
     if len(failures) > MAX_FAILURE_LINES:
         lines.append(f"... and {len(failures) - MAX_FAILURE_LINES} more failing rows "
                      "(-v or --json for all)")
-    lines += _quantization_lines(report) + _kv_cache_lines(report)
+    real = "the real inputs (--inputs)"
+    lines += (_quantization_lines(report.quantization)
+              + _quantization_lines(report.real_quantization, real)
+              + _kv_cache_lines(report.kv_cache) + _kv_cache_lines(report.real_kv_cache, real))
     for info in report.runners:
         if info.status == "ran":
             note = f" (WARNING: {info.reason})" if info.reason else ""
@@ -115,9 +118,10 @@ def format_report(report: CheckReport, verbose: bool = False) -> str:
         lines.append("nothing under test ran (no model runner produced output)")
     n_pass = sum(r.passed for r in report.results)
     n_cases = len({r.case for r in report.results})
-    over = " — quantization cost FAILED" if not all(q.passed for q in report.quantization) else ""
-    over += " — int8 KV cache cost FAILED" if report.kv_cache and not report.kv_cache.passed \
-        else ""
+    quantization = report.quantization + report.real_quantization
+    over = " — quantization cost FAILED" if not all(q.passed for q in quantization) else ""
+    over += " — int8 KV cache cost FAILED" if any(
+        kv and not kv.passed for kv in (report.kv_cache, report.real_kv_cache)) else ""
     lines.append(f"{'PASS' if report.passed else 'FAIL'}: {n_pass}/{len(report.results)} "
                  f"comparisons within tolerance over {n_cases} cases{over} ({report.artifact})")
     return "\n".join(lines)

@@ -28,9 +28,11 @@ class Case:
     padding: str = "none"
     scenario: str = ""  # "" for one call; scenarios.py names its multi-call runs
     positions_end: int = 0  # rotary: max(position_ids) + 1 of the call (0: from the shape)
+    inputs: str = "random"  # "real": x is a captured layer input (check --inputs), not N(0, 1)
 
     def label(self) -> str:
-        s = f"{self.scenario}: " if self.scenario else ""
+        s = "real inputs: " if self.inputs == "real" else ""
+        s += f"{self.scenario}: " if self.scenario else ""
         s += f"B={self.batch} T={self.seq}"
         s += f" P={self.past}" if self.past else ""
         s += f" max(pos)+1={self.positions_end}" if self.positions_end else ""

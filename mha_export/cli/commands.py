@@ -188,6 +188,10 @@ def aoti(**kw) -> None:
               help="int8-cache artifacts: fail (exit 1) when more than this fraction of the "
                    "keys or values written in the sweep fell beyond the calibrated scales "
                    "(clipped) [default: reported only].")
+@click.option("--inputs", type=click.Path(dir_okay=False), default=None,
+              help="Real layer inputs (a file from `mha-export capture`): the artifact's "
+                   "layer's captured input added as real cases (labelled so), with the lossy "
+                   "steps' costs on them reported apart.")
 @_guard
 def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
     """Check an artifact folder against eager PyTorch rebuilt from its config and source weights.
@@ -200,6 +204,7 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
       mha-export check out/ts --runners torchscript
       mha-export check models/split-h12-d768-int4-onnx --max-quant-error 0.05
       mha-export check models/split-h12-d768-static-kv8-onnx --max-clip-rate 0.001
+      mha-export check models/smollm2-l5 --inputs models/smollm2-inputs.safetensors
     """
     from ..check.report import format_report
     report = check_parity(artifact, progress=_progress, **kw)
@@ -209,6 +214,43 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
     click.echo(format_report(report, verbose))
     if not report.passed:
         raise SystemExit(1)
+
+
+@cli.command()
+@click.option("--weights", required=True, type=click.Path(),
+              help="The whole model: a Hugging Face checkpoint folder or a .gguf file "
+                   "(run by transformers: pip install 'mha-export[model]').")
+@click.option("--text", "text_path", required=True, type=click.Path(dir_okay=False),
+              help="A UTF-8 text file, tokenized with the checkpoint tokenizer's defaults.")
+@click.option("--layers", required=True, callback=functools.partial(int_list, lowest=0),
+              help="Comma-separated layer indices whose attention input to keep.")
+@click.option("--tokens", type=click.IntRange(min=8), default=512, show_default=True,
+              help="Tokens per sequence (the text's first ones).")
+@click.option("--sequences", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Sequences of --tokens each, one after another in the text.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="The .safetensors file to write (layers.{L}.x, token_ids).")
+@_guard
+def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequences: int,
+            output: str) -> None:
+    """Capture real attention inputs: each layer's input on a real text.
+
+    Runs the whole model (transformers) over the text and keeps, for each of --layers, what
+    its attention module receives (the hidden states after the layer's input norm), float32
+    [sequences, tokens, d_in]: real cases for `check --inputs` and scales for
+    `--calibration`.
+
+    \b
+    Examples:
+      mha-export capture --weights SmolLM2-135M-Instruct.Q4_1.gguf --text licence.txt \\
+          --layers 0,5,29 --tokens 512 -o models/smollm2-inputs.safetensors
+    """
+    from ..model.capture import capture_text, write_capture
+    result = capture_text(weights, text_path, layers, tokens, sequences)
+    path = write_capture(result, output)
+    shapes = ", ".join(f"layers.{layer}.x {list(x.shape)}"
+                       for layer, x in sorted(result.inputs.items()))
+    click.echo(f"wrote {path} ({shapes})")
 
 
 def cpp_programs(folder: Optional[str], runners: tuple | list):
@@ -270,7 +312,7 @@ def cpp_programs(folder: Optional[str], runners: tuple | list):
 @click.option("--quantize", "quantize_names", default=None,
               help="Also measure every ONNX form with quantized projections: int4, int8 or "
                    "both (int4,int8), round to nearest, block 32, symmetric.")
-@click.option("--accuracy-level", "accuracy_levels", default="4", show_default=True,
+@click.option("--accuracy-level", "accuracy_levels", default="1", show_default=True,
               callback=int_list, help="With --quantize: MatMulNBits accuracy levels to "
                                       "measure (4 = int8 activations, 1 = fp32), e.g. 1,4.")
 @click.option("--kv-cache-dtype", "kv_cache_dtype", type=click.Choice(CACHE_DTYPES),

@@ -123,7 +123,7 @@ def _layer_tensors(file: Path, pattern: re.Pattern) -> dict[str, Tensor]:
     return {k: v for k, v in state.items() if pattern.search(k)}
 
 
-def _layer_fields(cfg_path: Path, family: Family, cfg: dict, layer: int) -> dict:
+def layer_fields(cfg_path: Path, family: Family, cfg: dict, layer: int) -> dict:
     """MHAConfig fields of the layer: the family's, its layout, and the checked context."""
     settings = Settings(cfg, family.defaults)
     try:
@@ -173,7 +173,7 @@ def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict
     if not 0 <= layer < count:
         raise UsageError(f"--layer {layer} is out of range: the checkpoint has {count} layers "
                          f"(0-{count - 1})")
-    fields = _layer_fields(cfg_path, family, cfg, layer)
+    fields = layer_fields(cfg_path, family, cfg, layer)
     state = family.convert(fields, _read_tensors(path, family, layer))
     source = {"kind": "huggingface", "path": str(path), "model_type": family.model_type,
               "layer": layer, "max_position_embeddings": cfg.get(family.context)}

@@ -4,17 +4,19 @@ with its config and where its weights came from.
     no weights          -> random weights (seed)
     --weights FILE      -> a plain state dict in any layout (files.py), read once
     --weights FOLDER    -> a Hugging Face checkpoint's layer (huggingface.py, families.py)
+    --weights FILE.gguf -> a GGUF file's layer (gguf.py, through the same families)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..config import MHAConfig
 from ..errors import UsageError
 from ..layer.layouts import AttentionBase, build_module, convert
 from .files import load_strict, module_from_block, read_block
+from .gguf import is_gguf, read_gguf_layer
 from .huggingface import hf_config_path, merge_fields, read_layer
 
 
@@ -38,6 +40,11 @@ def load_source(config: Optional[MHAConfig] = None, weights: str | Path | None =
             raise UsageError("--layer needs --weights")
         config = config or MHAConfig.from_dict(fields)
         return Source(config, build_module(config, seed=seed), {"kind": "random", "seed": seed})
+    if is_gguf(weights):
+        if config is not None:
+            raise UsageError(f"{weights}: a GGUF file's layer takes its config from the file: "
+                             "pass config fields, not an MHAConfig")
+        return _checkpoint_layer(weights, layer, fields, read_gguf_layer)
     if config is None and hf_config_path(weights):
         return _checkpoint_layer(weights, layer, fields)
     block = read_block(weights, layer)
@@ -46,10 +53,15 @@ def load_source(config: Optional[MHAConfig] = None, weights: str | Path | None =
                   {"kind": "file", "file": str(weights), "layer": layer})
 
 
-def _checkpoint_layer(path: str | Path, layer: Optional[int], fields: dict) -> Source:
-    """One layer of a Hugging Face checkpoint: its config from config.json (given fields must
-    agree), its weights in the checkpoint's layout, converted to the layout asked for."""
-    found, state, description = read_layer(path, layer)
+Reader = Callable[[Any, Optional[int]], tuple[dict, dict, dict]]  # read_layer's signature
+
+
+def _checkpoint_layer(path: str | Path, layer: Optional[int], fields: dict,
+                      read: Reader = read_layer) -> Source:
+    """One layer of a Hugging Face checkpoint (or a GGUF file): its config from config.json
+    (given fields must agree), its weights in the checkpoint's layout, converted to the layout
+    asked for."""
+    found, state, description = read(path, layer)
     config = MHAConfig.from_dict(merge_fields(found, fields))
     module = build_module(config.replace(layout=found["layout"]))
     load_strict(module, state, f"layer {layer}: ")

@@ -1,0 +1,105 @@
+"""``mha-export capture``: each chosen layer's real attention input — the hidden states after
+the layer's input norm, as its attention module receives them — on a real text, written as
+``layers.{L}.x`` float32 [sequences, tokens, d_in] to a safetensors file (``check --inputs``,
+``--calibration``).
+
+The text is tokenized once with the checkpoint tokenizer's defaults; sequence s is tokens
+[s*N, (s+1)*N), each run from position 0 as its own sequence (one batch, no padding).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..errors import UsageError
+from .loading import LoadedModel, attention_of, decoder_layers, load_model, tokenize
+
+
+@dataclass
+class Capture:
+    inputs: dict[int, np.ndarray]  # layer -> (S, N, d_in) float32
+    token_ids: np.ndarray  # (S, N) int64
+    meta: dict  # written as the file's metadata
+
+
+def read_text(path: str | Path) -> str:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--text {path}: cannot be read as UTF-8 text ({e})") from None
+    if not text.strip():
+        raise UsageError(f"--text {path}: empty")
+    return text
+
+
+def token_block(loaded: LoadedModel, text: str, tokens: int, sequences: int,
+                where: str = "--text") -> np.ndarray:
+    """(sequences, tokens) of the text's token ids; a text too short is bad input."""
+    ids = tokenize(loaded.tokenizer, text)
+    if len(ids) < tokens * sequences:
+        raise UsageError(f"{where}: the text has {len(ids)} tokens; --tokens {tokens} x "
+                         f"--sequences {sequences} needs {tokens * sequences}")
+    return np.asarray(ids[:tokens * sequences], np.int64).reshape(sequences, tokens)
+
+
+def capture(loaded: LoadedModel, token_ids: np.ndarray, layers: Sequence[int]) -> dict:
+    """layer -> its attention input (S, N, d_in) float32, one forward of the whole model."""
+    import torch
+    found = decoder_layers(loaded.model)
+    bad = [layer for layer in layers if not 0 <= layer < len(found)]
+    if bad:
+        raise UsageError(f"--layers {bad[0]} is out of range: the model has {len(found)} "
+                         f"layers (0-{len(found) - 1})")
+    seen: dict[int, np.ndarray] = {}
+    hooks = []
+    for layer in layers:
+        def keep(module, args, kwargs, layer=layer):
+            x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+            seen[layer] = x.detach().float().numpy().copy()
+        hooks.append(attention_of(found[layer]).register_forward_pre_hook(keep, with_kwargs=True))
+    try:
+        with torch.inference_mode():
+            loaded.model(input_ids=torch.from_numpy(token_ids), use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return seen
+
+
+def capture_text(weights: str | Path, text_path: str | Path, layers: Sequence[int],
+                 tokens: int = 512, sequences: int = 1,
+                 loaded: Optional[LoadedModel] = None) -> Capture:
+    """The chosen layers' inputs on the text's first ``tokens`` x ``sequences`` tokens."""
+    text = read_text(text_path)
+    loaded = loaded or load_model(weights)
+    ids = token_block(loaded, text, tokens, sequences)
+    inputs = capture(loaded, ids, layers)
+    meta = {"weights": str(weights), "model_type": loaded.description["model_type"],
+            "text": str(text_path), "text_sha256": hashlib.sha256(text.encode()).hexdigest(),
+            "tokens": str(tokens), "sequences": str(sequences),
+            "layers": ",".join(map(str, layers)),
+            "what": "layers.{L}.x: layer L's attention input (after its input norm), float32 "
+                    "[sequences, tokens, d_in]"}
+    return Capture(inputs, ids, meta)
+
+
+def write_capture(result: Capture, output: str | Path) -> Path:
+    """The file, written whole or not at all (a temporary file, then renamed)."""
+    from safetensors.numpy import save_file
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {f"layers.{layer}.x": np.ascontiguousarray(x, np.float32)
+               for layer, x in sorted(result.inputs.items())}
+    tensors["token_ids"] = result.token_ids
+    partial = output.with_name(f".{output.name}.partial")
+    try:
+        save_file(tensors, str(partial), metadata=result.meta)
+        partial.replace(output)
+    finally:
+        partial.unlink(missing_ok=True)
+    return output

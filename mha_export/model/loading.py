@@ -1,0 +1,93 @@
+"""A whole causal LM and its tokenizer, by transformers (the reference our users trust):
+an HF checkpoint folder, or a ``.gguf`` file (transformers' own GGUF loader dequantizes it to
+float32). Text is tokenized with the checkpoint tokenizer's defaults.
+
+transformers is an optional extra (``pip install 'mha-export[model]'``): without it, one line.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+
+INSTALL = "pip install 'mha-export[model]'"
+
+
+@dataclass
+class LoadedModel:
+    model: Any  # transformers' *ForCausalLM, float32, eval mode
+    tokenizer: Any
+    description: dict  # what was loaded, for reports
+
+
+def require_transformers() -> None:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise UsageError(f"this command runs the whole model with transformers: {INSTALL}"
+                         ) from None
+
+
+def load_model(weights: str | Path) -> LoadedModel:
+    """The checkpoint's causal LM in float32 (eval mode) and its tokenizer."""
+    require_transformers()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = Path(weights)
+    if path.is_file() and path.suffix == ".gguf":
+        where, extra = path.parent, {"gguf_file": path.name}
+    elif path.is_dir() and (path / "config.json").is_file():
+        where, extra = path, {}
+    else:
+        raise UsageError(f"--weights {path}: expected a Hugging Face checkpoint folder "
+                         "(config.json) or a .gguf file")
+    try:
+        with _quiet():
+            tokenizer = AutoTokenizer.from_pretrained(where, **extra)
+            model = AutoModelForCausalLM.from_pretrained(where, dtype="float32", **extra)
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise UsageError(f"--weights {path}: transformers cannot load it "
+                         f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]})"
+                         ) from None
+    model.eval()
+    return LoadedModel(model, tokenizer, {"path": str(path),
+                                          "model_type": model.config.model_type})
+
+
+def decoder_layers(model: Any) -> list:
+    """The decoder layers of a transformers causal LM (model.model.layers and its kin)."""
+    for owner in (getattr(model, "model", None), getattr(model, "transformer", None)):
+        for name in ("layers", "h"):
+            found = getattr(owner, name, None) if owner is not None else None
+            if found is not None:
+                return list(found)
+    raise UsageError(f"{type(model).__name__}: no decoder layers found (model.layers / "
+                     "transformer.h)")
+
+
+def attention_of(layer: Any) -> Any:
+    for name in ("self_attn", "attn", "attention"):
+        if hasattr(layer, name):
+            return getattr(layer, name)
+    raise UsageError(f"{type(layer).__name__}: no attention module (self_attn / attn)")
+
+
+def tokenize(tokenizer: Any, text: str) -> list[int]:
+    """The text's token ids with the tokenizer's defaults (special tokens as it adds them)."""
+    return list(tokenizer(text)["input_ids"])
+
+
+@contextlib.contextmanager
+def _quiet():
+    """transformers' progress bars and notices go to stderr; a CLI run shows its own."""
+    level = logging.getLogger("transformers").level
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.getLogger("transformers").setLevel(level)

