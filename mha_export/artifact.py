@@ -23,7 +23,7 @@ from .errors import UsageError, raise_if_interrupted
 from .layer.layouts import AttentionBase
 from .signature import INT8, Signature, signature_from_meta
 from .weights.kv_quant import INT8_CACHE_TAG, KVCacheSpec
-from .weights.quantize import QuantSpec
+from .weights.quantize import QuantSpec, quant_spec_from_record
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -48,8 +48,7 @@ class Artifact:
     def quantization(self) -> Optional[QuantSpec]:
         """The projections' weight-only quantization recorded at export, or None."""
         q = self.export.get("quantize")
-        return None if q is None else QuantSpec.from_dict(
-            {k: v for k, v in q.items() if k not in ("format", "projections")})
+        return None if q is None else quant_spec_from_record(q)
 
     @property
     def kv_cache(self) -> Optional[KVCacheSpec]:
@@ -65,8 +64,7 @@ class Artifact:
         the same layer with a float cache, what the int8 cache is measured against)."""
         module = self.load_unquantized_module()
         if (spec := self.quantization) is not None:
-            from .weights.dequantized import dequantized_module
-            module = dequantized_module(module, spec, self.export.get("dtype", "float32"))
+            module = spec.reference(module, self.export.get("dtype", "float32"))
         if (cache := self.kv_cache) is not None and not float_cache:
             import torch
             module.use_int8_cache(torch.from_numpy(cache.key.scale),
@@ -105,8 +103,7 @@ def read_artifact(path: str | Path) -> Artifact:
 def _check_quantization(record: Any) -> None:
     """A quantize record that QuantSpec cannot read is a corrupt config, now."""
     if record is not None:
-        QuantSpec.from_dict({k: v for k, v in dict(record).items()
-                             if k not in ("format", "projections")})
+        quant_spec_from_record(dict(record))
 
 
 def _check_kv_cache(record: Any, config: MHAConfig, signature: Signature) -> None:

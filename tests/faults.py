@@ -561,6 +561,36 @@ QUANT_FAULTS = {
 }
 
 
+# --- faults of a GGUF's kept blocks (--quantize source, issue 34) -------------------------------
+# q_proj's blocks as kept: weight_q{bits}, weight_scales, float weight_zero_points (Q4_1, K-quants)
+
+def float_zero_point_off(path: Path) -> None:
+    """One block's float zero point (-m/d: the block's minimum) one code step off."""
+    def fn(zero_points):
+        zero_points[0] += 1.0
+        return zero_points
+    _edit_initializer(path, "q_proj.weight_zero_points", fn)
+
+
+def sub_block_scales_swapped(path: Path) -> None:
+    """The first two sub-blocks of row 0 take each other's scale (a super-block's scales applied
+    to the wrong sub-block)."""
+    def fn(scales):
+        if scales[0] == scales[1]:
+            raise NotApplicable("the two sub-blocks share one scale")
+        scales[[0, 1]] = scales[[1, 0]]
+        return scales
+    _edit_initializer(path, "q_proj.weight_scales", fn)
+
+
+SOURCE_FAULTS = {
+    "one sub-block's scale x1.1": block_scale_off,
+    "a 4-bit code flipped": nibble_flipped,
+    "a float zero point (a block's min) one step off": float_zero_point_off,
+    "two sub-blocks' scales swapped": sub_block_scales_swapped,
+}
+
+
 # --- faults of an int8 KV cache (issue 24) -------------------------------------------------------
 # Graph names: int8 writes are Div -> Round (key_rounded) -> Clip (key_clipped) -> Cast; reads
 # Cast -> Mul (key_read); GroupQueryAttention takes kv_cache.k_scale / v_scale as inputs 12-13.

@@ -115,7 +115,7 @@ def test_quantized_variants_record_their_smaller_files_and_bytes(tmp_path):
     from mha_export.bench.driver import step_bytes, weight_bytes
     from mha_export.weights.quantize import QuantSpec
     c = MHAConfig(dim=64, heads=4)
-    int4 = QuantSpec(bits=4)
+    int4 = QuantSpec(bits=4, accuracy_level=4)
     report = run_bench(c, seq_lens=[1], past_lens=[8], static_cache=True, capacity=16,
                        providers=["cpu"], forms=["auto"], budget_s=0.01,
                        quantize=[int4, QuantSpec(bits=8, accuracy_level=1)])
@@ -138,7 +138,7 @@ def test_int8_cache_variants_read_one_byte_per_cached_value(tmp_path):
     c = MHAConfig(dim=64, heads=4, kv_heads=2)
     report = run_bench(c, seq_lens=[1], past_lens=[8], static_cache=True, capacity=16,
                        providers=["cpu"], forms=["auto"], budget_s=0.01,
-                       quantize=[QuantSpec(bits=4)], int8_cache=True)
+                       quantize=[QuantSpec(bits=4, accuracy_level=4)], int8_cache=True)
     rows = {r.variant: r for r in report.rows}
     assert {"ort-cpu-auto-kv8", "ort-cpu-auto-int4-kv8"} <= set(rows)
     assert all(r.error == "" for r in rows.values()), [r.error for r in rows.values()]

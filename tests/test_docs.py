@@ -154,6 +154,7 @@ def fault_list() -> str:
               faults.CACHE_FAULTS), ("Static-cache models", faults.STATIC_FAULTS),
               ("Layer options", faults.OPTION_FAULTS),
               ("Quantized projections (caught at fp32 compute)", faults.QUANT_FAULTS),
+              ("GGUF blocks kept (--quantize source)", faults.SOURCE_FAULTS),
               ("int8 KV cache", faults.KV_FAULTS),
               ("Multi-head Latent Attention", faults.MLA_FAULTS))
     return "\n".join(f"- **{title}:** " + "; ".join(sorted(group)) + "." for title, group in groups)

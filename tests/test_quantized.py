@@ -25,7 +25,7 @@ from mha_export.weights.quantize import QuantSpec, quantize
 
 SMALL = MHAConfig(dim=64, heads=4, max_seq_len=32)
 QUICK = dict(seq_lens=(1, 7, 33), batch_sizes=(1, 2), past_lens=(0, 5))
-INT4 = QuantSpec(bits=4)  # the default: block 32, symmetric, accuracy level 4
+INT4 = QuantSpec(bits=4, accuracy_level=4)  # block 32, symmetric (the default), level 4
 EXACT = QuantSpec(bits=4, accuracy_level=1)
 
 
@@ -105,7 +105,7 @@ def test_the_file_records_the_quantization(tmp_path):
     art = read_artifact(_export(tmp_path, spec=QuantSpec(bits=8, block_size=64,
                                                            symmetric=False)))
     assert art.export["quantize"] == {
-        "bits": 8, "block_size": 64, "symmetric": False, "quantizer": "rtn", "accuracy_level": 4,
+        "bits": 8, "block_size": 64, "symmetric": False, "quantizer": "rtn", "accuracy_level": 1,
         "format": "com.microsoft.MatMulNBits",
         "projections": ["q_proj", "k_proj", "v_proj", "out_proj"]}
     assert art.quantization == QuantSpec(bits=8, block_size=64, symmetric=False)
@@ -190,9 +190,10 @@ def test_bad_quantization_requests_exit_2_in_one_line(tmp_path, args, message):
 def test_cli_exports_to_its_own_folder_and_the_budget_is_exit_1(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = CliRunner().invoke(cli, ["onnx", "--heads", "4", "--dim", "64", "--max-seq-len", "16",
-                                   "--static-cache", "--quantize", "int4", "--no-check"])
+                                   "--static-cache", "--quantize", "int4", "--accuracy-level", "4",
+                                   "--no-check"])
     assert run.exit_code == 0, run.output
-    folder = tmp_path / "models" / "split-h4-d64-static-int4-onnx"
+    folder = tmp_path / "models" / "split-h4-d64-static-int4-onnx"  # level 4 (1: -int4-fp32)
     quick = ["--seq-lens", "1,7", "--batch-sizes", "1", "--past-lens", "0,3"]
     ok = CliRunner().invoke(cli, ["check", str(folder), *quick, "--json", "r.json"])
     assert ok.exit_code == 0, ok.output

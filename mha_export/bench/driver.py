@@ -20,7 +20,7 @@ from ..errors import UsageError
 from ..latent import refuse_unbuilt
 from ..signature import FLOAT, INT8
 from ..weights.kv_quant import INT8_CACHE_TAG, KVCacheSpec
-from ..weights.quantize import QuantSpec, quantized_projections
+from ..weights.quantize import QuantSpec, quant_spec_from_record, quantized_projections
 from .report import BASELINE, BenchReport, BenchRow
 
 WORKER = "mha_export.bench.worker"  # run with -m: the package, not its folder, on sys.path
@@ -316,7 +316,7 @@ RING = 3
 def _cold(spec: dict, c: MHAConfig) -> dict:
     """The spec as a ring of instances larger than the last-level cache; a static buffer sized
     to the call (capacity = past + T: what is read is the same, the ring fits in memory)."""
-    quant = QuantSpec.from_dict(spec["quant"]) if spec.get("quant") else None
+    quant = quant_spec_from_record(spec["quant"]) if spec.get("quant") else None
     instance = step_bytes(c, spec["seq"], spec["batch"], spec["past"], quant,
                           spec.get("cache_dtype", FLOAT))
     count = -(-RING * last_level_cache_bytes() // int(instance))
@@ -332,7 +332,7 @@ def _row(name: str, c: MHAConfig, spec: dict, result: dict, cached: bool = False
         return BenchRow(name, seq, batch, past, error=result["error"])
     s = result["median_ms"] / 1e3
     gflops = effective_flops(c, seq, batch, past) / s / 1e9
-    quant = QuantSpec.from_dict(spec["quant"]) if spec.get("quant") else None
+    quant = quant_spec_from_record(spec["quant"]) if spec.get("quant") else None
     model = Path(spec["model"]) if spec.get("model") else None
     return BenchRow(name, seq, batch, past, result["median_ms"], result["reps"], batch * seq / s,
                     gflops, None, None, result["peak_rss_mib"], result.get("peak_device_mib"),

@@ -14,6 +14,7 @@ from ..latent import LATENT_FIELDS, Latent
 from ..weights.families import FAMILIES
 from ..weights.kv_quant import CACHE_DTYPES, GRANULARITIES, VALUE_SCALE
 from ..weights.quantize import ACCURACY_LEVELS, BLOCK_SIZES, NAMES, QuantSpec
+from ..weights.source_quant import SOURCE, SourceQuantSpec
 
 # The layer's defaults are MHAConfig's: the CLI shows them, never re-declares them.
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(MHAConfig)}
@@ -163,10 +164,12 @@ ARTIFACT_OPTIONS = [
 
 QUANT_DEFAULT = QuantSpec()
 QUANT_OPTIONS = [
-    click.option("--quantize", type=click.Choice(tuple(NAMES)), default=None,
+    click.option("--quantize", type=click.Choice((*NAMES, SOURCE)), default=None,
                  help="Weight-only quantized projections (q/k/v, output, gate) as ONNX Runtime's "
                       "MatMulNBits, round to nearest per block; norms, biases and sinks stay "
-                      "float (ONNX only) [default: float weights]."),
+                      "float (ONNX only); source: a .gguf checkpoint's own blocks, kept as "
+                      "they are (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K) [default: float "
+                      "weights]."),
     click.option("--block-size", type=click.Choice([str(b) for b in BLOCK_SIZES]),
                  default=str(QUANT_DEFAULT.block_size), show_default=True,
                  help="Input features per quantization block (one scale each)."),
@@ -212,6 +215,12 @@ def export_options(kw: dict) -> dict:
     for key in ("block_size", "accuracy_level"):
         if key in fields:
             fields[key] = int(fields[key])
+    if name == SOURCE:  # the file's own blocks: only the kernel's arithmetic is a choice
+        other = next((f for f in fields if f != "accuracy_level"), None)
+        if other:
+            raise UsageError(f"--{other.replace('_', '-')} does not apply to --quantize source "
+                             "(the GGUF file's blocks decide it)")
+        return {**kw, "quantize": SourceQuantSpec(**fields)}
     return {**kw, "quantize": QuantSpec.named(name, **fields)}
 
 

@@ -23,6 +23,7 @@ from ..weights.files import save_weights
 from ..weights.kv_calibration import calibrate_cache
 from ..weights.kv_quant import CACHE_DTYPES, FLOAT32_ONLY, VALUE_SCALE, KVCacheSpec
 from ..weights.quantize import QuantSpec
+from ..weights.source_quant import SOURCE, SourceQuantSpec, kept_quantization
 from ..weights.source import Source, load_source
 from .base import ExportTarget
 from .targets import TARGETS
@@ -71,6 +72,9 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
                                        options.get("dtype", "float32"))
     source = load_source(config, weights, layer, seed, config_fields)
     refuse_unbuilt(source.config.latent, int8_cache)
+    if quantize is not None and quantize.quantizer == SOURCE:
+        quantize = _kept_blocks(source, quantize, options.get("dtype", "float32"))
+        options["quant"] = quantize
     if int8_cache:
         options["kv_cache"] = _calibrated(source, quantize, calibration, value_scale, seed)
     sig = make_signature(source.config, kind, INT8 if int8_cache else FLOAT)
@@ -113,14 +117,33 @@ def _int8_cache_requested(target: ExportTarget, kind: str, cache_dtype: str,
     return True
 
 
+def _kept_blocks(source: Source, spec: SourceQuantSpec, dtype: str) -> SourceQuantSpec:
+    """--quantize source: the GGUF layer's own blocks, for the projections of its own layout."""
+    where = source.description
+    if where.get("kind") != "gguf":
+        raise UsageError("--quantize source keeps a GGUF file's own quantized blocks: it needs "
+                         "--weights FILE.gguf")
+    if source.config.layout != "split" or source.config.latent is not None:
+        raise UsageError("--quantize source keeps the checkpoint's own projections: export "
+                         "them in its layout (split)")
+    if dtype != "float32":
+        raise UsageError("--quantize source is float32 only (the GGUF's scales as it stores "
+                         "them, in float32 arithmetic)")
+    kept = kept_quantization(where["path"], where["layer"], source.config, spec.accuracy_level)
+    if not kept.projections:
+        raise UsageError(f"--quantize source: {where['path']} stores layer {where['layer']}'s "
+                         "projections as floats: nothing to keep (leave out --quantize)")
+    return kept
+
+
 def _calibrated(source: Source, quantize: Optional[QuantSpec], calibration, value_scale: str,
                 seed: int) -> KVCacheSpec:
     """Scales calibrated on the function the file will hold (dequantized projections)."""
     module = source.module
     if quantize is not None:
-        from ..weights.dequantized import dequantized_module
-        module = dequantized_module(module, quantize)
-    return calibrate_cache(module.eval(), calibration, value_scale, seed)
+        module = quantize.reference(module)
+    return calibrate_cache(module.eval(), calibration, value_scale, seed,
+                           layer=source.description.get("layer"))
 
 
 def _describe(source: Source, sig: Signature, target: str, export: dict) -> dict:

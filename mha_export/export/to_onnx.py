@@ -31,8 +31,8 @@ def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
     opset = model.opset_import[0].version  # the form's lowest when none was asked for
     export = {"file": MODEL_FILE, "opset": opset, "attention": form.name, "dtype": dtype}
     if quant is not None:
-        export["quantize"] = {**quant.to_dict(), "format": "com.microsoft.MatMulNBits",
-                              "projections": quantized_projections(config)}
+        export["quantize"] = {"format": "com.microsoft.MatMulNBits",
+                              "projections": quantized_projections(config), **quant.to_dict()}
     if kv_cache is not None:
         export["kv_cache"] = kv_cache.to_dict()
     helper.set_model_props(model, {"mha_export.config": json.dumps(config.to_dict()),

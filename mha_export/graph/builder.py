@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
-from ..weights.quantize import QuantSpec, quantize
+from ..weights.quantize import QuantSpec
 from .nodes import CONTRIB  # noqa: F401  (re-exported: the forms import it from here)
 
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
@@ -95,19 +95,32 @@ class GraphBuilder:
         return y
 
     def matmul_nbits(self, x: str, name: str, weight: torch.Tensor) -> str:
-        """x (.., K) @ W^T with W (N, K) quantized per block (weights/quantize.py): ONNX Runtime's
-        com.microsoft.MatMulNBits reading the packed codes, one scale (and zero point) per
-        block; symmetric blocks give no zero points (the kernel's default is 2^(bits-1))."""
-        spec = self.quant
-        q = quantize(weight.detach().to(torch.float32).numpy(), spec)
-        inputs = [x, self.const(f"{name}.weight_q{spec.bits}", q.packed(), float_dtype=False),
+        """x (.., K) @ W^T with W (N, K) in its quantizer's MatMulNBits form(s) (weights/
+        quantize.py: round to nearest here; weights/source_quant.py: a GGUF's own blocks):
+        ONNX Runtime's com.microsoft.MatMulNBits reading the packed codes, one scale (and zero
+        point) per block; default zero points (2^(bits-1)) are left out. Several forms (a
+        weight split in two) are summed; none: a float MatMul."""
+        forms = self.quant.forms(name, weight.detach().to(torch.float32).numpy())
+        if not forms:
+            return self.op("MatMul", [x, self.const(f"{name}.weight", weight.t())],
+                           name=f"{name}_matmul")
+        parts = [self._matmul_nbits(x, name + (f"_part{i}" if i else ""), q)
+                 for i, q in enumerate(forms)]
+        y = parts[0]
+        for part in parts[1:]:
+            y = self.op("Add", [y, part], name=f"{name}_sum")  # (.., N)
+        return y
+
+    def _matmul_nbits(self, x: str, name: str, q) -> str:
+        inputs = [x, self.const(f"{name}.weight_q{q.bits}", q.packed(), float_dtype=False),
                   self.const(f"{name}.weight_scales", q.scales.reshape(-1))]  # (N * blocks,)
-        if not spec.symmetric:
-            inputs.append(self.const(f"{name}.weight_zero_points", q.packed_zero_points(),
-                                     float_dtype=False))
+        if q.needs_zero_points:
+            zero_points = q.packed_zero_points()
+            inputs.append(self.const(f"{name}.weight_zero_points", zero_points,
+                                     float_dtype=zero_points.dtype != np.uint8))
         return self.op("MatMulNBits", inputs, name=f"{name}_matmul", domain=CONTRIB, K=q.k,
-                       N=q.codes.shape[0], bits=spec.bits, block_size=spec.block_size,
-                       accuracy_level=spec.accuracy_level)  # (.., N)
+                       N=q.n, bits=q.bits, block_size=q.block_size,
+                       accuracy_level=self.quant.accuracy_level)  # (.., N)
 
     def subgraph(self, name: str, inputs: list, outputs: list) -> GraphProto:
         return helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.initializers)

@@ -27,16 +27,17 @@ SYNTHETIC = f"synthetic: {SYNTHETIC_ROWS} x {SYNTHETIC_TOKENS} standard-normal t
 ROWS_PER_CALL = 8  # calibration rows run at once (bounded memory for a long file)
 
 
-def read_hidden_states(path: str | Path, d_in: int) -> np.ndarray:
+def read_hidden_states(path: str | Path, d_in: int, layer: Optional[int] = None) -> np.ndarray:
     """[n, T, d_in] float hidden states from a .npy file or a .safetensors file holding one
-    tensor (or one named hidden_states); anything else is bad input."""
+    tensor (or one named hidden_states, or — a file of ``mha-export capture`` — the layer's own
+    ``layers.{layer}.x``); anything else is bad input."""
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"--calibration: no such file {path}")
     if path.suffix not in (".npy", ".safetensors"):
         raise UsageError(f"--calibration: expected a .npy or .safetensors file, got {path.name}")
     try:
-        x = _load_hidden_states(path)
+        x = _load_hidden_states(path, layer)
     except UsageError:
         raise
     except Exception as e:  # an empty, corrupt or foreign file: numpy's and safetensors' errors
@@ -50,11 +51,20 @@ def read_hidden_states(path: str | Path, d_in: int) -> np.ndarray:
     return x.astype(np.float32)
 
 
-def _load_hidden_states(path: Path):
+def _load_hidden_states(path: Path, layer: Optional[int]):
     if path.suffix == ".npy":
         return np.load(path, allow_pickle=False)
     from safetensors.numpy import load_file
     tensors = load_file(str(path))
+    captured = {k: v for k, v in tensors.items() if k.startswith("layers.") and k.endswith(".x")}
+    if captured:  # mha-export capture's file: this layer's input (or its only layer's)
+        key = f"layers.{layer}.x" if layer is not None else (
+            next(iter(captured)) if len(captured) == 1 else None)
+        if key not in captured:
+            wanted = f"layers.{layer}.x" if layer is not None else "one layer's input"
+            raise UsageError(f"--calibration: {path.name} holds {', '.join(sorted(captured))}, "
+                             f"not {wanted}")
+        return captured[key]
     if "hidden_states" not in tensors and len(tensors) != 1:
         raise UsageError(f"--calibration: {path} holds {len(tensors)} tensors; name the one to "
                          "use hidden_states")
@@ -77,7 +87,8 @@ def cache_entries(module: AttentionBase, hidden: np.ndarray) -> tuple[np.ndarray
 
 
 def calibrate_cache(module: AttentionBase, calibration: Optional[str | Path] = None,
-                    value: str = VALUE_SCALE, seed: int = 0) -> KVCacheSpec:
+                    value: str = VALUE_SCALE, seed: int = 0,
+                    layer: Optional[int] = None) -> KVCacheSpec:
     """The int8 cache's scales for this layer: keys per channel (rotary pairs by their norm),
     values per ``value``, each mapping the largest |entry| seen to 127. A file is read in
     chunks of rows: only each channel's running maximum is kept."""
@@ -88,7 +99,7 @@ def calibrate_cache(module: AttentionBase, calibration: Optional[str | Path] = N
     if calibration is None:
         hidden, source, synthetic = synthetic_hidden_states(d_in, seed), SYNTHETIC, True
     else:
-        hidden = read_hidden_states(calibration, d_in)
+        hidden = read_hidden_states(calibration, d_in, layer)
         source = f"file: {Path(calibration).name} ({hidden.shape[0]} x {hidden.shape[1]} tokens)"
         synthetic = False
     partners = rotary_partners(module.config)

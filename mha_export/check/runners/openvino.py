@@ -170,7 +170,7 @@ def compressed_matmuls(compiled, path: str | Path, config: dict) -> Optional[Com
     kinds = matmul_nbits_kinds(onnx.load(str(path), load_external_data=False))
     hint = str(config.get("INFERENCE_PRECISION_HINT", ""))
     quantized = group > 0 and any(activations_quantized(bits, block, hint, group)
-                                  for bits, block, _ in kinds)
+                                  for bits, block, *_ in kinds)
     return CompressedMatMuls(len(weights), tuple(sorted(set(weights))), group, quantized)
 
 

@@ -1,0 +1,131 @@
+"""``--quantize source``: a GGUF layer's projections keep the file's own quantized blocks — no
+requantization — as ONNX Runtime's MatMulNBits (gguf_blocks.py: the exact form of each block
+type). The artifact's reference is the file's own function: weights.safetensors holds what
+``gguf.quants.dequantize`` returns (weights/gguf.py), so the check judges the kernel against the
+GGUF's dequantized weights, and quantizing costs nothing more against that function. What the
+GGUF's quantizer cost against the unquantized model is unknown: a GGUF file does not hold the
+unquantized weights, and the reports say so rather than invent a figure.
+
+    RawTensor (file blocks, llama.cpp's row order) -> SourceBlocks (codes, scales, zero points,
+    rows in Hugging Face's order) -> one MatMulNBits per projection (two and an Add for Q5_1 /
+    Q5_K: ONNX Runtime 1.31's CPU kernel takes float zero points at 2 and 4 bits only)
+
+F16 / BF16 / F32 projections stay float MatMuls (nothing to keep); a type without an exact form
+(IQ*, TQ*, ...) refuses in one line naming the tensor and its type.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import UsageError
+from .gguf_blocks import SourceBlocks, is_float_type, source_blocks
+from .quantize import ACCURACY_LEVELS
+
+SOURCE = "source"  # --quantize source
+SPLIT_HIGH_BIT = ("Q5_1", "Q5_K")  # 8-bit codes with float zero points: two nodes
+# our module's tensors -> the graph's projection names (graph/model.py's linear() calls)
+GRAPH_NAMES = {"W_query.weight": "q_proj", "W_key.weight": "k_proj",
+               "W_value.weight": "v_proj", "out_proj.weight": "out"}
+FUSED_QKV = "qkv_proj.weight"  # Phi-3: query, key and value rows stacked
+
+
+@dataclass(frozen=True)
+class SourceQuantSpec:
+    """The record of a kept quantization: per projection, the GGUF type it came from and the
+    MatMulNBits form it became; ``blocks`` (export time only, never serialized) holds them."""
+
+    accuracy_level: int = 1
+    projections: dict = field(default_factory=dict)  # graph name -> {"type", "bits", "block_size"}
+    blocks: dict = field(default_factory=dict, compare=False, repr=False)
+    quantizer: str = SOURCE
+
+    def __post_init__(self) -> None:
+        if self.accuracy_level not in ACCURACY_LEVELS:
+            raise UsageError(f"quantization accuracy level {self.accuracy_level!r}: choose one "
+                             f"of {', '.join(map(str, ACCURACY_LEVELS))}")
+
+    name = SOURCE
+
+    @property
+    def compute(self) -> str:
+        return ACCURACY_LEVELS[self.accuracy_level]
+
+    @property
+    def tag(self) -> str:
+        types = sorted({p["type"].lower() for p in self.projections.values()})
+        return "gguf-" + "-".join(types) + ("-l4" if self.accuracy_level == 4 else "")
+
+    def label(self) -> str:
+        kept = ", ".join(f"{n} {p['type']}" for n, p in self.projections.items()) or "none"
+        return (f"the GGUF's own blocks ({kept}), {self.compute} compute (accuracy level "
+                f"{self.accuracy_level}); nothing re-quantized: 0 against the file's function, "
+                f"and the GGUF's own cost is unknown (the file holds no unquantized weights)")
+
+    def to_dict(self) -> dict:
+        return {"quantizer": SOURCE, "accuracy_level": self.accuracy_level,
+                "projections": self.projections}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SourceQuantSpec":
+        return cls(accuracy_level=d["accuracy_level"], projections=dict(d["projections"]))
+
+    def forms(self, name: str, weight: Any) -> list[SourceBlocks]:
+        """The MatMulNBits forms of projection ``name`` (summed when two); [] keeps it float."""
+        blocks = self.blocks.get(name)
+        if blocks is None:
+            if name in self.projections:
+                raise UsageError(f"{name}: its GGUF blocks are not loaded (export again)")
+            return []
+        if blocks.ggml_type in SPLIT_HIGH_BIT:
+            return list(blocks.split_high_bit())
+        return [blocks]
+
+    def reference(self, module: Any, dtype: str = "float32") -> Any:
+        """The function the file holds: the stored weights themselves (the GGUF's dequantized
+        weights): nothing to re-derive."""
+        return module
+
+    def stored_bytes(self, name: str) -> Optional[int]:
+        blocks = self.blocks.get(name)
+        return None if blocks is None else blocks.stored_bytes()
+
+
+def kept_quantization(path: str | Path, layer: int, config: Any,
+                      accuracy_level: int) -> SourceQuantSpec:
+    """The layer's projections as the file stores them, in Hugging Face's row order, by graph
+    name; a projection of a type without an exact form is bad input (one line)."""
+    from .gguf import layer_raw_tensors
+    raw = layer_raw_tensors(path, layer)
+    blocks: dict[str, SourceBlocks] = {}
+    for ours, tensor in raw.items():
+        if not ours.endswith(".weight") or len(tensor.shape) != 2:
+            continue
+        if is_float_type(tensor.ggml_type):
+            continue  # stored as floats: a float MatMul
+        try:
+            found = source_blocks(tensor.data, tensor.ggml_type, tensor.shape[1])
+        except UsageError as e:
+            raise UsageError(f"--quantize source: {tensor.name}: {e} (a float export works: "
+                             "leave out --quantize)") from None
+        if tensor.rows is not None:
+            found = found.take_rows(tensor.rows)
+        blocks.update(_by_graph_name(ours, found, config))
+    projections = {name: {"type": b.ggml_type, "bits": b.bits, "block_size": b.block_size}
+                   for name, b in blocks.items()}
+    return SourceQuantSpec(accuracy_level, projections, blocks)
+
+
+def _by_graph_name(ours: str, blocks: SourceBlocks, config: Any) -> dict[str, SourceBlocks]:
+    if ours in GRAPH_NAMES:
+        return {GRAPH_NAMES[ours]: blocks}
+    if ours == FUSED_QKV:  # rows: query (N*H), key (K*H), value (K*H)
+        q, kv = config.heads * config.head_dim, config.kv_heads * config.head_dim
+        return {"q_proj": blocks.take_rows(np.arange(q)),
+                "k_proj": blocks.take_rows(np.arange(q, q + kv)),
+                "v_proj": blocks.take_rows(np.arange(q + kv, q + 2 * kv))}
+    raise UsageError(f"--quantize source: no kept form for {ours} (keep it float: leave out "
+                     "--quantize)")

@@ -1,0 +1,188 @@
+"""--quantize source (issue 34): a GGUF layer exported with the file's own blocks as
+MatMulNBits, judged against the file's own function (gguf's dequantize) at fp32's tolerance, with
+zero quantization cost against it and the GGUF's own cost said to be unknown; every block type;
+planted faults fail; what cannot be kept refuses in one line."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+
+gguf = pytest.importorskip("gguf")
+
+from faults import SOURCE_FAULTS, NotApplicable  # noqa: E402
+from test_gguf import NEW, Tiny, _hf_model, _metadata  # noqa: E402
+from test_gguf_blocks import FP16_FIELDS, random_raw  # noqa: E402
+from mha_export import check_parity, export_onnx  # noqa: E402
+from mha_export.artifact import read_artifact  # noqa: E402
+from mha_export.check.comparator import FP32  # noqa: E402
+from mha_export.check.report import format_report  # noqa: E402
+from mha_export.cli.commands import cli  # noqa: E402
+from mha_export.weights.source_quant import SourceQuantSpec  # noqa: E402
+
+QUICK = dict(seq_lens=[1, 7, 33], batch_sizes=[1, 2], past_lens=[0, 5])
+EXACT = SourceQuantSpec()  # the default: fp32 compute (accuracy level 1)
+# a llama layer whose input features are a multiple of 256 (K-quants' super-block)
+WIDE = Tiny("llama", "llama", dict(NEW, hidden_size=256, head_dim=64), (0,))
+# every block type with an exact MatMulNBits form, four projections a file
+TYPE_SETS = [("Q4_K", "Q6_K", "Q5_K", "Q3_K"), ("Q2_K", "Q8_0", "Q4_1", "Q5_1"),
+             ("Q4_0", "Q5_0", "Q4_K", "Q8_0")]
+PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output")
+
+
+def layer_like_raw(name: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Random blocks (any bytes with finite scales are a valid block) whose fp16 scales and
+    minimums are a trained layer's size (1e-4 to 2e-3: weights of at most ~1), so that one
+    sub-block's defect is not lost in a layer of giant weights; types without a test layout
+    (IQ4_NL): random bytes with a small d first."""
+    rng = np.random.default_rng(seed)
+    if name not in FP16_FIELDS:
+        qk, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+        b = rng.integers(0, 256, (n * k // qk, size), dtype=np.uint8)
+        b[:, :2] = np.full(len(b), 1e-3, np.float16).view(np.uint8).reshape(-1, 2)
+        return b.reshape(n, -1)
+    b = random_raw(name, n, k, seed).reshape(-1, gguf.GGML_QUANT_SIZES[
+        gguf.GGMLQuantizationType[name]][1])
+    for at in FP16_FIELDS[name]:
+        small = rng.uniform(1e-4, 2e-3, len(b)).astype(np.float16)
+        b[:, at:at + 2] = small.view(np.uint8).reshape(-1, 2)
+    return b.reshape(n, -1)
+
+
+def write_blocks(path, types: tuple) -> str:
+    """A tiny llama GGUF whose layer-0 projections hold random blocks of the given types (any
+    bytes with finite scales are a valid block), the rest float32."""
+    model = _hf_model(WIDE)
+    cfg = model.config
+    w = gguf.GGUFWriter(str(path), "llama")
+    _metadata(w, "llama", cfg)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
+    chosen = dict(zip(PROJECTIONS, types))
+    for i, (name, t) in enumerate(model.state_dict().items()):
+        new = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if new is None or (name == "lm_head.weight" and cfg.tie_word_embeddings):
+            continue
+        part = new.split(".")[2] if new.startswith("blk.0.") else None
+        if part in chosen and new.endswith(".weight"):
+            qtype = chosen[part]
+            w.add_tensor(new, layer_like_raw(qtype, t.shape[0], t.shape[1], seed=i),
+                         raw_dtype=gguf.GGMLQuantizationType[qtype])
+        else:
+            w.add_tensor(new, t.float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def _kernel_rows(report, runner="ort-cpu"):
+    return [r for r in report.results if r.runner == runner]
+
+
+def _as_exact_as_eager(report) -> None:
+    """The kernel is about as far from the file's function (fp64) as eager fp32 itself is, or
+    within 1e-5 of max|y|: fp32 rounding, nothing of a requantization."""
+    worst = {name: max(r.vs_reference.rel for r in _kernel_rows(report, name))
+             for name in ("ort-cpu", "eager-fp32")}
+    assert worst["ort-cpu"] <= max(4 * worst["eager-fp32"], 1e-5), worst
+
+
+@pytest.mark.parametrize("types", TYPE_SETS, ids=["-".join(t) for t in TYPE_SETS])
+def test_every_block_type_is_kept_exactly(tmp_path, types):
+    gguf_file = write_blocks(tmp_path / "w.gguf", types)
+    art = export_onnx(weights=gguf_file, layer=0, output=tmp_path / "a", quantize=EXACT,
+                      static_cache=True, validate=False).path
+    record = read_artifact(art).export["quantize"]
+    assert record["quantizer"] == "source"
+    assert [record["projections"][p]["type"] for p in ("q_proj", "k_proj", "v_proj", "out")] \
+        == list(types)
+    model = onnx.load(str(art / "model.onnx"))
+    assert not any(t.name.endswith(("q_proj.weight", "k_proj.weight")) for t in
+                   model.graph.initializer)  # no float copy of a kept projection
+    report = check_parity(art, **QUICK)
+    assert report.passed, format_report(report)
+    rows = _kernel_rows(report)
+    assert rows and all(r.tolerance == FP32 for r in rows)
+    _as_exact_as_eager(report)
+    assert all(q.deviation.max_abs == 0 for q in report.quantization)
+    assert "the GGUF's own cost is unknown" in format_report(report)
+
+
+def test_the_stored_weights_are_ggufs_own_dequantization(tmp_path):
+    from mha_export.weights.gguf import layer_raw_tensors
+    from safetensors.numpy import load_file
+    gguf_file = write_blocks(tmp_path / "w.gguf", TYPE_SETS[0])
+    art = export_onnx(weights=gguf_file, layer=0, output=tmp_path / "a", quantize=EXACT,
+                      validate=False).path
+    stored = load_file(str(art / "weights.safetensors"))
+    raw = layer_raw_tensors(gguf_file, 0)
+    for ours in ("W_query.weight", "W_key.weight", "W_value.weight", "out_proj.weight"):
+        t = raw[ours]
+        want = gguf.quants.dequantize(t.data, gguf.GGMLQuantizationType[t.ggml_type])
+        want = want if t.rows is None else want[t.rows]
+        np.testing.assert_array_equal(stored[ours], want)
+
+
+@pytest.fixture(scope="module")
+def smollm2_kept(smollm2_gguf, tmp_path_factory):
+    return export_onnx(weights=smollm2_gguf, layer=5, output=tmp_path_factory.mktemp("src") /
+                       "l5", quantize=EXACT, kv_cache=True, validate=False).path
+
+
+def test_smollm2_layer_keeps_its_q4_1_blocks_and_passes_tightly(smollm2_kept, smollm2_inputs):
+    art = read_artifact(smollm2_kept)
+    assert {p["type"] for p in art.export["quantize"]["projections"].values()} == {"Q4_1"}
+    report = check_parity(smollm2_kept, inputs=smollm2_inputs, **QUICK)
+    assert report.passed, format_report(report)
+    _as_exact_as_eager(report)
+    text = format_report(report)
+    assert "float zero points" in text  # the kernel path the float zero points take, said
+
+
+@pytest.mark.parametrize("fault", sorted(SOURCE_FAULTS))
+def test_planted_faults_in_kept_blocks_fail(smollm2_kept, tmp_path, fault):
+    faulty = tmp_path / "faulty"
+    shutil.copytree(smollm2_kept, faulty)
+    try:
+        SOURCE_FAULTS[fault](faulty / "model.onnx")
+    except NotApplicable as e:
+        pytest.skip(str(e))
+    report = check_parity(faulty, **QUICK)
+    assert not report.passed and any(not r.passed for r in _kernel_rows(report))
+
+
+def test_super_block_scales_swapped_fail_a_k_quant(tmp_path):
+    gguf_file = write_blocks(tmp_path / "w.gguf", TYPE_SETS[0])  # q_proj: Q4_K
+    art = export_onnx(weights=gguf_file, layer=0, output=tmp_path / "a", quantize=EXACT,
+                      validate=False).path
+    SOURCE_FAULTS["two sub-blocks' scales swapped"](art / "model.onnx")
+    assert not check_parity(art, **QUICK).passed
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--quantize", "source", "--heads", "2", "--dim", "16"], "needs --weights FILE.gguf"),
+    (["--quantize", "source", "--block-size", "64"], "does not apply to --quantize source"),
+    (["--quantize", "source", "--dtype", "float16"], "float32 only"),
+    (["--quantize", "source", "--layout", "fused"], "in its layout (split)"),
+])
+def test_what_cannot_be_kept_is_one_line_exit_2(smollm2_gguf, tmp_path, args, message):
+    weights = [] if "--heads" in args else ["--weights", str(smollm2_gguf), "--layer", "0"]
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli, ["onnx", *weights, *args, "-o", str(out)])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output and not out.exists()
+
+
+def test_a_type_without_an_exact_form_refuses_naming_the_tensor(tmp_path):
+    gguf_file = write_blocks(tmp_path / "w.gguf", ("IQ4_NL", "Q8_0", "Q8_0", "Q8_0"))
+    result = CliRunner().invoke(cli, ["onnx", "--weights", gguf_file, "--layer", "0",
+                                      "--quantize", "source", "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert "blk.0.attn_q.weight" in result.output and "IQ4_NL" in result.output
+    float_export = CliRunner().invoke(cli, ["onnx", "--weights", gguf_file, "--layer", "0",
+                                            "--no-check", "-o", str(tmp_path / "f")])
+    assert float_export.exit_code == 0, float_export.output
