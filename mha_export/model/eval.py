@@ -1,0 +1,436 @@
+"""``mha-export eval``: the exported attention layers inside the real model, judged in the
+model's own terms — perplexity, next-token agreement, divergence — and each lossy step's share.
+
+    checkpoint (transformers) -> each chosen layer exported (export options, one artifact per
+    layer) -> the text run twice: eager, and with those layers' attention computed by their
+    artifacts in a runner (the rest of the model eager) -> metrics -> report
+
+Prefill: the text's first N tokens in one call per layer (a full-sequence artifact; a decode
+artifact with an empty cache when the options ask for a cache or --generate does). Generation
+(``generate`` K): greedy tokens, each step running the decode artifacts over their caches (owned
+here: a growing cache carried from call to call, or one static buffer written at
+past_lengths), against eager's greedy continuation of the same prefix. The eager layers recompute
+the prefix each step (no transformers cache to keep consistent with the artifacts' own).
+
+Metrics (positions 0..N-1 of the prefill): perplexity = exp(mean cross-entropy of tokens 2..N
+given their prefixes); KL(eager || exported) of each next-token distribution; top-1 agreement =
+the share of positions whose argmax agrees. Per layer: how far each artifact's output was from
+the eager attention on the very hidden states it received (max|d| / max|y|, cosine), so a defect
+shows up as its layer.
+
+Attribution (``attribute``): the lossy steps of the options run alone and together — fp32 export;
+weights (quantized, at fp32 compute); + the kernel's int8 activations (accuracy level 4); the
+int8 cache — and, with ``per_layer``, the options with one layer exported at a time.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import UsageError
+from .capture import read_text, token_block
+from .loading import LoadedModel, decoder_layers, load_model
+
+Progress = Callable[[int, int, str], None]
+EXPORT_KEYS = ("attention", "opset", "quantize", "kv_cache", "static_cache", "kv_cache_dtype",
+               "calibration", "value_scale")
+
+
+# --- metrics --------------------------------------------------------------------------------
+
+def perplexity(logits: torch.Tensor, ids: torch.Tensor) -> float:
+    """exp(mean cross-entropy of tokens 2..N given their prefixes); logits (N, V), ids (N,)."""
+    logp = torch.log_softmax(logits[:-1].double(), dim=-1)  # (N-1, V)
+    return float(torch.exp(-logp.gather(1, ids[1:, None]).mean()))
+
+
+def kl_per_position(eager: torch.Tensor, exported: torch.Tensor) -> np.ndarray:
+    """KL(eager || exported) of each position's next-token distribution, (N,) float64."""
+    p = torch.log_softmax(eager.double(), dim=-1)
+    q = torch.log_softmax(exported.double(), dim=-1)
+    return (p.exp() * (p - q)).sum(-1).numpy()
+
+
+@dataclass
+class LayerDetail:
+    """One exported layer inside the model: its artifact, what ran it, and how far its output
+    was from the eager attention on the hidden states it received (prefill)."""
+
+    layer: int
+    artifact: str
+    runner: str
+    rel: float = float("nan")  # max|d| / max|y|
+    cosine: float = float("nan")
+
+
+@dataclass
+class RunResult:
+    """One exported configuration of the layers, against eager."""
+
+    name: str
+    options: dict
+    layers: list[int]
+    perplexity: float
+    top1_agreement: float
+    kl_mean: float
+    kl_max: float
+    kl: list[float]  # per prefill position
+    tokens_per_s: float  # the exported prefill's
+    generated: list[int] = field(default_factory=list)
+    details: list[LayerDetail] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"perplexity": self.perplexity, "top1_agreement": self.top1_agreement,
+                "kl_mean": self.kl_mean, "kl_max": self.kl_max}
+
+
+# --- the stand-in for one layer's attention --------------------------------------------------
+
+class ExportedAttention(torch.nn.Module):
+    """Stands in for a decoder layer's attention module: its artifact in a runner. It keeps the
+    sequence's cache (decode artifacts) and the outputs it gave, so that a call over a longer
+    prefix runs only the new tokens."""
+
+    def __init__(self, original: torch.nn.Module, runner: Any, capacity: int):
+        super().__init__()
+        self.original, self.runner, self.capacity = original, runner, capacity
+        self.sig = runner.signature
+        self.deviations: list[tuple[float, float]] = []  # (rel, cosine) per prefill call
+        self.comparing = True  # off for the timed run
+        self.reset()
+
+    def reset(self) -> None:
+        self.length = 0
+        self.outputs: Optional[torch.Tensor] = None  # (1, length, dim)
+        if self.sig.has_cache:
+            size = self.capacity if self.sig.static_cache else 0
+            dtype = np.int8 if self.sig.cache_dtype == "int8" else np.float32
+            self.cache = {n: np.zeros(self.sig.cache_buffer(n, 1, size), dtype)
+                          for n in ("past_key", "past_value")}
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        total = hidden_states.shape[1]
+        if not self.sig.has_cache:  # a full-sequence artifact: every call from position 0
+            self.reset()
+        new = hidden_states[:, self.length:]  # (1, T, d_in): the tokens not yet attended
+        y = torch.from_numpy(self._run(new.detach().float().numpy())).to(hidden_states.dtype)
+        if self.length == 0 and self.comparing:
+            self._compare(hidden_states, y, *args, **kwargs)
+        self.outputs = y if self.outputs is None else torch.cat([self.outputs, y], dim=1)
+        self.length = total
+        return self.outputs, None
+
+    def _run(self, x: np.ndarray) -> np.ndarray:
+        t = x.shape[1]
+        feeds = {"x": x}
+        if "position_ids" in self.sig.input_names:
+            feeds["position_ids"] = np.arange(self.length, self.length + t)[None]
+        if "attention_mask" in self.sig.input_names:
+            feeds["attention_mask"] = np.ones((1, self.length + t), np.int64)
+        if "past_lengths" in self.sig.input_names:
+            feeds["past_lengths"] = np.array([self.length], np.int64)
+        if self.sig.has_cache:
+            feeds.update(self.cache)
+        out = self.runner.run(feeds)
+        if self.sig.has_cache:  # growing: the longer cache; static: the buffer, written
+            self.cache = {"past_key": out["present_key"], "past_value": out["present_value"]}
+        return out["y"]
+
+    def _compare(self, hidden_states: torch.Tensor, y: torch.Tensor, *args, **kwargs) -> None:
+        with torch.inference_mode():
+            want = self.original(hidden_states, *args, **kwargs)[0].double()
+        d = (y.double() - want).abs().max()
+        scale = want.abs().max().clamp_min(1e-30)
+        cos = torch.nn.functional.cosine_similarity(y.double().flatten(), want.flatten(), dim=0)
+        self.deviations.append((float(d / scale), float(cos)))
+
+
+def _attention_name(layer: torch.nn.Module) -> str:
+    for name in ("self_attn", "attn", "attention"):
+        if hasattr(layer, name):
+            return name
+    raise UsageError(f"{type(layer).__name__}: no attention module (self_attn / attn)")
+
+
+@contextlib.contextmanager
+def exported_layers(model: Any, stand_ins: dict[int, ExportedAttention]) -> Iterator[None]:
+    """The model with the chosen layers' attention replaced by their stand-ins, restored after."""
+    layers = decoder_layers(model)
+    names = {i: _attention_name(layers[i]) for i in stand_ins}
+    for i, stand_in in stand_ins.items():
+        setattr(layers[i], names[i], stand_in)
+    try:
+        yield
+    finally:
+        for i, stand_in in stand_ins.items():
+            setattr(layers[i], names[i], stand_in.original)
+
+
+# --- running the text -----------------------------------------------------------------------
+
+def logits_of(model: Any, ids: torch.Tensor) -> torch.Tensor:
+    """(N, V) float32 logits of one sequence ids (N,), no cache."""
+    with torch.inference_mode():
+        return model(input_ids=ids[None], use_cache=False).logits[0].float()
+
+
+def tokens_per_s(call: Callable[[], Any], tokens: int) -> float:
+    """Prefill throughput of a warmed-up call (its second run: sessions and caches ready)."""
+    start = time.perf_counter()
+    call()
+    return tokens / (time.perf_counter() - start)
+
+
+def greedy(model: Any, ids: torch.Tensor, steps: int, reset: Callable[[], None]) -> list[int]:
+    """``steps`` greedy tokens after ids; every step runs the whole prefix (the stand-ins run
+    only its new token over their caches)."""
+    reset()
+    seq, out = ids.clone(), []
+    for _ in range(steps):
+        nxt = int(logits_of(model, seq)[-1].argmax())
+        out.append(nxt)
+        seq = torch.cat([seq, torch.tensor([nxt])])
+    return out
+
+
+@dataclass
+class Evaluation:
+    """What ``evaluate`` measured; ``to_dict`` is the --json report (its names are stable)."""
+
+    weights: str
+    text: str
+    tokens: int
+    runner: str
+    eager_perplexity: float
+    eager_tokens_per_s: float
+    main: RunResult
+    eager_generated: list[int] = field(default_factory=list)
+    attribution: list[RunResult] = field(default_factory=list)
+    per_layer: list[RunResult] = field(default_factory=list)
+    transformers_perplexity: float = float("nan")  # transformers' own loss on the same tokens
+    budgets: dict = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    machine: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def generation(self) -> dict:
+        k = len(self.eager_generated)
+        matched = next((i for i, (a, b) in enumerate(zip(self.eager_generated,
+                                                          self.main.generated)) if a != b), k)
+        return {"tokens": k, "matched": matched, "eager": self.eager_generated,
+                "exported": self.main.generated}
+
+    def to_dict(self) -> dict:
+        def run(r: RunResult) -> dict:
+            d = asdict(r)
+            d["options"] = _jsonable(r.options)
+            d["ppl_increase"] = r.perplexity / self.eager_perplexity - 1
+            return d
+        return {"weights": self.weights, "text": self.text, "tokens": self.tokens,
+                "runner": self.runner,
+                "eager": {"perplexity": self.eager_perplexity,
+                          "transformers_perplexity": self.transformers_perplexity,
+                          "tokens_per_s": self.eager_tokens_per_s},
+                "exported": {**self.main.summary(),
+                             "ppl_increase": self.main.perplexity / self.eager_perplexity - 1,
+                             "tokens_per_s": self.main.tokens_per_s, "kl": self.main.kl},
+                "generation": self.generation(),
+                "layers": [asdict(d) for d in self.main.details],
+                "options": _jsonable(self.main.options),
+                "attribution": [run(r) for r in self.attribution],
+                "per_layer": [run(r) for r in self.per_layer],
+                "budgets": self.budgets, "failures": self.failures, "passed": self.passed,
+                "machine": self.machine}
+
+
+def _jsonable(options: dict) -> dict:
+    return {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in options.items()
+            if k != "quantize" or v is not None}
+
+
+class Evaluator:
+    """One model and one text; ``run`` evaluates one configuration of exported layers."""
+
+    def __init__(self, weights: str | Path, loaded: LoadedModel, ids: torch.Tensor,
+                 runner: str, folder: Path, generate: int, progress: Progress):
+        from ..check.runners import get_runner
+        self.weights, self.loaded, self.ids = str(weights), loaded, ids
+        self.kind = get_runner(runner)
+        self.folder, self.generate, self.progress = folder, generate, progress
+        self.eager_logits = logits_of(loaded.model, ids)
+        self.eager_tokens_per_s = tokens_per_s(lambda: logits_of(loaded.model, ids), len(ids))
+
+    def run(self, name: str, options: dict, layers: Sequence[int]) -> RunResult:
+        stand_ins = {}
+        for i, layer in enumerate(layers):
+            self.progress(i, len(layers), f"{name}: exporting layer {layer}")
+            stand_ins[layer] = self._stand_in(name, options, layer)
+        self.progress(len(layers), len(layers), "")
+        model = self.loaded.model
+        with exported_layers(model, stand_ins):
+            for s in stand_ins.values():
+                s.reset()
+            logits = logits_of(model, self.ids)  # each layer compared with eager's attention
+            for s in stand_ins.values():
+                s.comparing = False
+
+            def prefill() -> None:
+                for s in stand_ins.values():
+                    s.reset()
+                logits_of(model, self.ids)
+            speed = tokens_per_s(prefill, len(self.ids))
+            generated = greedy(model, self.ids, self.generate,
+                               lambda: [s.reset() for s in stand_ins.values()])
+        kl = kl_per_position(self.eager_logits, logits)
+        agree = float((self.eager_logits.argmax(-1) == logits.argmax(-1)).float().mean())
+        details = [LayerDetail(layer, str(self._folder(name, layer)), s.runner.device,
+                               *(s.deviations[0] if s.deviations else (float("nan"),) * 2))
+                   for layer, s in stand_ins.items()]
+        return RunResult(name, options, list(layers), perplexity(logits, self.ids), agree,
+                         float(kl.mean()), float(kl.max()), kl.tolist(), speed, generated,
+                         details)
+
+    def _folder(self, name: str, layer: int) -> Path:
+        return self.folder / _slug(name) / f"layer{layer}"
+
+    def _stand_in(self, name: str, options: dict, layer: int) -> ExportedAttention:
+        """The layer's artifact (exported here, or reused when the folder holds one made with
+        the same options), opened in the runner."""
+        from ..artifact import read_artifact
+        from ..check.runners import RunOptions
+        from ..export.pipeline import export_artifact
+        from ..export.targets import TARGETS
+        folder = self._folder(name, layer)
+        stamp = json.dumps(_jsonable(options), sort_keys=True, default=str)
+        record = folder / "eval-options.json"
+        if not (record.is_file() and record.read_text() == stamp):
+            target = next(t for t in TARGETS.values() if t.model_file == self.kind.model_file)
+            export_artifact(target.name, output=folder, weights=self.weights, layer=layer,
+                            validate=False, force=True, **options)
+            record.write_text(stamp)
+        if reason := self.kind.unavailable():
+            raise UsageError(f"--runner {self.kind.name}: {reason}")
+        art = read_artifact(folder)
+        runner = self.kind.open(art.signature, folder / self.kind.model_file, RunOptions())
+        original = getattr(decoder_layers(self.loaded.model)[layer],
+                           _attention_name(decoder_layers(self.loaded.model)[layer]))
+        return ExportedAttention(original, runner, len(self.ids) + self.generate + 1)
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+
+
+def parse_layers(spec: str, count: int) -> list[int]:
+    if spec == "all":
+        return list(range(count))
+    try:
+        layers = sorted({int(v) for v in spec.split(",") if v.strip()})
+    except ValueError:
+        raise UsageError(f"--layers: expected all or comma-separated integers, got {spec!r}"
+                         ) from None
+    bad = [v for v in layers if not 0 <= v < count]
+    if not layers or bad:
+        raise UsageError(f"--layers {spec}: the model has {count} layers (0-{count - 1})")
+    return layers
+
+
+def lossy_steps(options: dict) -> list[tuple[str, dict]]:
+    """(name, export options) of each lossy step of ``options`` alone and of all together."""
+    plain = {k: v for k, v in options.items()
+             if k not in ("quantize", "kv_cache_dtype", "calibration", "value_scale")}
+    steps = [("fp32 export", plain)]
+    spec = options.get("quantize")
+    if spec is not None:
+        exact = spec if spec.accuracy_level == 1 else _at_level(spec, 1)
+        steps.append((f"weights {spec.name} (fp32 compute)", {**plain, "quantize": exact}))
+        if spec.accuracy_level == 4:
+            steps.append((f"weights {spec.name} + int8 activations (level 4)",
+                          {**plain, "quantize": spec}))
+    if options.get("kv_cache_dtype") == "int8":
+        cache = {k: options[k] for k in ("kv_cache_dtype", "calibration", "value_scale")
+                 if k in options}
+        steps.append(("int8 cache", {**plain, **cache}))
+    if spec is not None and options.get("kv_cache_dtype") == "int8":
+        steps.append(("all together", options))
+    return steps
+
+
+def _at_level(spec: Any, level: int) -> Any:
+    from dataclasses import replace
+    return replace(spec, accuracy_level=level)
+
+
+def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
+             layers: str = "all", runner: str = "ort-cpu", generate: int = 0,
+             options: Optional[dict] = None, folder: str | Path | None = None,
+             attribute: bool = False, per_layer: bool = False,
+             max_kl: Optional[float] = None, min_top1: Optional[float] = None,
+             max_ppl_increase: Optional[float] = None, loaded: Optional[LoadedModel] = None,
+             progress: Progress = lambda i, n, s: None) -> Evaluation:
+    """The exported layers inside the model (module docstring). ``options``: the export
+    options of every layer (attention, quantize, kv_cache / static_cache, kv_cache_dtype, ...);
+    ``folder``: where the artifacts are written (kept, and reused by a later run with the same
+    options); budgets fail the evaluation (``Evaluation.failures``)."""
+    import tempfile
+    from ..env import machine_info
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(EXPORT_KEYS))
+    if unknown:
+        raise UsageError(f"eval: unknown export option {unknown[0]!r}")
+    for name, value in (("--max-kl", max_kl), ("--min-top1", min_top1),
+                        ("--max-ppl-increase", max_ppl_increase)):
+        if value is not None and not (np.isfinite(value) and value >= 0):
+            raise UsageError(f"{name} must be a finite number >= 0, got {value}")
+    if generate < 0:
+        raise UsageError(f"--generate must be >= 0, got {generate}")
+    if generate and not (options.get("kv_cache") or options.get("static_cache")):
+        options["kv_cache"] = True  # generation steps run the decode artifacts
+    body = read_text(text)
+    loaded = loaded or load_model(weights)
+    ids = torch.from_numpy(token_block(loaded, body, tokens, 1)[0])
+    chosen = parse_layers(layers, len(decoder_layers(loaded.model)))
+    with contextlib.ExitStack() as stack:
+        where = Path(folder) if folder is not None else Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="mha-eval-")))
+        ev = Evaluator(weights, loaded, ids, runner, where, generate, progress)
+        with torch.inference_mode():
+            reference = float(torch.exp(loaded.model(input_ids=ids[None], labels=ids[None],
+                                                     use_cache=False).loss))
+        eager_generated = greedy(loaded.model, ids, generate, lambda: None)
+        main = ev.run("exported", options, chosen)
+        result = Evaluation(str(weights), str(text), tokens, runner,
+                            perplexity(ev.eager_logits, ids), ev.eager_tokens_per_s, main,
+                            eager_generated, transformers_perplexity=reference,
+                            machine=machine_info())
+        if attribute:
+            result.attribution = [ev.run(name, opts, chosen) for name, opts in
+                                  lossy_steps(options)]
+        if per_layer:
+            result.per_layer = [ev.run(f"layer {layer} alone", options, [layer])
+                                for layer in chosen]
+    result.budgets = {"max_kl": max_kl, "min_top1": min_top1,
+                      "max_ppl_increase": max_ppl_increase}
+    result.failures = _over_budget(result, max_kl, min_top1, max_ppl_increase)
+    return result
+
+
+def _over_budget(r: Evaluation, max_kl: Optional[float], min_top1: Optional[float],
+                 max_ppl_increase: Optional[float]) -> list[str]:
+    """Each budget the exported run missed (a NaN never meets one)."""
+    m, increase = r.main, r.main.perplexity / r.eager_perplexity - 1
+    checks = [("kl_mean", m.kl_mean, max_kl, lambda v, b: v <= b),
+              ("top1_agreement", m.top1_agreement, min_top1, lambda v, b: v >= b),
+              ("ppl_increase", increase, max_ppl_increase, lambda v, b: v <= b)]
+    return [f"{name} {value:.4g} (budget {budget:g})" for name, value, budget, ok in checks
+            if budget is not None and not (np.isfinite(value) and ok(value, budget))]

@@ -1,0 +1,117 @@
+"""mha-export eval (issue 35): exported layers inside the real model (SmolLM2-135M's GGUF, a few
+layers, a short text: bounded time). Eager perplexity equals transformers' own; the fp32 export
+changes nothing a model would notice; a lossy step's cost is measured and attributed; a planted
+fault in one layer's artifact shows up as that layer; budgets fail with exit 1; bad input is one
+line, exit 2."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from conftest import REAL_TEXT
+from faults import nudge_weight
+from mha_export.cli.commands import cli
+from mha_export.model.eval import evaluate, kl_per_position, lossy_steps, perplexity
+from mha_export.weights.quantize import QuantSpec
+
+TOKENS = 48
+LAYERS = "0,5"
+
+
+def test_perplexity_and_kl_are_the_textbook_ones():
+    logits = torch.randn(6, 11, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([1, 4, 2, 9, 0, 3])
+    nll = torch.nn.functional.cross_entropy(logits[:-1].double(), ids[1:])
+    assert perplexity(logits, ids) == pytest.approx(float(torch.exp(nll)), rel=1e-12)
+    assert np.allclose(kl_per_position(logits, logits), 0)
+    other = logits.clone()
+    other[2, 3] += 5
+    kl = kl_per_position(logits, other)
+    assert kl[2] > 0 and np.allclose(np.delete(kl, 2), 0)
+
+
+@pytest.fixture(scope="module")
+def fp32_run(smollm2_gguf, smollm2_model, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eval")
+    return folder, evaluate(smollm2_gguf, REAL_TEXT, TOKENS, LAYERS, generate=3,
+                            folder=folder, loaded=smollm2_model)
+
+
+def test_eager_perplexity_equals_transformers_own(fp32_run):
+    _, ev = fp32_run
+    assert ev.eager_perplexity == pytest.approx(ev.transformers_perplexity, rel=1e-4)
+
+
+def test_the_fp32_export_changes_nothing_the_model_notices(fp32_run):
+    _, ev = fp32_run
+    d = ev.to_dict()
+    assert d["exported"]["top1_agreement"] >= 0.99
+    assert abs(d["exported"]["ppl_increase"]) < 1e-3
+    assert d["exported"]["kl_max"] < 1e-6
+    assert d["generation"]["tokens"] == 3 and d["generation"]["matched"] == 3
+    assert [x["layer"] for x in d["layers"]] == [0, 5]
+    assert all(x["rel"] < 1e-4 for x in d["layers"])  # each artifact vs eager attention
+    assert set(d) >= {"eager", "exported", "generation"} and ev.passed
+
+
+def test_a_planted_fault_shows_up_as_its_layer(fp32_run, smollm2_gguf, smollm2_model):
+    """The same exports reused, layer 5's artifact with one weight moved: the report names it."""
+    folder, _ = fp32_run
+    nudge_weight(folder / "exported" / "layer5" / "model.onnx", delta=0.5)
+    ev = evaluate(smollm2_gguf, REAL_TEXT, TOKENS, LAYERS, generate=3, folder=folder,
+                  loaded=smollm2_model)
+    rel = {d.layer: d.rel for d in ev.main.details}
+    assert rel[5] > 1e-3 > rel[0], rel
+    assert ev.main.kl_mean > 0
+
+
+def test_a_lossy_step_is_measured_and_attributed(smollm2_gguf, smollm2_model, tmp_path):
+    spec = QuantSpec(bits=8, accuracy_level=4)
+    ev = evaluate(smollm2_gguf, REAL_TEXT, TOKENS, "5", options={"quantize": spec},
+                  attribute=True, loaded=smollm2_model, folder=tmp_path)
+    steps = {r.name: r for r in ev.attribution}
+    assert list(steps) == ["fp32 export", "weights int8 (fp32 compute)",
+                           "weights int8 + int8 activations (level 4)"]
+    assert steps["fp32 export"].kl_mean < 1e-9 < steps["weights int8 (fp32 compute)"].kl_mean
+    assert ev.main.kl_mean == pytest.approx(steps[
+        "weights int8 + int8 activations (level 4)"].kl_mean, rel=1e-6)
+
+
+def test_lossy_steps_of_combined_options():
+    spec = QuantSpec(bits=4, accuracy_level=4)
+    names = [n for n, _ in lossy_steps({"quantize": spec, "static_cache": True,
+                                        "kv_cache_dtype": "int8"})]
+    assert names == ["fp32 export", "weights int4 (fp32 compute)",
+                     "weights int4 + int8 activations (level 4)", "int8 cache", "all together"]
+
+
+def test_cli_budgets_exit_1_and_write_json_and_plot(smollm2_gguf, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "e.json"
+    args = ["eval", "--weights", str(smollm2_gguf), "--text", REAL_TEXT, "--tokens", "16",
+            "--layers", "3", "--exports", str(tmp_path / "x"), "--json", str(out),
+            "--plot", str(tmp_path / "kl.png"), "--quantize", "int4"]
+    over = CliRunner().invoke(cli, args + ["--max-kl", "0"])
+    assert over.exit_code == 1, over.output
+    assert "FAIL: kl_mean" in over.output and "perplexity" in over.output
+    report = json.loads(out.read_text())
+    assert report["exported"]["kl_mean"] > 0 and not report["passed"]
+    assert (tmp_path / "kl.png").stat().st_size > 0
+    ok = CliRunner().invoke(cli, args + ["--max-kl", "10", "--min-top1", "0"])
+    assert ok.exit_code == 0, ok.output
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--layers", "30"], "the model has 30 layers"),
+    (["--tokens", "100000"], "the text has"),
+    (["--max-kl", "-1"], "--max-kl must be a finite number >= 0"),
+])
+def test_bad_input_is_one_line_exit_2(smollm2_gguf, tmp_path, extra, message):
+    result = CliRunner().invoke(cli, ["eval", "--weights", str(smollm2_gguf), "--text",
+                                      REAL_TEXT, "--exports", str(tmp_path / "x"), *extra])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "Traceback" not in result.output
