@@ -28,11 +28,11 @@ KINDS = {"full": {}, "attention_mask": {"attention_mask": True}, "kv_cache": {"k
 
 
 def measure(weights: str, layer: int, kind: str, inputs: str | None, folder: Path,
-            spec: QuantSpec | None = None) -> list[dict]:
+            spec: QuantSpec | None = None, sweep: dict | None = None) -> list[dict]:
     name = spec.label() if spec else "float"
     art = export_onnx(weights=weights, layer=layer, output=folder / f"l{layer}-{kind}",
                       validate=False, force=True, quantize=spec, **KINDS[kind]).path
-    report = check_parity(art, atol=1e3, rtol=1e3, inputs=inputs)
+    report = check_parity(art, atol=1e3, rtol=1e3, inputs=inputs, **(sweep or {}))
     costs = [{"layer": layer, "kind": kind, "quantize": name, "runner": "quantization cost",
               "output": q.output, "inputs": inputs_, "rel": q.deviation.rel,
               "max_abs": q.deviation.max_abs, "cosine": q.deviation.cosine, "max_y": 0.0}
@@ -66,6 +66,8 @@ def main() -> None:
     ap.add_argument("--inputs", default=None)
     ap.add_argument("--kinds", default="full")
     ap.add_argument("--quantize", default="", help="bits:level,... (e.g. int4:4,int8:1)")
+    ap.add_argument("--seq-lens", default=None, help="the check's T values [default: its sweep]")
+    ap.add_argument("--past-lens", default=None, help="cache lengths [default: its sweep]")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     layers = range(args.count) if args.layers == "all" else map(int, args.layers.split(","))
@@ -73,17 +75,20 @@ def main() -> None:
                       for b, lvl in (q.split(":") for q in args.quantize.split(",") if q)]
     if args.quantize:
         specs = specs[1:]
+    sweep = {name: [int(v) for v in value.split(",")] for name, value in (
+        ("seq_lens", args.seq_lens), ("past_lens", args.past_lens)) if value}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for layer in layers:
             for kind in args.kinds.split(","):
                 for spec in specs:
-                    found = measure(args.weights, layer, kind, args.inputs, Path(tmp), spec)
+                    found = measure(args.weights, layer, kind, args.inputs, Path(tmp), spec,
+                                    sweep)
                     rows += found
                     for r in found:
                         _print(r)
     out = {"machine": machine_info(), "weights": args.weights, "inputs": args.inputs,
-           "rows": rows}
+           "sweep": sweep or "default", "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
 

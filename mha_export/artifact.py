@@ -23,7 +23,8 @@ from .errors import UsageError, raise_if_interrupted
 from .layer.layouts import AttentionBase
 from .signature import INT8, Signature, signature_from_meta
 from .weights.kv_quant import INT8_CACHE_TAG, KVCacheSpec
-from .weights.quantize import QuantSpec, quant_spec_from_record
+from .weights.quantize import QuantSpec
+from .weights.quantizers import quant_spec_from_record
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -64,7 +65,8 @@ class Artifact:
         the same layer with a float cache, what the int8 cache is measured against)."""
         module = self.load_unquantized_module()
         if (spec := self.quantization) is not None:
-            module = spec.reference(module, self.export.get("dtype", "float32"))
+            from .weights.dequantized import reference_module
+            module = reference_module(module, spec, self.export.get("dtype", "float32"))
         if (cache := self.kv_cache) is not None and not float_cache:
             import torch
             module.use_int8_cache(torch.from_numpy(cache.key.scale),

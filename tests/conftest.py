@@ -43,6 +43,7 @@ def static_package(tmp_path_factory):
 REAL_TEXT = "/usr/share/common-licenses/GPL-3"  # Debian's copy of the GPL-3 text (base-files)
 REAL_LAYERS = (0, 5, 29)  # the default run's layers: first, a middle one, last
 REAL_TOKENS = 64
+SMOLLM2_LAYERS = 30
 
 
 @pytest.fixture(scope="session")
@@ -66,8 +67,9 @@ def smollm2_model(smollm2_gguf):
 
 @pytest.fixture(scope="session")
 def smollm2_inputs(smollm2_gguf, smollm2_model, tmp_path_factory):
-    """REAL_LAYERS' captured inputs: 2 sequences of REAL_TOKENS tokens of REAL_TEXT."""
+    """Every layer's captured input (one forward pass keeps them all): 2 sequences of
+    REAL_TOKENS tokens of REAL_TEXT."""
     from mha_export.model.capture import capture_text, write_capture
-    result = capture_text(smollm2_gguf, REAL_TEXT, REAL_LAYERS, REAL_TOKENS, 2,
+    result = capture_text(smollm2_gguf, REAL_TEXT, range(SMOLLM2_LAYERS), REAL_TOKENS, 2,
                           loaded=smollm2_model)
     return write_capture(result, tmp_path_factory.mktemp("real") / "inputs.safetensors")

@@ -564,12 +564,15 @@ QUANT_FAULTS = {
 # --- faults of a GGUF's kept blocks (--quantize source, issue 34) -------------------------------
 # q_proj's blocks as kept: weight_q{bits}, weight_scales, float weight_zero_points (Q4_1, K-quants)
 
-def float_zero_point_off(path: Path) -> None:
-    """One block's float zero point (-m/d: the block's minimum) one code step off."""
-    def fn(zero_points):
-        zero_points[0] += 1.0
-        return zero_points
-    _edit_initializer(path, "q_proj.weight_zero_points", fn)
+def block_min_off(path: Path) -> None:
+    """One block's min (a float zero point, -zp * scale: kept as the graph's weight_mins_t)
+    one code step off."""
+    def fn(m):
+        _, scales = _initializer(m, "q_proj.weight_scales")
+        _, mins = _initializer(m, "q_proj.weight_mins_t")  # (n_blocks, N)
+        mins[0, 0] += scales[0]
+        _set_initializer(m, "q_proj.weight_mins_t", mins)
+    _edit(path, fn)
 
 
 def sub_block_scales_swapped(path: Path) -> None:
@@ -586,7 +589,7 @@ def sub_block_scales_swapped(path: Path) -> None:
 SOURCE_FAULTS = {
     "one sub-block's scale x1.1": block_scale_off,
     "a 4-bit code flipped": nibble_flipped,
-    "a float zero point (a block's min) one step off": float_zero_point_off,
+    "a block's min (its float zero point) one code step off": block_min_off,
     "two sub-blocks' scales swapped": sub_block_scales_swapped,
 }
 

@@ -164,6 +164,8 @@ def test_cold_rows_step_a_ring_larger_than_the_last_level_cache(monkeypatch):
     (["--quantize", "int3"], "--quantize 'int3': choose one of int4, int8"),
     (["--quantize", "int4", "--accuracy-level", "2"], "accuracy level 2: choose one of 1, 4"),
     (["--cold", "--cpp", "{tmp}"], "--cold steps a ring of instances in Python: not with --cpp"),
+    (["--quantize", "source", "--static-cache"], "--quantize source keeps a GGUF file's own "
+                                                 "quantized blocks: it needs --weights FILE.gguf"),
 ])
 def test_cli_refuses_bad_quantization_and_cold_requests(tmp_path, args, message):
     (tmp_path / "mha_torch").touch()
@@ -194,3 +196,42 @@ def test_cold_needs_a_known_cache_size(monkeypatch):
     monkeypatch.setattr(driver, "last_level_cache_bytes", lambda: 0)
     with pytest.raises(UsageError, match="--cold"):
         run_bench(MHAConfig(dim=32, heads=2), seq_lens=[1], cold=True, providers=["cpu"])
+
+
+def test_a_gguf_layer_benched_with_its_own_blocks(tmp_path, monkeypatch):
+    """--quantize source: the GGUF's kept blocks measured beside the float export and our int4,
+    the row named by the file's types, a step's bytes counted as the kept blocks' (both nodes of
+    a Q5_K projection)."""
+    pytest.importorskip("gguf")
+    from test_source_quant import write_blocks
+    from mha_export.bench import driver
+    from mha_export.bench.driver import step_bytes, weight_bytes
+    from mha_export.weights.gguf import layer_raw_tensors
+    from mha_export.weights.gguf_blocks import source_blocks
+    from mha_export.weights.source_quant import SourceQuantSpec, kept_quantization
+    for figure in ("gemm_ceiling", "copy_bandwidth"):  # the machine's figures: not this test's
+        monkeypatch.setattr(driver, figure, lambda *a: None)
+    gguf_file = write_blocks(tmp_path / "w.gguf", ("Q4_K", "Q6_K", "Q5_K", "Q3_K"))
+    r = CliRunner().invoke(cli, ["bench", "--weights", gguf_file, "--layer", "0", "--static-cache",
+                                 "--capacity", "16", "--seq-lens", "1", "--past-lens", "8",
+                                 "--forms", "auto", "--quantize", "source,int4", "--budget",
+                                 "0.01", "--providers", "cpu", "--json", str(tmp_path / "b.json")])
+    assert r.exit_code == 0, r.output
+    data = json.loads((tmp_path / "b.json").read_text())
+    rows = {row["variant"]: row for row in data["rows"]}
+    kept = "ort-cpu-auto-gguf-q3_k-q4_k-q5_k-q6_k"
+    assert {"ort-cpu-auto", kept, "ort-cpu-auto-int4-fp32"} <= set(rows)
+    assert all(row["error"] == "" for row in rows.values()), [row["error"] for row in rows.values()]
+    c = MHAConfig.from_dict(data["config"])
+    raw = layer_raw_tensors(gguf_file, 0)
+    blocks = {t.ggml_type: source_blocks(t.data, t.ggml_type, t.shape[1]) for t in raw.values()
+              if t.ggml_type.startswith("Q")}
+    low, high = blocks["Q5_K"].split_high_bit()
+    want = sum(b.stored_bytes() for t, b in blocks.items() if t != "Q5_K") \
+        + low.stored_bytes() + high.stored_bytes()
+    spec = SourceQuantSpec.from_dict(kept_quantization(gguf_file, 0, c, 1).to_dict())  # record
+    assert weight_bytes(c, spec) == want < weight_bytes(c)
+    row = rows[kept]
+    assert row["bandwidth_gbs"] == pytest.approx(step_bytes(c, 1, 1, 8, spec)
+                                                 / (row["median_ms"] / 1e3) / 1e9)
+    assert row["model_mib"] < rows["ort-cpu-auto"]["model_mib"]

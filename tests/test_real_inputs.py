@@ -13,7 +13,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.numpy import load_file
 
-from conftest import REAL_LAYERS, REAL_TEXT, REAL_TOKENS
+from conftest import REAL_LAYERS, REAL_TEXT, REAL_TOKENS, SMOLLM2_LAYERS
 from mha_export import MHAConfig, check_parity, export_onnx
 from mha_export.check.report import format_report
 from mha_export.cli.commands import cli
@@ -66,6 +66,18 @@ def test_every_call_kind_of_a_real_layer_passes_on_random_and_real_inputs(real_l
     text = format_report(report)
     assert "ort-cpu [real inputs]" in text and "real inputs:" in format_report(report, True)
     assert report.to_dict()["real_inputs"] == str(smollm2_inputs)
+
+
+def test_every_layer_exports_from_the_gguf_and_passes_on_random_and_real_inputs(
+        smollm2_gguf, smollm2_inputs, tmp_path):
+    """All 30 layers, the full-sequence call (every call kind: layer 5 above, and
+    benchmarks/real_layers.py for every layer), a short sweep."""
+    for layer in range(SMOLLM2_LAYERS):
+        art = export_onnx(weights=smollm2_gguf, layer=layer, output=tmp_path / str(layer),
+                          validate=False).path
+        report = check_parity(art, inputs=smollm2_inputs, seq_lens=[1, 64], batch_sizes=[2])
+        assert report.passed, (layer, format_report(report))
+        assert {r.inputs for r in report.results} == {"random", "real"}
 
 
 def _value_rows_off(path, head: int = 1, factor: float = 1.01) -> None:
@@ -124,8 +136,12 @@ def test_inputs_of_another_width_are_bad_input(smollm2_inputs, tmp_path):
 
 
 def test_inputs_of_another_layer_are_bad_input(smollm2_gguf, smollm2_inputs, tmp_path):
+    from safetensors.numpy import save_file
     art = export_onnx(weights=smollm2_gguf, layer=7, output=tmp_path / "l7", validate=False).path
-    result = CliRunner().invoke(cli, ["check", str(art), "--inputs", str(smollm2_inputs)])
+    captured = load_file(str(smollm2_inputs))
+    others = tmp_path / "others.safetensors"
+    save_file({k: captured[k] for k in ("layers.0.x", "layers.5.x")}, str(others))
+    result = CliRunner().invoke(cli, ["check", str(art), "--inputs", str(others)])
     assert result.exit_code == 2 and "not this artifact's layer 7" in result.output
 
 
@@ -137,8 +153,8 @@ def test_capture_bad_input_is_one_line_and_writes_nothing(smollm2_gguf, smollm2_
     short.write_text("A short text.")
     with pytest.raises(UsageError, match="the text has .* tokens; --tokens 64"):
         capture_text(smollm2_gguf, short, [0], 64, loaded=smollm2_model)
-    with pytest.raises(UsageError, match="--layers 30 is out of range"):
-        capture_text(smollm2_gguf, REAL_TEXT, [30], 64, loaded=smollm2_model)
+    with pytest.raises(UsageError, match=f"--layers {SMOLLM2_LAYERS} is out of range"):
+        capture_text(smollm2_gguf, REAL_TEXT, [SMOLLM2_LAYERS], 64, loaded=smollm2_model)
     out = tmp_path / "x.safetensors"
     for weights, layers in ((tmp_path / "missing", "0"), (smollm2_gguf, "x")):
         result = CliRunner().invoke(cli, ["capture", "--weights", str(weights), "--text",

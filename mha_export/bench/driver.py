@@ -20,9 +20,13 @@ from ..errors import UsageError
 from ..latent import refuse_unbuilt
 from ..signature import FLOAT, INT8
 from ..weights.kv_quant import INT8_CACHE_TAG, KVCacheSpec
-from ..weights.quantize import QuantSpec, quant_spec_from_record, quantized_projections
+from ..weights.quantize import QuantSpec, quantized_projections
+from ..weights.quantizers import quant_spec_from_record
+from ..weights.source_quant import SOURCE
 from .report import BASELINE, BenchReport, BenchRow
 
+# quantized_projections' names -> the graph's (the names a kept quantization records)
+GRAPH_NAME = {"out_proj": "out", "gate_proj": "gate"}
 WORKER = "mha_export.bench.worker"  # run with -m: the package, not its folder, on sys.path
 
 
@@ -285,7 +289,9 @@ def stream_bandwidth(budget_s: float, progress: Callable[[str], None]) -> Option
 
 def weight_bytes(c: MHAConfig, quant: Optional[QuantSpec] = None) -> int:
     """Bytes of the layer's projections' weights: fp32, or as ``quant`` stores the quantized
-    ones (an MLA layer's kv_b_proj stays fp32)."""
+    ones (an MLA layer's kv_b_proj stays fp32); a GGUF's kept blocks (``--quantize source``)
+    count as the file's codes, scales and zero points, per projection as recorded (one kept
+    float counts fp32)."""
     if c.latent is not None:
         shape = c.mla.weight_shapes()
     else:
@@ -293,6 +299,9 @@ def weight_bytes(c: MHAConfig, quant: Optional[QuantSpec] = None) -> int:
                  "v_proj": (c.kv_inner, c.d_in), "out_proj": (c.dim, c.inner),
                  "gate_proj": (c.inner, c.d_in)}
         shape = {p: shape[p] for p in quantized_projections(c)}
+    if quant is not None and quant.quantizer == SOURCE:
+        kept = {p: quant.stored_bytes(GRAPH_NAME.get(p, p)) for p in shape}
+        return sum(4 * s[0] * s[1] if kept[p] is None else kept[p] for p, s in shape.items())
     quantized = set(quantized_projections(c)) if quant else set()
     return sum(quant.stored_bytes(*s) if p in quantized else 4 * s[0] * s[1]
                for p, s in shape.items())

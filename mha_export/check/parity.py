@@ -234,11 +234,7 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
         kinds += _cuda_kinds(artifact, kinds)
     config, sig = artifact.config, artifact.signature
     plan = _sweep_plan(artifact, seq_lens, past_lens)
-    cases = make_cases(sig, batch_sizes, plan.seq_lens, plan.past_lens,
-                       switch_length(config.rope_scaling) if config.rotary != "none" else 0,
-                       plan.static_chunks)
-    cases += window_cases(config, sig, plan.seq_lens, plan.scores_at)
-    require_fits(config, cases, plan.scores_at, sig.has_mask)
+    cases = _single_cases(artifact, plan, batch_sizes)
     report = CheckReport(str(artifact_dir), seed, list(batch_sizes), plan.seq_lens,
                          plan.past_lens if sig.has_cache else [], sig.input_names,
                          sig.output_names,
@@ -262,24 +258,22 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
     report.quantization = cost.results() if cost else []
     report.kv_cache = kv_cost.result() if kv_cost else None
     if real:
-        report.real_inputs = real.path
-        _real_cases(report, artifact, real, real_cases, len(cases) + len(multi_call), total,
-                    progress,
-                    opened, reference, seed, tolerances, max_quant_error, max_kv_error,
-                    max_clip_rate)
+        _real_cases(report, artifact, real, real_cases, total, progress, opened, reference,
+                    seed, tolerances, (max_quant_error, max_kv_error, max_clip_rate))
     progress(total, total, "")
     return report
 
 
 def _real_cases(report: CheckReport, artifact: Artifact, real: RealInputs, cases: list,
-                start: int, total: int, progress: Callable, opened: list[Runner], reference: EagerRunner, seed: int,
-                tolerances: dict, max_quant_error: Optional[float],
-                max_kv_error: Optional[float], max_clip_rate: Optional[float]) -> None:
-    """The captured inputs through every runner, with the lossy steps' costs measured on them
-    alone (reported beside the random-input costs)."""
-    cost = QuantizationCost.of(artifact, max_quant_error)
-    kv_cost = KVCacheCost.of(artifact, max_kv_error, max_clip_rate)
-    for i, (case, split) in enumerate(cases, start=start):
+                total: int, progress: Callable, opened: list[Runner], reference: EagerRunner,
+                seed: int, tolerances: dict, budgets: tuple) -> None:
+    """The captured inputs through every runner (the sweep's last ``len(cases)`` of ``total``),
+    with the lossy steps' costs measured on them alone, beside the random-input ones;
+    ``budgets``: (max_quant_error, max_kv_error, max_clip_rate)."""
+    report.real_inputs = real.path
+    cost = QuantizationCost.of(artifact, budgets[0])
+    kv_cost = KVCacheCost.of(artifact, budgets[1], budgets[2])
+    for i, (case, split) in enumerate(cases, start=total - len(cases)):
         progress(i, total, case.label())
         if split is None:
             report.results += _single_call(opened, reference, case, seed, tolerances, cost,
@@ -289,6 +283,18 @@ def _real_cases(report: CheckReport, artifact: Artifact, real: RealInputs, cases
                                         tolerances, kv_cost, real.x)
     report.real_quantization = cost.results() if cost else []
     report.real_kv_cache = kv_cost.result() if kv_cost else None
+
+
+def _single_cases(artifact: Artifact, plan: "SweepPlan", batch_sizes: Sequence[int]
+                  ) -> list[Case]:
+    """The sweep's single calls (and a window-crossing call), sized to fit in memory."""
+    config, sig = artifact.config, artifact.signature
+    cases = make_cases(sig, batch_sizes, plan.seq_lens, plan.past_lens,
+                       switch_length(config.rope_scaling) if config.rotary != "none" else 0,
+                       plan.static_chunks)
+    cases += window_cases(config, sig, plan.seq_lens, plan.scores_at)
+    require_fits(config, cases, plan.scores_at, sig.has_mask)
+    return cases
 
 
 def _single_call(opened: list[Runner], reference: EagerRunner, case: Case, seed: int,

@@ -20,11 +20,13 @@ import click
 
 from ..check.parity import check_parity
 from ..errors import Interrupted, UsageError, interrupt, raise_if_interrupted
-from ..export.pipeline import ATTENTION_FORMS, export_aoti, export_onnx, export_torchscript
+from ..export.pipeline import (ATTENTION_FORMS, export_aoti, export_onnx, export_torchscript,
+                               kept_blocks)
 from ..graph.forms import DEFAULT, MAX_OPSET, opset_summary
 from ..graph.model import DTYPES
 from ..signature import INT8
 from ..weights.kv_quant import CACHE_DTYPES
+from ..weights.source_quant import SOURCE, SourceQuantSpec
 from ..check.runners import RUNNERS
 from .options import (config_options, explicit, export_options, int_list, model_options,
                       provider_list, runner_list)
@@ -68,6 +70,15 @@ def _progress(i: int, n: int, label: str) -> None:
     """Sweep progress on stderr, only when it is a terminal."""
     if sys.stderr.isatty():
         click.echo(f"\r\033[K[{i}/{n}] {label}" if i < n else "\r\033[K", err=True, nl=False)
+
+
+def _quant_and_cache_options(fn: Callable) -> Callable:
+    """--quantize, --block-size, --symmetric, --accuracy-level, --kv-cache-dtype, ... (the
+    export commands' own)."""
+    from .options import KV_OPTIONS, QUANT_OPTIONS
+    for option in reversed(QUANT_OPTIONS + KV_OPTIONS):
+        fn = option(fn)
+    return fn
 
 
 def require_extra(module: str, extra: str, flag: str) -> None:
@@ -253,6 +264,82 @@ def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequen
     click.echo(f"wrote {path} ({shapes})")
 
 
+@cli.command("eval")
+@click.option("--weights", required=True, type=click.Path(),
+              help="The whole model: a Hugging Face checkpoint folder or a .gguf file "
+                   "(transformers: pip install 'mha-export[model]').")
+@click.option("--text", "text_path", required=True, type=click.Path(dir_okay=False),
+              help="A UTF-8 text; its first --tokens tokens (the tokenizer's defaults).")
+@click.option("--tokens", type=click.IntRange(min=8), default=256, show_default=True)
+@click.option("--layers", default="all", show_default=True,
+              help="Layers whose attention runs exported: all, or comma-separated indices.")
+@click.option("--runner", default="ort-cpu", show_default=True,
+              type=click.Choice(("ort-cpu", "ort-cpu-fp32-compute", "openvino-cpu",
+                                 "torchscript", "aoti-cpu")),
+              help="What runs each layer's artifact (aoti-cpu compiles ~20 s a layer).")
+@click.option("--generate", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Greedy tokens after the text, each step through the decode artifacts "
+                   "(a growing cache unless --static-cache), against eager's.")
+@click.option("--attention", type=click.Choice(ATTENTION_FORMS), default=None,
+              help="ONNX graph form of every layer [default: auto].")
+@click.option("--kv-cache", is_flag=True, help="Export decode artifacts (a growing cache).")
+@click.option("--static-cache", is_flag=True,
+              help="Export decode artifacts over a static buffer written in place.")
+@click.option("--exports", "folder", type=click.Path(file_okay=False), default=None,
+              help="Keep the artifacts here (reused by a later run with the same options) "
+                   "[default: a temporary folder].")
+@click.option("--attribute", is_flag=True,
+              help="Also run each lossy step alone and together: fp32 export, the weights "
+                   "(fp32 compute), + int8 activations (level 4), the int8 cache.")
+@click.option("--per-layer", is_flag=True,
+              help="Also run the options with one layer exported at a time.")
+@click.option("--max-kl", type=float, default=None,
+              help="Fail (exit 1) when the mean per-token KL(eager || exported) exceeds this.")
+@click.option("--min-top1", type=float, default=None,
+              help="Fail (exit 1) when the share of positions whose argmax agrees is lower.")
+@click.option("--max-ppl-increase", type=float, default=None,
+              help="Fail (exit 1) when perplexity rises by more than this fraction (0.001 = "
+                   "0.1%).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="A PNG of the per-token KL (and of each attribution step).")
+@_quant_and_cache_options
+@_guard
+def eval_(weights: str, text_path: str, tokens: int, layers: str, runner: str, generate: int,
+          folder: Optional[str], attribute: bool, per_layer: bool, max_kl: Optional[float],
+          min_top1: Optional[float], max_ppl_increase: Optional[float],
+          json_path: Optional[str], plot_path: Optional[str], **kw) -> None:
+    """Evaluate exported attention layers inside the real model.
+
+    Exports each chosen layer with the given options, runs the text eagerly and with those
+    layers' attention computed by their artifacts (the rest of the model eager), and reports
+    perplexity, top-1 agreement and KL(eager || exported) per token, greedy generation's
+    agreement, each layer's own deviation, and (--attribute) each lossy step's share.
+
+    \b
+    Examples:
+      mha-export eval --weights SmolLM2-135M-Instruct.Q4_1.gguf --text licence.txt
+      mha-export eval --weights model.gguf --text t.txt --quantize int8 --accuracy-level 4 \\
+          --attribute --max-kl 0.01 --json eval.json --plot kl.png
+    """
+    from ..model.eval import evaluate
+    from ..model.report import format_evaluation, plot_evaluation
+    if plot_path:
+        require_extra("matplotlib", "plot", "--plot")
+    options = export_options(kw)
+    result = evaluate(weights, text_path, tokens, layers, runner, generate, options, folder,
+                      attribute, per_layer, max_kl, min_top1, max_ppl_increase,
+                      progress=_progress)
+    if json_path:
+        from ..artifact import write_json_atomic
+        write_json_atomic(json_path, result.to_dict())
+    if plot_path:
+        plot_evaluation(result, plot_path)
+    click.echo(format_evaluation(result))
+    if not result.passed:
+        raise SystemExit(1)
+
+
 def cpp_programs(folder: Optional[str], runners: tuple | list):
     """--cpp: the `make cpp` folder, checked before any work (every program it will run exists)."""
     if folder is None:
@@ -310,8 +397,9 @@ def cpp_programs(folder: Optional[str], runners: tuple | list):
 @click.option("--markdown", is_flag=True,
               help="Print the results as the Markdown table of the docs' performance page.")
 @click.option("--quantize", "quantize_names", default=None,
-              help="Also measure every ONNX form with quantized projections: int4, int8 or "
-                   "both (int4,int8), round to nearest, block 32, symmetric.")
+              help="Also measure every ONNX form with quantized projections: int4, int8 "
+                   "(round to nearest, block 32, symmetric), source (a .gguf's own blocks, "
+                   "with --weights FILE.gguf --layer N) or several (int4,int8; source,int4).")
 @click.option("--accuracy-level", "accuracy_levels", default="1", show_default=True,
               callback=int_list, help="With --quantize: MatMulNBits accuracy levels to "
                                       "measure (4 = int8 activations, 1 = fp32), e.g. 1,4.")
@@ -344,6 +432,8 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
           --quantize int4,int8 --cold
       mha-export bench --static-cache --seq-lens 1 --past-lens 1024,4096 --forms auto \
           --quantize int4 --kv-cache-dtype int8
+      mha-export bench --weights model.Q4_1.gguf --layer 5 --static-cache --seq-lens 1 \
+          --past-lens 128,1024,4096 --forms auto --quantize source,int4
       mha-export bench --from-json bench.json --markdown --plot bench.png
     """
     if plot_path:
@@ -360,25 +450,16 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
     chosen = None if forms is None else [f.strip() for f in forms.split(",") if f.strip()]
     if chosen is not None and (not chosen or set(chosen) - set(ATTENTION_FORMS)):
         raise UsageError(f"--forms: choose from {', '.join(ATTENTION_FORMS)}, got {forms!r}")
-    weights, layer, seed = (config_fields.pop(k) for k in ("weights", "layer", "seed"))
-    if artifact:
-        from ..artifact import read_artifact
-        art = read_artifact(artifact)  # its source weights; its quantization measured as such
-        config, module = art.config, art.load_unquantized_module()
-        if art.quantization and not quantize:
-            quantize = [art.quantization]
-        if art.kv_cache is not None:  # its speed, with scales calibrated anew (the same bytes)
-            kv_cache_dtype = INT8
-    else:
-        from ..weights.source import load_source
-        source = load_source(None, weights, layer, seed, explicit(config_fields))
-        config, module = source.config, source.module
+    seed = config_fields["seed"]
+    source, quantize, int8_cache = _bench_source(artifact, config_fields, quantize,
+                                                 kv_cache_dtype == INT8)
+    config, module = source.config, source.module
     report = run_bench(config, seq_lens, batch, providers, chosen, threads, seed, mem_limit_gib,
                        budget, progress=lambda line: click.echo(line, err=True),
                        weights_module=module, kv_cache=kv_cache, past_lens=past_lens,
                        static_cache=static_cache, capacity=capacity,
                        runners=extra_runners or (), cpp=cpp, quantize=quantize, cold=cold,
-                       int8_cache=kv_cache_dtype == INT8,
+                       int8_cache=int8_cache,
                        command=shlex.join(["mha-export", *sys.argv[1:]]))
     if json_path:
         from ..artifact import write_json_atomic
@@ -386,15 +467,42 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
     _show_bench(report, json_path or "", markdown, plot_path)
 
 
+def _bench_source(artifact: Optional[str], config_fields: dict, quantize: list,
+                  int8_cache: bool) -> tuple:
+    """(source, quantize, int8 cache) of a bench run: an artifact's source weights (its own
+    quantization and cache when none are asked for), or the layer the options describe; a
+    GGUF's kept blocks read once the layer is loaded."""
+    weights, layer, seed = (config_fields.pop(k) for k in ("weights", "layer", "seed"))
+    from ..weights.source import Source, load_source
+    if artifact:
+        from ..artifact import read_artifact
+        art = read_artifact(artifact)  # its source weights; its quantization measured as such
+        source = Source(art.config, art.load_unquantized_module(),
+                        art.meta.get("weights", {}).get("source", {}))
+        quantize = quantize or ([art.quantization] if art.quantization else [])
+        int8_cache = int8_cache or art.kv_cache is not None  # scales calibrated anew
+    else:
+        source = load_source(None, weights, layer, seed, explicit(config_fields))
+    return source, [kept_blocks(source, q, "float32") if q.quantizer == SOURCE else q
+                    for q in quantize], int8_cache
+
+
 def bench_quantization(names: Optional[str], levels: list[int]) -> list:
-    """--quantize int4,int8 x --accuracy-level 1,4 as QuantSpecs (default block and symmetry)."""
-    from ..weights.quantize import QuantSpec
+    """--quantize int4,int8,source x --accuracy-level 1,4 as QuantSpecs (default block and
+    symmetry); source as a SourceQuantSpec whose blocks the bench reads once the GGUF layer is
+    loaded (``kept_blocks``)."""
+    from ..weights.quantize import NAMES, QuantSpec
     if names is None:
         return []
     chosen = [n.strip() for n in names.split(",") if n.strip()]
     if not chosen:
-        raise UsageError(f"--quantize: expected int4, int8 or int4,int8, got {names!r}")
-    return [QuantSpec.named(n, accuracy_level=level) for n in chosen for level in levels]
+        raise UsageError(f"--quantize: expected int4, int8, source or several (int4,int8), "
+                         f"got {names!r}")
+    for n in chosen:
+        if n not in (*NAMES, SOURCE):
+            raise UsageError(f"--quantize {n!r}: choose one of {', '.join((*NAMES, SOURCE))}")
+    return [SourceQuantSpec(accuracy_level=level) if n == SOURCE
+            else QuantSpec.named(n, accuracy_level=level) for n in chosen for level in levels]
 
 
 def _show_bench(report, source: str, markdown: bool, plot_path: Optional[str]) -> None:

@@ -73,7 +73,7 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
     source = load_source(config, weights, layer, seed, config_fields)
     refuse_unbuilt(source.config.latent, int8_cache)
     if quantize is not None and quantize.quantizer == SOURCE:
-        quantize = _kept_blocks(source, quantize, options.get("dtype", "float32"))
+        quantize = kept_blocks(source, quantize, options.get("dtype", "float32"))
         options["quant"] = quantize
     if int8_cache:
         options["kv_cache"] = _calibrated(source, quantize, calibration, value_scale, seed)
@@ -117,7 +117,7 @@ def _int8_cache_requested(target: ExportTarget, kind: str, cache_dtype: str,
     return True
 
 
-def _kept_blocks(source: Source, spec: SourceQuantSpec, dtype: str) -> SourceQuantSpec:
+def kept_blocks(source: Source, spec: SourceQuantSpec, dtype: str) -> SourceQuantSpec:
     """--quantize source: the GGUF layer's own blocks, for the projections of its own layout."""
     where = source.description
     if where.get("kind") != "gguf":
@@ -141,7 +141,8 @@ def _calibrated(source: Source, quantize: Optional[QuantSpec], calibration, valu
     """Scales calibrated on the function the file will hold (dequantized projections)."""
     module = source.module
     if quantize is not None:
-        module = quantize.reference(module)
+        from ..weights.dequantized import reference_module
+        module = reference_module(module, quantize)
     return calibrate_cache(module.eval(), calibration, value_scale, seed,
                            layer=source.description.get("layer"))
 

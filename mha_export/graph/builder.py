@@ -6,6 +6,7 @@ N = query heads, K = key/value heads, H = head size, D = N * H.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 
@@ -112,6 +113,8 @@ class GraphBuilder:
         return y
 
     def _matmul_nbits(self, x: str, name: str, q) -> str:
+        if getattr(q, "float_zero_points", False):
+            return self._affine_blocks(x, name, q)
         inputs = [x, self.const(f"{name}.weight_q{q.bits}", q.packed(), float_dtype=False),
                   self.const(f"{name}.weight_scales", q.scales.reshape(-1))]  # (N * blocks,)
         if q.needs_zero_points:
@@ -121,6 +124,26 @@ class GraphBuilder:
         return self.op("MatMulNBits", inputs, name=f"{name}_matmul", domain=CONTRIB, K=q.k,
                        N=q.n, bits=q.bits, block_size=q.block_size,
                        accuracy_level=self.quant.accuracy_level)  # (.., N)
+
+    def _affine_blocks(self, x: str, name: str, q) -> str:
+        """Blocks with float zero points, (code - zp) * scale = code * scale + m (m = -zp *
+        scale: a GGUF block's min), as the packed integer kernel with zero points 0 plus each
+        block's sum of x times its m — exact, where ONNX Runtime 1.31 would dequantize float
+        zero points' weights at every call:
+
+            x (B, T, K) -> MatMulNBits(codes, scales, zero points 0)        (B, T, N)
+            x -> (B, T, n_blocks, block) -> ReduceSum -> @ m^T (n_blocks, N) (B, T, N)"""
+        n_blocks, block = q.scales.shape[1], q.block_size
+        zero = dataclasses.replace(q, zero_points=np.zeros(q.scales.shape, np.uint8))
+        codes = self._matmul_nbits(x, name, zero)  # (B, T, N)
+        shape = self.ints(f"{name}.blocks_shape", [0, 0, n_blocks, block])
+        blocks = self.op("Reshape", [x, shape], name=f"{name}_blocks")  # (B, T, n_blocks, block)
+        sums = self.op("ReduceSum", [blocks, self.ints(f"{name}.last_axis", [-1])], keepdims=0,
+                       name=f"{name}_block_sums")  # (B, T, n_blocks)
+        mins = -(q.zero_points.astype(np.float64) * q.scales)  # (N, n_blocks)
+        offset = self.op("MatMul", [sums, self.const(f"{name}.weight_mins_t", mins.T)],
+                         name=f"{name}_mins")  # (B, T, N)
+        return self.op("Add", [codes, offset], name=f"{name}_affine")
 
     def subgraph(self, name: str, inputs: list, outputs: list) -> GraphProto:
         return helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.initializers)

@@ -25,6 +25,12 @@ def dequantized_weights(w: AttentionWeights, spec: QuantSpec,
         getattr(w, f), spec, dtype) for f in PROJECTION_FIELDS})
 
 
+def reference_module(module: AttentionBase, spec, dtype: str = "float32") -> AttentionBase:
+    """The function a quantized file holds: round to nearest re-derives its dequantized weights
+    from the source weights; a GGUF's kept blocks are the stored weights themselves."""
+    return dequantized_module(module, spec, dtype) if spec.requantizes else module
+
+
 def dequantized_module(module: AttentionBase, spec: QuantSpec,
                        dtype: str = "float32") -> AttentionBase:
     """A new module of the same config whose projections hold the dequantized weights."""

@@ -158,6 +158,16 @@ def _read_tensors(path: Path, family: Family, layer: int) -> dict[str, Tensor]:
     return named
 
 
+def require_layer(layer: Optional[int], count: int, what: str, holder: str) -> None:
+    """--layer given and in range: ``what`` names the checkpoint ("x is a llama checkpoint"),
+    ``holder`` what has the layers ("checkpoint", "file")."""
+    if layer is None:
+        raise UsageError(f"{what} with {count} layers: pick one with --layer N")
+    if not 0 <= layer < count:
+        raise UsageError(f"--layer {layer} is out of range: the {holder} has {count} layers "
+                         f"(0-{count - 1})")
+
+
 def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict]:
     """(MHAConfig fields, state dict in their layout, source description) of one layer."""
     path = Path(path)
@@ -167,12 +177,7 @@ def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict
     if not isinstance(count, int) or count <= 0:
         where = f"{family.nested}.{family.layer_count}" if family.nested else family.layer_count
         raise UsageError(f"{cfg_path}: no layer count ({where})")
-    if layer is None:
-        raise UsageError(f"{path} is a {family.model_type} checkpoint with {count} layers: "
-                         "pick one with --layer N")
-    if not 0 <= layer < count:
-        raise UsageError(f"--layer {layer} is out of range: the checkpoint has {count} layers "
-                         f"(0-{count - 1})")
+    require_layer(layer, count, f"{path} is a {family.model_type} checkpoint", "checkpoint")
     fields = layer_fields(cfg_path, family, cfg, layer)
     state = family.convert(fields, _read_tensors(path, family, layer))
     source = {"kind": "huggingface", "path": str(path), "model_type": family.model_type,

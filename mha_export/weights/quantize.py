@@ -85,14 +85,12 @@ class QuantSpec:
         return {"bits": self.bits, "block_size": self.block_size, "symmetric": self.symmetric,
                 "quantizer": self.quantizer, "accuracy_level": self.accuracy_level}
 
+    # the function the file holds is re-derived from the source weights (dequantized.py)
+    requantizes = True
+
     def forms(self, name: str, weight: np.ndarray) -> list["QuantizedWeight"]:
         """The MatMulNBits form of projection ``name``'s (N, K) weight: quantized here."""
         return [quantize(np.asarray(weight, np.float32), self)]
-
-    def reference(self, module, dtype: str = "float32"):
-        """The function the file holds: the module with its projections dequantized."""
-        from .dequantized import dequantized_module
-        return dequantized_module(module, self, dtype)
 
     @classmethod
     def from_dict(cls, d: dict) -> "QuantSpec":
@@ -190,12 +188,3 @@ def _pack(codes: np.ndarray) -> np.ndarray:
     """Pairs of 4-bit codes along the last axis into bytes, the first in the low nibble."""
     return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
 
-
-def quant_spec_from_record(record: dict):
-    """An artifact's (or a bench run's) quantize record: round to nearest (``QuantSpec``) or a
-    GGUF's kept blocks (``source_quant.SourceQuantSpec``)."""
-    if record.get("quantizer") == "source":
-        from .source_quant import SourceQuantSpec
-        return SourceQuantSpec.from_dict(record)
-    return QuantSpec.from_dict({k: v for k, v in record.items()
-                                if k not in ("format", "projections")})

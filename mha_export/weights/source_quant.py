@@ -39,7 +39,9 @@ class SourceQuantSpec:
     MatMulNBits form it became; ``blocks`` (export time only, never serialized) holds them."""
 
     accuracy_level: int = 1
-    projections: dict = field(default_factory=dict)  # graph name -> {"type", "bits", "block_size"}
+    # graph name -> {"type", "bits", "block_size", "bytes" (its MatMulNBits inputs, both nodes'
+    # for Q5_1 / Q5_K)}
+    projections: dict = field(default_factory=dict)
     blocks: dict = field(default_factory=dict, compare=False, repr=False)
     quantizer: str = SOURCE
 
@@ -80,18 +82,20 @@ class SourceQuantSpec:
             if name in self.projections:
                 raise UsageError(f"{name}: its GGUF blocks are not loaded (export again)")
             return []
-        if blocks.ggml_type in SPLIT_HIGH_BIT:
-            return list(blocks.split_high_bit())
-        return [blocks]
+        return _forms(blocks)
 
-    def reference(self, module: Any, dtype: str = "float32") -> Any:
-        """The function the file holds: the stored weights themselves (the GGUF's dequantized
-        weights): nothing to re-derive."""
-        return module
+    # the function the file holds is the stored weights themselves (the GGUF's dequantized
+    # weights): nothing to re-derive (dequantized.reference_module)
+    requantizes = False
 
     def stored_bytes(self, name: str) -> Optional[int]:
+        """Bytes of projection ``name``'s MatMulNBits inputs (codes, scales, zero points; both
+        nodes' for Q5_1 / Q5_K): from its blocks, else from the record (a bench run's, an
+        artifact's); None for a projection kept float (or a record that predates the field)."""
         blocks = self.blocks.get(name)
-        return None if blocks is None else blocks.stored_bytes()
+        if blocks is not None:
+            return sum(f.stored_bytes() for f in _forms(blocks))
+        return self.projections.get(name, {}).get("bytes")
 
 
 def kept_quantization(path: str | Path, layer: int, config: Any,
@@ -114,9 +118,17 @@ def kept_quantization(path: str | Path, layer: int, config: Any,
         if tensor.rows is not None:
             found = found.take_rows(tensor.rows)
         blocks.update(_by_graph_name(ours, found, config))
-    projections = {name: {"type": b.ggml_type, "bits": b.bits, "block_size": b.block_size}
+    projections = {name: {"type": b.ggml_type, "bits": b.bits, "block_size": b.block_size,
+                          "bytes": sum(f.stored_bytes() for f in _forms(b))}
                    for name, b in blocks.items()}
     return SourceQuantSpec(accuracy_level, projections, blocks)
+
+
+def _forms(blocks: SourceBlocks) -> list[SourceBlocks]:
+    """The MatMulNBits nodes of one kept weight: itself, or two summed (SPLIT_HIGH_BIT)."""
+    if blocks.ggml_type in SPLIT_HIGH_BIT:
+        return list(blocks.split_high_bit())
+    return [blocks]
 
 
 def _by_graph_name(ours: str, blocks: SourceBlocks, config: Any) -> dict[str, SourceBlocks]:
