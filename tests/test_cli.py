@@ -148,7 +148,7 @@ def test_check_summary_is_short_and_verbose_has_every_row(tmp_path):
 def test_a_failure_names_the_worst_case_and_element(tmp_path):
     out = tmp_path / "art"
     assert run("onnx", *SMALL, "-o", out, "--no-check").exit_code == 0
-    faults.nudge_weight(out / "model.onnx")
+    faults.nudge_weight(out / "model.onnx", delta=1e-2)  # 1e-3 is 7e-5 of max|y| at T <= 9
     r = run("check", out, "--providers", "cpu", "--seq-lens", "3,9")
     assert r.exit_code == 1
     fail = [l for l in r.output.splitlines() if l.startswith("FAIL ort-cpu y")]
