@@ -36,7 +36,7 @@ import torch
 
 from ..errors import UsageError
 from .capture import read_text, token_block
-from .loading import LoadedModel, decoder_layers, load_model
+from .loading import LoadedModel, attention_name, attention_of, decoder_layers, load_model
 
 Progress = Callable[[int, int, str], None]
 EXPORT_KEYS = ("attention", "opset", "quantize", "kv_cache", "static_cache", "kv_cache_dtype",
@@ -152,18 +152,11 @@ class ExportedAttention(torch.nn.Module):
         self.deviations.append((float(d / scale), float(cos)))
 
 
-def _attention_name(layer: torch.nn.Module) -> str:
-    for name in ("self_attn", "attn", "attention"):
-        if hasattr(layer, name):
-            return name
-    raise UsageError(f"{type(layer).__name__}: no attention module (self_attn / attn)")
-
-
 @contextlib.contextmanager
 def exported_layers(model: Any, stand_ins: dict[int, ExportedAttention]) -> Iterator[None]:
     """The model with the chosen layers' attention replaced by their stand-ins, restored after."""
     layers = decoder_layers(model)
-    names = {i: _attention_name(layers[i]) for i in stand_ins}
+    names = {i: attention_name(layers[i]) for i in stand_ins}
     for i, stand_in in stand_ins.items():
         setattr(layers[i], names[i], stand_in)
     try:
@@ -322,8 +315,7 @@ class Evaluator:
             raise UsageError(f"--runner {self.kind.name}: {reason}")
         art = read_artifact(folder)
         runner = self.kind.open(art.signature, folder / self.kind.model_file, RunOptions())
-        original = getattr(decoder_layers(self.loaded.model)[layer],
-                           _attention_name(decoder_layers(self.loaded.model)[layer]))
+        original = attention_of(decoder_layers(self.loaded.model)[layer])
         return ExportedAttention(original, runner, len(self.ids) + self.generate + 1)
 
 

@@ -69,11 +69,16 @@ def decoder_layers(model: Any) -> list:
                      "transformer.h)")
 
 
-def attention_of(layer: Any) -> Any:
+def attention_name(layer: Any) -> str:
+    """The attribute holding a decoder layer's attention module."""
     for name in ("self_attn", "attn", "attention"):
         if hasattr(layer, name):
-            return getattr(layer, name)
+            return name
     raise UsageError(f"{type(layer).__name__}: no attention module (self_attn / attn)")
+
+
+def attention_of(layer: Any) -> Any:
+    return getattr(layer, attention_name(layer))
 
 
 def tokenize(tokenizer: Any, text: str) -> list[int]:
