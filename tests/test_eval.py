@@ -109,6 +109,7 @@ def test_cli_budgets_exit_1_and_write_json_and_plot(smollm2_gguf, tmp_path):
     (["--layers", "30"], "the model has 30 layers"),
     (["--tokens", "100000"], "the text has"),
     (["--max-kl", "-1"], "--max-kl must be a finite number >= 0"),
+    (["--quantize", "int8", "--attribute", "--runner", "openvino-cpu"], "use --runner ort-cpu"),
 ])
 def test_bad_input_is_one_line_exit_2(smollm2_gguf, tmp_path, extra, message):
     result = CliRunner().invoke(cli, ["eval", "--weights", str(smollm2_gguf), "--text",

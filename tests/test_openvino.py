@@ -230,3 +230,19 @@ def test_quantized_activations_are_never_an_fp32_result(quantized_model, monkeyp
     rows = [r for r in report.results if r.runner == "openvino-cpu"]
     assert rows and all(r.tolerance == INT8_ACTIVATIONS for r in rows)
     assert "activations quantized to int8 per group of" in format_report(report)
+
+
+def test_projections_inside_if_branches_are_counted_and_judged(tmp_path):
+    """A stacked layout has no output projection: its every MatMulNBits sits in auto's If
+    branches, which the plugin's runtime model does not list at its top level; the runner still
+    reports what the plugin did with their activations, and passes at that tolerance."""
+    from mha_export.artifact import read_artifact
+    from mha_export.check.runners.openvino import OpenVinoRunner
+    from mha_export.weights.quantize import QuantSpec
+    art = export_onnx(MHAConfig(dim=128, heads=4, max_seq_len=32, layout="stacked"),
+                      tmp_path / "s", quantize=QuantSpec(bits=4), validate=False).path
+    runner = OpenVinoRunner(read_artifact(art).signature, art / "model.onnx")
+    assert runner.compressed is not None and runner.compressed.count == 6
+    assert runner.compressed.int8_activations == _plugin_quantized_activations(
+        art / "model.onnx")
+    assert check_parity(art, runners=["openvino-cpu"], **SWEEP).passed

@@ -305,8 +305,11 @@ def _single_call(opened: list[Runner], reference: EagerRunner, case: Case, seed:
     real inputs in place of the random ones."""
     baseline, sig = opened[0], reference.signature
     feeds = make_feeds(sig, case, seed)
-    if x is not None:
+    if x is not None:  # captured at positions 0 .. N-1: called there
         feeds["x"] = x
+        if "position_ids" in feeds:
+            feeds["position_ids"] = np.broadcast_to(np.arange(case.seq), (case.batch, case.seq)
+                                                    ).copy()
     expected = {"eager": baseline.run(feeds), "reference": reference.run(feeds)}
     valid = valid_entries(sig, feeds, case)
     if cost:

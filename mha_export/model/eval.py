@@ -304,9 +304,13 @@ class Evaluator:
         from ..export.pipeline import export_artifact
         from ..export.targets import TARGETS
         folder = self._folder(name, layer)
-        stamp = json.dumps(_jsonable(options), sort_keys=True, default=str)
+        stamp = json.dumps({"weights": _file_version(self.weights), "layer": layer,
+                            "file": self.kind.model_file,
+                            "calibration": _file_version(options.get("calibration")),
+                            "options": _jsonable(options)}, sort_keys=True, default=str)
         record = folder / "eval-options.json"
-        if not (record.is_file() and record.read_text() == stamp):
+        if not (record.is_file() and record.read_text() == stamp
+                and (folder / self.kind.model_file).is_file()):
             target = next(t for t in TARGETS.values() if t.model_file == self.kind.model_file)
             export_artifact(target.name, output=folder, weights=self.weights, layer=layer,
                             validate=False, force=True, **options)
@@ -317,6 +321,17 @@ class Evaluator:
         runner = self.kind.open(art.signature, folder / self.kind.model_file, RunOptions())
         original = attention_of(decoder_layers(self.loaded.model)[layer])
         return ExportedAttention(original, runner, len(self.ids) + self.generate + 1)
+
+
+def _file_version(path: Any) -> Any:
+    """A file's identity for reusing exports made from it: path, size and mtime."""
+    if path is None:
+        return None
+    found = Path(path).resolve()
+    if not found.is_file():
+        return str(found)
+    stat = found.stat()
+    return [str(found), stat.st_size, stat.st_mtime_ns]
 
 
 def _slug(name: str) -> str:
@@ -386,6 +401,10 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
             raise UsageError(f"{name} must be a finite number >= 0, got {value}")
     if generate < 0:
         raise UsageError(f"--generate must be >= 0, got {generate}")
+    if attribute and options.get("quantize") is not None and runner != "ort-cpu":
+        raise UsageError("--attribute splits quantized weights from the kernel's int8 "
+                         "activations by ONNX Runtime's accuracy level: use --runner ort-cpu "
+                         f"(with {runner} the steps would not be what they are named)")
     if generate and not (options.get("kv_cache") or options.get("static_cache")):
         options["kv_cache"] = True  # generation steps run the decode artifacts
     body = read_text(text)

@@ -49,7 +49,7 @@ def load_model(weights: str | Path) -> LoadedModel:
         with _quiet():
             tokenizer = AutoTokenizer.from_pretrained(where, **extra)
             model = AutoModelForCausalLM.from_pretrained(where, dtype="float32", **extra)
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
+    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as e:
         raise UsageError(f"--weights {path}: transformers cannot load it "
                          f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]})"
                          ) from None

@@ -274,7 +274,11 @@ class SourceBlocks:
         return z.reshape(-1)
 
     def stored_bytes(self) -> int:
-        """Bytes of B, the fp32 scales and (when needed) the zero points."""
+        """Bytes of B, the fp32 scales and (when needed) the zero points — float ones as the
+        graph stores them (graph/builder.py): packed zero points 0 and one fp32 min a block."""
+        if self.float_zero_points:
+            zeros = self.n * -(-self.scales.shape[1] * self.bits // 8)
+            return self.packed().nbytes + 2 * self.scales.nbytes + zeros
         zero = self.packed_zero_points().nbytes if self.needs_zero_points else 0
         return self.packed().nbytes + self.scales.nbytes + zero
 

@@ -26,7 +26,7 @@ from typing import Optional
 
 import numpy as np
 
-from ...graph.nodes import matmul_nbits_kinds, matmul_nbits_probe
+from ...graph.nodes import all_nodes, matmul_nbits_kinds, matmul_nbits_probe
 from ...signature import Signature
 from .base import Feeds, Runner, RunnerUnavailable
 from .ort import INT8_ACTIVATION_DTYPE
@@ -38,7 +38,6 @@ TOLERANCE_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # fp32: the model's 
 COMPUTE_LAYERS = {"FullyConnected", "MatMul", "ScaledDotProductAttention", "Softmax",
                   "SoftMax", "Eltwise", "MHA"}
 DYNAMIC_QUANTIZATION = "DYNAMIC_QUANTIZATION_GROUP_SIZE"
-COMPRESSED = {"u4", "i4", "u8", "i8", "u2", "nf4", "f4e2m1"}  # weight precisions of compressed FCs
 
 
 def openvino_missing() -> Optional[str]:
@@ -140,8 +139,8 @@ class CompressedMatMuls:
     """The weight-compressed MatMuls of a compiled model and what the plugin really does with
     their activations on this CPU (probed: ``activations_quantized``)."""
 
-    count: int  # FullyConnected nodes with compressed weights
-    weights: tuple  # their weight precisions, e.g. ("u4",)
+    count: int  # MatMulNBits nodes of the file (If branches included)
+    weights: tuple  # their code widths, e.g. ("u4",)
     group_size: int  # DYNAMIC_QUANTIZATION_GROUP_SIZE read back from the compiled model
     int8_activations: bool
 
@@ -150,28 +149,26 @@ class CompressedMatMuls:
                 f"dynamic quantization)" if self.int8_activations else
                 "float activations" + ("" if self.group_size else " (dynamic quantization off)"))
         plural = "s" if self.count != 1 else ""
-        return (f"{self.count} compressed-weight MatMul{plural} ({'/'.join(self.weights)}): "
-                f"{what}")
+        return (f"{self.count} MatMulNBits as compressed-weight MatMul{plural} "
+                f"({'/'.join(self.weights)}): {what}")
 
 
 def compressed_matmuls(compiled, path: str | Path, config: dict) -> Optional[CompressedMatMuls]:
-    """None for a model without weight-compressed MatMuls."""
-    weights = []
-    for op in compiled.get_runtime_model().get_ordered_ops():
-        info = op.get_rt_info()
-        if "layerType" in info and info["layerType"].astype(str) == "FullyConnected":
-            precision = info["runtimePrecision"].astype(str)
-            if precision in COMPRESSED:
-                weights.append(precision)
-    if not weights:
-        return None
-    group = int(str(compiled.get_property(DYNAMIC_QUANTIZATION)))
+    """None for a model without quantized projections. Counted in the file (MatMulNBits,
+    inside If branches too: the runtime model lists only its top level); the group size read
+    back from the compiled model; whether activations were quantized, probed on this CPU."""
     import onnx
-    kinds = matmul_nbits_kinds(onnx.load(str(path), load_external_data=False))
+    model = onnx.load(str(path), load_external_data=False)
+    count = sum(n.op_type == "MatMulNBits" for n in all_nodes(model.graph.node))
+    if not count:
+        return None
+    kinds = matmul_nbits_kinds(model)
+    group = int(str(compiled.get_property(DYNAMIC_QUANTIZATION)))
     hint = str(config.get("INFERENCE_PRECISION_HINT", ""))
     quantized = group > 0 and any(activations_quantized(bits, block, hint, group)
                                   for bits, block, *_ in kinds)
-    return CompressedMatMuls(len(weights), tuple(sorted(set(weights))), group, quantized)
+    weights = tuple(sorted({f"u{bits}" for bits, *_ in kinds}))
+    return CompressedMatMuls(count, weights, group, quantized)
 
 
 @functools.lru_cache(maxsize=None)
