@@ -28,7 +28,7 @@ import torch
 
 from mha_export import MHAConfig, export_onnx
 from mha_export.env import machine_info
-from mha_export.layer.layouts import build_module
+from mha_export.kinds.registry import build_module
 from mha_export.weights.kv_calibration import SYNTHETIC, calibrate_cache
 from mha_export.weights.kv_quant import GRANULARITIES, KVCacheSpec
 from quant_error import LAYERS

@@ -29,7 +29,7 @@ from mha_export.check.runners.ort import OrtRunner
 from mha_export.config import MHAConfig
 from mha_export.env import machine_info
 from mha_export.export.targets import TARGETS
-from mha_export.layer.layouts import build_module
+from mha_export.kinds.registry import build_module
 from mha_export.signature import make_signature
 
 SHAPE = dict(hidden_size=2048, num_attention_heads=16, num_key_value_heads=16,

@@ -1,6 +1,7 @@
 """mha-export: causal multi-head attention -> TorchScript / ONNX, with a parity check that can fail.
 
-    config -> layer/ (eager module) <- weights/ (files, checkpoints)
+    config -> layer/ (eager module) <- weights/ (files, checkpoints); kinds/ (what each kind
+           of attention layer is to every stage: standard, Multi-head Latent Attention)
            -> graph/ (ONNX forms) -> export/ (artifact folder) -> check/ (runners, sweep,
            compare, report) ; bench/ measures ; cli/ is a thin click layer
 
@@ -11,13 +12,13 @@ from importlib import import_module
 
 _EXPORTS = {
     "MHAConfig": "config", "UsageError": "errors",
-    "build_module": "layer.layouts", "convert": "layer.layouts",
+    "build_module": "kinds.registry", "convert": "kinds.registry",
     "AttentionWeights": "layer.layouts", "load_module": "weights.files",
     "export_onnx": "export.pipeline", "export_torchscript": "export.pipeline",
     "export_aoti": "export.pipeline",
     "ExportResult": "export.pipeline",
     "check_parity": "check.parity", "CheckReport": "check.parity",
-    "make_signature": "signature", "Signature": "signature", "FORMS": "graph.forms",
+    "make_signature": "signature", "Signature": "signature", "FORMS": "kinds.registry",
     "compare": "check.comparator", "Comparison": "check.comparator",
     "Tolerance": "check.comparator",
 }

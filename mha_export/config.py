@@ -7,10 +7,13 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .errors import UsageError, require_positive as _positive
-from .latent import ROPE_LAYOUTS, Latent, MLAConfig
+from .kinds.mla.settings import ROPE_LAYOUTS, Latent
 from .rope_types import SCALING_FIELDS, SCALINGS, normalized_scaling  # noqa: F401
 
-# "latent": Multi-head Latent Attention (layer/mla.py), the layout of a config with a latent section
+# A kind of attention other than the standard one is a section of the config (kinds/): its field
+# -> its settings class, which derives the fields it decides, and answers the torch-free stages.
+SECTIONS = {"latent": Latent}  # Multi-head Latent Attention (kinds/mla/)
+# "latent": the layout of a config with a latent section (its checkpoints' one layout)
 LAYOUTS = ("single", "stacked", "split", "fused", "latent")
 # RMSNorm of q and k after the projections: over each head's features (Qwen3, Gemma 3, Qwen3.5) or
 # over the whole projection before the heads split (OLMo 2).
@@ -54,16 +57,16 @@ class MHAConfig:
     sinks: bool = False  # a learned logit per head joins the softmax denominator (gpt-oss)
     output_gate: bool = False  # y = out_proj(attention * sigmoid(x @ W_gate)) (Qwen3.5)
     layout: Optional[str] = None  # LAYOUTS (default: "latent" with a latent section, else split)
-    latent: Optional[Latent] = None  # Multi-head Latent Attention (latent.py), or a plain layer
+    latent: Optional[Latent] = None  # Multi-head Latent Attention (kinds/mla/), or a plain layer
 
     def __post_init__(self) -> None:
         _positive("dim", self.dim)
         _positive("heads", self.heads)
         _positive("max_seq_len", self.max_seq_len)
-        if self.latent is not None:
-            self._resolve_latent()
+        if self.section is not None:
+            self._resolve_section()
         if self.out_bias is None:
-            object.__setattr__(self, "out_bias", self.latent is None)
+            object.__setattr__(self, "out_bias", True)
         if self.layout is None:
             object.__setattr__(self, "layout", "split")
         if self.layout not in LAYOUTS:
@@ -111,52 +114,45 @@ class MHAConfig:
                 f"layout {self.layout!r} has no output projection, so heads*head_dim "
                 f"({self.heads}*{self.head_dim}={self.inner}) must equal dim ({self.dim})")
 
-    def _resolve_latent(self) -> None:
-        """An MLA layer: the section read, the fields it decides derived from it (a given one
-        must agree), the options that do not apply to it refused."""
-        latent = Latent.from_value(self.latent)
-        object.__setattr__(self, "latent", latent)
-        refused = {"a sliding window": self.sliding_window, "qk_norm": self.qk_norm != "none",
-                   "softcap": self.softcap, "sinks": self.sinks, "output_gate": self.output_gate,
-                   "softmax_scale (MLA's is (Hn + Hr)^-0.5 and yarn's mscale)": self.softmax_scale,
-                   "a non-causal layer": not self.causal, "dropout": self.dropout,
-                   "norm_offset": self.norm_offset, "layout " + repr(self.layout):
-                   self.layout not in (None, "latent")}
-        for name, on in refused.items():
-            if on:
-                raise UsageError(f"{name} does not apply to Multi-head Latent Attention")
-        derived = {"d_in": self.dim, "kv_heads": 1, "layout": "latent",
-                   "head_dim": latent.qk_nope_head_dim + latent.qk_rope_head_dim,
-                   "rotary": "deinterleaving" if self.rotary == "none" else self.rotary,
-                   "rotary_dim": latent.qk_rope_head_dim}
-        for name, value in derived.items():
-            given = getattr(self, name)
-            if given is not None and given != value and name != "rotary":
-                raise UsageError(f"{name} of a Multi-head Latent Attention layer is {value} "
-                                 f"(from its latent section), got {given}")
-            object.__setattr__(self, name, value)
-        if self.rotary not in ROPE_LAYOUTS:
-            raise UsageError(f"unknown rotary {self.rotary!r} for Multi-head Latent Attention: "
-                             f"choose one of {', '.join(ROPE_LAYOUTS)}")
+    @property
+    def section(self) -> Any:
+        """The settings of the layer's attention kind (config.SECTIONS), or None: standard
+        multi-head / grouped-query attention."""
+        return next((getattr(self, f) for f in SECTIONS if getattr(self, f) is not None), None)
 
     @property
-    def mla(self) -> MLAConfig:
-        """The flat view of an MLA layer (layer/mla.py, graph/mla.py read it)."""
-        if self.latent is None:
-            raise UsageError("not a Multi-head Latent Attention layer (no latent section)")
-        return MLAConfig(self.dim, self.heads, self.latent.kv_lora_rank,
-                         self.latent.qk_nope_head_dim, self.latent.qk_rope_head_dim,
-                         self.latent.v_head_dim, self.latent.q_lora_rank, self.qkv_bias,
-                         self.out_bias, self.rotary, self.rope_theta, self.rope_scaling,
-                         self.latent.norm_eps)
+    def kind(self) -> str:
+        """The attention kind's name (kinds/registry.py): "standard", or its section's field."""
+        return next((f for f in SECTIONS if getattr(self, f) is not None), "standard")
+
+    def _resolve_section(self) -> None:
+        """The section read (a dict from config.json too), and the fields it decides set."""
+        field = self.kind
+        section = SECTIONS[field].from_value(getattr(self, field))
+        object.__setattr__(self, field, section)
+        for name, value in section.resolve(self).items():
+            object.__setattr__(self, name, value)
 
     @property
     def cache_shape(self) -> tuple[int, int, int]:
-        """(heads, key width, value width) of the cache: (kv_heads, head_dim, head_dim), or an
-        MLA layer's (1, kv_lora_rank, qk_rope_head_dim): latent and shared rotated key."""
-        if self.latent is not None:
-            return 1, self.latent.kv_lora_rank, self.latent.qk_rope_head_dim
+        """(heads, key width, value width) of the cache: (kv_heads, head_dim, head_dim), or the
+        section's (an MLA layer's: latent and shared rotated key)."""
+        if self.section is not None:
+            return self.section.cache_shape()
         return self.kv_heads, self.head_dim, self.head_dim
+
+    @property
+    def attended_kv_width(self) -> int:
+        """Numbers per key position once attention reads it (keys: kv_heads * head_dim; an MLA
+        layer: every head's expanded key and value)."""
+        if self.section is not None:
+            return self.section.attended_kv_width(self)
+        return self.kv_inner
+
+    @property
+    def cache_docs(self) -> dict[str, str]:
+        """What the cache tensors hold, where the kind says (signature.py)."""
+        return getattr(self.section, "cache_docs", {})
 
     @property
     def inner(self) -> int:
@@ -164,7 +160,7 @@ class MHAConfig:
         return self.heads * self.head_dim
 
     def _check_rotary(self) -> None:
-        choices = ROPE_LAYOUTS if self.latent else ROTARY
+        choices = self.section.rotary_choices if self.section else ROTARY
         if self.rotary not in choices:
             raise UsageError(f"unknown rotary {self.rotary!r}: choose one of {', '.join(choices)}")
         if self.rotary == "none":
@@ -180,8 +176,8 @@ class MHAConfig:
             raise UsageError(f"rope_theta must be a positive number, got {self.rope_theta!r}")
         object.__setattr__(self, "rope_scaling",
                            normalized_scaling(self.rope_scaling, self.rotary_dim))
-        if self.latent and (self.rope_scaling or {}).get("rope_type") == "longrope":
-            raise UsageError("longrope does not apply to Multi-head Latent Attention")
+        if self.section:
+            self.section.check_rope(self.rope_scaling)
 
     def _check_logits(self) -> None:
         """q/k norm, the softmax scale, softcapping: each a finite positive number where set."""
@@ -208,10 +204,10 @@ class MHAConfig:
 
     @property
     def scale(self) -> float:
-        """Softmax scale (default 1/sqrt(head_dim); MLA: latent.py's): written once, read by
-        every implementation."""
-        if self.latent is not None:
-            return self.mla.scale
+        """Softmax scale (default 1/sqrt(head_dim); a kind's own, e.g. MLA's): written once, read
+        by every implementation."""
+        if self.section is not None:
+            return self.section.scale(self)
         return self.softmax_scale or 1.0 / math.sqrt(self.head_dim)
 
     def replace(self, **changes: Any) -> "MHAConfig":
@@ -226,17 +222,13 @@ class MHAConfig:
         unknown = set(d) - names
         if unknown:
             raise UsageError(f"config has unknown fields: {', '.join(sorted(unknown))}")
-        if d.get("latent") is not None:
-            d = {**d, "latent": Latent.from_value(d["latent"])}
         return cls(**d)
 
     def slug(self) -> str:
         """Folder-name form, e.g. 'split-h12-d768', 'latent-h16-d2048-r512-rope64'."""
+        if self.section is not None:
+            return self.section.slug(self)
         s = f"{self.layout}-h{self.heads}-d{self.dim}"
-        if self.latent is not None:
-            q = self.latent.q_lora_rank
-            return s + f"-r{self.latent.kv_lora_rank}-rope{self.rotary_dim}" + (
-                f"-q{q}" if q else "")
         if self.d_in != self.dim:
             s += f"-in{self.d_in}"
         if self.head_dim * self.heads != self.dim:

@@ -50,12 +50,14 @@ class TensorSpec:
 STATIC = "static-cache"
 CACHE_NAMES = ("past_key", "past_value", "present_key", "present_value")
 INT8 = "int8"
+INT8_FLOAT32_ONLY = ("an int8 cache is built for float32 models (queries and accumulation in "
+                     "fp32, as GroupQueryAttention's), not {dtype}")
 
 
 def _cache(c: MHAConfig, kind: str, growing: str, width: int) -> tuple:
     """A cache tensor's shape [batch, heads, length, width]: the length the fixed buffer's
     capacity or the growing cache's; heads and width (1: keys', 2: values') the config's
-    ``cache_shape`` (an MLA layer: the latent and the shared rotated key)."""
+    ``cache_shape`` (another attention kind's, e.g. MLA's latent and shared rotated key)."""
     shape = c.cache_shape
     return BATCH, shape[0], CACHE if kind == STATIC else growing, shape[width]
 
@@ -159,22 +161,15 @@ def make_signature(config: MHAConfig, kind: str = "full", cache_dtype: str = FLO
                          f"got {kind!r}")
     ins, outs = KINDS[kind]
     ins += ("position_ids",) if config.rotary != "none" else ()  # rotary layers: the last input
-    spec = lambda n: _latent(_cached(TENSORS[n](config, kind), cache_dtype), config)  # noqa: E731
+    spec = lambda n: _documented(_cached(TENSORS[n](config, kind), cache_dtype),  # noqa: E731
+                                 config)
     return Signature(kind, tuple(spec(n) for n in ins), tuple(spec(n) for n in outs))
 
 
-# Multi-head Latent Attention: what its cache tensors hold (transformers' DynamicCache layout)
-LATENT_DOCS = {"past_key": "the normalised latents (kv_lora_rank wide)",
-               "past_value": "the rotated keys every head shares (qk_rope_head_dim wide)",
-               "present_key": "the latents after this call", "present_value":
-               "the rotated keys after this call"}
-
-
-def _latent(t: TensorSpec, config: MHAConfig) -> TensorSpec:
-    """An MLA layer's cache tensors say what they hold."""
-    if config.latent is None or t.name not in LATENT_DOCS:
-        return t
-    return TensorSpec(t.name, t.dtype, t.shape, f"{LATENT_DOCS[t.name]}: {t.doc}")
+def _documented(t: TensorSpec, config: MHAConfig) -> TensorSpec:
+    """A cache tensor says what it holds where the attention kind says (an MLA layer's)."""
+    doc = config.cache_docs.get(t.name)
+    return t if doc is None else TensorSpec(t.name, t.dtype, t.shape, f"{doc}: {t.doc}")
 
 
 def _cached(t: TensorSpec, cache_dtype: str) -> TensorSpec:

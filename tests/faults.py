@@ -10,6 +10,8 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from mha_export.kinds.mla.settings import MLAConfig
+
 
 class NotApplicable(Exception):
     """The fault cannot be expressed in this graph form."""
@@ -145,9 +147,9 @@ def _rebuild(path: Path, config, patch=None) -> None:
     import contextlib
     import json
 
-    from mha_export.graph.forms import get_form
+    from mha_export.kinds.registry import get_form
     from mha_export.graph.model import build_model
-    from mha_export.layer.layouts import build_module
+    from mha_export.kinds.registry import build_module
     from mha_export.signature import signature_from_meta
     from mha_export.weights.files import load_strict, read_state_dict
     folder = Path(path).parent
@@ -190,7 +192,7 @@ def kv_b_split_wrong(path: Path, c) -> None:
     """kv_b_proj's rows per head read as [v | k_nope] instead of [k_nope | v]: W_UK and W_UV
     (and the expanded k_nope, v) split at the wrong row."""
     from mha_export.weights.files import read_state_dict
-    m_ = c.mla
+    m_ = MLAConfig.of(c)
     w = read_state_dict(Path(path).parent / "weights.safetensors")["kv_b_proj.weight"]
     per_head = w.reshape(m_.heads, -1, m_.kv_lora_rank)  # (N, Hn+Hv, R)
     swapped = torch.cat([per_head[:, m_.v_head_dim:], per_head[:, :m_.v_head_dim]], dim=1)
@@ -211,8 +213,8 @@ def k_rot_per_head(path: Path, c) -> None:
     (each head's frequencies restarting), not as one head of Hr."""
     from unittest import mock
 
-    import mha_export.graph.mla as mla
-    hr, heads = c.mla.qk_rope_head_dim, c.heads
+    import mha_export.kinds.mla.graph as mla
+    hr, heads = MLAConfig.of(c).qk_rope_head_dim, c.heads
     if hr % (2 * heads):
         raise NotApplicable("Hr does not split into heads")
     original = mla._rotate
@@ -410,7 +412,7 @@ def rope_base_swapped(path: Path, rotary_dim: int, theta: float) -> None:
 def rotary_on_nope_layer(path: Path, config) -> None:
     """A NoPE layer (SmolLM3's no_rope_layers) exported with rotary at positions 0, 1, ...: the
     model of the same weights with rotary, its position_ids made from the call's length."""
-    from mha_export.graph.forms import get_form
+    from mha_export.kinds.registry import get_form
     from mha_export.graph.model import build_model
     from mha_export.artifact import read_artifact
     from mha_export.signature import make_signature

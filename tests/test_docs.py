@@ -172,13 +172,15 @@ def runner_table() -> str:
 
 def form_table() -> str:
     """What each graph form can build, from its registry record."""
-    from mha_export.graph.forms import FORMS, MAX_OPSET, Feature
-    features = sorted(Feature, key=str)  # latent: Multi-head Latent Attention
-    lines = ["| form | opsets | memory | standard ops only | " +
-             " | ".join(str(f) for f in features) + " |", "|---" * (4 + len(features)) + "|"]
+    from mha_export.graph.forms import MAX_OPSET, Feature
+    from mha_export.kinds.registry import FORMS
+    features = sorted(Feature, key=str)
+    lines = ["| form | attention kind | opsets | memory | standard ops only | " +
+             " | ".join(str(f) for f in features) + " |", "|---" * (5 + len(features)) + "|"]
     for form in FORMS.values():
         marks = " | ".join("yes" if f in form.supports else "–" for f in features)
-        lines.append(f"| `{form.name}` | {form.min_opset}–{MAX_OPSET} | {form.memory} | "
+        lines.append(f"| `{form.name}` | {form.kind} | {form.min_opset}–{MAX_OPSET} | "
+                     f"{form.memory} | "
                      f"{'yes' if form.standard else 'no (com.microsoft)'} | {marks} |")
     return "\n".join(lines)
 
@@ -281,7 +283,7 @@ def update_generated_blocks() -> None:
 
 
 def test_graph_forms_page_describes_exactly_the_registrys_forms():
-    from mha_export.graph.forms import FORMS
+    from mha_export.kinds.registry import FORMS
     text = (DOCS / "graph-forms.md").read_text()
     table = text[text.index("| `--attention` |"):].split("\n\n")[0].splitlines()[2:]
     assert [re.match(r"\| `([\w-]+)`", row)[1] for row in table] == list(FORMS)

@@ -13,9 +13,10 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 from mha_export.config import MHAConfig
-from mha_export.graph.forms import FORMS, Feature, Memory
+from mha_export.graph.forms import Feature, Memory
+from mha_export.kinds.registry import FORMS
 from mha_export.layer.entry import entry_module
-from mha_export.layer.layouts import build_module
+from mha_export.kinds.registry import build_module
 from mha_export.graph.model import build_model
 from mha_export.signature import make_signature
 from mha_export.check.sweep import Case, make_feeds, real_queries
@@ -118,7 +119,7 @@ def test_reference_evaluator_runs_the_portable_forms(form: str, kind: str) -> No
     """Standard ops only, rotary (in plain ops at opset 17) and grouped-query included."""
     config = MHAConfig(dim=32, heads=4, kv_heads=2, qkv_bias=True, rotary="interleaved",
                        rotary_dim=4)
-    if Feature.LATENT in FORMS[form].supports:  # Multi-head Latent Attention's forms
+    if FORMS[form].kind == "latent":  # Multi-head Latent Attention's forms
         config = MLA
     args = {"block": 3} if form == "blocked-plain" else {}
     if form == "decomposed" or config is MLA:
@@ -135,5 +136,5 @@ def test_registry_records_are_complete() -> None:
     for name, form in FORMS.items():
         assert form.name == name and form.min_opset in range(17, 27) and form.summary
         assert form.supports <= frozenset(Feature) and isinstance(form.memory, Memory)
-        assert (Feature.LATENT in form.supports) == (form.problem(MLA, make_signature(MLA)) is None)
+        assert (form.kind == "latent") == (form.problem(MLA, make_signature(MLA)) is None)
         assert all(isinstance(t, int) for t in form.switch_seq_lens)

@@ -19,7 +19,7 @@ from mha_export.artifact import default_folder, read_artifact
 from mha_export.check.comparator import FP32
 from mha_export.check.parity import check_parity
 from mha_export.cli.commands import cli
-from mha_export.layer.layouts import build_module
+from mha_export.kinds.registry import build_module
 from mha_export.weights.kv_calibration import calibrate_cache, cache_entries
 from mha_export.weights.kv_quant import KVScale
 from mha_export.weights.quantize import QuantSpec

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mha_export import MHAConfig, UsageError, check_parity, export_onnx, export_torchscript
-from mha_export.layer.layouts import build_module
+from mha_export.kinds.registry import build_module
 
 import faults
 

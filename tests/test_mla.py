@@ -15,7 +15,7 @@ from hf_decode import capture, decode
 from mha_export.check.sweep import positions
 from mha_export.config import MHAConfig
 from mha_export.errors import UsageError
-from mha_export.latent import MLAConfig
+from mha_export.kinds.mla.settings import MLAConfig
 from mha_export.weights.source import load_source
 
 MOE = dict(n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
@@ -211,7 +211,7 @@ def test_mla_exports_name_the_latent_cache_and_refuse_what_does_not_apply(tmp_pa
     assert shapes["past_value"] == ("batch", 1, "max_cache", 8)
     assert art.export["attention"] == "latent" and art.config.layout == "latent"
     assert art.config.slug() == "latent-h4-d64-r32-rope8-q48"
-    cases = [(dict(attention="auto"), "'auto' does not support latent"),
+    cases = [(dict(attention="auto"), "'auto' builds standard layers only"),
              (dict(static_cache=True, kv_cache_dtype="int8"), "Multi-head Latent Attention")]
     for options, msg in cases:
         with pytest.raises(UsageError, match=msg):

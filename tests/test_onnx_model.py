@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from mha_export import MHAConfig, UsageError, build_module
-from mha_export.graph.forms import FORMS, MAX_OPSET, get_form
+from mha_export.graph.forms import MAX_OPSET
+from mha_export.kinds.registry import FORMS, get_form
 from mha_export.layer.entry import entry_module
 from mha_export.graph.model import build_model
 from mha_export.signature import KINDS, make_signature

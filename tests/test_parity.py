@@ -7,7 +7,8 @@ import pytest
 
 from mha_export import MHAConfig, check_parity, export_onnx, export_torchscript
 from mha_export.artifact import read_artifact
-from mha_export.graph.forms import FORMS, Feature
+from mha_export.graph.forms import Feature
+from mha_export.kinds.registry import FORMS
 from mha_export.check.sweep import default_seq_lens
 
 import faults
@@ -23,7 +24,7 @@ MLA_CFG = MHAConfig(dim=64, heads=4, max_seq_len=32, rope_scaling={
 
 def config_for(form: str) -> MHAConfig:
     """The layer a form's artifact holds: an MLA layer for the latent forms."""
-    return MLA_CFG if Feature.LATENT in FORMS[form].supports else CFG
+    return MLA_CFG if FORMS[form].kind == "latent" else CFG
 SWEEP = dict(seq_lens=[1, 5, 32, 513], batch_sizes=[1, 2], providers=["cpu"])  # 513: auto's loop
 
 

@@ -19,8 +19,9 @@ from mha_export.check.parity import check_parity
 from mha_export.check.report import format_report
 from mha_export.check.runners.ort import DEQUANTIZE_PATH, OrtRunner
 from mha_export.cli.commands import cli
-from mha_export.graph.forms import FORMS, Feature
-from mha_export.weights.dequantized import dequantized_weights
+from mha_export.graph.forms import Feature
+from mha_export.kinds.registry import FORMS
+from mha_export.weights.dequantized import dequantized_module
 from mha_export.weights.quantize import QuantSpec, quantize
 
 SMALL = MHAConfig(dim=64, heads=4, max_seq_len=32)
@@ -48,7 +49,7 @@ def test_every_call_kind_exports_and_passes(tmp_path, kind):
         tmp_path / "q").signature.output_names
 
 
-@pytest.mark.parametrize("form", sorted(f for f in FORMS if Feature.LATENT not in FORMS[f].supports))
+@pytest.mark.parametrize("form", sorted(f for f in FORMS if FORMS[f].kind != "latent"))
 def test_every_graph_form_with_projections_exports_and_passes(tmp_path, form):
     """(MLA refuses --quantize: tests/test_mla.py.)"""
     supports = FORMS[form].supports
@@ -98,7 +99,7 @@ def test_the_reference_holds_exactly_the_dequantized_weights(tmp_path):
     assert np.array_equal(held.to_weights().wq.numpy(), expected)
     assert not np.array_equal(expected, w.wq.numpy())
     assert torch.equal(held.to_weights().bo, w.bo)  # biases stay float, untouched
-    assert dequantized_weights(w, INT4).wg is None
+    assert dequantized_module(source, INT4).to_weights().wg is None
 
 
 def test_the_file_records_the_quantization(tmp_path):

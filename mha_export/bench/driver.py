@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 from ..config import MHAConfig
 from ..env import last_level_cache_bytes, machine_info
 from ..errors import UsageError
-from ..latent import refuse_unbuilt
+from ..kinds.registry import FORMS, build_module, forms_for, kind_of, refuse_unbuilt
 from ..signature import FLOAT, INT8
 from ..weights.kv_quant import INT8_CACHE_TAG, KVCacheSpec
 from ..weights.quantize import QuantSpec, quantized_projections
@@ -31,17 +31,15 @@ WORKER = "mha_export.bench.worker"  # run with -m: the package, not its folder, 
 
 
 def effective_flops(c: MHAConfig, seq: int, batch: int, past: int = 0) -> float:
-    """Projections 2*T*(d_in*(inner + 2*kv_inner) + inner*dim) + attention 4*inner per (query,
-    key) pair it really needs: T^2/2 pairs for a causal prefill (T*w - w^2/2 with a sliding
-    window w), T*P more over a cache of P; for d_in = dim = inner = d and P = 0 that is
-    8*T*d^2 + 2*T^2*d."""
+    """The FLOPs a call really needs, as its attention kind counts them (kinds/), over the
+    (query, key) pairs of the call: T^2/2 for a causal prefill (T*w - w^2/2 with a sliding
+    window w), and T*P more over a cache of P. Standard attention: projections
+    2*T*(d_in*(inner + 2*kv_inner) + inner*dim) + 4*inner per pair; for d_in = dim = inner = d
+    and P = 0 that is 8*T*d^2 + 2*T^2*d."""
     w = c.sliding_window
     pairs = (seq * seq / 2 if not w or w >= seq else seq * w - w * w / 2) if c.causal \
         else seq * seq
-    if c.latent is not None:  # Multi-head Latent Attention: its cheaper form's
-        return batch * c.mla.call_flops(seq, pairs + seq * past, seq + past)
-    attn = 4 * pairs * c.inner + 4 * seq * (min(past, w) if w else past) * c.inner
-    return batch * (2 * seq * (c.d_in * (c.inner + 2 * c.kv_inner) + c.inner * c.dim) + attn)
+    return batch * kind_of(c).call_flops(c, seq, pairs, past)
 
 
 def run_worker(spec: dict, timeout_s: float = 900) -> dict:
@@ -74,7 +72,7 @@ def model_variants(config: MHAConfig, forms: Sequence[str], kind: str,
     """The ONNX model of each variant, by key: every form, with each quantization (FORM-TAG,
     e.g. auto-int4), and with an int8 cache where the form builds one (FORM[-TAG]-kv8). Each
     value holds what to build it with and what its rows record (``quant``, ``cache_dtype``)."""
-    from ..graph.forms import FORMS, Feature
+    from ..graph.forms import Feature
     caches = [None] + ([int8_cache] if int8_cache is not None else [])
     out = {}
     for form in forms:
@@ -168,15 +166,14 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     row steps a ring of independent instances larger than the last-level cache (``RING``);
     ``int8_cache`` (static cache): each form that builds one also with an int8 cache, its scales
     calibrated on synthetic inputs."""
-    from ..graph.forms import forms_for
-    from ..layer.layouts import build_module
     from ..signature import make_signature
     if cold and not last_level_cache_bytes():
         raise UsageError("--cold: this machine does not say how large its CPU caches are "
                          "(/sys/devices/system/cpu/cpu0/cache)")
     if int8_cache and not static_cache:
         raise UsageError("an int8 cache is measured on the static cache: add --static-cache")
-    refuse_unbuilt(config.latent, int8_cache)
+    if int8_cache:
+        refuse_unbuilt(config, "int8-cache")
     kind = "static-cache" if static_cache else "kv-cache" if kv_cache else "full"
     forms = list(forms or forms_for(config, make_signature(config, kind)))
     points = [(t, p) for t in seq_lens for p in (past_lens if kind != "full" else [0])]
@@ -289,16 +286,10 @@ def stream_bandwidth(budget_s: float, progress: Callable[[str], None]) -> Option
 
 def weight_bytes(c: MHAConfig, quant: Optional[QuantSpec] = None) -> int:
     """Bytes of the layer's projections' weights: fp32, or as ``quant`` stores the quantized
-    ones (an MLA layer's kv_b_proj stays fp32); a GGUF's kept blocks (``--quantize source``)
-    count as the file's codes, scales and zero points, per projection as recorded (one kept
-    float counts fp32)."""
-    if c.latent is not None:
-        shape = c.mla.weight_shapes()
-    else:
-        shape = {"q_proj": (c.inner, c.d_in), "k_proj": (c.kv_inner, c.d_in),
-                 "v_proj": (c.kv_inner, c.d_in), "out_proj": (c.dim, c.inner),
-                 "gate_proj": (c.inner, c.d_in)}
-        shape = {p: shape[p] for p in quantized_projections(c)}
+    ones (those its kind does not quantize stay fp32: an MLA layer's kv_b_proj); a GGUF's kept
+    blocks (``--quantize source``) count as the file's codes, scales and zero points, per
+    projection as recorded (one kept float counts fp32)."""
+    shape = kind_of(c).projections(c)
     if quant is not None and quant.quantizer == SOURCE:
         kept = {p: quant.stored_bytes(GRAPH_NAME.get(p, p)) for p in shape}
         return sum(4 * s[0] * s[1] if kept[p] is None else kept[p] for p, s in shape.items())
@@ -310,7 +301,7 @@ def weight_bytes(c: MHAConfig, quant: Optional[QuantSpec] = None) -> int:
 def step_bytes(c: MHAConfig, seq: int, batch: int, past: int,
                quant: Optional[QuantSpec] = None, cache_dtype: str = FLOAT) -> float:
     """Bytes a cached step must read: the weights once, and the valid keys and values (fp32, or
-    an int8 cache's codes; an MLA layer's: latents and rotated keys)."""
+    an int8 cache's codes; the kind's cache widths: an MLA layer's latents and rotated keys)."""
     width = 1 if cache_dtype == INT8 else 4
     heads, key_width, value_width = c.cache_shape
     return weight_bytes(c, quant) + width * batch * heads * (key_width + value_width) * (

@@ -61,7 +61,7 @@ def torch_variant(spec: dict) -> Callable[[], object]:
     import torch
     from mha_export.config import MHAConfig
     from mha_export.layer.entry import entry_module
-    from mha_export.layer.layouts import build_module
+    from mha_export.kinds.registry import build_module
     from mha_export.signature import make_signature
     from mha_export.bench.baselines import MultiHeadAttention
     torch.set_num_threads(spec["threads"])

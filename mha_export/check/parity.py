@@ -17,7 +17,7 @@ import torch
 from ..artifact import Artifact, read_artifact
 from ..env import versions
 from ..errors import UsageError, raise_if_interrupted
-from ..graph import forms
+from ..kinds.registry import FORMS
 from ..rope_types import switch_length
 from ..signature import INT8
 from . import scenarios
@@ -195,7 +195,7 @@ class SweepPlan:
 def _sweep_plan(artifact: Artifact, seq_lens, past_lens) -> SweepPlan:
     """The sweep for the artifact's form (TorchScript and unknown forms: scores at every T)."""
     config, form_name = artifact.config, artifact.export.get("attention")
-    form = forms.FORMS.get(form_name) if form_name else None
+    form = FORMS.get(form_name) if form_name else None
     switch = form.switch_seq_lens if form else ()
     return SweepPlan(
         list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len, switch),

@@ -185,9 +185,7 @@ def case_bytes(config: MHAConfig, case: Case, scores_at: ScoresAt, masked: bool)
     eager module's (B, 1, T, S) mask where the call has a cache or padding mask."""
     b, t, s, c = case.batch, case.seq, case.past + case.seq, config
     width = c.d_in + c.dim + c.inner + 2 * c.kv_inner
-    per_key = c.kv_inner if c.latent is None else (  # MLA: every head's expanded key and value
-        c.heads * (c.head_dim + c.latent.v_head_dim))
-    linear = 8 * b * (t * width * 3 + 4 * s * per_key)
+    linear = 8 * b * (t * width * 3 + 4 * s * c.attended_kv_width)
     scores = 8 * 2 * b * c.heads * t * s if scores_at(t) else 0
     mask = 8 * 2 * b * t * s if masked else 0
     return linear + scores + mask

@@ -22,7 +22,8 @@ from ..check.parity import check_parity
 from ..errors import Interrupted, UsageError, interrupt, raise_if_interrupted
 from ..export.pipeline import (ATTENTION_FORMS, export_aoti, export_onnx, export_torchscript,
                                kept_blocks)
-from ..graph.forms import DEFAULT, MAX_OPSET, opset_summary
+from ..graph.forms import DEFAULT, MAX_OPSET
+from ..kinds.registry import opset_summary
 from ..graph.model import DTYPES
 from ..signature import INT8
 from ..weights.kv_quant import CACHE_DTYPES

@@ -8,9 +8,9 @@ from typing import Any, Callable, Optional
 import click
 
 from ..check.runners import RUNNERS, ort_runner_names
-from ..config import LAYOUTS, QK_NORMS, ROPE_LAYOUTS, ROTARY, SCALINGS, MHAConfig
+from ..config import (LAYOUTS, QK_NORMS, ROPE_LAYOUTS, ROTARY, SCALINGS, SECTIONS,
+                      MHAConfig)
 from ..errors import UsageError
-from ..latent import LATENT_FIELDS, Latent
 from ..weights.families import FAMILIES
 from ..weights.kv_quant import CACHE_DTYPES, GRANULARITIES, VALUE_SCALE
 from ..weights.quantize import ACCURACY_LEVELS, BLOCK_SIZES, NAMES, QuantSpec
@@ -125,18 +125,8 @@ CONFIG_OPTIONS = [
     click.option("--layout", type=click.Choice(LAYOUTS), default=None,
                  help="Weight layout [default: the weights file's, else split; latent with "
                       "--kv-lora-rank]."),
-    click.option("--kv-lora-rank", type=int, default=None,
-                 help="Multi-head Latent Attention (DeepSeek-V2/V3): the cached latent's width; "
-                      "the other MLA options need it (docs/mla.md) [default: not MLA]."),
-    click.option("--q-lora-rank", type=int, default=None,
-                 help="MLA: queries through a low-rank bottleneck [default: none, q_proj]."),
-    click.option("--qk-nope-head-dim", type=int, default=None,
-                 help=f"MLA: each head's unrotated query/key width [default: "
-                      f"{Latent.qk_nope_head_dim}]."),
-    click.option("--qk-rope-head-dim", type=int, default=None,
-                 help=f"MLA: the shared rotated key's width [default: {Latent.qk_rope_head_dim}]."),
-    click.option("--v-head-dim", type=int, default=None,
-                 help=f"MLA: each head's value width [default: {Latent.v_head_dim}]."),
+    *(click.option(f"--{name.replace('_', '-')}", type=int, default=None, help=text)
+      for section in SECTIONS.values() for name, text in section.cli_options().items()),
     click.option("--weights", type=click.Path(), default=None,
                  help="State dict (.pt/.pth/.bin) or .safetensors in any layout's keys, or a "
                       f"Hugging Face checkpoint folder ({', '.join(FAMILIES)})."),
@@ -229,17 +219,16 @@ def explicit(kw: dict) -> dict:
     config.json fills what was not given (a given value that contradicts it is an error)."""
     ctx = click.get_current_context()
     default = click.core.ParameterSource.DEFAULT
-    return latent_section({k: v for k, v in kw.items()
-                           if ctx.get_parameter_source(k) is not default})
+    return sections({k: v for k, v in kw.items() if ctx.get_parameter_source(k) is not default})
 
 
-def latent_section(kw: dict) -> dict:
-    """The MLA options gathered into MHAConfig's latent section (--kv-lora-rank turns it on)."""
-    given = {k: kw.pop(k) for k in (*LATENT_FIELDS, "q_lora_rank") if kw.get(k) is not None}
-    if given and "kv_lora_rank" not in given:
-        raise UsageError(f"--{next(iter(given)).replace('_', '-')} needs --kv-lora-rank "
-                         "(Multi-head Latent Attention)")
-    return {**kw, "latent": given} if given else kw
+def sections(kw: dict) -> dict:
+    """The options of each attention kind's section (e.g. MLA's, which --kv-lora-rank turns on)
+    gathered into MHAConfig's field of that section."""
+    for field, section in SECTIONS.items():
+        if (given := section.from_options(kw)) is not None:
+            kw = {**kw, field: given}
+    return kw
 
 
 def config_options(fn: Callable) -> Callable:

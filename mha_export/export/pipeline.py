@@ -16,19 +16,19 @@ from ..artifact import CONFIG_FILE, REPORT_FILE, WEIGHTS_FILE, default_folder, s
 from ..config import MHAConfig
 from ..env import utc_now, versions
 from ..errors import UsageError
-from ..graph import forms
-from ..latent import refuse_unbuilt
-from ..signature import FLOAT, INT8, STATIC, Signature, make_signature, signature_kind
+from ..kinds.registry import FORMS, refuse_unbuilt
+from ..signature import (FLOAT, INT8, INT8_FLOAT32_ONLY, STATIC, Signature, make_signature,
+                         signature_kind)
 from ..weights.files import save_weights
 from ..weights.kv_calibration import calibrate_cache
-from ..weights.kv_quant import CACHE_DTYPES, FLOAT32_ONLY, VALUE_SCALE, KVCacheSpec
+from ..weights.kv_quant import CACHE_DTYPES, VALUE_SCALE, KVCacheSpec
 from ..weights.quantize import QuantSpec
 from ..weights.source_quant import SOURCE, SourceQuantSpec, kept_quantization
 from ..weights.source import Source, load_source
 from .base import ExportTarget
 from .targets import TARGETS
 
-ATTENTION_FORMS = tuple(forms.FORMS)
+ATTENTION_FORMS = tuple(FORMS)
 
 
 @dataclass
@@ -71,7 +71,8 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
     int8_cache = _int8_cache_requested(chosen, kind, kv_cache_dtype, calibration,
                                        options.get("dtype", "float32"))
     source = load_source(config, weights, layer, seed, config_fields)
-    refuse_unbuilt(source.config.latent, int8_cache)
+    if int8_cache:
+        refuse_unbuilt(source.config, "int8-cache")
     if quantize is not None and quantize.quantizer == SOURCE:
         quantize = kept_blocks(source, quantize, options.get("dtype", "float32"))
         options["quant"] = quantize
@@ -113,7 +114,7 @@ def _int8_cache_requested(target: ExportTarget, kind: str, cache_dtype: str,
                          "written in place; the growing --kv-cache model would re-quantize "
                          "(or copy) its whole cache every step")
     if dtype != "float32":
-        raise UsageError(FLOAT32_ONLY.format(dtype=dtype))
+        raise UsageError(INT8_FLOAT32_ONLY.format(dtype=dtype))
     return True
 
 
@@ -123,7 +124,7 @@ def kept_blocks(source: Source, spec: SourceQuantSpec, dtype: str) -> SourceQuan
     if where.get("kind") != "gguf":
         raise UsageError("--quantize source keeps a GGUF file's own quantized blocks: it needs "
                          "--weights FILE.gguf")
-    if source.config.layout != "split" or source.config.latent is not None:
+    if source.config.layout != "split":
         raise UsageError("--quantize source keeps the checkpoint's own projections: export "
                          "them in its layout (split)")
     if dtype != "float32":

@@ -10,8 +10,8 @@ import onnx
 from onnx import helper
 
 from ..config import MHAConfig
-from ..graph import forms
-from ..graph.model import build_model
+from ..graph.model import build_model, check_buildable
+from ..kinds.registry import FORMS, default_form, get_form
 from ..layer.layouts import AttentionBase
 from ..signature import Signature
 from ..weights.kv_quant import KVCacheSpec
@@ -26,7 +26,8 @@ def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
             attention: Optional[str] = None, opset: Optional[int] = None,
             dtype: str = "float32", quant: Optional[QuantSpec] = None,
             kv_cache: Optional[KVCacheSpec] = None) -> Prepared:
-    form = forms.get_form(attention) if attention else forms.default_form(config, sig)
+    form = get_form(attention) if attention else default_form(config, sig)
+    check_buildable(config, form, sig, dtype, FORMS.values())  # naming every kind's forms
     model = build_model(config, module.to_weights(), form, opset, dtype, sig, quant, kv_cache)
     opset = model.opset_import[0].version  # the form's lowest when none was asked for
     export = {"file": MODEL_FILE, "opset": opset, "attention": form.name, "dtype": dtype}

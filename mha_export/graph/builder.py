@@ -9,16 +9,26 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
-from ..weights.quantize import QuantSpec
 from .nodes import CONTRIB  # noqa: F401  (re-exported: the forms import it from here)
 
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+class Quantizer(Protocol):
+    """Weight-only quantized projections as a lossy step hands them to the graph (weights/
+    quantize.py's round to nearest, weights/source_quant.py's GGUF blocks): each projection's
+    MatMulNBits form(s) (none: it stays a float MatMul), and the kernel's accuracy level."""
+
+    accuracy_level: int
+
+    def forms(self, name: str, weight: np.ndarray) -> list: ...
 
 
 @dataclass
@@ -36,7 +46,7 @@ class GraphBuilder:
     outer: "GraphBuilder | None" = None
     _shared: dict = field(default_factory=dict)
     # weight-only quantized projections (linear() writes MatMulNBits); None: float MatMuls
-    quant: QuantSpec | None = None
+    quant: Quantizer | None = None
 
     def name(self, base: str) -> str:
         base = self.prefix + base

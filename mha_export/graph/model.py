@@ -12,7 +12,7 @@ axes.
 from __future__ import annotations
 
 import functools
-from typing import Mapping
+from typing import Any, Iterable, Mapping
 
 import onnx
 from onnx import TensorProto, helper
@@ -20,17 +20,15 @@ from torch import Tensor
 
 from ..config import MHAConfig
 from ..errors import UsageError
-from .forms import FORMS, AttentionIO, Feature, GraphForm, resolve_opset
+from .forms import STANDARD_FORMS, AttentionIO, GraphForm, resolve_opset
 from .forms.base import Int8Cache
-from .builder import ONNX_DTYPES, GraphBuilder
-from .mla import build_latent
+from .builder import ONNX_DTYPES, GraphBuilder, Quantizer
 from .rotary import rotary_cos_sin, rotary_op, rotate_heads
 from ..layer.layouts import AttentionWeights
 from .nodes import all_nodes
 from .norm import heads_rms_norm, rms_norm
-from ..signature import FLOAT, INT8, Signature, TensorSpec, make_signature
-from ..weights.kv_quant import FLOAT32_ONLY, KVCacheSpec
-from ..weights.quantize import QuantSpec
+from ..signature import (FLOAT, INT8, INT8_FLOAT32_ONLY, Signature, TensorSpec,
+                         make_signature)
 
 DTYPES = tuple(ONNX_DTYPES)
 
@@ -40,25 +38,27 @@ def _value_info(t: TensorSpec, dtype: str) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(t.name, elem, list(t.shape))
 
 
-def check_buildable(config: MHAConfig, form: GraphForm, sig: Signature, dtype: str) -> None:
+def check_buildable(config: MHAConfig, form: GraphForm, sig: Signature, dtype: str,
+                    forms: Iterable[GraphForm] = STANDARD_FORMS) -> None:
     """A form that cannot build this config and signature, or an unknown dtype: a UsageError
-    naming the forms that can."""
+    naming the ``forms`` that can (kinds/registry.py passes every kind's)."""
     if problem := form.problem(config, sig):
-        able = [f.name for f in FORMS.values() if not f.problem(config, sig)]
+        able = [f.name for f in forms if not f.problem(config, sig)]
         raise UsageError(f"attention form {form.name!r} {problem}"
                          + (f" (forms that can: {', '.join(able)})" if able else ""))
     if dtype not in ONNX_DTYPES:
         raise UsageError(f"unknown dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
     if sig.cache_dtype == INT8 and dtype != "float32":
-        raise UsageError(FLOAT32_ONLY.format(dtype=dtype))
+        raise UsageError(INT8_FLOAT32_ONLY.format(dtype=dtype))
 
 
 def build_model(config: MHAConfig, w: AttentionWeights | Mapping[str, Tensor], form: GraphForm,
                 opset: int | None = None, dtype: str = "float32",
-                signature: Signature | None = None, quant: QuantSpec | None = None,
-                kv_cache: KVCacheSpec | None = None) -> onnx.ModelProto:
-    """The ONNX model; ``w``: layout-neutral weights, or a Multi-head Latent Attention layer's
-    state dict (mla.py and its forms build it); ``opset`` None: the form's lowest
+                signature: Signature | None = None, quant: Quantizer | None = None,
+                kv_cache: Any = None) -> onnx.ModelProto:
+    """The ONNX model of the layer around the form's core: the standard layer's (``w``:
+    layout-neutral weights) or the form's kind's (``form.layer``: e.g. Multi-head Latent
+    Attention's, ``w`` its state dict); ``opset`` None: the form's lowest
     (``resolve_opset``); ``quant``: the projections (q/k/v, output, gate) as weight-only
     quantized MatMulNBits; ``kv_cache``: the scales of an int8 static cache (a signature whose
     cache dtype is int8)."""
@@ -69,10 +69,8 @@ def build_model(config: MHAConfig, w: AttentionWeights | Mapping[str, Tensor], f
         raise UsageError("an int8 cache needs both the int8 signature and its scales")
     opset = resolve_opset(form, opset)
     g = GraphBuilder(dtype=dtype, quant=quant)
-    if Feature.LATENT in form.supports:  # Multi-head Latent Attention: its own layer (mla.py)
-        results = build_latent(g, c, w, form, sig)
-    else:
-        results = _attention_layer(g, c, w, form, sig, opset, kv_cache)
+    layer = form.layer or _attention_layer
+    results = layer(g, c, w, form, sig, opset, kv_cache)
     for name in sig.output_names:
         _name_output(g, results[name], name)
     return _model(g, sig, dtype, opset, f"mha_{form.name}")
@@ -94,7 +92,7 @@ def _model(g: GraphBuilder, sig: Signature, dtype: str, opset: int, name: str
 
 
 def _attention_layer(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, form: GraphForm,
-                     sig: Signature, opset: int, kv_cache: KVCacheSpec | None) -> dict[str, str]:
+                     sig: Signature, opset: int, kv_cache: Any) -> dict[str, str]:
     """The layer's nodes: projections, the form's core, gate, output projection; returns the
     graph values of y (and present_key / present_value)."""
     project = functools.partial(_queries_keys_values, c=c, w=w, opset=opset)
@@ -115,7 +113,7 @@ def _attention_layer(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, form: G
     return {"y": y, "present_key": out.present_key, "present_value": out.present_value}
 
 
-def _int8_cache(g: GraphBuilder, c: MHAConfig, spec: KVCacheSpec | None) -> Int8Cache | None:
+def _int8_cache(g: GraphBuilder, c: MHAConfig, spec: Any) -> Int8Cache | None:
     """An int8 cache's scales as initializers (one set, read by every branch and block); keys
     and values of different granularities both per channel (GroupQueryAttention needs one)."""
     if spec is None:

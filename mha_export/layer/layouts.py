@@ -2,8 +2,8 @@
 to per-head q, k, v (B, heads, T, H), rotates them (rotary layers), runs the one eager attention
 core (attention.py) and merges the heads back. Layouts differ only in how their weights are stored
 (textbook single / stacked / split, GPT-2 fused); ``AttentionWeights`` is the layout-neutral form
-used for conversions and by the ONNX graph builder. A fifth, "latent", is Multi-head Latent
-Attention (mla.py): another function, built here from the same registry."""
+used for conversions (kinds/registry.py's ``convert``) and by the ONNX graph builder. They are the
+standard attention kind's layouts (kinds/standard.py)."""
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
@@ -14,7 +14,6 @@ from torch import Tensor, nn
 from ..config import MHAConfig
 from ..errors import UsageError
 from .base import AttentionBase, AttentionWeights, copy_linear
-from .mla import MLAttention
 
 
 def _bias(linear: nn.Linear) -> Optional[Tensor]:
@@ -179,30 +178,4 @@ LAYOUT_CLASSES = {
     "stacked": StackedHeadsAttention,
     "split": SplitHeadsAttention,
     "fused": FusedQKVAttention,
-    "latent": MLAttention,  # Multi-head Latent Attention: its checkpoints' one layout
 }
-
-
-def build_module(config: MHAConfig, seed: Optional[int] = None) -> AttentionBase:
-    """A module of config.layout in eval mode; with a seed, deterministic random weights (norm
-    weights and sinks too: their initial values — ones, zeros — would hide bugs)."""
-    if seed is None:
-        return LAYOUT_CLASSES[config.layout](config).eval()
-    torch.manual_seed(seed)
-    module = LAYOUT_CLASSES[config.layout](config).eval()
-    with torch.no_grad():
-        for name, t in module.named_parameters():
-            if name.endswith("norm.weight") or name == "sinks":
-                t.normal_(mean=float(t.mean()), std=0.5)
-    return module
-
-
-def convert(module: AttentionBase, layout: str) -> AttentionBase:
-    """The same function in another weight layout (where shapes allow)."""
-    if "latent" in (layout, module.config.layout):
-        raise UsageError("Multi-head Latent Attention has one weight layout ('latent'): it "
-                         f"cannot be converted to {layout!r}" if layout != "latent" else
-                         f"layout {module.config.layout!r} cannot become 'latent'")
-    target = build_module(module.config.replace(layout=layout))
-    target.load_weights(module.to_weights())
-    return target.train(module.training)

@@ -6,23 +6,12 @@ is judged against what the file holds, and the quantization cost is measured apa
 unquantized source module."""
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 
-from ..layer.base import AttentionBase, AttentionWeights
-from ..layer.layouts import build_module
-from .quantize import QuantSpec, quantize, quantized_projections
-
-PROJECTION_FIELDS = ("wq", "wk", "wv", "wo", "wg")  # AttentionWeights' quantized matrices
-
-
-def dequantized_weights(w: AttentionWeights, spec: QuantSpec,
-                        dtype: str = "float32") -> AttentionWeights:
-    """``dtype``: the model's, in which the file stores the scales."""
-    return dataclasses.replace(w, **{f: None if getattr(w, f) is None else _dequantized(
-        getattr(w, f), spec, dtype) for f in PROJECTION_FIELDS})
+from ..kinds.registry import kind_of
+from ..layer.base import AttentionBase
+from .quantize import QuantSpec, quantize
 
 
 def reference_module(module: AttentionBase, spec, dtype: str = "float32") -> AttentionBase:
@@ -33,16 +22,10 @@ def reference_module(module: AttentionBase, spec, dtype: str = "float32") -> Att
 
 def dequantized_module(module: AttentionBase, spec: QuantSpec,
                        dtype: str = "float32") -> AttentionBase:
-    """A new module of the same config whose projections hold the dequantized weights."""
-    out = build_module(module.config)
-    if module.config.latent is not None:  # MLA: its nn.Linear projections, by checkpoint name
-        state = module.state_dict()
-        for name in quantized_projections(module.config):
-            state[f"{name}.weight"] = _dequantized(state[f"{name}.weight"], spec, dtype)
-        out.load_state_dict(state)
-        return out.train(module.training)
-    out.load_weights(dequantized_weights(module.to_weights(), spec, dtype))
-    return out.train(module.training)
+    """A new module of the same config whose projections hold the dequantized weights
+    (``dtype``: the model's, in which the file stores the scales)."""
+    return kind_of(module.config).map_projections(
+        module, lambda name, w: _dequantized(w, spec, dtype))
 
 
 def _dequantized(t: torch.Tensor, spec: QuantSpec, dtype: str) -> torch.Tensor:

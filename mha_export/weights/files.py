@@ -18,16 +18,9 @@ from torch import Tensor
 
 from ..config import MHAConfig
 from ..errors import UsageError
-from ..layer.layouts import AttentionBase, build_module, convert
+from ..kinds.registry import ANCHORS, build_module, convert
+from ..layer.layouts import AttentionBase
 
-# Key (after the prefix) that identifies each layout.
-LAYOUT_ANCHORS = {
-    "latent": "kv_a_proj_with_mqa.weight",
-    "fused": "c_attn.weight",
-    "split": "out_proj.weight",
-    "stacked": "heads.0.W_query.weight",
-    "single": "W_query.weight",
-}
 # Buffers that checkpoints carry and the module rebuilds from the runtime shape.
 IGNORED_BUFFER = re.compile(r"(^|\.)(mask|masked_bias)$|^bias$")
 _GPT2_BLOCK = re.compile(r"(^|\.)h\.(\d+)\.attn\.$")
@@ -73,7 +66,7 @@ def _first_line(e: BaseException) -> str:
 
 def detect_layout(keys: list[str]) -> tuple[str, list[str]]:
     """(layout, prefixes) of the first layout whose anchor key is found."""
-    for layout, anchor in LAYOUT_ANCHORS.items():
+    for layout, anchor in ANCHORS.items():  # each kind's layouts' keys
         prefixes = sorted({k[: -len(anchor)] for k in keys if k.endswith(anchor)
                            and (k == anchor or k[: -len(anchor)].endswith("."))})
         if layout == "single":  # heads.{i}.W_query.weight also ends with W_query.weight
@@ -81,7 +74,7 @@ def detect_layout(keys: list[str]) -> tuple[str, list[str]]:
         if prefixes:
             return layout, prefixes
     raise UsageError("no attention weights found: expected keys like "
-                     + ", ".join(LAYOUT_ANCHORS.values()))
+                     + ", ".join(ANCHORS.values()))
 
 
 def select_prefix(prefixes: list[str], layer: Optional[int]) -> str:

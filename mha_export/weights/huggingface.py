@@ -20,6 +20,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
+from ..config import SECTIONS
 from ..errors import UsageError
 from .families import FAMILIES, Family, Settings, supported_types
 
@@ -187,12 +188,11 @@ def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict
 
 def merge_fields(from_checkpoint: dict, given: dict[str, Any]) -> dict:
     """The checkpoint's fields; a given field that contradicts one is an error. max_seq_len (the
-    checked context length) and layout (a conversion target) may be chosen freely. The MLA
-    options (MHAConfig's latent section) are compared one by one."""
+    checked context length) and layout (a conversion target) may be chosen freely. The options
+    of an attention kind's section (config.SECTIONS: MLA's) are compared one by one."""
     free = {"max_seq_len", "layout", "dropout"}
-    checkpoint = {**from_checkpoint, **(from_checkpoint.get("latent") or {})}
-    flat = {**{k: v for k, v in given.items() if k != "latent"}, **(given.get("latent") or {})}
-    for name, value in flat.items():
+    checkpoint = _flat(from_checkpoint)
+    for name, value in _flat(given).items():
         if name in free:
             continue
         flag = "--" + name.replace("_", "-")
@@ -202,4 +202,12 @@ def merge_fields(from_checkpoint: dict, given: dict[str, Any]) -> dict:
         if checkpoint[name] != value:
             raise UsageError(f"{flag} {value} contradicts the checkpoint's config.json "
                              f"({name} = {checkpoint[name]})")
-    return {**from_checkpoint, **{k: v for k, v in given.items() if k != "latent"}}
+    return {**from_checkpoint, **{k: v for k, v in given.items() if k not in SECTIONS}}
+
+
+def _flat(fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields with each section's own spread among them."""
+    spread = {k: v for k, v in fields.items() if k not in SECTIONS}
+    for section in SECTIONS:
+        spread.update(fields.get(section) or {})
+    return spread

@@ -25,8 +25,6 @@ GRANULARITIES = {"tensor": "PER_TENSOR", "channel": "PER_CHANNEL"}  # -> the nod
 LOWEST, HIGHEST = -128, 127
 CACHE_DTYPES = ("float", "int8")  # --kv-cache-dtype: "float" is the model's dtype
 INT8_CACHE_TAG = "kv8"  # in default folder names and bench variants: ...-static-int4-kv8-onnx
-FLOAT32_ONLY = ("an int8 cache is built for float32 models (queries and accumulation in "
-                "fp32, as GroupQueryAttention's), not {dtype}")
 KEY_GRANULARITY = "channel"  # keys: always per channel (rotary pairs, q/k norm: uneven ranges)
 # the default for values: per tensor clipped less and cost less than per channel on the layers
 # measured (benchmarks/kv_error.py, docs/kv-cache.md)

@@ -151,14 +151,9 @@ class QuantizedWeight:
 
 
 def quantized_projections(config) -> list[str]:
-    """The projections --quantize turns into MatMulNBits (norms, biases and sinks stay float;
-    an MLA layer's: its checkpoint-named projections, kv_b_proj's per-head W_UK / W_UV and the
-    expansion staying float)."""
-    if config.latent is not None:
-        return [name for name in config.mla.weight_shapes() if name != "kv_b_proj"]
-    return ["q_proj", "k_proj", "v_proj"] + (
-        ["out_proj"] if config.layout in ("split", "fused") else []) + (
-        ["gate_proj"] if config.output_gate else [])
+    """The projections --quantize turns into MatMulNBits: its attention kind's (kinds/)."""
+    from ..kinds.registry import kind_of  # torch: not at import (the ORT bench worker reads specs)
+    return kind_of(config).quantizable(config)
 
 
 def quantize(weight: np.ndarray, spec: QuantSpec) -> QuantizedWeight:

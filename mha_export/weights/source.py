@@ -14,7 +14,8 @@ from typing import Any, Callable, Optional
 
 from ..config import MHAConfig
 from ..errors import UsageError
-from ..layer.layouts import AttentionBase, build_module, convert
+from ..kinds.registry import build_module, convert
+from ..layer.layouts import AttentionBase
 from .files import load_strict, module_from_block, read_block
 from .gguf import is_gguf, read_gguf_layer
 from .huggingface import hf_config_path, merge_fields, read_layer

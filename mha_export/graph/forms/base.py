@@ -30,13 +30,12 @@ class Feature(enum.Enum):
     SINKS = "sinks"
     STATIC_CACHE = "static-cache"
     INT8_CACHE = "int8-cache"
-    LATENT = "latent"  # Multi-head Latent Attention (forms/latent.py builds it, nothing else)
 
     def __str__(self) -> str:
         return self.value
 
 
-ALL_FEATURES = frozenset(Feature) - {Feature.LATENT}  # every feature of a plain layer
+ALL_FEATURES = frozenset(Feature)  # every feature of a standard layer
 # What a core built on the standard Attention node supports: it has no sink logits. Its
 # softcap attribute is applied before the mask by ONNX Runtime 1.31 (transformers' order; proven
 # in tests/test_layer_options.py), so softcapping is built with it.
@@ -52,8 +51,7 @@ def required_features(config: MHAConfig, sig: Signature) -> frozenset[Feature]:
               Feature.NON_CAUSAL: not config.causal, Feature.GQA: config.kv_heads != config.heads,
               Feature.SLIDING_WINDOW: bool(config.sliding_window),
               Feature.SOFTCAP: bool(config.softcap), Feature.SINKS: config.sinks,
-              Feature.INT8_CACHE: sig.cache_dtype == INT8,
-              Feature.LATENT: config.latent is not None}
+              Feature.INT8_CACHE: sig.cache_dtype == INT8}
     return frozenset(f for f, on in wanted.items() if on)
 
 
@@ -122,6 +120,9 @@ class AttentionOut:
 
 
 Core = Callable[[GraphBuilder, AttentionIO, MHAConfig], AttentionOut]
+# (builder, config, weights, form, signature, opset, int8 cache scales) -> the graph values of
+# the signature's outputs: the layer around a form's core (graph/model.py: the standard one)
+LayerBuilder = Callable[..., dict]
 
 
 @dataclass(frozen=True)
@@ -141,9 +142,13 @@ class GraphForm:
     # the core builds q/k/v itself inside each If branch (io.project): an If that captured the
     # whole call's q, k and v kept them live until it returned (+3 x 48 MiB at T = 16384, 12 x 768)
     projects_per_branch: bool = False
+    kind: str = "standard"  # the attention kind whose layers it builds (MHAConfig.kind)
+    layer: Optional[LayerBuilder] = None  # its kind's layer around the core (None: standard)
 
     def problem(self, config: MHAConfig, sig: Signature) -> Optional[str]:
         """Why this form cannot build config with this signature, or None."""
+        if config.kind != self.kind:
+            return f"builds {self.kind} layers only (this layer is {config.kind})"
         missing = sorted(str(f) for f in required_features(config, sig) - self.supports)
         if missing:
             return f"does not support {', '.join(missing)}"

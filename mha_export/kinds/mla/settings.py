@@ -1,7 +1,8 @@
 """Multi-head Latent Attention's settings (DeepSeek-V2/V3), torch-free: ``Latent``, the
-section MHAConfig nests (``MHAConfig.latent``, set: the layer is MLA, layout "latent"), and
-``MLAConfig``, the flat view of an MLA layer that the eager layer (layer/mla.py) and the graph
-(graph/mla.py) read (``MHAConfig.mla``).
+section MHAConfig nests (``MHAConfig.latent``, set: the layer is MLA, layout "latent") and what
+the torch-free stages ask of it (derived fields, cache widths, the softmax scale, the slug, the
+CLI options), and ``MLAConfig``, the flat view of an MLA layer that the eager layer (layer.py)
+and the graph (graph.py, forms.py) read (``MLAConfig.of(config)``).
 
     per token the cache holds the normalised latent (R = kv_lora_rank) and one shared rotated
     key (Hr = qk_rope_head_dim); each head's query is [q_nope (Hn) | q_rot (Hr)], its key
@@ -18,9 +19,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
-from . import rope_types
-from .errors import UsageError, require_positive as _positive
+from ... import rope_types
+from ...errors import UsageError, require_positive as _positive
 
+NAME = "Multi-head Latent Attention"
+LAYOUT = "latent"  # the one weight layout of its checkpoints (and the kind's name)
 ROPE_LAYOUTS = ("deinterleaving", "interleaved", "half")
 LATENT_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
@@ -47,6 +50,83 @@ class Latent:
                 isinstance(self.norm_eps, (int, float)) and math.isfinite(self.norm_eps)
                 and self.norm_eps > 0):
             raise UsageError(f"norm_eps must be a positive number, got {self.norm_eps!r}")
+
+    def resolve(self, c: Any) -> Dict[str, Any]:
+        """The MHAConfig fields this section decides, derived from it (a given one must agree);
+        the options that do not apply to MLA refused. ``c``: the MHAConfig being built."""
+        refused = {"a sliding window": c.sliding_window, "qk_norm": c.qk_norm != "none",
+                   "softcap": c.softcap, "sinks": c.sinks, "output_gate": c.output_gate,
+                   "softmax_scale (MLA's is (Hn + Hr)^-0.5 and yarn's mscale)": c.softmax_scale,
+                   "a non-causal layer": not c.causal, "dropout": c.dropout,
+                   "norm_offset": c.norm_offset, "layout " + repr(c.layout):
+                   c.layout not in (None, LAYOUT)}
+        for name, on in refused.items():
+            if on:
+                raise UsageError(f"{name} does not apply to {NAME}")
+        derived = {"d_in": c.dim, "kv_heads": 1, "layout": LAYOUT,
+                   "head_dim": self.qk_nope_head_dim + self.qk_rope_head_dim,
+                   "rotary": "deinterleaving" if c.rotary == "none" else c.rotary,
+                   "rotary_dim": self.qk_rope_head_dim}
+        for name, value in derived.items():
+            given = getattr(c, name)
+            if given is not None and given != value and name != "rotary":
+                raise UsageError(f"{name} of a {NAME} layer is {value} (from its latent "
+                                 f"section), got {given}")
+        if derived["rotary"] not in ROPE_LAYOUTS:
+            raise UsageError(f"unknown rotary {derived['rotary']!r} for {NAME}: choose one of "
+                             f"{', '.join(ROPE_LAYOUTS)}")
+        return {**derived, "out_bias": False if c.out_bias is None else c.out_bias}
+
+    rotary_choices = ROPE_LAYOUTS
+
+    def check_rope(self, scaling: Optional[dict]) -> None:
+        if (scaling or {}).get("rope_type") == "longrope":
+            raise UsageError(f"longrope does not apply to {NAME}")
+
+    def cache_shape(self) -> Tuple[int, int, int]:
+        """(heads, key width, value width) of the cache: one head of the latent and the shared
+        rotated key."""
+        return 1, self.kv_lora_rank, self.qk_rope_head_dim
+
+    def attended_kv_width(self, c: Any) -> int:
+        """Numbers per key position once attention expands it: every head's key and value."""
+        return c.heads * (c.head_dim + self.v_head_dim)
+
+    def scale(self, c: Any) -> float:
+        return MLAConfig.of(c).scale
+
+    def slug(self, c: Any) -> str:
+        q = self.q_lora_rank
+        return (f"{c.layout}-h{c.heads}-d{c.dim}-r{self.kv_lora_rank}-rope{c.rotary_dim}"
+                + (f"-q{q}" if q else ""))
+
+    cache_docs = {"past_key": "the normalised latents (kv_lora_rank wide)",
+                  "past_value": "the rotated keys every head shares (qk_rope_head_dim wide)",
+                  "present_key": "the latents after this call", "present_value":
+                  "the rotated keys after this call"}
+
+    @classmethod
+    def cli_options(cls) -> Dict[str, str]:
+        """The CLI's options of this section (cli/options.py makes them): field -> help; the
+        first turns the section on, the others need it."""
+        return {"kv_lora_rank": f"{NAME} (DeepSeek-V2/V3): the cached latent's width; the "
+                                "other MLA options need it (docs/mla.md) [default: not MLA].",
+                "q_lora_rank": "MLA: queries through a low-rank bottleneck [default: none, "
+                               "q_proj].",
+                "qk_nope_head_dim": "MLA: each head's unrotated query/key width [default: "
+                                    f"{cls.qk_nope_head_dim}].",
+                "qk_rope_head_dim": "MLA: the shared rotated key's width [default: "
+                                    f"{cls.qk_rope_head_dim}].",
+                "v_head_dim": f"MLA: each head's value width [default: {cls.v_head_dim}]."}
+
+    @classmethod
+    def from_options(cls, kw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """The section's options popped from the CLI's keywords (None: none given)."""
+        given = {k: kw.pop(k) for k in cls.cli_options() if kw.get(k) is not None}
+        if given and "kv_lora_rank" not in given:
+            raise UsageError(f"--{next(iter(given)).replace('_', '-')} needs --kv-lora-rank "
+                             f"({NAME})")
+        return given or None
 
     @classmethod
     def from_value(cls, value: Any) -> "Latent":
@@ -79,6 +159,16 @@ class MLAConfig:
     rope_theta: float = 10000.0
     rope_scaling: Optional[dict] = None  # yarn with mscale / mscale_all_dim, or None
     norm_eps: float = 1e-6
+
+    @classmethod
+    def of(cls, c: Any) -> "MLAConfig":
+        """The flat view of an MHAConfig with a latent section."""
+        if c.latent is None:
+            raise UsageError(f"not a {NAME} layer (no latent section)")
+        s = c.latent
+        return cls(c.dim, c.heads, s.kv_lora_rank, s.qk_nope_head_dim, s.qk_rope_head_dim,
+                   s.v_head_dim, s.q_lora_rank, c.qkv_bias, c.out_bias, c.rotary, c.rope_theta,
+                   c.rope_scaling, s.norm_eps)
 
     def __post_init__(self) -> None:
         Latent(self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim,
@@ -133,16 +223,6 @@ class MLAConfig:
         expanded = 2 * keys * kv_b + 2 * pairs * self.heads * (
             self.qk_head_dim + self.v_head_dim)
         return projections + min(absorbed, expanded)
-
-
-def refuse_unbuilt(config_latent: Optional["Latent"], int8_cache: bool) -> None:
-    """What is not built for Multi-head Latent Attention yet: a one-line refusal (export and
-    bench)."""
-    if config_latent is None:
-        return
-    if int8_cache:
-        raise UsageError("--kv-cache-dtype int8 is not built for Multi-head Latent Attention "
-                         "yet (its latent cache is float)")
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:

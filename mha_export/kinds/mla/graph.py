@@ -1,5 +1,5 @@
-"""Multi-head Latent Attention as an ONNX graph (layer/mla.py's function), for every signature
-kind; the attention core is a graph form's (forms/latent.py: absorbed, expanded, or an If on T).
+"""Multi-head Latent Attention as an ONNX graph (layer.py's function), for every signature
+kind; the attention core is a graph form's (forms.py: absorbed, expanded, or an If on T).
 
     x -> q (q_proj, or q_a_proj -> RMSNorm -> q_b_proj) -> [q_nope | q_rot], q_rot rotated
     x -> kv_a_proj_with_mqa -> [latent -> RMSNorm | k_rot rotated]       (this call's entries)
@@ -15,24 +15,44 @@ Hv = v_head_dim.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 from torch import Tensor
 
-from ..config import MHAConfig
-from ..signature import Signature
-from .builder import (GraphBuilder, additive, dim, merge_heads, row_masked_positions,
-                      score_mask)
-from .forms.base import GraphForm, valid_prefixes, write_index
-from .forms.latent import LatentIO
-from .norm import rms_norm
-from .rotary import cos_sin_at, rotate_heads
+from ...config import MHAConfig
+from ...graph.builder import (GraphBuilder, additive, dim, merge_heads, row_masked_positions,
+                              score_mask)
+from ...graph.forms.base import GraphForm, valid_prefixes, write_index
+from ...graph.norm import rms_norm
+from ...graph.rotary import cos_sin_at, rotate_heads
+from ...signature import Signature
+from .settings import MLAConfig
+
+# (builder, first query's index in the call (), queries ()) -> additive bias (B|1, 1, t, S)
+MaskBuilder = Callable[[GraphBuilder, str, str], str]
+
+
+@dataclass(frozen=True)
+class LatentIO:
+    """What an MLA core reads: rotated queries, every key position the call reads, the mask."""
+
+    q_nope: str  # (B, N, T, Hn)
+    q_rot: str  # (B, N, T, Hr), rotated
+    latents: str  # (B, 1, S, R), normalised
+    k_rot: str  # (B, 1, S, Hr), rotated, shared by every head
+    mask: MaskBuilder  # the bias of queries [start, start + t): built per block, never (T, S)
+    weights: Mapping[str, Tensor]  # the layer's state dict (checkpoint names)
+
+    def bias(self, g: GraphBuilder) -> str:
+        """The whole call's additive bias (B|1, 1, T, S)."""
+        return self.mask(g, g.ints("zero", 0), dim(g, self.q_nope, 2, "query_count"))
 
 
 def build_latent(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], form: GraphForm,
-                 sig: Signature) -> dict[str, str]:
+                 sig: Signature, opset: int = 17, int8_cache: None = None) -> dict[str, str]:
     """The layer's nodes; returns the graph values of y (and present_key / present_value)."""
-    m = c.mla
+    m = MLAConfig.of(c)
     cos, sin = cos_sin_at(g, "position_ids", m.qk_rope_head_dim, m.rope_theta, m.rope_scaling)
     q_nope, q_rot = _queries(g, c, w, cos, sin)  # (B, N, T, Hn), (B, N, T, Hr)
     latent, k_rot = _cache_entries(g, c, w, cos, sin)  # (B, 1, T, R), (B, 1, T, Hr)
@@ -79,7 +99,7 @@ def _static_cache(g: GraphBuilder, latent: str, k_rot: str, seq_len: str
 def _queries(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], cos: str, sin: str
              ) -> tuple[str, str]:
     """q_nope (B, N, T, Hn) and the rotated q_rot (B, N, T, Hr)."""
-    m = c.mla
+    m = MLAConfig.of(c)
     if m.q_lora_rank is None:
         q = g.linear("x", "q_proj", w["q_proj.weight"], None)
     else:
@@ -102,7 +122,7 @@ def _queries(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], cos: str, s
 def _cache_entries(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], cos: str, sin: str
                    ) -> tuple[str, str]:
     """The normalised latent (B, 1, T, R) and the rotated shared key (B, 1, T, Hr)."""
-    m = c.mla
+    m = MLAConfig.of(c)
     kv = g.linear("x", "kv_a_proj_with_mqa", w["kv_a_proj_with_mqa.weight"],
                   w.get("kv_a_proj_with_mqa.bias"))  # (B, T, R+Hr)
     latent, k_rot = g.op("Split", [kv, g.ints("kv_split", [m.kv_lora_rank, m.qk_rope_head_dim])],
@@ -117,6 +137,7 @@ def _cache_entries(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], cos: 
 def _rotate(g: GraphBuilder, c: MHAConfig, x: str, heads: int, cos: str, sin: str,
             name: str) -> str:
     """(B, T, heads*Hr) rotated in the layer's rope layout."""
-    hr, layout = c.mla.qk_rope_head_dim, c.mla.rope_layout
+    m = MLAConfig.of(c)
+    hr, layout = m.qk_rope_head_dim, m.rope_layout
     return rotate_heads(g, x, heads, hr, hr, layout != "half", cos, sin, name,
                         halves_out=layout == "deinterleaving")

@@ -1,4 +1,4 @@
-"""The graph forms of Multi-head Latent Attention (graph/mla.py builds the rest of the layer:
+"""The graph forms of Multi-head Latent Attention (graph.py builds the rest of the layer:
 projections, rotary, the latent cache, the mask), each a core from queries to context:
 
     ``latent-absorbed``  W_UK moves q_nope into latent space, W_UV brings the context out:
@@ -21,41 +21,22 @@ Hn = qk_nope_head_dim, Hr = qk_rope_head_dim, Hv = v_head_dim.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Mapping
 
 from onnx import helper
 from torch import Tensor
 
 from ...config import MHAConfig
-from ..builder import GraphBuilder, as_1d, ceil_div, dim
-from .base import LINEAR, QUADRATIC, Feature, GraphForm, Memory
-from .blocked import BLOCK, BLOCK_EDGES, pad_axis, run_loop
+from ...graph.builder import GraphBuilder, as_1d, ceil_div, dim
+from ...graph.forms.base import LINEAR, QUADRATIC, Feature, GraphForm, Memory
+from ...graph.forms.blocked import BLOCK, BLOCK_EDGES, pad_axis, run_loop
+from .graph import LatentIO, build_latent
+from .settings import LAYOUT, MLAConfig
 
 LATENT_THRESHOLD = 192
-# (builder, first query's index in the call (), queries ()) -> additive bias (B|1, 1, t, S)
-MaskBuilder = Callable[[GraphBuilder, str, str], str]
-
-
-@dataclass(frozen=True)
-class LatentIO:
-    """What an MLA core reads: rotated queries, every key position the call reads, the mask."""
-
-    q_nope: str  # (B, N, T, Hn)
-    q_rot: str  # (B, N, T, Hr), rotated
-    latents: str  # (B, 1, S, R), normalised
-    k_rot: str  # (B, 1, S, Hr), rotated, shared by every head
-    mask: MaskBuilder  # the bias of queries [start, start + t): built per block, never (T, S)
-    weights: Mapping[str, Tensor]  # the layer's state dict (checkpoint names)
-
-    def bias(self, g: GraphBuilder) -> str:
-        """The whole call's additive bias (B|1, 1, T, S)."""
-        return self.mask(g, g.ints("zero", 0), dim(g, self.q_nope, 2, "query_count"))
-
-
 def _head_weights(c: MHAConfig, w: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
     """kv_b_proj per head: W_UK (N, Hn, R), W_UV (N, Hv, R)."""
-    m = c.mla
+    m = MLAConfig.of(c)
     per_head = w["kv_b_proj.weight"].reshape(m.heads, m.qk_nope_head_dim + m.v_head_dim,
                                              m.kv_lora_rank)  # (N, Hn+Hv, R)
     return per_head[:, :m.qk_nope_head_dim], per_head[:, m.qk_nope_head_dim:]
@@ -75,7 +56,7 @@ def absorbed_core(g: GraphBuilder, io: LatentIO, c: MHAConfig) -> str:
     past 4096 (AMD EPYC, benchmarks/mla_step.py): one Attention node 16.0 ms, a concatenated
     key 6.8, this 4.8 (the scores as keys @ queries^T: the GEMM packs the few query columns,
     not the cache: 1.34 -> 0.69 ms)."""
-    m = c.mla
+    m = MLAConfig.of(c)
     w_uk, w_uv = _head_weights(c, io.weights)
     q_latent = g.op("MatMul", [io.q_nope, g.const("kv_b_proj.key_heads.weight", w_uk)],
                     name="q_latent")  # (B, N, T, R)
@@ -110,7 +91,7 @@ def expanded_core(g: GraphBuilder, io: LatentIO, c: MHAConfig, block: int = BLOC
     of <= ``block`` queries (bs = ceil(T / ceil(T / block)), the last padded), each block's
     scores q_nope . k_nope + q_rot . k_rot (the shared rotated key broadcast over the heads,
     never copied) over every key, masked by its own rows' bias."""
-    m = c.mla
+    m = MLAConfig.of(c)
     width = m.qk_nope_head_dim + m.v_head_dim
     kv = g.op("MatMul", [io.latents, g.const("kv_b_proj.t.weight",
                                              io.weights["kv_b_proj.weight"].t())],
@@ -165,28 +146,25 @@ def auto_core(g: GraphBuilder, io: LatentIO, c: MHAConfig,
                 name="latent_attention")  # (B, N, T, Hv)
 
 
-def _latent_only(c: MHAConfig) -> Optional[str]:
-    return None if c.latent is not None else "builds Multi-head Latent Attention layers only"
-
-
-# What an MLA form supports: its caches, padding, and the one shared key head (GQA's feature)
-LATENT_FEATURES = frozenset({Feature.LATENT, Feature.KV_CACHE, Feature.STATIC_CACHE,
-                             Feature.ATTENTION_MASK, Feature.GQA})
+# What an MLA form supports: its caches, padding, and the one shared key head (GQA's feature);
+# each builds MLA layers (kind) inside graph.py's layer
+LATENT_FEATURES = frozenset({Feature.KV_CACHE, Feature.STATIC_CACHE, Feature.ATTENTION_MASK,
+                             Feature.GQA})
+OF_MLA = dict(kind=LAYOUT, layer=build_latent, supports=LATENT_FEATURES)
 LATENT_AUTO = GraphForm(
     name="latent", core=auto_core, min_opset=17, memory=Memory(linear_from=LATENT_THRESHOLD),
     summary=f"Multi-head Latent Attention (the default for it): an If on the runtime T, the "
             f"absorbed core for T < {LATENT_THRESHOLD} (every decode step: the latent cache "
             f"read as stored), the expanded loop from {LATENT_THRESHOLD}",
-    switch_seq_lens=(LATENT_THRESHOLD - 1, LATENT_THRESHOLD) + BLOCK_EDGES,
-    supports=LATENT_FEATURES,
-    refuse=_latent_only)
+    switch_seq_lens=(LATENT_THRESHOLD - 1, LATENT_THRESHOLD) + BLOCK_EDGES, **OF_MLA)
 LATENT_ABSORBED = GraphForm(
     name="latent-absorbed", core=absorbed_core, min_opset=17, memory=QUADRATIC,
     summary="Multi-head Latent Attention, every call absorbed: multi-query attention over the "
             "latent cache as stored (MatMul, Softmax, MatMul)",
-    supports=LATENT_FEATURES, refuse=_latent_only)
+    **OF_MLA)
 LATENT_EXPANDED = GraphForm(
     name="latent-expanded", core=expanded_core, min_opset=17, memory=LINEAR,
     summary="Multi-head Latent Attention, every call expanded as transformers computes it "
             f"(kv_b_proj over every latent read), then a Loop over blocks of <= {BLOCK} queries",
-    switch_seq_lens=BLOCK_EDGES, supports=LATENT_FEATURES, refuse=_latent_only)
+    switch_seq_lens=BLOCK_EDGES, **OF_MLA)
+FORMS = (LATENT_AUTO, LATENT_ABSORBED, LATENT_EXPANDED)

@@ -16,12 +16,12 @@ two forms:
 
 The softmax scale is (Hn + Hr)^-0.5, times yarn's mscale(factor, mscale_all_dim)^2 where the
 rope parameters set mscale_all_dim (transformers' ``yarn_apply_mscale``); the rotary layouts
-(``latent.ROPE_LAYOUTS``) decide what the cache holds.
+(``settings.ROPE_LAYOUTS``) decide what the cache holds.
 
 The module answers the calls every layout's does (forward, attend, forward_step,
 forward_static: layer/entry.py's entry points script it for TorchScript): full sequences in the
 expanded form (transformers' computation, fewer FLOPs for long calls), cached steps in the
-absorbed one. Its settings: MHAConfig's latent section (``MHAConfig.mla``, latent.py).
+absorbed one. Its settings: MHAConfig's latent section (``MLAConfig.of``, settings.py).
 
 Shape legend: B = batch, T = this call, S = cached + this call, N = heads, R = kv_lora_rank,
 Hn = qk_nope_head_dim, Hr = qk_rope_head_dim, Hv = v_head_dim.
@@ -33,11 +33,12 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..config import MHAConfig
-from .attention import attention, lowest_value, merge_heads, score_mask
-from .base import valid_end
-from .norm import RMSNorm
-from .rotary import cos_sin, rope_tables, rotate
+from ...config import MHAConfig
+from ...layer.attention import attention, lowest_value, merge_heads, score_mask
+from ...layer.base import valid_end
+from ...layer.norm import RMSNorm
+from ...layer.rotary import cos_sin, rope_tables, rotate
+from .settings import MLAConfig
 
 
 class MLAttention(nn.Module):
@@ -49,7 +50,7 @@ class MLAttention(nn.Module):
     def __init__(self, config: MHAConfig):
         super().__init__()
         self.config = config
-        c = self.mla = config.mla
+        c = self.mla = MLAConfig.of(config)
         q_width = c.heads * c.qk_head_dim
         self.q_lora = c.q_lora_rank is not None
         identity = nn.Identity
@@ -154,8 +155,12 @@ class MLAttention(nn.Module):
         return torch.cat([evens * cos - odds * sin, odds * cos + evens * sin], dim=-1)
 
     def to_weights(self) -> Dict[str, Tensor]:
-        """The weights the ONNX graph reads (graph/mla.py): the state dict, checkpoint names."""
+        """The weights the ONNX graph reads (graph.py): the state dict, checkpoint names."""
         return {k: v.detach() for k, v in self.state_dict().items()}
+
+    def load_weights(self, w: Dict[str, Tensor]) -> None:
+        """The weights ``to_weights`` gives (its one layout: a copy)."""
+        self.load_state_dict(w)
 
     def kv_b_heads(self) -> Tuple[Tensor, Tensor]:
         """kv_b_proj's weight per head: W_UK (N, Hn, R) and W_UV (N, Hv, R)."""
