@@ -29,8 +29,8 @@ import torch
 from mha_export import MHAConfig, export_onnx
 from mha_export.env import machine_info
 from mha_export.kinds.registry import build_module
-from mha_export.weights.kv_calibration import SYNTHETIC, calibrate_cache
-from mha_export.weights.kv_quant import GRANULARITIES, KVCacheSpec
+from mha_export.lossy.int8_cache.calibration import SYNTHETIC, calibrate_cache
+from mha_export.lossy.int8_cache.codes import GRANULARITIES, KVCacheSpec
 from quant_error import LAYERS
 
 SWEEP = dict(seq_lens=(1, 7, 64), batch_sizes=(1, 3), past_lens=(0, 5, 63))

@@ -15,7 +15,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from mha_export.env import cpu_name
-from mha_export.weights.quantize import QuantSpec, quantize
+from mha_export.lossy.projections.rtn import QuantSpec, quantize
 
 
 def session(k: int, n: int, w: np.ndarray, spec: QuantSpec | None, threads: int):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from mha_export import MHAConfig, export_onnx
 from mha_export.env import machine_info
-from mha_export.weights.quantize import BITS, BLOCK_SIZES, QuantSpec
+from mha_export.lossy.projections.rtn import BITS, BLOCK_SIZES, QuantSpec
 
 LAYERS = {
     "12 x 768": MHAConfig(dim=768, heads=12, max_seq_len=64),

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mha_export import check_parity, export_onnx
 from mha_export.env import machine_info
-from mha_export.weights.quantize import QuantSpec
+from mha_export.lossy.projections.rtn import QuantSpec
 
 KINDS = {"full": {}, "attention_mask": {"attention_mask": True}, "kv_cache": {"kv_cache": True},
          "static_cache": {"static_cache": True}}

@@ -21,10 +21,8 @@ from typing import Any, Iterator, Optional
 from .config import MHAConfig
 from .errors import UsageError, raise_if_interrupted
 from .layer.layouts import AttentionBase
-from .signature import INT8, Signature, signature_from_meta
-from .weights.kv_quant import INT8_CACHE_TAG, KVCacheSpec
-from .weights.quantize import QuantSpec
-from .weights.quantizers import quant_spec_from_record
+from .lossy.registry import STEPS, folder_tag, recorded
+from .signature import Signature, signature_from_meta
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
@@ -46,36 +44,28 @@ class Artifact:
         return self.meta["export"]
 
     @property
-    def quantization(self) -> Optional[QuantSpec]:
-        """The projections' weight-only quantization recorded at export, or None."""
-        q = self.export.get("quantize")
-        return None if q is None else quant_spec_from_record(q)
+    def specs(self) -> dict[str, Any]:
+        """The lossy steps recorded at export (lossy/registry.py), by name: their specs."""
+        return recorded(self.export)
 
-    @property
-    def kv_cache(self) -> Optional[KVCacheSpec]:
-        """An int8 cache's recorded scales, or None (the float cache)."""
-        record = self.export.get("kv_cache")
-        return None if record is None else KVCacheSpec.from_dict(record)
+    def spec(self, step: str) -> Any:
+        """One lossy step's recorded spec ("quantize", "int8-cache"), or None."""
+        return self.specs.get(step)
 
-    def load_source_module(self, float_cache: bool = False) -> AttentionBase:
+    def load_source_module(self, without: tuple[str, ...] = ()) -> AttentionBase:
         """The eager module of the function the file holds, rebuilt from config + source
-        weights (never from the model file): for a quantized artifact, its projections hold the
-        dequantized weights re-derived with the recorded QuantSpec; for an int8 cache, it
-        quantizes on write and dequantizes on read with the recorded scales (``float_cache``:
-        the same layer with a float cache, what the int8 cache is measured against)."""
-        module = self.load_unquantized_module()
-        if (spec := self.quantization) is not None:
-            from .weights.dequantized import reference_module
-            module = reference_module(module, spec, self.export.get("dtype", "float32"))
-        if (cache := self.kv_cache) is not None and not float_cache:
-            import torch
-            module.use_int8_cache(torch.from_numpy(cache.key.scale),
-                                  torch.from_numpy(cache.value.scale))
+        weights (never from the model file): each recorded lossy step's reference applied in
+        turn (quantized projections: the dequantized weights re-derived with the recorded spec;
+        an int8 cache: quantizing on write, dequantizing on read with the recorded scales);
+        ``without``: the steps left out (what one step is measured against)."""
+        module = self.load_plain_module()
+        for step in STEPS:
+            if step.name not in without and (spec := step.spec(self.export)) is not None:
+                module = step.reference(module, spec, self.export)
         return module
 
-    def load_unquantized_module(self) -> AttentionBase:
-        """The eager module of the source weights as they are (what quantizing is measured
-        against)."""
+    def load_plain_module(self) -> AttentionBase:
+        """The eager module of the source weights as they are, before any lossy step."""
         from .weights.source import load_source
         return load_source(self.config, self.path / WEIGHTS_FILE).module
 
@@ -92,8 +82,8 @@ def read_artifact(path: str | Path) -> Artifact:
         config = MHAConfig.from_dict(meta["config"])
         signature = signature_from_meta(config, meta)
         model_file = meta["export"]["file"]
-        _check_quantization(meta["export"].get("quantize"))
-        _check_kv_cache(meta["export"].get("kv_cache"), config, signature)
+        for step in STEPS:
+            step.validate(meta["export"], config, signature)
     except (ValueError, KeyError, TypeError, AttributeError, UsageError) as e:
         raise UsageError(f"{cfg}: corrupt artifact config ({e.__class__.__name__}: {e})") from None
     for needed in (model_file, WEIGHTS_FILE):
@@ -102,30 +92,13 @@ def read_artifact(path: str | Path) -> Artifact:
     return Artifact(path, meta, config, signature)
 
 
-def _check_quantization(record: Any) -> None:
-    """A quantize record that QuantSpec cannot read is a corrupt config, now."""
-    if record is not None:
-        quant_spec_from_record(dict(record))
-
-
-def _check_kv_cache(record: Any, config: MHAConfig, signature: Signature) -> None:
-    """An int8 cache's record must fit the layer and agree with the declared buffers."""
-    if (record is not None) != (signature.cache_dtype == INT8):
-        raise ValueError("export.kv_cache and the declared cache dtype disagree")
-    if record is not None:
-        spec = KVCacheSpec.from_dict(record)
-        if not all(s.fits(config.kv_heads, config.head_dim) for s in (spec.key, spec.value)):
-            raise ValueError("the int8 cache's scales do not fit kv_heads x head_dim")
-
-
 def default_folder(config: MHAConfig, fmt: str, kind: str = "full",
-                   root: str | Path = "models", quant: Optional[QuantSpec] = None,
-                   int8_cache: bool = False) -> Path:
+                   root: str | Path = "models", specs: Optional[dict[str, Any]] = None) -> Path:
     """models/split-h12-d768-onnx, models/split-h12-d768-kv-onnx (decode-step model),
     models/split-h12-d768-static-int4-onnx (quantized projections),
-    models/split-h12-d768-static-int4-kv8-onnx (and an int8 cache), ..."""
-    tag = (f"-{quant.tag}" if quant else "") + (f"-{INT8_CACHE_TAG}" if int8_cache else "")
-    return Path(root) / f"{config.slug()}{KIND_SUFFIX[kind]}{tag}-{fmt}"
+    models/split-h12-d768-static-int4-kv8-onnx (and an int8 cache), ...: ``specs``, the lossy
+    steps' by name, tag it."""
+    return Path(root) / f"{config.slug()}{KIND_SUFFIX[kind]}{folder_tag(specs or {})}-{fmt}"
 
 
 def prepare_destination(dest: Path, force: bool) -> None:

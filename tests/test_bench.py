@@ -113,7 +113,7 @@ def test_quantized_variants_record_their_smaller_files_and_bytes(tmp_path):
     """--quantize: every form also with quantized projections, its model file's size and the
     bytes a step reads counted as the quantized weights (GB/s of what is really read)."""
     from mha_export.bench.driver import step_bytes, weight_bytes
-    from mha_export.weights.quantize import QuantSpec
+    from mha_export.lossy.projections.rtn import QuantSpec
     c = MHAConfig(dim=64, heads=4)
     int4 = QuantSpec(bits=4, accuracy_level=4)
     report = run_bench(c, seq_lens=[1], past_lens=[8], static_cache=True, capacity=16,
@@ -134,7 +134,7 @@ def test_int8_cache_variants_read_one_byte_per_cached_value(tmp_path):
     """--kv-cache-dtype int8 (static cache): every form that builds one also with an int8
     cache (and with each quantization), its rows' bytes counting 1-byte codes."""
     from mha_export.bench.driver import step_bytes
-    from mha_export.weights.quantize import QuantSpec
+    from mha_export.lossy.projections.rtn import QuantSpec
     c = MHAConfig(dim=64, heads=4, kv_heads=2)
     report = run_bench(c, seq_lens=[1], past_lens=[8], static_cache=True, capacity=16,
                        providers=["cpu"], forms=["auto"], budget_s=0.01,
@@ -177,7 +177,7 @@ def test_cli_refuses_bad_quantization_and_cold_requests(tmp_path, args, message)
 def test_bench_of_a_quantized_artifact_measures_its_quantization(tmp_path, monkeypatch):
     from mha_export import export_onnx
     from mha_export.bench import driver
-    from mha_export.weights.quantize import QuantSpec
+    from mha_export.lossy.projections.rtn import QuantSpec
     art = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "q", validate=False,
                       quantize=QuantSpec(bits=8, block_size=16)).path
     seen = {}
@@ -187,7 +187,7 @@ def test_bench_of_a_quantized_artifact_measures_its_quantization(tmp_path, monke
     assert r.exit_code == 0, r.output
     assert seen["quantize"] == [QuantSpec(bits=8, block_size=16)]
     weights = seen["weights_module"].to_weights().wq
-    assert torch.equal(weights, read_artifact(art).load_unquantized_module().to_weights().wq)
+    assert torch.equal(weights, read_artifact(art).load_plain_module().to_weights().wq)
 
 
 def test_cold_needs_a_known_cache_size(monkeypatch):
@@ -207,8 +207,8 @@ def test_a_gguf_layer_benched_with_its_own_blocks(tmp_path, monkeypatch):
     from mha_export.bench import driver
     from mha_export.bench.driver import step_bytes, weight_bytes
     from mha_export.weights.gguf import layer_raw_tensors
-    from mha_export.weights.gguf_blocks import source_blocks
-    from mha_export.weights.source_quant import SourceQuantSpec, kept_quantization
+    from mha_export.lossy.projections.gguf_blocks import source_blocks
+    from mha_export.lossy.projections.source import SourceQuantSpec, kept_quantization
     for figure in ("gemm_ceiling", "copy_bandwidth"):  # the machine's figures: not this test's
         monkeypatch.setattr(driver, figure, lambda *a: None)
     gguf_file = write_blocks(tmp_path / "w.gguf", ("Q4_K", "Q6_K", "Q5_K", "Q3_K"))

@@ -787,7 +787,7 @@ def test_int8_cache_generation_against_transformers_float_cache(built, tmp_path)
     result = export_onnx(weights=folder, layer=1, output=tmp_path / "kv8", static_cache=True,
                          kv_cache_dtype="int8", calibration=tmp_path / "hidden.npy",
                          check_options=dict(seq_lens=[1, 7], past_lens=[0, 5]))
-    assert result.passed and not result.report.kv_cache.synthetic
+    assert result.passed and not result.report.costs["kv_cache"].synthetic
     artifact = read_artifact(result.path)
     c, runner = artifact.config, OrtRunner(artifact.signature, result.path / "model.onnx")
     buffers = {n: np.zeros((1, c.kv_heads, L, c.head_dim), np.int8)

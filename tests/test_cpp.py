@@ -27,7 +27,7 @@ from mha_export.check.runners.ort import OrtRunner
 from mha_export.check.runners.pytorch import EagerRunner, TorchScriptRunner
 from mha_export.signature import make_signature
 from mha_export.check.sweep import Case, make_feeds, real_queries
-from mha_export.weights.quantize import QuantSpec
+from mha_export.lossy.projections.rtn import QuantSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build" / "cpp"
@@ -607,7 +607,7 @@ def test_ort_int4_model_matches_python_ort(binaries, tmp_path):
     assert _matmul_nbits(model) >= 4  # q, k, v (in the If branches) and out
     sig = signature_of(folder)
     python_ort = OrtRunner(sig, model, "cpu")
-    float_eager = EagerRunner(sig, read_artifact(folder).load_unquantized_module())
+    float_eager = EagerRunner(sig, read_artifact(folder).load_plain_module())
     pairs = make_inputs(tmp_path, QUANT_CONFIG.d_in, shapes=[(2, 16), (1, 1), (3, 7)], seed=5)
     r = run(binaries["ort"], model, *flat(pairs), "--threads", "2")
     assert r.returncode == 0, r.stderr
@@ -653,7 +653,7 @@ def test_ort_generate_int4_static_cache_matches_eager(binaries, tmp_path):
         assert got.shape == buffers.shape
         np.testing.assert_allclose(got[:, :, :8], want[name], rtol=0, atol=ATOL, err_msg=name)
     np.testing.assert_array_equal(np.load(case / "present_key.npy")[:, :, 8:], buffers[:, :, 8:])
-    float_y = eager_full(art.load_unquantized_module())(x, mask)["y"]
+    float_y = eager_full(art.load_plain_module())(x, mask)["y"]
     assert np.abs(want["y"] - float_y).max() > 100 * ATOL  # the reference is the int4 function
 
 

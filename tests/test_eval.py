@@ -16,7 +16,7 @@ from conftest import REAL_TEXT
 from faults import nudge_weight
 from mha_export.cli.commands import cli
 from mha_export.model.eval import evaluate, kl_per_position, lossy_steps, perplexity
-from mha_export.weights.quantize import QuantSpec
+from mha_export.lossy.projections.rtn import QuantSpec
 
 TOKENS = 48
 LAYERS = "0,5"

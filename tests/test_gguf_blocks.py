@@ -6,7 +6,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mha_export.errors import UsageError
-from mha_export.weights.gguf_blocks import (CONVERTERS, MATMUL_NBITS_TYPES, SourceBlocks,
+from mha_export.lossy.projections.gguf_blocks import (CONVERTERS, MATMUL_NBITS_TYPES, SourceBlocks,
                                             is_float_type, source_blocks)
 
 gguf = pytest.importorskip("gguf")

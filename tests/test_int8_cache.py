@@ -20,9 +20,9 @@ from mha_export.check.comparator import FP32
 from mha_export.check.parity import check_parity
 from mha_export.cli.commands import cli
 from mha_export.kinds.registry import build_module
-from mha_export.weights.kv_calibration import calibrate_cache, cache_entries
-from mha_export.weights.kv_quant import KVScale
-from mha_export.weights.quantize import QuantSpec
+from mha_export.lossy.int8_cache.calibration import calibrate_cache, cache_entries
+from mha_export.lossy.int8_cache.codes import KVScale
+from mha_export.lossy.projections.rtn import QuantSpec
 
 CONFIG = MHAConfig(dim=64, heads=4, kv_heads=2, rotary="half", max_seq_len=32)
 # a sweep that reaches every code path of auto (GroupQueryAttention for T < 512 at batch 1 and
@@ -56,11 +56,11 @@ def test_the_artifact_declares_int8_buffers_and_their_scales(int8_auto):
     types = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]}
     assert types["past_key"] == types["present_value"] == onnx.TensorProto.INT8
     art = read_artifact(int8_auto.path)
-    assert art.signature.cache_dtype == "int8" and art.kv_cache.key.scale.shape == (1, 2, 1, 16)
+    assert art.signature.cache_dtype == "int8" and art.spec("int8-cache").key.scale.shape == (1, 2, 1, 16)
 
 
 def test_the_check_reports_what_the_int8_cache_cost_apart(int8_auto):
-    kv = int8_auto.report.kv_cache
+    kv = int8_auto.report.costs["kv_cache"]
     assert kv.synthetic and 0 < kv.deviation.rel < 0.1 and kv.deviation.cosine > 0.99
     assert set(kv.clip_rates) == {"present_key", "present_value"}
     assert all(0 < r < 0.01 for r in kv.clip_rates.values())  # random inputs beyond calibration
@@ -113,12 +113,13 @@ def test_int4_projections_and_an_int8_cache_are_costed_apart(tmp_path, level):
     assert codes["ort-cpu-fp32-compute" if level == 4 else "ort-cpu"].changed is not None
     assert (codes["ort-cpu"].scaled > 0) == (level == 4)
     report = result.report
-    assert {q.output for q in report.quantization} == {"y", "present_key", "present_value"}
-    projections = {q.output: q.deviation.rel for q in report.quantization}
+    assert {q.output for q in report.costs["quantization"]} == {"y", "present_key", "present_value"}
+    projections = {q.output: q.deviation.rel for q in report.costs["quantization"]}
     assert 0 < projections["y"] < 0.5
-    assert report.kv_cache is not None and 0 < report.kv_cache.deviation.rel < 0.1
+    assert report.costs["kv_cache"] is not None and 0 < report.costs["kv_cache"].deviation.rel < 0.1
     folder = default_folder(CONFIG, "onnx", "static-cache",
-                            quant=QuantSpec(bits=4, accuracy_level=4), int8_cache=True)
+                            specs={"quantize": QuantSpec(bits=4, accuracy_level=4),
+                                   "int8-cache": read_artifact(result.path).spec("int8-cache")})
     assert folder.name == f"{CONFIG.slug()}-static-int4-kv8-onnx"
 
 

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from mha_export.errors import UsageError
-from mha_export.weights.kv_quant import KVScale, calibrate
+from mha_export.lossy.int8_cache.codes import KVScale, calibrate
 
 N, K, H, C = 4, 2, 16, 32  # query heads, kv heads, head size, buffer capacity
 
@@ -135,7 +135,7 @@ def test_rotary_pairs_are_scaled_by_their_norm_so_no_position_clips():
     """A rotated key's channel ranges over its pair's norm as the position turns it: scales
     from the pair norms (a calibration run sees few positions) clip at none."""
     from mha_export.config import MHAConfig
-    from mha_export.weights.kv_calibration import rotary_partners
+    from mha_export.lossy.int8_cache.calibration import rotary_partners
     c = MHAConfig(dim=64, heads=4, rotary="half", rotary_dim=12)
     partners = rotary_partners(c)
     assert list(partners[:12]) == [6, 7, 8, 9, 10, 11, 0, 1, 2, 3, 4, 5]

@@ -283,10 +283,10 @@ def test_quantized_mla_projections_pass_and_their_faults_fail(fault, tmp_path):
     import json
 
     from mha_export import check_parity, export_onnx
-    from mha_export.weights.quantize import QuantSpec
+    from mha_export.lossy.projections.rtn import QuantSpec
     spec = QuantSpec(bits=4, accuracy_level=4, symmetric=fault != "a zero point off by one")
     result = export_onnx(MLA_V2, tmp_path / "q", static_cache=True, quantize=spec)
-    assert result.passed and result.report.quantization
+    assert result.passed and result.report.costs["quantization"]
     record = json.loads((result.path / "config.json").read_text())["export"]["quantize"]
     assert record["projections"] == ["q_proj", "kv_a_proj_with_mqa", "o_proj"]
     try:

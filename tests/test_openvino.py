@@ -159,7 +159,7 @@ def test_openvino_runs_the_int8_cache_of_a_standard_ops_form(tmp_path):
 @pytest.fixture(scope="module")
 def quantized_model(tmp_path_factory):
     """int4 projections (accuracy level 4) with a growing cache: four outputs to judge."""
-    from mha_export.weights.quantize import QuantSpec
+    from mha_export.lossy.projections.rtn import QuantSpec
     return export_onnx(MHAConfig(dim=64, heads=4, max_seq_len=32),
                        tmp_path_factory.mktemp("ovq") / "q", quantize=QuantSpec(bits=4),
                        kv_cache=True, validate=False).path
@@ -238,7 +238,7 @@ def test_projections_inside_if_branches_are_counted_and_judged(tmp_path):
     reports what the plugin did with their activations, and passes at that tolerance."""
     from mha_export.artifact import read_artifact
     from mha_export.check.runners.openvino import OpenVinoRunner
-    from mha_export.weights.quantize import QuantSpec
+    from mha_export.lossy.projections.rtn import QuantSpec
     art = export_onnx(MHAConfig(dim=128, heads=4, max_seq_len=32, layout="stacked"),
                       tmp_path / "s", quantize=QuantSpec(bits=4), validate=False).path
     runner = OpenVinoRunner(read_artifact(art).signature, art / "model.onnx")

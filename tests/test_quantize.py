@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mha_export.errors import UsageError
-from mha_export.weights.quantize import BITS, BLOCK_SIZES, QuantSpec, quantize
+from mha_export.lossy.projections.rtn import BITS, BLOCK_SIZES, QuantSpec, quantize
 
 SPECS = [QuantSpec(b, s, sym) for b, s, sym in itertools.product(BITS, BLOCK_SIZES, (True, False))]
 

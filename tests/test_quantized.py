@@ -21,8 +21,8 @@ from mha_export.check.runners.ort import DEQUANTIZE_PATH, OrtRunner
 from mha_export.cli.commands import cli
 from mha_export.graph.forms import Feature
 from mha_export.kinds.registry import FORMS
-from mha_export.weights.dequantized import dequantized_module
-from mha_export.weights.quantize import QuantSpec, quantize
+from mha_export.lossy.projections.reference import dequantized_module
+from mha_export.lossy.projections.rtn import QuantSpec, quantize
 
 SMALL = MHAConfig(dim=64, heads=4, max_seq_len=32)
 QUICK = dict(seq_lens=(1, 7, 33), batch_sizes=(1, 2), past_lens=(0, 5))
@@ -45,7 +45,7 @@ def test_every_call_kind_exports_and_passes(tmp_path, kind):
     assert report.passed, format_report(report)
     # level 4's kernel (int8 activations) and the same file at fp32 compute, both judged
     assert {"ort-cpu", "ort-cpu-fp32-compute"} <= _ran(report)
-    assert [q.output for q in report.quantization] == read_artifact(
+    assert [q.output for q in report.costs["quantization"]] == read_artifact(
         tmp_path / "q").signature.output_names
 
 
@@ -93,7 +93,7 @@ def test_float16_model(tmp_path):
 
 def test_the_reference_holds_exactly_the_dequantized_weights(tmp_path):
     art = read_artifact(_export(tmp_path))
-    source, held = art.load_unquantized_module(), art.load_source_module()
+    source, held = art.load_plain_module(), art.load_source_module()
     w = source.to_weights()
     expected = quantize(w.wq.numpy(), INT4).dequantized()
     assert np.array_equal(held.to_weights().wq.numpy(), expected)
@@ -109,7 +109,7 @@ def test_the_file_records_the_quantization(tmp_path):
         "bits": 8, "block_size": 64, "symmetric": False, "quantizer": "rtn", "accuracy_level": 1,
         "format": "com.microsoft.MatMulNBits",
         "projections": ["q_proj", "k_proj", "v_proj", "out_proj"]}
-    assert art.quantization == QuantSpec(bits=8, block_size=64, symmetric=False)
+    assert art.spec("quantize") == QuantSpec(bits=8, block_size=64, symmetric=False)
 
 
 @pytest.mark.parametrize("fault", sorted(QUANT_FAULTS))
@@ -134,7 +134,7 @@ def test_planted_quantization_fault_is_caught(tmp_path, fault, spec):
 def test_quantization_cost_is_reported_apart_and_fails_only_over_its_budget(tmp_path):
     art = _export(tmp_path)
     report = check_parity(art, **QUICK)
-    cost = {q.output: q for q in report.quantization}["y"]
+    cost = {q.output: q for q in report.costs["quantization"]}["y"]
     assert report.passed and cost.budget is None
     assert 1e-3 < cost.deviation.rel < 0.5 and 0.9 < cost.deviation.cosine < 1.0
     text = format_report(report)
@@ -152,7 +152,7 @@ def test_quantization_cost_is_reported_apart_and_fails_only_over_its_budget(tmp_
 def test_int8_is_more_accurate_than_int4_and_smaller_blocks_than_larger(tmp_path):
     def rel(spec, name):
         report = check_parity(_export(tmp_path, spec=spec, name=name), **QUICK)
-        return {q.output: q.deviation.rel for q in report.quantization}["y"]
+        return {q.output: q.deviation.rel for q in report.costs["quantization"]}["y"]
     assert rel(QuantSpec(bits=8), "i8") < rel(QuantSpec(bits=4, block_size=16), "b16") \
         < rel(QuantSpec(bits=4, block_size=128), "b128")
 
@@ -273,12 +273,12 @@ def test_the_fp32_compute_twin_accompanies_ort_cpu_only(tmp_path):
 def test_nan_weights_are_refused_and_a_nan_cost_never_passes(tmp_path):
     from mha_export.errors import UsageError
     from mha_export.check.comparator import Deviation
-    from mha_export.check.parity import QuantizationCost
+    from mha_export.lossy.projections.cost import QuantizationCost
     with pytest.raises(UsageError, match="NaN or Inf"):
         quantize(np.array([[np.nan, 1.0]], np.float32), INT4)
-    cost = QuantizationCost.of(read_artifact(_export(tmp_path)), None)
+    cost = QuantizationCost.of(read_artifact(_export(tmp_path)), {})
     cost.deviations = {"y": [Deviation(float("nan"), float("nan"), float("nan"))], "z": []}
-    assert [q.passed for q in cost.results()] == [False, False]  # NaN, or no case at all
+    assert [q.passed for q in cost.result()] == [False, False]  # NaN, or no case at all
 
 
 def test_naming_ort_cpu_brings_its_fp32_compute_twin(tmp_path):
@@ -288,7 +288,7 @@ def test_naming_ort_cpu_brings_its_fp32_compute_twin(tmp_path):
 
 def test_a_float16_models_reference_holds_its_float16_scales(tmp_path):
     art = read_artifact(_export(tmp_path, dtype="float16"))
-    w = art.load_unquantized_module().to_weights().wq.numpy()
+    w = art.load_plain_module().to_weights().wq.numpy()
     held = art.load_source_module().to_weights().wq.numpy()
     assert np.array_equal(held, quantize(w, INT4).dequantized(np.float16))
     assert not np.array_equal(held, quantize(w, INT4).dequantized())

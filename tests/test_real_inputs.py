@@ -17,7 +17,7 @@ from conftest import REAL_LAYERS, REAL_TEXT, REAL_TOKENS, SMOLLM2_LAYERS
 from mha_export import MHAConfig, check_parity, export_onnx
 from mha_export.check.report import format_report
 from mha_export.cli.commands import cli
-from mha_export.weights.quantize import QuantSpec
+from mha_export.lossy.projections.rtn import QuantSpec
 
 SWEEP = dict(seq_lens=[1, 7, 64], batch_sizes=[1, 2], past_lens=[0, 5])
 KINDS = {"full": {}, "attention_mask": {"attention_mask": True}, "kv_cache": {"kv_cache": True},
@@ -114,8 +114,8 @@ def test_quantization_cost_on_real_inputs_is_reported_apart(smollm2_gguf, smollm
     art = export_onnx(weights=smollm2_gguf, layer=5, output=tmp_path / "q", validate=False,
                       quantize=QuantSpec(bits=8, accuracy_level=1)).path
     report = check_parity(art, inputs=smollm2_inputs, seq_lens=[7], batch_sizes=[1])
-    random_cost = {q.output: q.deviation for q in report.quantization}["y"]
-    real_cost = {q.output: q.deviation for q in report.real_quantization}["y"]
+    random_cost = {q.output: q.deviation for q in report.costs["quantization"]}["y"]
+    real_cost = {q.output: q.deviation for q in report.costs["real_quantization"]}["y"]
     assert 0 < real_cost.rel < 0.5 and 0 < random_cost.rel < 0.5
     assert real_cost.rel != random_cost.rel
     assert "worst over the real inputs (--inputs)" in format_report(report)

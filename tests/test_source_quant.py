@@ -21,7 +21,7 @@ from mha_export.artifact import read_artifact  # noqa: E402
 from mha_export.check.comparator import FP32  # noqa: E402
 from mha_export.check.report import format_report  # noqa: E402
 from mha_export.cli.commands import cli  # noqa: E402
-from mha_export.weights.source_quant import SourceQuantSpec  # noqa: E402
+from mha_export.lossy.projections.source import SourceQuantSpec  # noqa: E402
 
 QUICK = dict(seq_lens=[1, 7, 33], batch_sizes=[1, 2], past_lens=[0, 5])
 EXACT = SourceQuantSpec()  # the default: fp32 compute (accuracy level 1)
@@ -108,7 +108,7 @@ def test_every_block_type_is_kept_exactly(tmp_path, types):
     rows = _kernel_rows(report)
     assert rows and all(r.tolerance == FP32 for r in rows)
     _as_exact_as_eager(report)
-    assert all(q.deviation.max_abs == 0 for q in report.quantization)
+    assert all(q.deviation.max_abs == 0 for q in report.costs["quantization"])
     assert "the GGUF's own cost is unknown" in format_report(report)
 
 

@@ -19,10 +19,10 @@ from ..env import last_level_cache_bytes, machine_info
 from ..errors import UsageError
 from ..kinds.registry import FORMS, build_module, forms_for, kind_of, refuse_unbuilt
 from ..signature import FLOAT, INT8
-from ..weights.kv_quant import INT8_CACHE_TAG, KVCacheSpec
-from ..weights.quantize import QuantSpec, quantized_projections
-from ..weights.quantizers import quant_spec_from_record
-from ..weights.source_quant import SOURCE
+from ..lossy.int8_cache.codes import INT8_CACHE_TAG, KVCacheSpec
+from ..lossy.projections.rtn import QuantSpec, quantized_projections
+from ..lossy.projections.records import quant_spec_from_record
+from ..lossy.projections.source import SOURCE
 from .report import BASELINE, BenchReport, BenchRow
 
 # quantized_projections' names -> the graph's (the names a kept quantization records)
@@ -221,7 +221,7 @@ def _machine_figures(report: BenchReport, ceiling: Optional[float], threads: int
 
 def _int8_cache(module) -> KVCacheSpec:
     """Scales calibrated on synthetic inputs: a step's speed does not depend on their values."""
-    from ..weights.kv_calibration import calibrate_cache
+    from ..lossy.int8_cache.calibration import calibrate_cache
     return calibrate_cache(module.eval())
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -18,13 +18,11 @@ from ..artifact import Artifact, read_artifact
 from ..env import versions
 from ..errors import UsageError, raise_if_interrupted
 from ..kinds.registry import FORMS
+from ..lossy import costs as lossy
+from ..lossy.base import Cost
 from ..rope_types import switch_length
-from ..signature import INT8
 from . import scenarios
-from .comparator import FP32, INT8_CODES, Comparison, Tolerance, compare
-from .given_codes import GivenCodes, Recording
-from .costs import (CACHE_OUTPUTS, KVCacheCost, KVCacheError, QuantizationCost,  # noqa: F401
-                    QuantizationError)
+from .comparator import FP32, Comparison, Tolerance, compare
 from .runners import (RUNNERS, Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions,
                       get_runner, ort_runner_names)
 from .real_inputs import RealInputs, read_real_inputs
@@ -83,17 +81,16 @@ class CheckReport:
     results: list[OutputResult] = field(default_factory=list)
     versions: dict = field(default_factory=dict)  # of this check's environment
     export_versions: dict = field(default_factory=dict)  # recorded in the artifact at export
-    quantization: list[QuantizationError] = field(default_factory=list)  # quantized artifacts
-    kv_cache: Optional[KVCacheError] = None  # an int8 cache's error and clipping
     real_inputs: str = ""  # --inputs FILE (its cases are labelled inputs "real")
-    real_quantization: list[QuantizationError] = field(default_factory=list)  # on real inputs
-    real_kv_cache: Optional[KVCacheError] = None  # on real inputs
+    # what each lossy step cost (lossy/costs.py), by report field: "quantization", "kv_cache",
+    # and "real_" + each on the captured inputs; every field present (empty: no such step)
+    costs: dict = field(default_factory=lambda: {**lossy.empty_fields(),
+                                                 **lossy.empty_fields(real=True)})
 
     @property
     def passed(self) -> bool:
         return (all(r.passed for r in self.results) and self.tested
-                and all(q.passed for q in self.quantization + self.real_quantization)
-                and all(kv is None or kv.passed for kv in (self.kv_cache, self.real_kv_cache))
+                and all(Cost.passed(result) for result in self.costs.values())
                 and not any(r.status == "failed" for r in self.runners))
 
     @property
@@ -102,12 +99,20 @@ class CheckReport:
         return any(r.runner != BASELINE for r in self.results)
 
     def to_dict(self) -> dict:
+        """parity.json: the fields, each cost's result under its own key."""
         d = asdict(self)
+        del d["costs"]
+        d.update({name: _plain(result) for name, result in self.costs.items()})
         d["passed"] = self.passed
-        for name in ("kv_cache", "real_kv_cache"):
-            if getattr(self, name) is not None:
-                d[name] = getattr(self, name).to_dict()
         return d
+
+
+def _plain(result):
+    """A cost's result as JSON: its to_dict (with its verdict) where it has one."""
+    if isinstance(result, list):
+        return [_plain(r) for r in result]
+    return result.to_dict() if hasattr(result, "to_dict") else (
+        asdict(result) if result is not None else None)
 
 
 def selected_kinds(artifact: Artifact, runners: Optional[Sequence[str]],
@@ -210,25 +215,23 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
                  past_lens: Optional[Sequence[int]] = None, seed: int = 0,
                  require_cuda: bool = False, tf32: bool = True,
                  runners: Optional[Sequence[str]] = None,
-                 max_quant_error: Optional[float] = None, max_kv_error: Optional[float] = None,
-                 max_clip_rate: Optional[float] = None,
                  inputs: Optional[str | Path] = None,
-                 progress: Callable[[int, int, str], None] = lambda i, n, s: None
-                 ) -> CheckReport:
+                 progress: Callable[[int, int, str], None] = lambda i, n, s: None,
+                 **budgets: Optional[float]) -> CheckReport:
     """Run the parity sweep on an artifact folder; see CheckReport.passed.
 
     ``runners``: runner names (``RUNNERS``); default: every runner for the folder's files, those
     that cannot run here reported as skipped. ``providers``: ONNX Runtime's shorthand (cpu, cuda).
     ``require_cuda``: a CUDA runner that cannot run, or runs compute on the CPU, fails.
-    ``max_quant_error``, ``max_kv_error``, ``max_clip_rate``: budgets of the lossy steps
-    (costs.py: quantized projections, an int8 cache). ``inputs``: a file of captured layer
-    inputs (``mha-export capture``): real cases for the artifact's call kind, with the lossy
-    steps' costs on them reported apart (real_inputs.py)."""
+    ``budgets``: of the lossy steps' costs (lossy/costs.py's BUDGETS: ``max_quant_error``,
+    ``max_kv_error``, ``max_clip_rate``). ``inputs``: a file of captured layer inputs
+    (``mha-export capture``): real cases for the artifact's call kind, with the lossy steps'
+    costs on them reported apart (real_inputs.py)."""
+    lossy.require_known(budgets)
     artifact = read_artifact(artifact_dir)
     real = read_real_inputs(inputs, artifact) if inputs is not None else None
     Tolerance(atol or 0.0, rtol or 0.0)  # a negative or NaN tolerance is bad input, now
-    cost = QuantizationCost.of(artifact, max_quant_error)
-    kv_cost = KVCacheCost.of(artifact, max_kv_error, max_clip_rate)
+    costs = lossy.costs_of(artifact, budgets)
     kinds = selected_kinds(artifact, runners, providers)
     if require_cuda:
         kinds += _cuda_kinds(artifact, kinds)
@@ -241,8 +244,7 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
                          versions=versions(), export_versions=artifact.meta.get("versions", {}))
     options = RunOptions(tf32=tf32)
     opened, report.runners = _open_runners(artifact, kinds, options, require_cuda)
-    tolerances = _tolerances(opened, sig, artifact.export.get("dtype", "float32"), options,
-                             atol, rtol)
+    tolerances = _tolerances(opened, artifact, options, atol, rtol)
     multi_call = (scenarios.static_scenario_cases(plan.static_chunks) if sig.static_cache
                   else scenarios.scenario_cases(plan.switch) if sig.has_cache else [])
     real_cases = real.cases(sig.has_cache, sig.static_cache) if real else []
@@ -250,41 +252,46 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
         require_fits(config, [case for case, _ in real_cases], plan.scores_at, sig.has_mask)
     total = len(cases) + len(multi_call) + len(real_cases)
     reference = EagerRunner(sig, opened[0].source, torch.float64)
+    truth = Truth(opened, reference, lossy.given_of(artifact, opened[0], reference), tolerances)
     for i, case in enumerate(cases):
         progress(i, total, case.label())
-        report.results += _single_call(opened, reference, case, seed, tolerances, cost, kv_cost)
+        report.results += _single_call(truth, case, seed, costs)
     for i, (case, split) in enumerate(multi_call, start=len(cases)):
         progress(i, total, case.label())
-        report.results += _scenario(opened, reference, config, case, split, seed, tolerances,
-                                    kv_cost)
-    report.quantization = cost.results() if cost else []
-    report.kv_cache = kv_cost.result() if kv_cost else None
+        report.results += _scenario(truth, config, case, split, seed, costs)
+    report.costs.update(lossy.results(costs))
     if real:
-        _real_cases(report, artifact, real, real_cases, total, progress, opened, reference,
-                    seed, tolerances, (max_quant_error, max_kv_error, max_clip_rate))
+        _real_cases(report, artifact, real, real_cases, total, progress, truth, seed, budgets)
     progress(total, total, "")
     return report
 
 
+@dataclass(frozen=True)
+class Truth:
+    """What every case is judged by: the runners (eager fp32 first), the fp64 reference, how a
+    call's truth is read where a lossy step says (an int8 cache: over each runtime's own
+    codes), and the tolerance of each (runner, output)."""
+
+    opened: list[Runner]
+    reference: EagerRunner
+    given: Any  # lossy/costs.py's given_of: None, or how y's truth is read per call
+    tolerances: dict
+
+
 def _real_cases(report: CheckReport, artifact: Artifact, real: RealInputs, cases: list,
-                total: int, progress: Callable, opened: list[Runner], reference: EagerRunner,
-                seed: int, tolerances: dict, budgets: tuple) -> None:
+                total: int, progress: Callable, truth: Truth, seed: int, budgets: dict) -> None:
     """The captured inputs through every runner (the sweep's last ``len(cases)`` of ``total``),
-    with the lossy steps' costs measured on them alone, beside the random-input ones;
-    ``budgets``: (max_quant_error, max_kv_error, max_clip_rate)."""
+    with the lossy steps' costs measured on them alone, beside the random-input ones."""
     report.real_inputs = real.path
-    cost = QuantizationCost.of(artifact, budgets[0])
-    kv_cost = KVCacheCost.of(artifact, budgets[1], budgets[2])
+    costs = lossy.costs_of(artifact, budgets)
     for i, (case, split) in enumerate(cases, start=total - len(cases)):
         progress(i, total, case.label())
         if split is None:
-            report.results += _single_call(opened, reference, case, seed, tolerances, cost,
-                                           kv_cost, real.x)
+            report.results += _single_call(truth, case, seed, costs, real.x)
         else:
-            report.results += _scenario(opened, reference, artifact.config, case, split, seed,
-                                        tolerances, kv_cost, real.x)
-    report.real_quantization = cost.results() if cost else []
-    report.real_kv_cache = kv_cost.result() if kv_cost else None
+            report.results += _scenario(truth, artifact.config, case, split, seed, costs,
+                                        real.x)
+    report.costs.update(lossy.results(costs, real=True))
 
 
 def _single_cases(artifact: Artifact, plan: "SweepPlan", batch_sizes: Sequence[int]
@@ -299,45 +306,31 @@ def _single_cases(artifact: Artifact, plan: "SweepPlan", batch_sizes: Sequence[i
     return cases
 
 
-def _single_call(opened: list[Runner], reference: EagerRunner, case: Case, seed: int,
-                 tolerances: dict, cost: Optional[QuantizationCost],
-                 kv_cost: Optional[KVCacheCost], x: Optional[np.ndarray] = None
-                 ) -> list[OutputResult]:
+def _single_call(truth: Truth, case: Case, seed: int, costs: list[Cost],
+                 x: Optional[np.ndarray] = None) -> list[OutputResult]:
     """One case of the sweep through every runner (and into the lossy steps' costs); ``x``:
     real inputs in place of the random ones."""
-    baseline, sig = opened[0], reference.signature
+    baseline, sig = truth.opened[0], truth.reference.signature
     feeds = make_feeds(sig, case, seed)
     if x is not None:  # captured at positions 0 .. N-1: called there
         feeds["x"] = x
         if "position_ids" in feeds:
             feeds["position_ids"] = np.broadcast_to(np.arange(case.seq), (case.batch, case.seq)
                                                     ).copy()
-    expected = {"eager": baseline.run(feeds), "reference": reference.run(feeds)}
+    expected = {"eager": baseline.run(feeds), "reference": truth.reference.run(feeds)}
     valid = valid_entries(sig, feeds, case)
-    if cost:
-        cost.add(feeds, expected["reference"], valid)
-    if kv_cost:
-        kv_cost.add_case(feeds, case)
-    given = _given_codes(baseline, reference)
-    # the baseline already ran: its own error is 0 (an int8 cache: its y read over its codes
-    # by the fp64 reference, so it runs again to be recorded)
-    again = (lambda rec: rec.run(feeds)) if given else (lambda rec: expected["eager"])
-    results = _compared(baseline, case, again, expected, valid, tolerances, given)
-    for r in opened[1:]:
-        results += _compared(r, case, lambda rec: rec.run(feeds), expected, valid, tolerances,
-                             given)
+    for cost in costs:
+        cost.add_case(feeds, expected["reference"], valid, case)
+    # the baseline already ran: its own error is 0 (where the truth is read from what a runner
+    # wrote, e.g. an int8 cache's codes, it runs again to be recorded)
+    again = (lambda rec: rec.run(feeds)) if truth.given else (lambda rec: expected["eager"])
+    results = _compared(truth, baseline, case, again, expected, valid)
+    for r in truth.opened[1:]:
+        results += _compared(truth, r, case, lambda rec: rec.run(feeds), expected, valid)
     return results
 
 
-def _given_codes(baseline: Runner, reference: EagerRunner) -> Optional[GivenCodes]:
-    """An int8 cache: y judged over each runtime's own codes (given_codes.py)."""
-    if reference.signature.cache_dtype != INT8:
-        return None
-    return GivenCodes(baseline, reference)
-
-
-def _scenario(opened: list[Runner], reference: EagerRunner, config, case: Case, split: list,
-              seed: int, tolerances: dict, kv_cost: Optional[KVCacheCost] = None,
+def _scenario(truth: Truth, config, case: Case, split: list, seed: int, costs: list[Cost],
               real_x: Optional[np.ndarray] = None) -> list[OutputResult]:
     """One multi-call scenario through every runner. Its truth is one full forward (or each row
     alone) of the eager module — but for a longrope layer the eager module run call by call:
@@ -347,41 +340,33 @@ def _scenario(opened: list[Runner], reference: EagerRunner, config, case: Case, 
     x = x if real_x is None else real_x
     stepwise = bool(switch_length(config.rope_scaling)) and config.rotary != "none"
 
-    def truth(r: EagerRunner) -> dict:
+    def run_truth(r: EagerRunner) -> dict:
         if stepwise:
             return scenarios.run(r, case, x, mask, split)
         return scenarios.expected(case, scenarios.eager_full(r.source), x, mask)
 
-    expected = {"eager": truth(opened[0]), "reference": truth(reference)}
-    if kv_cost:  # the same scenario's truth with a float cache
-        kv_cost.add_scenario(x, mask, expected["reference"]["y"], truth)
-    given = _given_codes(opened[0], reference)
+    expected = {"eager": run_truth(truth.opened[0]), "reference": run_truth(truth.reference)}
+    for cost in costs:  # e.g. the same scenario's truth with a float cache
+        cost.add_scenario(x, mask, expected["reference"]["y"], run_truth)
     results = []
-    for r in opened:
-        results += _compared(r, case, lambda rec: scenarios.run(rec, case, x, mask, split),
-                             expected, scenarios.valid(case, mask), tolerances, given)
+    for r in truth.opened:
+        results += _compared(truth, r, case, lambda rec: scenarios.run(rec, case, x, mask, split),
+                             expected, scenarios.valid(case, mask))
     return results
 
 
-def _tolerances(opened: list[Runner], sig, dtype: str, options: RunOptions,
+def _tolerances(opened: list[Runner], artifact: Artifact, options: RunOptions,
                 atol: Optional[float], rtol: Optional[float]) -> dict:
     """(runner, output) -> tolerance: the runner's default for the dtype it computed in, with
-    --atol / --rtol; an int8 cache's codes compared as codes (``codes_tolerance``, never
-    overridden)."""
-    codes = set(CACHE_OUTPUTS) if sig.cache_dtype == INT8 else set()
-    return {(r.name, o): codes_tolerance(_default_tolerance(r, dtype, options)) if o in codes
-            else _override(_default_tolerance(r, dtype, options), atol, rtol)
-            for r in opened for o in sig.output_names}
-
-
-def codes_tolerance(default: Tolerance) -> Tolerance:
-    """An int8 cache's codes: INT8_CODES (one code, rarely); for a runner whose arithmetic errs
-    with the output's scale (quantized projections at int8 activations: keys off by ~1e-2 of
-    their range, ~1 code, often), that error in codes — scaled x max|code| — with no count of
-    changed entries: its fp32-compute twin holds the same file's codes to INT8_CODES."""
-    if default.scaled > FP32.scaled:  # lossy arithmetic, beyond fp32's rounding
-        return Tolerance(INT8_CODES.atol, 0.0, scaled=default.scaled)
-    return INT8_CODES
+    --atol / --rtol; a lossy step's own where it says (an int8 cache's codes compared as codes,
+    never overridden)."""
+    dtype, out = artifact.export.get("dtype", "float32"), {}
+    for r in opened:
+        default = _default_tolerance(r, dtype, options)
+        for o in artifact.signature.output_names:
+            own = lossy.own_tolerance(artifact, o, default)
+            out[r.name, o] = own if own is not None else _override(default, atol, rtol)
+    return out
 
 
 def _default_tolerance(runner: Runner, dtype: str, options: RunOptions) -> Tolerance:
@@ -402,20 +387,19 @@ def _override(default: Tolerance, atol: Optional[float], rtol: Optional[float]) 
                      default.scaled if atol is None else 0.0)
 
 
-def _compared(runner: Runner, case: Case, call: Callable[[Runner], Feeds], expected: dict,
-              valid: dict[str, Optional[np.ndarray]], tolerances: dict,
-              given: Optional[GivenCodes] = None) -> list[OutputResult]:
+def _compared(truth: Truth, runner: Runner, case: Case, call: Callable[[Runner], Feeds],
+              expected: dict, valid: dict[str, Optional[np.ndarray]]) -> list[OutputResult]:
     """Run ``call`` on the runner and compare each expected output with eager fp32 and the fp64
     reference, on the elements ``valid`` names per output (the rest only required finite);
-    ``given``: y's truth read from the codes the runner wrote (an int8 cache)."""
-    sig = runner.signature
+    ``truth.given``: y's truth read from what the runner wrote (an int8 cache's codes)."""
+    sig, tolerances = runner.signature, truth.tolerances
     names = [n for n in sig.output_names if n in expected["eager"]]
     where = case.to_dict()
-    target = Recording(runner) if given is not None else runner
+    target = truth.given.watch(runner) if truth.given is not None else runner
     try:
         out = call(target)
-        if isinstance(target, Recording) and target.calls:
-            expected = given.expected(expected, target.calls)
+        if truth.given is not None:
+            expected = truth.given.expected(expected, target)
     except Exception as e:  # a model that cannot run this case (e.g. out of memory) fails its row
         raise_if_interrupted()  # ... but an interruption is no row
         error = (str(e).strip() or type(e).__name__).splitlines()[0][:300]

@@ -26,11 +26,11 @@ from ..graph.forms import DEFAULT, MAX_OPSET
 from ..kinds.registry import opset_summary
 from ..graph.model import DTYPES
 from ..signature import INT8
-from ..weights.kv_quant import CACHE_DTYPES
-from ..weights.source_quant import SOURCE, SourceQuantSpec
+from ..lossy.int8_cache.codes import CACHE_DTYPES
+from ..lossy.projections.source import SOURCE, SourceQuantSpec
 from ..check.runners import RUNNERS
-from .options import (config_options, explicit, export_options, int_list, model_options,
-                      provider_list, runner_list)
+from .options import (budget_options, config_options, explicit, export_options, int_list,
+                      model_options, provider_list, runner_list)
 
 
 class BadInput(click.ClickException):
@@ -188,18 +188,7 @@ def aoti(**kw) -> None:
               help="Fail (exit 1) when the CUDA provider cannot run, instead of skipping it.")
 @click.option("--tf32/--no-tf32", default=True, show_default=True,
               help="Allow TF32 on ORT CUDA; --no-tf32 checks CUDA with the strict fp32 tolerance.")
-@click.option("--max-quant-error", type=float, default=None,
-              help="Quantized artifacts: fail (exit 1) when quantizing cost more than this "
-                   "max|d| / max|y| on any output (the dequantized vs the unquantized layer) "
-                   "[default: reported only].")
-@click.option("--max-kv-error", type=float, default=None,
-              help="int8-cache artifacts: fail (exit 1) when the int8 cache cost more than this "
-                   "max|d| / max|y| on y over the generate and ragged scenarios (vs the same "
-                   "layer with a float cache) [default: reported only].")
-@click.option("--max-clip-rate", type=float, default=None,
-              help="int8-cache artifacts: fail (exit 1) when more than this fraction of the "
-                   "keys or values written in the sweep fell beyond the calibrated scales "
-                   "(clipped) [default: reported only].")
+@budget_options
 @click.option("--inputs", type=click.Path(dir_okay=False), default=None,
               help="Real layer inputs (a file from `mha-export capture`): the artifact's "
                    "layer's captured input added as real cases (labelled so), with the lossy "
@@ -478,10 +467,10 @@ def _bench_source(artifact: Optional[str], config_fields: dict, quantize: list,
     if artifact:
         from ..artifact import read_artifact
         art = read_artifact(artifact)  # its source weights; its quantization measured as such
-        source = Source(art.config, art.load_unquantized_module(),
+        source = Source(art.config, art.load_plain_module(),
                         art.meta.get("weights", {}).get("source", {}))
-        quantize = quantize or ([art.quantization] if art.quantization else [])
-        int8_cache = int8_cache or art.kv_cache is not None  # scales calibrated anew
+        quantize = quantize or ([art.spec("quantize")] if art.spec("quantize") else [])
+        int8_cache = int8_cache or art.spec("int8-cache") is not None  # calibrated anew
     else:
         source = load_source(None, weights, layer, seed, explicit(config_fields))
     return source, [kept_blocks(source, q, "float32") if q.quantizer == SOURCE else q
@@ -492,7 +481,7 @@ def bench_quantization(names: Optional[str], levels: list[int]) -> list:
     """--quantize int4,int8,source x --accuracy-level 1,4 as QuantSpecs (default block and
     symmetry); source as a SourceQuantSpec whose blocks the bench reads once the GGUF layer is
     loaded (``kept_blocks``)."""
-    from ..weights.quantize import NAMES, QuantSpec
+    from ..lossy.projections.rtn import NAMES, QuantSpec
     if names is None:
         return []
     chosen = [n.strip() for n in names.split(",") if n.strip()]

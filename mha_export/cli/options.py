@@ -11,10 +11,11 @@ from ..check.runners import RUNNERS, ort_runner_names
 from ..config import (LAYOUTS, QK_NORMS, ROPE_LAYOUTS, ROTARY, SCALINGS, SECTIONS,
                       MHAConfig)
 from ..errors import UsageError
+from ..lossy.costs import BUDGETS
 from ..weights.families import FAMILIES
-from ..weights.kv_quant import CACHE_DTYPES, GRANULARITIES, VALUE_SCALE
-from ..weights.quantize import ACCURACY_LEVELS, BLOCK_SIZES, NAMES, QuantSpec
-from ..weights.source_quant import SOURCE, SourceQuantSpec
+from ..lossy.int8_cache.codes import CACHE_DTYPES, GRANULARITIES, VALUE_SCALE
+from ..lossy.projections.rtn import ACCURACY_LEVELS, BLOCK_SIZES, NAMES, QuantSpec
+from ..lossy.projections.source import SOURCE, SourceQuantSpec
 
 # The layer's defaults are MHAConfig's: the CLI shows them, never re-declares them.
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(MHAConfig)}
@@ -229,6 +230,12 @@ def sections(kw: dict) -> dict:
         if (given := section.from_options(kw)) is not None:
             kw = {**kw, field: given}
     return kw
+
+
+def budget_options(fn: Callable) -> Callable:
+    """check's --max-* options: each lossy step's budgets (lossy/costs.py)."""
+    return _apply([click.option(f"--{name.replace('_', '-')}", type=float, default=None,
+                                help=text) for name, text in BUDGETS.items()], fn)
 
 
 def config_options(fn: Callable) -> Callable:

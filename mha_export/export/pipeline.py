@@ -20,10 +20,10 @@ from ..kinds.registry import FORMS, refuse_unbuilt
 from ..signature import (FLOAT, INT8, INT8_FLOAT32_ONLY, STATIC, Signature, make_signature,
                          signature_kind)
 from ..weights.files import save_weights
-from ..weights.kv_calibration import calibrate_cache
-from ..weights.kv_quant import CACHE_DTYPES, VALUE_SCALE, KVCacheSpec
-from ..weights.quantize import QuantSpec
-from ..weights.source_quant import SOURCE, SourceQuantSpec, kept_quantization
+from ..lossy.int8_cache.calibration import calibrate_cache
+from ..lossy.int8_cache.codes import CACHE_DTYPES, VALUE_SCALE, KVCacheSpec
+from ..lossy.projections.rtn import QuantSpec
+from ..lossy.projections.source import SOURCE, SourceQuantSpec, kept_quantization
 from ..weights.source import Source, load_source
 from .base import ExportTarget
 from .targets import TARGETS
@@ -82,7 +82,8 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
     prepared = chosen.prepare(source.module, source.config, sig, **options)
     meta = _describe(source, sig, target, prepared.export)
     dest = Path(output) if output is not None else default_folder(
-        source.config, target, sig.kind, quant=quantize, int8_cache=int8_cache)
+        source.config, target, sig.kind,
+        specs={"quantize": quantize, "int8-cache": options.get("kv_cache")})
     report = None
     with staged_folder(dest, force) as stage:
         save_weights(source.module, stage / WEIGHTS_FILE)
@@ -142,7 +143,7 @@ def _calibrated(source: Source, quantize: Optional[QuantSpec], calibration, valu
     """Scales calibrated on the function the file will hold (dequantized projections)."""
     module = source.module
     if quantize is not None:
-        from ..weights.dequantized import reference_module
+        from ..lossy.projections.reference import reference_module
         module = reference_module(module, quantize)
     return calibrate_cache(module.eval(), calibration, value_scale, seed,
                            layer=source.description.get("layer"))

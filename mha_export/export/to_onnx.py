@@ -14,8 +14,8 @@ from ..graph.model import build_model, check_buildable
 from ..kinds.registry import FORMS, default_form, get_form
 from ..layer.layouts import AttentionBase
 from ..signature import Signature
-from ..weights.kv_quant import KVCacheSpec
-from ..weights.quantize import QuantSpec, quantized_projections
+from ..lossy.int8_cache.codes import KVCacheSpec
+from ..lossy.projections.rtn import QuantSpec, quantized_projections
 from .base import Prepared
 
 MODEL_FILE = "model.onnx"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..kinds.registry import kind_of
-from ..layer.base import AttentionBase
-from .quantize import QuantSpec, quantize
+from ...kinds.registry import kind_of
+from ...layer.base import AttentionBase
+from .rtn import QuantSpec, quantize
 
 
 def reference_module(module: AttentionBase, spec, dtype: str = "float32") -> AttentionBase:

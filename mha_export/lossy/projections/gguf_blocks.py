@@ -46,8 +46,8 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from ..errors import UsageError
-from .quantize import _pack
+from ...errors import UsageError
+from .rtn import _pack
 
 QK_K = 256  # a K-quant super-block's values
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")  # stored as floats: no blocks to keep

@@ -17,8 +17,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .runners.base import Feeds, Runner
-from .runners.pytorch import EagerRunner
+from ...check.runners.base import Feeds, Runner
+from ...check.runners.pytorch import EagerRunner
 
 
 class Recording(Runner):
@@ -42,11 +42,18 @@ class GivenCodes:
     def __init__(self, eager: EagerRunner, reference: EagerRunner):
         self.layers = {"eager": eager, "reference": reference}
 
-    def expected(self, expected: dict, calls: list[tuple[Feeds, Feeds]]) -> dict:
+    @staticmethod
+    def watch(runner: Runner) -> Recording:
+        """The runner under test, its calls kept."""
+        return Recording(runner)
+
+    def expected(self, expected: dict, recording: Recording) -> dict:
         """``expected`` with y replaced by attention over each call's written buffers (y of
         all calls concatenated along T, as the scenarios return it)."""
+        if not recording.calls:
+            return expected
         return {k: {**expected[k], "y": np.concatenate(
-            [self._read(layer, feeds, out) for feeds, out in calls], axis=1)}
+            [self._read(layer, feeds, out) for feeds, out in recording.calls], axis=1)}
             for k, layer in self.layers.items()}
 
     @staticmethod

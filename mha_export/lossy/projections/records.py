@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import UsageError
-from .quantize import QuantSpec
-from .source_quant import SOURCE, SourceQuantSpec
+from ...errors import UsageError
+from .rtn import QuantSpec
+from .source import SOURCE, SourceQuantSpec
 
 QUANTIZERS = {"rtn": QuantSpec, SOURCE: SourceQuantSpec}
 RECORD_ONLY = ("format", "projections")  # written beside an RTN spec, not part of it

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UsageError
+from ...errors import UsageError
 
 BITS = (4, 8)
 NAMES = {f"int{b}": b for b in BITS}  # --quantize int4 | int8
@@ -152,7 +152,7 @@ class QuantizedWeight:
 
 def quantized_projections(config) -> list[str]:
     """The projections --quantize turns into MatMulNBits: its attention kind's (kinds/)."""
-    from ..kinds.registry import kind_of  # torch: not at import (the ORT bench worker reads specs)
+    from ...kinds.registry import kind_of  # torch: not at import (the ORT bench worker reads specs)
     return kind_of(config).quantizable(config)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UsageError
+from ...errors import UsageError
 
 GRANULARITIES = {"tensor": "PER_TENSOR", "channel": "PER_CHANNEL"}  # -> the node's attribute
 LOWEST, HIGHEST = -128, 127

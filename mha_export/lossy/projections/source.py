@@ -21,9 +21,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import UsageError
+from ...errors import UsageError
 from .gguf_blocks import SourceBlocks, is_float_type, source_blocks
-from .quantize import ACCURACY_LEVELS
+from .rtn import ACCURACY_LEVELS
 
 SOURCE = "source"  # --quantize source
 SPLIT_HIGH_BIT = ("Q5_1", "Q5_K")  # 8-bit codes with float zero points: two nodes
@@ -102,7 +102,7 @@ def kept_quantization(path: str | Path, layer: int, config: Any,
                       accuracy_level: int) -> SourceQuantSpec:
     """The layer's projections as the file stores them, in Hugging Face's row order, by graph
     name; a projection of a type without an exact form is bad input (one line)."""
-    from .gguf import layer_raw_tensors
+    from ...weights.gguf import layer_raw_tensors
     raw = layer_raw_tensors(path, layer)
     blocks: dict[str, SourceBlocks] = {}
     for ours, tensor in raw.items():

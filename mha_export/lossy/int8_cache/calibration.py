@@ -16,10 +16,10 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..config import MHAConfig
-from ..errors import UsageError
-from ..layer.base import AttentionBase
-from .kv_quant import (GRANULARITIES, KEY_GRANULARITY, VALUE_SCALE, KVCacheSpec, channel_max,
+from ...config import MHAConfig
+from ...errors import UsageError
+from ...layer.base import AttentionBase
+from .codes import (GRANULARITIES, KEY_GRANULARITY, VALUE_SCALE, KVCacheSpec, channel_max,
                        scale_from_max)
 
 SYNTHETIC_ROWS, SYNTHETIC_TOKENS = 4, 256

@@ -1,0 +1,139 @@
+"""What a lossy step is to every stage: ``LossyStep`` (its record in config.json, the function
+the file holds, its CLI options and export hooks) and ``Cost`` (what it cost, measured by the
+check apart from the runners' kernel parity, judged only against a budget the user sets).
+
+    CLI       options() -> click options; from_cli(kw) -> the export API's keywords
+    export    request(kw, target, kind, dtype) -> its spec or None; prepare(source, specs, ...)
+              -> the spec the file is built with; target_option, folder tag, signature dtype
+    record    config.json export[record_key]: spec(export) reads it back, validate() checks it
+    reference reference(module, spec, export) -> the eager module of the function the file holds
+    check     its Cost (lossy/costs.py): per case / scenario, a result in the report's field
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..errors import UsageError
+
+
+class LossyStep:
+    """A lossy step's hooks; the defaults are those of a step that changes nothing there."""
+
+    name: str = ""  # "quantize" | "int8-cache" (an attention kind's ``unbuilt`` keys)
+    record_key: str = ""  # config.json export[...]
+    target_option: str = ""  # the export target's prepare() keyword
+    signature_dtype: Optional[str] = None  # the cache dtype its signature declares
+
+    def spec(self, export: dict) -> Any:
+        """The spec an artifact's export record holds, or None."""
+        record = export.get(self.record_key)
+        return None if record is None else self.from_record(record)
+
+    def from_record(self, record: dict) -> Any:
+        raise NotImplementedError
+
+    def validate(self, export: dict, config: Any, signature: Any) -> None:
+        """A record that cannot be read, or that does not fit the layer: an error, now."""
+        self.spec(export)
+
+    def reference(self, module: Any, spec: Any, export: dict) -> Any:
+        """The eager module of the function a file with this step holds."""
+        return module
+
+    def tag(self, spec: Any) -> str:
+        """Its part of a default folder's name (models/<slug>-<kind>-<tag>-<format>)."""
+        return ""
+
+    def options(self) -> list[Callable]:
+        """Its click options (cli/options.py applies them to the export commands)."""
+        return []
+
+    def from_cli(self, kw: dict) -> dict:
+        """The export API's keywords from the CLI's (the options' values gathered)."""
+        return kw
+
+    def request(self, kw: dict, target: Any, kind: str, dtype: str) -> Any:
+        """Its spec as asked for through the export API's keywords (popped), or None; what
+        cannot be built is refused here, before any work."""
+        return None
+
+    def prepare(self, source: Any, spec: Any, specs: dict, seed: int) -> Any:
+        """The spec the file is built with, once the source is loaded (``specs``: the steps
+        prepared before it, by name)."""
+        return spec
+
+    def api_keys(self) -> tuple[str, ...]:
+        """The export API's keywords it reads."""
+        return ()
+
+
+def within(value: float, budget: Optional[float]) -> bool:
+    """A measured figure passes: finite (a NaN or empty measurement never does), and within
+    the budget where one is set."""
+    return bool(np.isfinite(value) and (budget is None or value <= budget))
+
+
+def check_budget(name: str, value: Optional[float], applies: bool, why_not: str) -> None:
+    """A budget must be a finite number >= 0, and given only where it measures something."""
+    if value is None:
+        return
+    if not (value >= 0 and np.isfinite(value)):
+        raise UsageError(f"{name} must be a finite number >= 0, got {value}")
+    if not applies:
+        raise UsageError(f"{name}: {why_not}")
+
+
+def verdict(passed: bool, budget: Optional[float], flag: str) -> str:
+    if budget is None:
+        return "FAIL (not finite)" if not passed else f"reported (no {flag})"
+    return f"{'PASS' if passed else 'FAIL'} (budget {budget:g})"
+
+
+class Cost:
+    """What one lossy step of an artifact cost over the check's cases: collected case by case
+    and scenario by scenario, reported in the CheckReport's ``field`` (``real_`` + field for the
+    captured inputs), judged only against its budgets (check_parity's keywords)."""
+
+    field: str = ""  # CheckReport / parity.json key of its result
+    empty: Any = None  # that key's value for an artifact without the step
+    title: str = ""  # in the summary line: "<title> cost FAILED"
+    over: str = "the sweep"  # what its result is the worst over (random inputs)
+    budgets: dict[str, str] = {}  # check_parity keyword -> its CLI help
+
+    @classmethod
+    def of(cls, artifact: Any, budgets: dict) -> Optional["Cost"]:
+        """None for an artifact without the step (where a budget of it is bad input)."""
+        raise NotImplementedError
+
+    @classmethod
+    def given(cls, artifact: Any, baseline: Any, reference: Any) -> Any:
+        """How the truth of a runner's call is read (e.g. over the codes it wrote), or None."""
+        return None
+
+    @classmethod
+    def tolerance(cls, artifact: Any, output: str, default: Any) -> Any:
+        """Its own tolerance of an output (e.g. codes compared as codes), or None."""
+        return None
+
+    def add_case(self, feeds: dict, reference: dict, valid: dict, case: Any) -> None:
+        """A single call: its feeds, the check's fp64 reference outputs, the valid entries."""
+
+    def add_scenario(self, x: np.ndarray, mask: np.ndarray, reference_y: np.ndarray,
+                     truth: Callable) -> None:
+        """A multi-call scenario: ``truth`` runs a layer through it as the check's truth does."""
+
+    def result(self) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def passed(result: Any) -> bool:
+        """Whether a result (this field's value) passes."""
+        return all(r.passed for r in result) if isinstance(result, list) else (
+            result is None or result.passed)
+
+    @staticmethod
+    def lines(result: Any, over: str) -> list[str]:
+        """The report's lines of a result (none for the empty one)."""
+        return []
