@@ -3,7 +3,7 @@
 
 - transformers 5.23's ``DeepseekV2Attention`` with its DynamicCache of P latents (cropped back
   to P after each call): it re-expands the whole latent cache through kv_b_proj every step;
-- the eager layer (layer/mla.py) in its expanded and absorbed forms over the same cache;
+- the eager layer (kinds/mla/layer.py) in its expanded and absorbed forms over the same cache;
 - the ONNX static-cache step as `mha-export onnx --static-cache` writes it (the default form
   ``latent``: a decode step runs its absorbed core) in ONNX Runtime, buffers of capacity 8192
   bound in place (IO binding), as an app runs it.

@@ -499,7 +499,7 @@ STATIC_FAULTS = {
 
 
 # --- faults of quantized projections (issue 22) --------------------------------------------------
-# Each edits q_proj's MatMulNBits inputs (weights/quantize.py's layout: codes packed per output
+# Each edits q_proj's MatMulNBits inputs (lossy/projections/rtn.py's layout: codes packed per output
 # row and block, low nibble first; one scale and zero point per block).
 
 def _edit_initializer(path: Path, suffix: str, fn) -> None:

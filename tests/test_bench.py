@@ -112,7 +112,8 @@ def test_plot_of_decode_steps_reads_against_the_past(tmp_path):
 def test_quantized_variants_record_their_smaller_files_and_bytes(tmp_path):
     """--quantize: every form also with quantized projections, its model file's size and the
     bytes a step reads counted as the quantized weights (GB/s of what is really read)."""
-    from mha_export.bench.driver import step_bytes, weight_bytes
+    from mha_export.bench.driver import step_bytes
+    from mha_export.lossy.registry import weight_bytes
     from mha_export.lossy.projections.rtn import QuantSpec
     c = MHAConfig(dim=64, heads=4)
     int4 = QuantSpec(bits=4, accuracy_level=4)
@@ -124,9 +125,9 @@ def test_quantized_variants_record_their_smaller_files_and_bytes(tmp_path):
     assert all(r.error == "" for r in rows.values())
     assert rows["ort-cpu-auto-int4"].model_mib < rows["ort-cpu-auto-int8-fp32"].model_mib \
         < rows["ort-cpu-auto"].model_mib
-    assert weight_bytes(c, int4) == 4 * (64 * 2 * 16 + 4 * 64 * 2)  # codes + scales, 4 matrices
+    assert weight_bytes(c, {"quantize": int4}) == 4 * (64 * 2 * 16 + 4 * 64 * 2)  # codes + scales, 4 matrices
     row = rows["ort-cpu-auto-int4"]
-    assert row.bandwidth_gbs == pytest.approx(step_bytes(c, 1, 1, 8, int4)
+    assert row.bandwidth_gbs == pytest.approx(step_bytes(c, 1, 1, 8, {"quantize": int4})
                                               / (row.median_ms / 1e3) / 1e9)
 
 
@@ -143,9 +144,9 @@ def test_int8_cache_variants_read_one_byte_per_cached_value(tmp_path):
     assert {"ort-cpu-auto-kv8", "ort-cpu-auto-int4-kv8"} <= set(rows)
     assert all(r.error == "" for r in rows.values()), [r.error for r in rows.values()]
     row = rows["ort-cpu-auto-kv8"]
-    assert row.bandwidth_gbs == pytest.approx(step_bytes(c, 1, 1, 8, None, "int8")
+    assert row.bandwidth_gbs == pytest.approx(step_bytes(c, 1, 1, 8, {"int8-cache": "int8"})
                                               / (row.median_ms / 1e3) / 1e9)
-    assert step_bytes(c, 1, 1, 8) - step_bytes(c, 1, 1, 8, None, "int8") == 3 * 2 * 32 * 9
+    assert step_bytes(c, 1, 1, 8) - step_bytes(c, 1, 1, 8, {"int8-cache": "int8"}) == 3 * 2 * 32 * 9
     with pytest.raises(UsageError, match="--static-cache"):
         run_bench(c, seq_lens=[1], past_lens=[8], kv_cache=True, int8_cache=True)
 
@@ -205,7 +206,8 @@ def test_a_gguf_layer_benched_with_its_own_blocks(tmp_path, monkeypatch):
     pytest.importorskip("gguf")
     from test_source_quant import write_blocks
     from mha_export.bench import driver
-    from mha_export.bench.driver import step_bytes, weight_bytes
+    from mha_export.bench.driver import step_bytes
+    from mha_export.lossy.registry import weight_bytes
     from mha_export.weights.gguf import layer_raw_tensors
     from mha_export.lossy.projections.gguf_blocks import source_blocks
     from mha_export.lossy.projections.source import SourceQuantSpec, kept_quantization
@@ -230,8 +232,8 @@ def test_a_gguf_layer_benched_with_its_own_blocks(tmp_path, monkeypatch):
     want = sum(b.stored_bytes() for t, b in blocks.items() if t != "Q5_K") \
         + low.stored_bytes() + high.stored_bytes()
     spec = SourceQuantSpec.from_dict(kept_quantization(gguf_file, 0, c, 1).to_dict())  # record
-    assert weight_bytes(c, spec) == want < weight_bytes(c)
+    assert weight_bytes(c, {"quantize": spec}) == want < weight_bytes(c, {})
     row = rows[kept]
-    assert row["bandwidth_gbs"] == pytest.approx(step_bytes(c, 1, 1, 8, spec)
+    assert row["bandwidth_gbs"] == pytest.approx(step_bytes(c, 1, 1, 8, {"quantize": spec})
                                                  / (row["median_ms"] / 1e3) / 1e9)
     assert row["model_mib"] < rows["ort-cpu-auto"]["model_mib"]

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from conftest import REAL_TEXT
 from faults import nudge_weight
 from mha_export.cli.commands import cli
-from mha_export.model.eval import evaluate, kl_per_position, lossy_steps, perplexity
+from mha_export.lossy.registry import attribution
+from mha_export.model.eval import evaluate, kl_per_position, perplexity
 from mha_export.lossy.projections.rtn import QuantSpec
 
 TOKENS = 48
@@ -83,8 +84,8 @@ def test_a_lossy_step_is_measured_and_attributed(smollm2_gguf, smollm2_model, tm
 
 def test_lossy_steps_of_combined_options():
     spec = QuantSpec(bits=4, accuracy_level=4)
-    names = [n for n, _ in lossy_steps({"quantize": spec, "static_cache": True,
-                                        "kv_cache_dtype": "int8"})]
+    names = [n for n, _ in attribution({"quantize": spec, "static_cache": True,
+                                        "kv_cache_dtype": "int8"}, "ort-cpu")]
     assert names == ["fp32 export", "weights int4 (fp32 compute)",
                      "weights int4 + int8 activations (level 4)", "int8 cache", "all together"]
 

@@ -1,4 +1,4 @@
-"""GGUF weights' own blocks as MatMulNBits inputs (weights/gguf_blocks.py): equal to gguf-py's
+"""GGUF weights' own blocks as MatMulNBits inputs (lossy/projections/gguf_blocks.py): equal to gguf-py's
 dequantize for every supported type, and run through ONNX Runtime's MatMulNBits kernel."""
 import numpy as np
 import onnxruntime as ort

@@ -1,4 +1,4 @@
-"""An int8 KV cache's arithmetic (weights/kv_quant.py) is what ONNX Runtime's CPU
+"""An int8 KV cache's arithmetic (lossy/int8_cache/codes.py) is what ONNX Runtime's CPU
 GroupQueryAttention computes with kv_cache_bit_width=8: the codes it writes into the app's buffer
 (bound in place, as the static cache is) and the attention over the dequantized cache, per
 tensor and per channel; the reference tells apart the faults issue 24 plants."""

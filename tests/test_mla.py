@@ -1,4 +1,4 @@
-"""Multi-head Latent Attention (layer/mla.py), read from Hugging Face folders by the deepseek_v2 /
+"""Multi-head Latent Attention (kinds/mla/layer.py), read from Hugging Face folders by the deepseek_v2 /
 deepseek_v3 families (one sharded), against transformers' own attention modules (tiny random
 configs built here, nothing downloaded): a left-padded batch, full sequence and prefill +
 single-token steps with transformers' own cache; y and the latent cache, in the expanded form

@@ -1,4 +1,4 @@
-"""Weight-only block quantization (weights/quantize.py): the packed layout is the one ONNX
+"""Weight-only block quantization (lossy/projections/rtn.py): the packed layout is the one ONNX
 Runtime's MatMulNBits kernel reads, proven by running the kernel against the dequantized weights."""
 import itertools
 

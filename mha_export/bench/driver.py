@@ -18,15 +18,14 @@ from ..config import MHAConfig
 from ..env import last_level_cache_bytes, machine_info
 from ..errors import UsageError
 from ..kinds.registry import FORMS, build_module, forms_for, kind_of, refuse_unbuilt
+from ..lossy import registry as lossy
 from ..signature import FLOAT, INT8
 from ..lossy.int8_cache.codes import INT8_CACHE_TAG, KVCacheSpec
-from ..lossy.projections.rtn import QuantSpec, quantized_projections
+from ..lossy.projections.rtn import QuantSpec
 from ..lossy.projections.records import quant_spec_from_record
 from ..lossy.projections.source import SOURCE
 from .report import BASELINE, BenchReport, BenchRow
 
-# quantized_projections' names -> the graph's (the names a kept quantization records)
-GRAPH_NAME = {"out_proj": "out", "gate_proj": "gate"}
 WORKER = "mha_export.bench.worker"  # run with -m: the package, not its folder, on sys.path
 
 
@@ -71,7 +70,8 @@ def model_variants(config: MHAConfig, forms: Sequence[str], kind: str,
                    ) -> dict[str, dict]:
     """The ONNX model of each variant, by key: every form, with each quantization (FORM-TAG,
     e.g. auto-int4), and with an int8 cache where the form builds one (FORM[-TAG]-kv8). Each
-    value holds what to build it with and what its rows record (``quant``, ``cache_dtype``)."""
+    value holds what to build it with (the lossy steps' ``specs``) and what its rows record
+    (``quant``, ``cache_dtype``)."""
     from ..graph.forms import Feature
     caches = [None] + ([int8_cache] if int8_cache is not None else [])
     out = {}
@@ -82,7 +82,9 @@ def model_variants(config: MHAConfig, forms: Sequence[str], kind: str,
                     continue
                 key = form + (f"-{quant.tag}" if quant else "") + (f"-{INT8_CACHE_TAG}"
                                                                    if cache else "")
-                out[key] = {"form": form, "quant": quant, "kv_cache": cache,
+                specs = {name: spec for name, spec in (("quantize", quant),
+                                                       ("int8-cache", cache)) if spec}
+                out[key] = {"form": form, "specs": specs,
                             "record": {**({"quant": quant.to_dict()} if quant else {}),
                                        **({"cache_dtype": INT8} if cache else {})}}
     return out
@@ -97,10 +99,10 @@ def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, m
     from ..signature import make_signature
     paths = {}
     for key, v in variants.items():
-        sig = make_signature(config, kind, INT8 if v["kv_cache"] else FLOAT)
+        sig = make_signature(config, kind, lossy.cache_dtype(v["specs"], FLOAT))
         paths[key] = folder / f"{key}.onnx"
-        TARGETS["onnx"].prepare(module, config, sig, attention=v["form"], quant=v["quant"],
-                                kv_cache=v["kv_cache"]).write(paths[key])
+        TARGETS["onnx"].prepare(module, config, sig, attention=v["form"],
+                                specs=v["specs"]).write(paths[key])
     sig = make_signature(config, kind)
     paths["torchscript"] = folder / TARGETS["torchscript"].model_file
     TARGETS["torchscript"].prepare(module, config, sig).write(paths["torchscript"])
@@ -284,28 +286,21 @@ def stream_bandwidth(budget_s: float, progress: Callable[[str], None]) -> Option
     return rate
 
 
-def weight_bytes(c: MHAConfig, quant: Optional[QuantSpec] = None) -> int:
-    """Bytes of the layer's projections' weights: fp32, or as ``quant`` stores the quantized
-    ones (those its kind does not quantize stay fp32: an MLA layer's kv_b_proj); a GGUF's kept
-    blocks (``--quantize source``) count as the file's codes, scales and zero points, per
-    projection as recorded (one kept float counts fp32)."""
-    shape = kind_of(c).projections(c)
-    if quant is not None and quant.quantizer == SOURCE:
-        kept = {p: quant.stored_bytes(GRAPH_NAME.get(p, p)) for p in shape}
-        return sum(4 * s[0] * s[1] if kept[p] is None else kept[p] for p, s in shape.items())
-    quantized = set(quantized_projections(c)) if quant else set()
-    return sum(quant.stored_bytes(*s) if p in quantized else 4 * s[0] * s[1]
-               for p, s in shape.items())
-
-
 def step_bytes(c: MHAConfig, seq: int, batch: int, past: int,
-               quant: Optional[QuantSpec] = None, cache_dtype: str = FLOAT) -> float:
-    """Bytes a cached step must read: the weights once, and the valid keys and values (fp32, or
-    an int8 cache's codes; the kind's cache widths: an MLA layer's latents and rotated keys)."""
-    width = 1 if cache_dtype == INT8 else 4
+               specs: Optional[dict] = None) -> float:
+    """Bytes a cached step must read: the weights once (as the lossy steps' ``specs`` store
+    them), and the valid keys and values (fp32, or an int8 cache's codes; the kind's cache
+    widths: an MLA layer's latents and rotated keys)."""
+    specs = specs or {}
     heads, key_width, value_width = c.cache_shape
-    return weight_bytes(c, quant) + width * batch * heads * (key_width + value_width) * (
-        past + seq)
+    return lossy.weight_bytes(c, specs) + lossy.cache_entry_bytes(specs) * batch * heads * (
+        key_width + value_width) * (past + seq)
+
+
+def _row_specs(row: dict) -> dict:
+    """A bench row's lossy steps, from what it records (``quant``, ``cache_dtype``)."""
+    specs = {"quantize": quant_spec_from_record(row["quant"])} if row.get("quant") else {}
+    return {**specs, **({"int8-cache": INT8} if row.get("cache_dtype") == INT8 else {})}
 
 
 # A cold row's ring holds RING x the last-level cache in weights + valid cache (at least 2
@@ -316,9 +311,7 @@ RING = 3
 def _cold(spec: dict, c: MHAConfig) -> dict:
     """The spec as a ring of instances larger than the last-level cache; a static buffer sized
     to the call (capacity = past + T: what is read is the same, the ring fits in memory)."""
-    quant = quant_spec_from_record(spec["quant"]) if spec.get("quant") else None
-    instance = step_bytes(c, spec["seq"], spec["batch"], spec["past"], quant,
-                          spec.get("cache_dtype", FLOAT))
+    instance = step_bytes(c, spec["seq"], spec["batch"], spec["past"], _row_specs(spec))
     count = -(-RING * last_level_cache_bytes() // int(instance))
     out = {**spec, "ring": min(512, max(2, count))}
     if "capacity" in spec:
@@ -332,14 +325,13 @@ def _row(name: str, c: MHAConfig, spec: dict, result: dict, cached: bool = False
         return BenchRow(name, seq, batch, past, error=result["error"])
     s = result["median_ms"] / 1e3
     gflops = effective_flops(c, seq, batch, past) / s / 1e9
-    quant = quant_spec_from_record(spec["quant"]) if spec.get("quant") else None
     model = Path(spec["model"]) if spec.get("model") else None
+    read = step_bytes(c, seq, batch, past, _row_specs(spec)) if cached else None
     return BenchRow(name, seq, batch, past, result["median_ms"], result["reps"], batch * seq / s,
                     gflops, None, None, result["peak_rss_mib"], result.get("peak_device_mib"),
-                    bandwidth_gbs=step_bytes(c, seq, batch, past, quant,
-                                             spec.get("cache_dtype", FLOAT)) / s / 1e9 if cached
-                    else None, model_mib=model.stat().st_size / 2**20 if model and
-                    model.suffix == ".onnx" else None, ring=spec.get("ring", 1))
+                    bandwidth_gbs=read / s / 1e9 if cached else None,
+                    model_mib=model.stat().st_size / 2**20 if model and model.suffix == ".onnx"
+                    else None, ring=spec.get("ring", 1))
 
 
 def _speedups(report: BenchReport) -> None:

@@ -20,14 +20,14 @@ import click
 
 from ..check.parity import check_parity
 from ..errors import Interrupted, UsageError, interrupt, raise_if_interrupted
-from ..export.pipeline import (ATTENTION_FORMS, export_aoti, export_onnx, export_torchscript,
-                               kept_blocks)
+from ..export.pipeline import ATTENTION_FORMS, export_aoti, export_onnx, export_torchscript
 from ..graph.forms import DEFAULT, MAX_OPSET
 from ..kinds.registry import opset_summary
 from ..graph.model import DTYPES
 from ..signature import INT8
 from ..lossy.int8_cache.codes import CACHE_DTYPES
 from ..lossy.projections.source import SOURCE, SourceQuantSpec
+from ..lossy.projections.step import kept_blocks
 from ..check.runners import RUNNERS
 from .options import (budget_options, config_options, explicit, export_options, int_list,
                       model_options, provider_list, runner_list)
@@ -73,11 +73,11 @@ def _progress(i: int, n: int, label: str) -> None:
         click.echo(f"\r\033[K[{i}/{n}] {label}" if i < n else "\r\033[K", err=True, nl=False)
 
 
-def _quant_and_cache_options(fn: Callable) -> Callable:
-    """--quantize, --block-size, --symmetric, --accuracy-level, --kv-cache-dtype, ... (the
+def _lossy_options(fn: Callable) -> Callable:
+    """The lossy steps' options: --quantize, --block-size, ..., --kv-cache-dtype, ... (the
     export commands' own)."""
-    from .options import KV_OPTIONS, QUANT_OPTIONS
-    for option in reversed(QUANT_OPTIONS + KV_OPTIONS):
+    from .options import LOSSY_OPTIONS
+    for option in reversed(LOSSY_OPTIONS):
         fn = option(fn)
     return fn
 
@@ -293,7 +293,7 @@ def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequen
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="A PNG of the per-token KL (and of each attribution step).")
-@_quant_and_cache_options
+@_lossy_options
 @_guard
 def eval_(weights: str, text_path: str, tokens: int, layers: str, runner: str, generate: int,
           folder: Optional[str], attribute: bool, per_layer: bool, max_kl: Optional[float],

@@ -13,9 +13,7 @@ from ..config import (LAYOUTS, QK_NORMS, ROPE_LAYOUTS, ROTARY, SCALINGS, SECTION
 from ..errors import UsageError
 from ..lossy.costs import BUDGETS
 from ..weights.families import FAMILIES
-from ..lossy.int8_cache.codes import CACHE_DTYPES, GRANULARITIES, VALUE_SCALE
-from ..lossy.projections.rtn import ACCURACY_LEVELS, BLOCK_SIZES, NAMES, QuantSpec
-from ..lossy.projections.source import SOURCE, SourceQuantSpec
+from ..lossy import registry as lossy
 
 # The layer's defaults are MHAConfig's: the CLI shows them, never re-declares them.
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(MHAConfig)}
@@ -153,66 +151,14 @@ ARTIFACT_OPTIONS = [
                  help="Full-sequence model with a padding mask: x, attention_mask -> y."),
 ]
 
-QUANT_DEFAULT = QuantSpec()
-QUANT_OPTIONS = [
-    click.option("--quantize", type=click.Choice((*NAMES, SOURCE)), default=None,
-                 help="Weight-only quantized projections (q/k/v, output, gate) as ONNX Runtime's "
-                      "MatMulNBits, round to nearest per block; norms, biases and sinks stay "
-                      "float (ONNX only); source: a .gguf checkpoint's own blocks, kept as "
-                      "they are (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K) [default: float "
-                      "weights]."),
-    click.option("--block-size", type=click.Choice([str(b) for b in BLOCK_SIZES]),
-                 default=str(QUANT_DEFAULT.block_size), show_default=True,
-                 help="Input features per quantization block (one scale each)."),
-    click.option("--symmetric/--asymmetric", default=QUANT_DEFAULT.symmetric, show_default=True,
-                 help="Symmetric blocks, or a zero point per block."),
-    click.option("--accuracy-level", type=click.Choice([str(a) for a in ACCURACY_LEVELS]),
-                 default=str(QUANT_DEFAULT.accuracy_level), show_default=True,
-                 help="MatMulNBits' arithmetic: " + ", ".join(
-                     f"{a} = {c}" for a, c in ACCURACY_LEVELS.items()) + " (faster, looser)."),
-]
-
-
-KV_OPTIONS = [
-    click.option("--kv-cache-dtype", type=click.Choice(CACHE_DTYPES), default="float",
-                 show_default=True,
-                 help="With --static-cache: int8 = the buffers hold int8 codes, quantized on "
-                      "write with static scales (round half to even, clipped) and dequantized "
-                      "on read (ONNX only; docs/kv-cache.md)."),
-    click.option("--calibration", type=click.Path(dir_okay=False), default=None,
-                 help="int8 cache: hidden states [n, T, d_in] (.npy or .safetensors) to "
-                      "calibrate the scales on [default: synthetic random inputs, and the "
-                      "check's report says so]."),
-    click.option("--value-scale", type=click.Choice(tuple(GRANULARITIES)), default=VALUE_SCALE,
-                 show_default=True,
-                 help="int8 cache: one scale per value channel, or one for all values (keys: "
-                      "always per channel)."),
-]
+# the lossy steps' options (--quantize ..., --kv-cache-dtype ...): each step's own (lossy/)
+LOSSY_OPTIONS = lossy.options()
 
 
 def export_options(kw: dict) -> dict:
-    """The export API's keywords: the options the user set (``explicit``), the quantization
-    ones gathered into ``quantize=QuantSpec`` (given without --quantize: an error)."""
-    kw = explicit(kw)
-    if "value_scale" in kw and kw.get("kv_cache_dtype") != "int8":
-        raise UsageError("--value-scale needs --kv-cache-dtype int8")
-    fields = {name: kw.pop(name) for name in ("block_size", "symmetric", "accuracy_level")
-              if name in kw}
-    name = kw.pop("quantize", None)
-    if name is None:
-        if fields:
-            raise UsageError(f"--{next(iter(fields)).replace('_', '-')} needs --quantize")
-        return kw
-    for key in ("block_size", "accuracy_level"):
-        if key in fields:
-            fields[key] = int(fields[key])
-    if name == SOURCE:  # the file's own blocks: only the kernel's arithmetic is a choice
-        other = next((f for f in fields if f != "accuracy_level"), None)
-        if other:
-            raise UsageError(f"--{other.replace('_', '-')} does not apply to --quantize source "
-                             "(the GGUF file's blocks decide it)")
-        return {**kw, "quantize": SourceQuantSpec(**fields)}
-    return {**kw, "quantize": QuantSpec.named(name, **fields)}
+    """The export API's keywords: the options the user set (``explicit``), each lossy step's
+    gathered by it (``quantize=QuantSpec``; a step's option given without it: an error)."""
+    return lossy.from_cli(explicit(kw))
 
 
 def explicit(kw: dict) -> dict:
@@ -243,4 +189,4 @@ def config_options(fn: Callable) -> Callable:
 
 
 def model_options(fn: Callable) -> Callable:
-    return _apply(CONFIG_OPTIONS + ARTIFACT_OPTIONS + QUANT_OPTIONS + KV_OPTIONS, fn)
+    return _apply(CONFIG_OPTIONS + ARTIFACT_OPTIONS + LOSSY_OPTIONS, fn)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,4 @@ Prepare = Callable[..., Prepared]
 class ExportTarget:
     name: str  # config.json "format" and the default folder's suffix: models/<slug>-<name>
     model_file: str  # the file it writes into the artifact folder
-    prepare: Prepare
-    # why --quantize cannot make this target's file (None: prepare takes ``quant``)
-    quantize_refusal: Optional[str] = None
-    # why --kv-cache-dtype int8 cannot (None: prepare takes ``kv_cache``)
-    int8_cache_refusal: Optional[str] = None
+    prepare: Prepare  # takes ``specs``: the lossy steps' (a step says which targets refuse it)

@@ -15,17 +15,11 @@ from ..artifact import CONFIG_FILE, REPORT_FILE, WEIGHTS_FILE, default_folder, s
     write_json_atomic
 from ..config import MHAConfig
 from ..env import utc_now, versions
-from ..errors import UsageError
-from ..kinds.registry import FORMS, refuse_unbuilt
-from ..signature import (FLOAT, INT8, INT8_FLOAT32_ONLY, STATIC, Signature, make_signature,
-                         signature_kind)
+from ..kinds.registry import FORMS
+from ..lossy import registry as lossy
+from ..signature import FLOAT, Signature, make_signature, signature_kind
 from ..weights.files import save_weights
-from ..lossy.int8_cache.calibration import calibrate_cache
-from ..lossy.int8_cache.codes import CACHE_DTYPES, VALUE_SCALE, KVCacheSpec
-from ..lossy.projections.rtn import QuantSpec
-from ..lossy.projections.source import SOURCE, SourceQuantSpec, kept_quantization
 from ..weights.source import Source, load_source
-from .base import ExportTarget
 from .targets import TARGETS
 
 ATTENTION_FORMS = tuple(FORMS)
@@ -46,10 +40,8 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
                     layer: Optional[int] = None, seed: int = 0, kv_cache: bool = False,
                     attention_mask: bool = False, static_cache: bool = False,
                     force: bool = False, validate: bool = True,
-                    quantize: Optional[QuantSpec] = None, kv_cache_dtype: str = "float",
-                    calibration: str | Path | None = None, value_scale: str = VALUE_SCALE,
                     check_options: Optional[dict] = None,
-                    target_options: Optional[dict] = None, **config_fields) -> ExportResult:
+                    target_options: Optional[dict] = None, **fields) -> ExportResult:
     """Write DIR/<the target's model file> + config.json + weights.safetensors (+ parity.json).
 
     Pass an MHAConfig or its fields as keywords (heads=12, dim=768, ...), as on the CLI.
@@ -57,33 +49,22 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
     present_key, present_value); ``static_cache``: the decode-step model over an app-owned
     buffer written in place (x, past_key, past_value, past_lengths -> y, present_key,
     present_value); ``attention_mask``: the full-sequence model with a padding mask.
-    ``quantize``: weight-only quantized projections (``QuantSpec``; the ONNX target only).
-    ``kv_cache_dtype`` "int8" (with ``static_cache``): the buffers hold int8 codes, with static
-    scales calibrated on ``calibration`` (hidden states [n, T, d_in], .npy / .safetensors) or on
-    synthetic inputs; values scaled per ``value_scale`` ("channel" | "tensor")."""
-    chosen = TARGETS[target]
-    options = dict(target_options or {})
-    if quantize is not None:
-        if chosen.quantize_refusal:
-            raise UsageError(chosen.quantize_refusal)
-        options["quant"] = quantize
+    The lossy steps' keywords (lossy/): ``quantize``: weight-only quantized projections
+    (``QuantSpec``; the ONNX target only); ``kv_cache_dtype`` "int8" (with ``static_cache``):
+    the buffers hold int8 codes, with static scales calibrated on ``calibration`` (hidden
+    states [n, T, d_in], .npy / .safetensors) or on synthetic inputs; values scaled per
+    ``value_scale`` ("channel" | "tensor")."""
+    chosen, options = TARGETS[target], dict(target_options or {})
     kind = signature_kind(kv_cache, attention_mask, static_cache)
-    int8_cache = _int8_cache_requested(chosen, kind, kv_cache_dtype, calibration,
-                                       options.get("dtype", "float32"))
-    source = load_source(config, weights, layer, seed, config_fields)
-    if int8_cache:
-        refuse_unbuilt(source.config, "int8-cache")
-    if quantize is not None and quantize.quantizer == SOURCE:
-        quantize = kept_blocks(source, quantize, options.get("dtype", "float32"))
-        options["quant"] = quantize
-    if int8_cache:
-        options["kv_cache"] = _calibrated(source, quantize, calibration, value_scale, seed)
-    sig = make_signature(source.config, kind, INT8 if int8_cache else FLOAT)
-    prepared = chosen.prepare(source.module, source.config, sig, **options)
+    dtype = options.get("dtype", "float32")
+    asked = lossy.requested(fields, target, kind, dtype)  # refused before any work
+    source = load_source(config, weights, layer, seed, fields)
+    specs = lossy.prepared(source, asked, seed, dtype)
+    sig = make_signature(source.config, kind, lossy.cache_dtype(specs, FLOAT))
+    prepared = chosen.prepare(source.module, source.config, sig, specs=specs, **options)
     meta = _describe(source, sig, target, prepared.export)
     dest = Path(output) if output is not None else default_folder(
-        source.config, target, sig.kind,
-        specs={"quantize": quantize, "int8-cache": options.get("kv_cache")})
+        source.config, target, sig.kind, specs=specs)
     report = None
     with staged_folder(dest, force) as stage:
         save_weights(source.module, stage / WEIGHTS_FILE)
@@ -95,58 +76,6 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
             report.artifact = str(dest)
             write_json_atomic(stage / REPORT_FILE, report.to_dict())
     return ExportResult(dest, report)
-
-
-def _int8_cache_requested(target: ExportTarget, kind: str, cache_dtype: str,
-                          calibration: str | Path | None, dtype: str) -> bool:
-    """Whether an int8 cache was asked for: it needs the static cache, a float32 model and a
-    target that writes it; a calibration file without it is a mistake, said before any work."""
-    if cache_dtype not in CACHE_DTYPES:
-        raise UsageError(f"unknown --kv-cache-dtype {cache_dtype!r}: choose one of "
-                         f"{', '.join(CACHE_DTYPES)}")
-    if cache_dtype != INT8:
-        if calibration is not None:
-            raise UsageError("--calibration needs --kv-cache-dtype int8")
-        return False
-    if target.int8_cache_refusal:
-        raise UsageError(target.int8_cache_refusal)
-    if kind != STATIC:
-        raise UsageError("--kv-cache-dtype int8 needs --static-cache: the int8 buffers are "
-                         "written in place; the growing --kv-cache model would re-quantize "
-                         "(or copy) its whole cache every step")
-    if dtype != "float32":
-        raise UsageError(INT8_FLOAT32_ONLY.format(dtype=dtype))
-    return True
-
-
-def kept_blocks(source: Source, spec: SourceQuantSpec, dtype: str) -> SourceQuantSpec:
-    """--quantize source: the GGUF layer's own blocks, for the projections of its own layout."""
-    where = source.description
-    if where.get("kind") != "gguf":
-        raise UsageError("--quantize source keeps a GGUF file's own quantized blocks: it needs "
-                         "--weights FILE.gguf")
-    if source.config.layout != "split":
-        raise UsageError("--quantize source keeps the checkpoint's own projections: export "
-                         "them in its layout (split)")
-    if dtype != "float32":
-        raise UsageError("--quantize source is float32 only (the GGUF's scales as it stores "
-                         "them, in float32 arithmetic)")
-    kept = kept_quantization(where["path"], where["layer"], source.config, spec.accuracy_level)
-    if not kept.projections:
-        raise UsageError(f"--quantize source: {where['path']} stores layer {where['layer']}'s "
-                         "projections as floats: nothing to keep (leave out --quantize)")
-    return kept
-
-
-def _calibrated(source: Source, quantize: Optional[QuantSpec], calibration, value_scale: str,
-                seed: int) -> KVCacheSpec:
-    """Scales calibrated on the function the file will hold (dequantized projections)."""
-    module = source.module
-    if quantize is not None:
-        from ..lossy.projections.reference import reference_module
-        module = reference_module(module, quantize)
-    return calibrate_cache(module.eval(), calibration, value_scale, seed,
-                           layer=source.description.get("layer"))
 
 
 def _describe(source: Source, sig: Signature, target: str, export: dict) -> dict:

@@ -5,6 +5,8 @@ AOTInductor into a package that Python (``torch._inductor.aoti_load_package``) a
 successor (torch 2.13 deprecates ``torch.jit``). The compile takes tens of seconds."""
 from __future__ import annotations
 
+from typing import Optional
+
 from pathlib import Path
 
 import torch
@@ -26,7 +28,8 @@ EXAMPLE_PAST_LENGTHS = (2, 5)
 
 
 def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
-            device: str = "cpu") -> Prepared:
+            device: str = "cpu", specs: Optional[dict] = None) -> Prepared:
+    """``specs``: lossy steps (none: this target refuses them when they are asked for)."""
     if device not in DEVICES:
         raise UsageError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
     if device == "cuda" and not torch.cuda.is_available():

@@ -13,9 +13,8 @@ from ..config import MHAConfig
 from ..graph.model import build_model, check_buildable
 from ..kinds.registry import FORMS, default_form, get_form
 from ..layer.layouts import AttentionBase
+from ..lossy import registry as lossy
 from ..signature import Signature
-from ..lossy.int8_cache.codes import KVCacheSpec
-from ..lossy.projections.rtn import QuantSpec, quantized_projections
 from .base import Prepared
 
 MODEL_FILE = "model.onnx"
@@ -24,18 +23,16 @@ PROTOBUF_LIMIT = 2**31 - 2**26  # 2 GiB less a margin for the graph itself
 
 def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
             attention: Optional[str] = None, opset: Optional[int] = None,
-            dtype: str = "float32", quant: Optional[QuantSpec] = None,
-            kv_cache: Optional[KVCacheSpec] = None) -> Prepared:
+            dtype: str = "float32", specs: Optional[dict] = None) -> Prepared:
+    """``specs``: the lossy steps' (lossy/registry.py), built into the graph and recorded."""
+    specs = specs or {}
     form = get_form(attention) if attention else default_form(config, sig)
     check_buildable(config, form, sig, dtype, FORMS.values())  # naming every kind's forms
-    model = build_model(config, module.to_weights(), form, opset, dtype, sig, quant, kv_cache)
+    model = build_model(config, module.to_weights(), form, opset, dtype, sig,
+                        **lossy.graph_args(specs))
     opset = model.opset_import[0].version  # the form's lowest when none was asked for
-    export = {"file": MODEL_FILE, "opset": opset, "attention": form.name, "dtype": dtype}
-    if quant is not None:
-        export["quantize"] = {"format": "com.microsoft.MatMulNBits",
-                              "projections": quantized_projections(config), **quant.to_dict()}
-    if kv_cache is not None:
-        export["kv_cache"] = kv_cache.to_dict()
+    export = {"file": MODEL_FILE, "opset": opset, "attention": form.name, "dtype": dtype,
+              **lossy.records(specs, config)}
     helper.set_model_props(model, {"mha_export.config": json.dumps(config.to_dict()),
                                    "mha_export.export": json.dumps(export),
                                    "mha_export.io": json.dumps(sig.to_dict())})

@@ -4,6 +4,7 @@ travel inside it as the attributes input_names / output_names)."""
 from __future__ import annotations
 
 import warnings
+from typing import Optional
 
 import torch
 
@@ -16,7 +17,9 @@ from .base import Prepared
 MODEL_FILE = "model.pt"
 
 
-def prepare(module: AttentionBase, config: MHAConfig, sig: Signature) -> Prepared:
+def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
+            specs: Optional[dict] = None) -> Prepared:
+    """``specs``: lossy steps (none: this target refuses them when they are asked for)."""
 
     def write(path) -> None:
         with warnings.catch_warnings(record=True) as caught:

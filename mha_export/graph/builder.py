@@ -22,8 +22,8 @@ NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
 class Quantizer(Protocol):
-    """Weight-only quantized projections as a lossy step hands them to the graph (weights/
-    quantize.py's round to nearest, weights/source_quant.py's GGUF blocks): each projection's
+    """Weight-only quantized projections as a lossy step hands them to the graph (lossy/
+    projections/: rtn.py's round to nearest, source.py's GGUF blocks): each projection's
     MatMulNBits form(s) (none: it stays a float MatMul), and the kernel's accuracy level."""
 
     accuracy_level: int
@@ -106,8 +106,8 @@ class GraphBuilder:
         return y
 
     def matmul_nbits(self, x: str, name: str, weight: torch.Tensor) -> str:
-        """x (.., K) @ W^T with W (N, K) in its quantizer's MatMulNBits form(s) (weights/
-        quantize.py: round to nearest here; weights/source_quant.py: a GGUF's own blocks):
+        """x (.., K) @ W^T with W (N, K) in its quantizer's MatMulNBits form(s) (lossy/
+        projections/: rtn.py round to nearest, source.py a GGUF's own blocks):
         ONNX Runtime's com.microsoft.MatMulNBits reading the packed codes, one scale (and zero
         point) per block; default zero points (2^(bits-1)) are left out. Several forms (a
         weight split in two) are summed; none: a float MatMul."""

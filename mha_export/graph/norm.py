@@ -6,29 +6,29 @@ import numpy as np
 import torch
 
 from .builder import GraphBuilder
+from .ops import Ops
 
 
 def rms_norm(g: GraphBuilder, x: str, weight: torch.Tensor, eps: float, offset: float,
              name: str) -> str:
-    """(..., W) -> (..., W)."""
+    """(..., W) -> (..., W); nodes named ``<name>_*`` (``_square`` and ``_scaled``: the first
+    and last, which tests look up)."""
+    op = Ops(g).named(name)
     width = int(weight.numel())
-    square = g.op("Mul", [x, x], name=f"{name}_square")
+    square = op.Mul(x, x, name="square")
     # the mean over the last axis as a MatMul with a (W, 1) column of 1/W: one form for every
     # opset (ReduceMean takes its axes as an input only from opset 18)
-    mean = g.op("MatMul", [square, g.const(f"{name}.mean", np.full((width, 1), 1.0 / width))],
-                name=f"{name}_mean_square")  # (..., 1)
-    rms = g.op("Sqrt", [g.op("Add", [mean, g.const(f"{name}.eps", np.array(eps))],
-                             name=f"{name}_plus_eps")], name=f"{name}_rms")  # (..., 1)
-    normed = g.op("Div", [x, rms], name=f"{name}_normed")
-    scale = g.const(f"{name}.weight", weight.detach().double() + offset)  # (W,)
-    return g.op("Mul", [normed, scale], name=f"{name}_scaled")
+    mean = op.MatMul(square, g.const(f"{name}.mean", np.full((width, 1), 1.0 / width)))  # (.., 1)
+    rms = op.Sqrt(op.Add(mean, g.const(f"{name}.eps", np.array(eps))))  # (..., 1)
+    scale = weight.detach().double() + offset  # (W,)
+    return op.Mul(op.Div(x, rms), g.const(f"{name}.weight", scale), name="scaled")
 
 
 def heads_rms_norm(g: GraphBuilder, x: str, heads: int, head_dim: int, weight: torch.Tensor,
                    eps: float, offset: float, name: str) -> str:
-    """(B, T, heads*H) normalised over each head's H features."""
-    x = g.op("Reshape", [x, g.ints("heads_shape", [0, 0, heads, head_dim])],
-             name=f"{name}_heads")  # (B, T, heads, H)
+    """(B, T, heads*H) normalised over each head's H features (the last node ``<name>_flat``)."""
+    op = Ops(g).named(name)
+    x = op.Reshape(x, g.ints("heads_shape", [0, 0, heads, head_dim]))  # (B, T, heads, H)
     x = rms_norm(g, x, weight, eps, offset, name)  # (B, T, heads, H)
-    return g.op("Reshape", [x, g.ints("flat_shape", [0, 0, heads * head_dim])],
-                name=f"{name}_flat")  # (B, T, heads*H)
+    return op.Reshape(x, g.ints("flat_shape", [0, 0, heads * head_dim]),
+                      name="flat")  # (B, T, heads*H)

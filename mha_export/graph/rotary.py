@@ -13,6 +13,7 @@ from onnx import TensorProto
 from ..config import MHAConfig
 from ..layer.rotary import rope_tables
 from .builder import GraphBuilder
+from .ops import Ops
 
 
 def rotary_cos_sin(g: GraphBuilder, position_ids: str, config: MHAConfig) -> tuple[str, str]:
@@ -31,20 +32,20 @@ def cos_sin_at(g: GraphBuilder, position_ids: str, rotary_dim: int, theta: float
     if tables.long_inv_freq is not None:
         freq = _longrope_freq(g, position_ids, freq, tables.long_inv_freq.numpy(),
                               tables.switch_len)
-    pos = g.op("Cast", [position_ids], to=TensorProto.FLOAT, name="positions")  # (B, T)
-    pos = g.op("Unsqueeze", [pos, g.ints("axes_last", [2])], name="positions_3d")  # (B, T, 1)
-    angles = g.op("Mul", [pos, freq], name="rotary_angles")  # (B, T, rd/2) float32
+    op = Ops(g)
+    pos = op.Cast(position_ids, to=TensorProto.FLOAT, name="positions")  # (B, T): tests edit it
+    angles = op.Mul(op.Unsqueeze(pos, g.ints("axes_last", [2])), freq)  # (B, T, rd/2) float32
     factor = None
     if tables.attention_factor != 1.0:
         factor = g.const("rotary.attention_factor",
                          np.array(tables.attention_factor, dtype=np.float32), float_dtype=False)
     out = []
-    for fn in ("Cos", "Sin"):
-        v = g.op(fn, [angles], name=f"rotary_{fn.lower()}")
+    for fn in (op.Cos, op.Sin):
+        v = fn(angles)
         if factor is not None:
-            v = g.op("Mul", [v, factor], name=f"rotary_{fn.lower()}_scaled")
+            v = op.Mul(v, factor)
         if g.dtype != "float32":
-            v = g.op("Cast", [v], to=g.elem, name=f"rotary_{fn.lower()}_cast")
+            v = op.Cast(v, to=g.elem)
         out.append(v)  # (B, T, rd/2)
     return out[0], out[1]
 
@@ -53,20 +54,20 @@ def _longrope_freq(g: GraphBuilder, position_ids: str, short: str, long: np.ndar
                    switch_len: int) -> str:
     """(rd/2,) float32: the long table when max(position_ids) + 1 > switch_len over the whole
     call, else the short one (transformers' longrope_frequency_update)."""
+    op = Ops(g)
     long = g.const("rotary.long_inv_freq", long, float_dtype=False)  # (rd/2,)
-    top = g.op("ReduceMax", [position_ids], keepdims=0, name="rotary_max_position")  # ()
-    length = g.op("Add", [top, g.ints("one", 1)], name="rotary_seq_len")  # ()
-    use_long = g.op("Greater", [length, g.ints("rotary.switch_len", switch_len)],
-                    name="rotary_use_long")  # () bool
-    return g.op("Where", [use_long, long, short], name="rotary_inv_freq")  # (rd/2,)
+    length = op.Add(op.ReduceMax(position_ids, keepdims=0), g.ints("one", 1))  # () max + 1
+    use_long = op.Greater(length, g.ints("rotary.switch_len", switch_len))  # () bool
+    return op.Where(use_long, long, short)  # (rd/2,)
 
 
 def rotary_op(g: GraphBuilder, x: str, heads: int, rotary_dim: int, interleaved: bool,
               cos: str, sin: str, name: str) -> str:
     """The standard RotaryEmbedding node (opset 23) on (B, T, heads*H), with cos/sin already
     taken at this call's positions (B, T, rd/2): no position table."""
-    return g.op("RotaryEmbedding", [x, cos, sin], name=f"{name}_rope", num_heads=heads,
-                rotary_embedding_dim=rotary_dim, interleaved=int(interleaved))
+    return Ops(g).named(name).RotaryEmbedding(x, cos, sin, num_heads=heads,
+                                              rotary_embedding_dim=rotary_dim,
+                                              interleaved=int(interleaved))  # (B, T, heads*H)
 
 
 def rotate_heads(g: GraphBuilder, x: str, heads: int, head_dim: int, rotary_dim: int,
@@ -75,36 +76,30 @@ def rotate_heads(g: GraphBuilder, x: str, heads: int, head_dim: int, rotary_dim:
     """(B, T, heads*H): the first rotary_dim features of each head rotated, the rest kept.
     ``halves_out`` (with interleaved): pairs (2i, 2i+1) read, the rotated evens then the rotated
     odds written (DeepSeek-V3's rope_interleave)."""
+    op = Ops(g).named(name)
     half = rotary_dim // 2
-    cos, sin = (g.op("Unsqueeze", [t, g.ints("axes2", [2])], name=f"{name}_{t}_heads")
-                for t in (cos, sin))  # (B, T, 1, rd/2)
-    x = g.op("Reshape", [x, g.ints("heads_shape", [0, 0, heads, head_dim])],
-             name=f"{name}_heads")  # (B, T, heads, H)
+    cos, sin = (op.Unsqueeze(t, g.ints("axes2", [2])) for t in (cos, sin))  # (B, T, 1, rd/2)
+    # named <name>_heads: the MLA graph's initializer q_rot_heads_1 is numbered after it
+    x = op.Reshape(x, g.ints("heads_shape", [0, 0, heads, head_dim]),
+                   name="heads")  # (B, T, heads, H)
     rest = None
     if rotary_dim < head_dim:
-        x, rest = g.op("Split", [x, g.ints("rotary_split", [rotary_dim, head_dim - rotary_dim])],
-                       n_out=2, axis=3, name=f"{name}_rotary_part")  # (.., rd), (.., H - rd)
+        x, rest = op.Split(x, g.ints("rotary_split", [rotary_dim, head_dim - rotary_dim]),
+                           n_out=2, axis=3)  # (.., rd), (.., H - rd)
     if interleaved:  # pairs (2i, 2i+1)
-        pairs = g.op("Reshape", [x, g.ints("pairs_shape", [0, 0, heads, half, 2])],
-                     name=f"{name}_pairs")  # (B, T, heads, rd/2, 2)
-        x1, x2 = (g.op("Squeeze", [p, g.ints("axes4", [4])], name=f"{name}_pair{i}")
-                  for i, p in enumerate(g.op("Split", [pairs, g.ints("ones_split", [1, 1])],
-                                             n_out=2, axis=4, name=f"{name}_pair_split")))
-    else:  # pairs (i, i + rd/2): rotate_half
-        x1, x2 = g.op("Split", [x, g.ints("halves", [half, half])], n_out=2, axis=3,
-                      name=f"{name}_halves")  # 2 x (B, T, heads, rd/2)
-    mul = lambda a, b, n: g.op("Mul", [a, b], name=f"{name}_{n}")  # noqa: E731
-    o1 = g.op("Sub", [mul(x1, cos, "x1cos"), mul(x2, sin, "x2sin")], name=f"{name}_rot1")
-    o2 = g.op("Add", [mul(x2, cos, "x2cos"), mul(x1, sin, "x1sin")], name=f"{name}_rot2")
+        pairs = op.Reshape(x, g.ints("pairs_shape", [0, 0, heads, half, 2]))  # (B,T,heads,rd/2,2)
+        x1, x2 = (op.Squeeze(p, g.ints("axes4", [4]))
+                  for p in op.Split(pairs, g.ints("ones_split", [1, 1]), n_out=2, axis=4))
+    else:  # pairs (i, i + rd/2): rotate_half; 2 x (B, T, heads, rd/2)
+        x1, x2 = op.Split(x, g.ints("halves", [half, half]), n_out=2, axis=3)
+    o1 = op.Sub(op.Mul(x1, cos), op.Mul(x2, sin))  # x1 cos - x2 sin
+    o2 = op.Add(op.Mul(x2, cos), op.Mul(x1, sin))  # x2 cos + x1 sin
     if interleaved and not halves_out:
-        o1, o2 = (g.op("Unsqueeze", [o, g.ints("axes4", [4])], name=f"{name}_rot{i}_pair")
-                  for i, o in ((1, o1), (2, o2)))
-        rot = g.op("Reshape", [g.op("Concat", [o1, o2], axis=4, name=f"{name}_rot_pairs"),
-                               g.ints("rotated_shape", [0, 0, heads, rotary_dim])],
-                   name=f"{name}_rotated")  # (B, T, heads, rd)
+        o1, o2 = (op.Unsqueeze(o, g.ints("axes4", [4])) for o in (o1, o2))
+        rot = op.Reshape(op.Concat(o1, o2, axis=4),
+                         g.ints("rotated_shape", [0, 0, heads, rotary_dim]))  # (B, T, heads, rd)
     else:
-        rot = g.op("Concat", [o1, o2], axis=3, name=f"{name}_rotated")  # (B, T, heads, rd)
+        rot = op.Concat(o1, o2, axis=3)  # (B, T, heads, rd)
     if rest is not None:
-        rot = g.op("Concat", [rot, rest], axis=3, name=f"{name}_with_rest")  # (B, T, heads, H)
-    return g.op("Reshape", [rot, g.ints("flat_shape", [0, 0, heads * head_dim])],
-                name=f"{name}_rope")  # (B, T, heads*H)
+        rot = op.Concat(rot, rest, axis=3)  # (B, T, heads, H)
+    return op.Reshape(rot, g.ints("flat_shape", [0, 0, heads * head_dim]))  # (B, T, heads*H)

@@ -272,7 +272,7 @@ def copy_linear(dst: nn.Linear, weight: Tensor, bias: Optional[Tensor]) -> None:
 
 def int8_codes(x: Tensor, scale: Tensor) -> Tensor:
     """An int8 cache's write: clip(round_half_to_even(x / scale), -128, 127) as int8 (what
-    ONNX Runtime's GroupQueryAttention writes; weights/kv_quant.py in numpy)."""
+    ONNX Runtime's GroupQueryAttention writes; lossy/int8_cache/codes.py in numpy)."""
     return torch.clamp(torch.round(x / scale.to(x.dtype)), -128.0, 127.0).to(torch.int8)
 
 

@@ -3,8 +3,9 @@ the file holds, its CLI options and export hooks) and ``Cost`` (what it cost, me
 check apart from the runners' kernel parity, judged only against a budget the user sets).
 
     CLI       options() -> click options; from_cli(kw) -> the export API's keywords
-    export    request(kw, target, kind, dtype) -> its spec or None; prepare(source, specs, ...)
-              -> the spec the file is built with; target_option, folder tag, signature dtype
+    export    request(kw, target, kind, dtype) -> what was asked or None (refusals first);
+              prepare(source, wanted, held, ...) -> the spec the file is built with;
+              graph_args(spec) -> the ONNX graph's; folder tag; the signature's cache dtype
     record    config.json export[record_key]: spec(export) reads it back, validate() checks it
     reference reference(module, spec, export) -> the eager module of the function the file holds
     check     its Cost (lossy/costs.py): per case / scenario, a result in the report's field
@@ -23,8 +24,8 @@ class LossyStep:
 
     name: str = ""  # "quantize" | "int8-cache" (an attention kind's ``unbuilt`` keys)
     record_key: str = ""  # config.json export[...]
-    target_option: str = ""  # the export target's prepare() keyword
     signature_dtype: Optional[str] = None  # the cache dtype its signature declares
+    refusals: dict[str, str] = {}  # export target -> why it cannot write this step
 
     def spec(self, export: dict) -> Any:
         """The spec an artifact's export record holds, or None."""
@@ -54,19 +55,45 @@ class LossyStep:
         """The export API's keywords from the CLI's (the options' values gathered)."""
         return kw
 
-    def request(self, kw: dict, target: Any, kind: str, dtype: str) -> Any:
-        """Its spec as asked for through the export API's keywords (popped), or None; what
-        cannot be built is refused here, before any work."""
+    def request(self, kw: dict, target: str, kind: str, dtype: str) -> Any:
+        """What was asked for through the export API's keywords (popped), or None; what
+        cannot be built (this target, call kind, dtype) is refused here, before any work."""
         return None
 
-    def prepare(self, source: Any, spec: Any, specs: dict, seed: int) -> Any:
-        """The spec the file is built with, once the source is loaded (``specs``: the steps
-        prepared before it, by name)."""
-        return spec
+    def prepare(self, source: Any, wanted: Any, held: Any, seed: int, dtype: str) -> Any:
+        """The spec the file is built with, once the source is loaded (``held``: the eager
+        module with the steps before it applied)."""
+        return wanted
+
+    def graph_args(self, spec: Any) -> dict:
+        """What the ONNX graph is built with (graph/model.py's build_model keywords)."""
+        return {}
+
+    def record(self, spec: Any, config: Any) -> dict:
+        """config.json's export[record_key]."""
+        return spec.to_dict()
 
     def api_keys(self) -> tuple[str, ...]:
         """The export API's keywords it reads."""
-        return ()
+        return (self.record_key,)
+
+    def asked(self, options: dict) -> bool:
+        """Whether the export API's keywords ``options`` ask for this step."""
+        return options.get(self.api_keys()[0]) is not None
+
+    def attribution(self, options: dict, plain: dict, runner: str) -> list[tuple[str, dict]]:
+        """(label, export options) of the runs that measure this step alone over ``plain``
+        (the options without any lossy step); ``runner``: what the evaluation runs."""
+        return [(self.name, {**plain, **{k: options[k] for k in self.api_keys()
+                                         if k in options}})]
+
+    def weight_bytes(self, config: Any, spec: Any) -> Optional[int]:
+        """Bytes of the projections' weights as the file stores them (None: fp32's)."""
+        return None
+
+    def cache_entry_bytes(self) -> Optional[int]:
+        """Bytes of one cached number (None: the model's float, 4)."""
+        return None
 
 
 def within(value: float, budget: Optional[float]) -> bool:

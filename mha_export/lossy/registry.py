@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..kinds.registry import kind_of
 from .base import LossyStep
 from .int8_cache import step as int8_cache
 from .projections import step as projections
@@ -24,3 +25,79 @@ def recorded(export: dict) -> dict[str, Any]:
 def folder_tag(specs: dict[str, Any]) -> str:
     """The steps' part of a default folder's name, e.g. "-int4-kv8"."""
     return "".join(f"-{s.tag(specs[s.name])}" for s in STEPS if specs.get(s.name) is not None)
+
+
+def options() -> list:
+    """Every step's click options, in order."""
+    return [o for s in STEPS for o in s.options()]
+
+
+def from_cli(kw: dict) -> dict:
+    for s in STEPS:
+        kw = s.from_cli(kw)
+    return kw
+
+
+def requested(kw: dict, target: str, kind: str, dtype: str) -> dict[str, Any]:
+    """What the export API's keywords ask of each step (popped from ``kw``), by name."""
+    asked = {s.name: s.request(kw, target, kind, dtype) for s in STEPS}
+    return {name: wanted for name, wanted in asked.items() if wanted is not None}
+
+
+def prepared(source: Any, asked: dict[str, Any], seed: int, dtype: str) -> dict[str, Any]:
+    """The specs the file is built with, each step prepared on the function the ones before it
+    give; a step the layer's attention kind does not build is refused."""
+    chosen = [s for s in STEPS if s.name in asked]
+    held, specs = source.module, {}
+    for i, step in enumerate(chosen):
+        kind_of(source.config).refuse(step.name)
+        specs[step.name] = step.prepare(source, asked[step.name], held, seed, dtype)
+        if i + 1 < len(chosen):
+            held = step.reference(held, specs[step.name], {"dtype": dtype})
+    return specs
+
+
+def cache_dtype(specs: dict[str, Any], default: str) -> str:
+    """The signature's cache dtype: a step's that declares one (an int8 cache), else
+    ``default``."""
+    return next((s.signature_dtype for s in STEPS if s.name in specs and s.signature_dtype),
+                default)
+
+
+def graph_args(specs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for s in STEPS if s.name in specs for k, v in s.graph_args(specs[s.name]).items()}
+
+
+def records(specs: dict[str, Any], config: Any) -> dict[str, Any]:
+    """config.json's export entries of the steps."""
+    return {s.record_key: s.record(specs[s.name], config) for s in STEPS if s.name in specs}
+
+
+def weight_bytes(config: Any, specs: dict[str, Any]) -> int:
+    """Bytes of the projections' weights as the steps store them, else fp32."""
+    stored = [b for s in STEPS if s.name in specs
+              if (b := s.weight_bytes(config, specs[s.name])) is not None]
+    return stored[0] if stored else sum(
+        4 * out * inp for out, inp in kind_of(config).projections(config).values())
+
+
+def cache_entry_bytes(specs: dict[str, Any]) -> int:
+    """Bytes of one cached number: a step's (an int8 cache's 1), else 4 (float32)."""
+    return next((b for s in STEPS if s.name in specs
+                 if (b := s.cache_entry_bytes()) is not None), 4)
+
+
+def api_keys() -> tuple[str, ...]:
+    """Every step's export API keywords."""
+    return tuple(k for s in STEPS for k in s.api_keys())
+
+
+def attribution(options: dict, runner: str) -> list[tuple[str, dict]]:
+    """(label, export options) of the plain export, of each lossy step ``options`` asks for
+    alone, and of all of them together (when more than one)."""
+    plain = {k: v for k, v in options.items() if k not in api_keys()}
+    asked = [s for s in STEPS if s.asked(options)]
+    runs = [("fp32 export", plain)]
+    for step in asked:
+        runs += step.attribution(options, plain, runner)
+    return runs + ([("all together", options)] if len(asked) > 1 else [])

@@ -35,12 +35,12 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
+from ..lossy import registry as lossy
 from .capture import read_text, token_block
 from .loading import LoadedModel, attention_name, attention_of, decoder_layers, load_model
 
 Progress = Callable[[int, int, str], None]
-EXPORT_KEYS = ("attention", "opset", "quantize", "kv_cache", "static_cache", "kv_cache_dtype",
-               "calibration", "value_scale")
+EXPORT_KEYS = ("attention", "opset", "kv_cache", "static_cache") + lossy.api_keys()
 
 
 # --- metrics --------------------------------------------------------------------------------
@@ -248,7 +248,7 @@ class Evaluation:
 
 def _jsonable(options: dict) -> dict:
     return {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in options.items()
-            if k != "quantize" or v is not None}
+            if not (v is None and k in lossy.api_keys())}
 
 
 class Evaluator:
@@ -352,32 +352,6 @@ def parse_layers(spec: str, count: int) -> list[int]:
     return layers
 
 
-def lossy_steps(options: dict) -> list[tuple[str, dict]]:
-    """(name, export options) of each lossy step of ``options`` alone and of all together."""
-    plain = {k: v for k, v in options.items()
-             if k not in ("quantize", "kv_cache_dtype", "calibration", "value_scale")}
-    steps = [("fp32 export", plain)]
-    spec = options.get("quantize")
-    if spec is not None:
-        exact = spec if spec.accuracy_level == 1 else _at_level(spec, 1)
-        steps.append((f"weights {spec.name} (fp32 compute)", {**plain, "quantize": exact}))
-        if spec.accuracy_level == 4:
-            steps.append((f"weights {spec.name} + int8 activations (level 4)",
-                          {**plain, "quantize": spec}))
-    if options.get("kv_cache_dtype") == "int8":
-        cache = {k: options[k] for k in ("kv_cache_dtype", "calibration", "value_scale")
-                 if k in options}
-        steps.append(("int8 cache", {**plain, **cache}))
-    if spec is not None and options.get("kv_cache_dtype") == "int8":
-        steps.append(("all together", options))
-    return steps
-
-
-def _at_level(spec: Any, level: int) -> Any:
-    from dataclasses import replace
-    return replace(spec, accuracy_level=level)
-
-
 def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
              layers: str = "all", runner: str = "ort-cpu", generate: int = 0,
              options: Optional[dict] = None, folder: str | Path | None = None,
@@ -401,12 +375,9 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
             raise UsageError(f"{name} must be a finite number >= 0, got {value}")
     if generate < 0:
         raise UsageError(f"--generate must be >= 0, got {generate}")
-    if attribute and options.get("quantize") is not None and runner != "ort-cpu":
-        raise UsageError("--attribute splits quantized weights from the kernel's int8 "
-                         "activations by ONNX Runtime's accuracy level: use --runner ort-cpu "
-                         f"(with {runner} the steps would not be what they are named)")
     if generate and not (options.get("kv_cache") or options.get("static_cache")):
         options["kv_cache"] = True  # generation steps run the decode artifacts
+    runs = lossy.attribution(options, runner) if attribute else []  # refused before any work
     body = read_text(text)
     loaded = loaded or load_model(weights)
     ids = torch.from_numpy(token_block(loaded, body, tokens, 1)[0])
@@ -425,8 +396,7 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
                             eager_generated, transformers_perplexity=reference,
                             machine=machine_info())
         if attribute:
-            result.attribution = [ev.run(name, opts, chosen) for name, opts in
-                                  lossy_steps(options)]
+            result.attribution = [ev.run(name, opts, chosen) for name, opts in runs]
         if per_layer:
             result.per_layer = [ev.run(f"layer {layer} alone", options, [layer])
                                 for layer in chosen]

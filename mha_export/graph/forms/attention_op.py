@@ -11,25 +11,26 @@ from __future__ import annotations
 
 from ...config import MHAConfig
 from ..builder import GraphBuilder, additive, dim, score_mask
+from ..ops import Ops
 from .base import ATTENTION_NODE_FEATURES, QUADRATIC, AttentionIO, AttentionOut, GraphForm
 
 
 def attention_op_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
     heads = dict(q_num_heads=c.heads, kv_num_heads=c.kv_heads, scale=c.scale,
                  **({"softcap": float(c.softcap)} if c.softcap else {}))
+    op = Ops(g)
     if not io.has_cache and io.attention_mask is None and not c.sliding_window:
-        return AttentionOut(g.op("Attention", [io.q, io.k, io.v], name="attention",
-                                 is_causal=int(c.causal), **heads))  # (B, T, D)
+        return AttentionOut(op.Attention(io.q, io.k, io.v, is_causal=int(c.causal),
+                                         **heads))  # (B, T, D)
     t = dim(g, io.q, 1, "seq_len")  # () T
-    s = t if not io.has_cache else g.op(
-        "Add", [dim(g, io.past_key, 2, "past_len"), t], name="key_len")  # () S = P + T
+    s = op.Add(dim(g, io.past_key, 2, "past_len"), t) if io.has_cache else t  # () S = P + T
     masked = score_mask(g, c.causal, t, s, io.attention_mask,
                            window=c.sliding_window or 0)  # (B|1, 1, T, S) bool
     inputs = [io.q, io.k, io.v, additive(g, masked, "attn_bias") if masked else ""]
     if not io.has_cache:
-        return AttentionOut(g.op("Attention", inputs, name="attention", **heads))  # (B, T, D)
-    ctx, keys, values = g.op("Attention", inputs + [io.past_key, io.past_value], n_out=3,
-                             name="attention", **heads)  # (B, T, D), 2 x (B, K, S, H)
+        return AttentionOut(op.Attention(*inputs, **heads))  # (B, T, D)
+    ctx, keys, values = op.Attention(*inputs, io.past_key, io.past_value, n_out=3,
+                                     **heads)  # (B, T, D), 2 x (B, K, S, H)
     return AttentionOut(ctx, keys, values)
 
 

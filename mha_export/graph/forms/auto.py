@@ -23,6 +23,7 @@ from onnx import helper
 from ...config import MHAConfig
 from ...signature import STATIC, make_signature
 from ..builder import GraphBuilder, dim
+from ..ops import Ops
 from .attention_op import attention_op_core
 from .base import ATTENTION_NODE_FEATURES, AttentionIO, AttentionOut, Feature, GraphForm, Memory
 from .blocked import BLOCK, BLOCK_EDGES, blocked_core
@@ -36,15 +37,14 @@ def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
               threshold: int = AUTO_THRESHOLD, block: int = BLOCK) -> AttentionOut:
     """Each branch projects q, k and v itself (io.project) from x, sharing the weights: what
     the If captures stays small, and the long branch frees k and v once it has used them."""
+    op = Ops(g)
     t = dim(g, "x", 1, "auto_seq_len")  # () T
-    short = g.op("Less", [t, g.ints("auto_threshold", threshold)], name="auto_is_short")  # ()
+    short = op.Less(t, g.ints("auto_threshold", threshold))  # () T < threshold
     short_core = attention_op_core
     if io.past_lengths is not None:  # the node's calls: one token, or a short call at batch 1
-        single = g.op("Equal", [t, g.ints("auto_one", 1)], name="auto_single_token")
-        batch_1 = g.op("Equal", [dim(g, "x", 0, "auto_batch"), g.ints("auto_one", 1)],
-                       name="auto_batch_1")
-        short = g.op("Or", [single, g.op("And", [short, batch_1], name="auto_short_b1")],
-                     name="auto_node_call")  # ()
+        single = op.Equal(t, g.ints("auto_one", 1))  # () T == 1
+        batch_1 = op.Equal(dim(g, "x", 0, "auto_batch"), g.ints("auto_one", 1))  # () B == 1
+        short = op.Or(single, op.And(short, batch_1))  # ()
         short_core = contrib_gqa_core if _gqa_builds(c) else decomposed_core
     branches = []
     for tag, core in (("short", short_core),
@@ -57,8 +57,8 @@ def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
                                              if io.has_cache else [])
         branches.append(s.subgraph(g.name(f"auto_{tag}"), [], [
             helper.make_tensor_value_info(r, elem, None) for r, elem in results]))
-    outs = g.op("If", [short], n_out=3 if io.has_cache else 1, then_branch=branches[0],
-                else_branch=branches[1], name="auto_attention")
+    outs = op.If(short, n_out=3 if io.has_cache else 1, then_branch=branches[0],
+                 else_branch=branches[1])
     return AttentionOut(*outs) if io.has_cache else AttentionOut(outs)
 
 

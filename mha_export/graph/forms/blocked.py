@@ -27,6 +27,7 @@ from onnx import TensorProto, helper
 from ...config import MHAConfig
 from ..builder import (GraphBuilder, additive, as_1d, ceil_div, dim, repeat_kv,
                        row_masked_positions, scale_queries, score_mask, split_heads)
+from ..ops import Ops
 from .base import (ALL_FEATURES, ATTENTION_NODE_FEATURES, LINEAR, AttentionIO, AttentionOut,
                    Feature, GraphForm, cache_out, keys_values, probabilities, read_cache,
                    static_keys_values)
@@ -55,11 +56,11 @@ def blocked_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig, block: int = BL
                  use_attention_op: bool = True) -> AttentionOut:
     if block < 1:
         raise ValueError(f"block must be positive, got {block}")
+    op = Ops(g)
     seq_len = dim(g, io.q, 1, "blk_seq_len")  # () T
     n_blocks = ceil_div(g, seq_len, g.ints("blk_block", block), "blk_count")  # ()
     block_size = ceil_div(g, seq_len, n_blocks, "blk_size")  # () queries per block, <= block
-    padding = g.op("Sub", [g.op("Mul", [n_blocks, block_size], name="blk_padded_len"), seq_len],
-                   name="blk_pad")  # () query rows added to fill the last block
+    padding = op.Sub(op.Mul(n_blocks, block_size), seq_len)  # () rows that fill the last block
     operands, present = _operands(g, io, c, use_attention_op, seq_len, padding)
     body = g.sub("blk/")
     iteration, cond = body.name("iter"), body.name("cond_in")
@@ -68,17 +69,17 @@ def blocked_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig, block: int = BL
     ctx = run_loop(g, body, n_blocks, iteration, cond, context, operands.queries,
                     tail)  # (nb, B, bs, D) | (nb, B, N, bs, H)
     perm = [1, 0, 2, 3] if operands.flat else [1, 0, 3, 2, 4]
-    ctx = g.op("Transpose", [ctx], perm=perm, name="blk_ctx")  # (B, nb, bs, [N,] H|D)
-    ctx = g.op("Reshape", [ctx, g.ints("blk_merged_shape", [0, -1, c.inner])],
-               name="blk_ctx_padded")  # (B, nb*bs, D)
-    ctx = g.op("Slice", [ctx, g.ints("blk_zero_1d", [0]), as_1d(g, seq_len, "blk_seq_len_1d"),
-                         g.ints("blk_axes1_1d", [1])], name="blk_context")  # (B, T, D)
+    ctx = op.Transpose(ctx, perm=perm)  # (B, nb, bs, [N,] H|D)
+    ctx = op.Reshape(ctx, g.ints("blk_merged_shape", [0, -1, c.inner]))  # (B, nb*bs, D)
+    ctx = op.Slice(ctx, g.ints("blk_zero_1d", [0]), as_1d(g, seq_len, "blk_seq_len_1d"),
+                   g.ints("blk_axes1_1d", [1]))  # (B, T, D): the padded rows dropped
     return cache_out(io, ctx, *present)
 
 
 def _operands(g: GraphBuilder, io: AttentionIO, c: MHAConfig, use_attention_op: bool,
               seq_len: str, padding: str) -> tuple[_Operands, tuple[str, str]]:
     """The loop's operands, and the present keys/values (B, K, S, H) of a call with a cache."""
+    op = Ops(g)
     q = scale_queries(g, io.q, c.scale)  # (B, T, D)
     if use_attention_op and not io.has_cache and io.attention_mask is None:
         ops = _Operands(pad_axis(g, q, padding, 1), io.k, io.v, None, 1, 1, 1, True)
@@ -89,16 +90,15 @@ def _operands(g: GraphBuilder, io: AttentionIO, c: MHAConfig, use_attention_op: 
         # body transposes the valid prefix once
         keys, values, *present = static_keys_values(
             g, io, c, seq_len, valid_prefix=not use_attention_op)  # (B, K, S|C, H)
-        past = g.op("ReduceMax", [io.past_lengths], keepdims=0, name="blk_longest_past")  # ()
+        past = op.ReduceMax(io.past_lengths, keepdims=0)  # () the longest row's
     else:
         keys, values = present = keys_values(g, io, c)  # (B, K, S, H)
-        past = g.op("Sub", [dim(g, keys, 2, "blk_key_len"), seq_len], name="blk_past_len")
+        past = op.Sub(dim(g, keys, 2, "blk_key_len"), seq_len)  # () P = S - T
     if use_attention_op:  # (an int8 cache's buffers: codes, read block by block)
         return _Operands(pad_axis(g, q, padding, 2), keys, values, past, 2, 2, 2, False,
                          codes=io.int8_cache is not None and io.past_lengths is not None), present
     # plain MatMuls: every query head gets its kv head's copy, keys transposed for q @ k^T
-    keys_t = g.op("Transpose", [repeat_kv(g, keys, c.groups, "blk_k")], perm=[0, 1, 3, 2],
-                  name="blk_k_bhds")  # (B, N, H, S)
+    keys_t = op.Transpose(repeat_kv(g, keys, c.groups, "blk_k"), perm=[0, 1, 3, 2])  # (B,N,H,S)
     values = repeat_kv(g, values, c.groups, "blk_v")  # (B, N, S, H)
     return _Operands(pad_axis(g, q, padding, 2), keys_t, values, past, 2, 3, 2, False), present
 
@@ -108,42 +108,41 @@ def _key_range(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operands, s
     """Keys [key_start, key_end) the block reads, and where its first query sits relative to
     key_start: a scalar, or (B,) for a static cache, whose rows start at their own
     past_lengths (the range then covers the longest row's keys and the shortest row's window)."""
-    first_key = start if ops.past is None else b.op("Add", [ops.past, start],
-                                                    name="first_key")  # () longest row's
+    op = Ops(b)  # the *first_key names: a test's fault moves them
+    first_key = start if ops.past is None else op.Add(ops.past, start,
+                                                      name="first_key")  # () longest row's
     causal = c.causal or io.past_lengths is not None  # a static cache's rows always are
-    key_end = (b.op("Add", [first_key, block_size], name="key_end") if causal
+    key_end = (op.Add(first_key, block_size) if causal
                else b.ints("all_keys", np.iinfo(np.int64).max))  # () Slice clamps at S
     row_first = oldest_first = first_key
     if io.past_lengths is not None:
-        row_first = b.op("Add", [io.past_lengths, start], name="row_first_key")  # (B,)
-        shortest = b.op("ReduceMin", [io.past_lengths], keepdims=0, name="shortest_past")
-        oldest_first = b.op("Add", [shortest, start], name="shortest_first_key")  # ()
+        row_first = op.Add(io.past_lengths, start, name="row_first_key")  # (B,)
+        shortest = op.ReduceMin(io.past_lengths, keepdims=0)  # ()
+        oldest_first = op.Add(shortest, start, name="shortest_first_key")  # ()
     if not c.sliding_window:
         return b.ints("zero", 0), key_end, row_first
-    # keys older than the block's window are never read
-    oldest = b.op("Sub", [oldest_first, b.ints("window_back", c.sliding_window - 1)],
-                  name="window_first")  # () oldest key the block's first query sees
-    key_start = b.op("Max", [oldest, b.ints("zero", 0)], name="key_start")  # ()
-    return key_start, key_end, b.op("Sub", [row_first, key_start], name="first_key_rel")
+    # keys older than the block's window are never read: the oldest its first query sees
+    oldest = op.Sub(oldest_first, b.ints("window_back", c.sliding_window - 1))  # ()
+    key_start = op.Max(oldest, b.ints("zero", 0))  # ()
+    return key_start, key_end, op.Sub(row_first, key_start)
 
 
 def _block_context(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operands,
                    iteration: str, block_size: str, use_attention_op: bool) -> str:
     """The loop body: block ``iteration``'s queries [start, start + bs) sit at key positions
     P + start ...; they read keys [key_start, key_end) only. Returns the block's context."""
-    start = b.op("Mul", [iteration, block_size], name="start")  # () first query of the block
+    op = Ops(b)
+    start = op.Mul(iteration, block_size)  # () first query of the block
     key_start, key_end, first_rel = _key_range(b, io, c, ops, start, block_size)
     key_start_1d = as_1d(b, key_start, "key_start_1d")  # (1,)
     key_end_1d = as_1d(b, key_end, "key_end_1d")  # (1,)
-    query_end = b.op("Add", [start, block_size], name="q_end")  # ()
-    q_block = b.op("Slice", [ops.queries, as_1d(b, start, "start_1d"),
-                             as_1d(b, query_end, "q_end_1d"), b.ints("q_axis", [ops.query_axis])],
-                   name="q_block")  # (B, bs, D) | (B, N, bs, H)
-    k_block = b.op("Slice", [ops.keys, key_start_1d, key_end_1d, b.ints("k_axis", [ops.key_axis])],
-                   name="k_prefix")  # (B, len, D) | (B, K, len, H) | (B, N, H, len)
-    v_block = b.op("Slice", [ops.values, key_start_1d, key_end_1d,
-                             b.ints("v_axis", [ops.value_axis])],
-                   name="v_prefix")  # (B, len, D) | (B, K, len, H)
+    query_end = op.Add(start, block_size)  # ()
+    q_block = op.Slice(ops.queries, as_1d(b, start, "start_1d"), as_1d(b, query_end, "q_end_1d"),
+                       b.ints("q_axis", [ops.query_axis]))  # (B, bs, D) | (B, N, bs, H)
+    k_block = op.Slice(ops.keys, key_start_1d, key_end_1d, b.ints(
+        "k_axis", [ops.key_axis]))  # (B, len, D) | (B, K, len, H) | (B, N, H, len)
+    v_block = op.Slice(ops.values, key_start_1d, key_end_1d,
+                       b.ints("v_axis", [ops.value_axis]))  # (B, len, D) | (B, K, len, H)
     if ops.codes:  # this block's keys and values dequantized, never the whole cache
         k_block, v_block = read_cache(b, io, k_block, v_block)  # (B, K, len, H)
     key_len = dim(b, k_block, ops.key_axis, "key_len")
@@ -151,9 +150,8 @@ def _block_context(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operand
     if io.past_lengths is not None:  # row b's query i sits at first_rel[b] + i
         masked = row_masked_positions(b, first_rel, block_size, key_len, window)  # (B,1,bs,len)
     else:  # query i of the block sits at first_rel + i (positions relative to key_start)
-        mask_block = None if io.attention_mask is None else b.op(
-            "Slice", [io.attention_mask, key_start_1d, key_end_1d, b.ints("mask_axis", [1])],
-            name="mask_prefix")  # (B, len)
+        mask_block = None if io.attention_mask is None else op.Slice(
+            io.attention_mask, key_start_1d, key_end_1d, b.ints("mask_axis", [1]))  # (B, len)
         masked = score_mask(b, c.causal, block_size, key_len, mask_block, start=first_rel,
                             window=window)  # (.., bs, len) bool
     body = _attention_body if use_attention_op else _plain_body
@@ -163,11 +161,10 @@ def _block_context(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operand
 def pad_axis(g: GraphBuilder, x: str, pad: str, axis: int) -> str:
     """Pad x with ``pad`` zero rows at the end of ``axis`` (x is 3-D or 4-D)."""
     rank = 3 if axis == 1 else 4
-    pads = g.op("Concat", [g.ints("blk_pads_head", [0] * (rank + axis)),
-                           as_1d(g, pad, "blk_pad_1d"),
-                           g.ints("blk_pads_tail", [0] * (rank - axis - 1))], axis=0,
-                name="blk_q_pads")  # (2*rank,)
-    return g.op("Pad", [x, pads], mode="constant", name="q_padded")
+    op = Ops(g)
+    pads = op.Concat(g.ints("blk_pads_head", [0] * (rank + axis)), as_1d(g, pad, "blk_pad_1d"),
+                     g.ints("blk_pads_tail", [0] * (rank - axis - 1)), axis=0)  # (2*rank,)
+    return op.Pad(x, pads, mode="constant")
 
 
 def _attention_body(b: GraphBuilder, c: MHAConfig, io: AttentionIO, qb: str, kb: str, vb: str,
@@ -181,23 +178,25 @@ def _attention_body(b: GraphBuilder, c: MHAConfig, io: AttentionIO, qb: str, kb:
     else:
         q_shape = b.ints("q_shape", [0, c.heads, -1, c.head_dim])
         kv_shape = b.ints("kv_shape", [0, c.kv_heads, -1, c.head_dim])
-    qb = b.op("Reshape", [qb, q_shape], name="q_block_shaped")
-    kb = b.op("Reshape", [kb, kv_shape], name="k_prefix_shaped")
-    vb = b.op("Reshape", [vb, kv_shape], name="v_prefix_shaped")
+    op = Ops(b)
+    qb = op.Reshape(qb, q_shape)  # (B, bs, D) | (B, N, bs, H)
+    kb = op.Reshape(kb, kv_shape)  # (B, len, K*H) | (B, K, len, H)
+    vb = op.Reshape(vb, kv_shape)  # (B, len, K*H) | (B, K, len, H)
     inputs = [qb, kb, vb] + ([additive(b, masked, "block_bias")] if masked else [])
     heads = dict(q_num_heads=c.heads, kv_num_heads=c.kv_heads) if flat else {}
     if c.softcap:  # applied to the scaled scores, before the mask (ONNX Runtime 1.31)
         heads["softcap"] = float(c.softcap)
-    return b.op("Attention", inputs, name="attention", scale=1.0, **heads)
+    return op.Attention(*inputs, scale=1.0, **heads)  # (B, bs, D) | (B, N, bs, H)
 
 
 def _plain_body(b: GraphBuilder, c: MHAConfig, io: AttentionIO, qb: str, kb: str, vb: str,
                 masked: str | None, flat: bool) -> str:
     """q (B, N, bs, H) @ k^T (B, N, H, end) -> probabilities (softcap, mask, sinks) -> @ v
     -> (B, N, bs, H)."""
-    scores = b.op("MatMul", [qb, kb], name="scores")  # (B, N, bs, end)
+    op = Ops(b)
+    scores = op.MatMul(qb, kb)  # (B, N, bs, end)
     probs = probabilities(b, scores, masked, c, io.sinks)  # (B, N, bs, end)
-    return b.op("MatMul", [probs, vb], name="context")  # (B, N, bs, H)
+    return op.MatMul(probs, vb)  # (B, N, bs, H)
 
 
 def run_loop(g: GraphBuilder, b: GraphBuilder, nb: str, it: str, cond: str, ctx_b: str,
@@ -205,7 +204,7 @@ def run_loop(g: GraphBuilder, b: GraphBuilder, nb: str, it: str, cond: str, ctx_
     """Wrap body builder b (iteration ``it``, condition ``cond``, scan output ctx_b of shape
     (B, *rest)) in a Loop of nb iterations; returns the stacked scan output (nb, B, *rest).
     ``batch_of``: an outer value with B first; ``tail``: rest, with one -1."""
-    cond_out = b.op("Identity", [cond], name="cond_out")
+    cond_out = Ops(b).Identity(cond)
     body = b.subgraph(
         g.name("blk_body"),
         [helper.make_tensor_value_info(it, TensorProto.INT64, []),
@@ -214,13 +213,14 @@ def run_loop(g: GraphBuilder, b: GraphBuilder, nb: str, it: str, cond: str, ctx_
          helper.make_tensor_value_info(ctx_b, g.elem, None)])
     # An explicit true condition: onnx.reference's Loop runs no iteration when it is omitted.
     true = g.const("blk_true", np.array(True), float_dtype=False)
-    stacked = g.op("Loop", [nb, true], body=body, name="blk_loop")  # (nb, B, *rest)
+    op = Ops(g)
+    stacked = op.Loop(nb, true, body=body)  # (nb, B, *rest)
     # ORT stacks scan outputs on a new axis, onnx.reference concatenates them on axis 0: both hold
     # the same data in the same order, so one Reshape pins the layout for either.
-    batch = g.op("Shape", [batch_of], start=0, end=1, name="blk_batch")
-    shape = g.op("Concat", [as_1d(g, nb, "blk_count_1d"), batch, g.ints("blk_tail", tail)],
-                 axis=0, name="blk_stacked_shape")
-    return g.op("Reshape", [stacked, shape], name="blk_stacked")  # (nb, B, *rest)
+    batch = op.Shape(batch_of, start=0, end=1)  # (1,) B
+    shape = op.Concat(as_1d(g, nb, "blk_count_1d"), batch, g.ints("blk_tail", tail),
+                      axis=0)  # [nb, B, *tail]
+    return op.Reshape(stacked, shape)  # (nb, B, *rest)
 
 
 BLOCKED = GraphForm(

@@ -11,13 +11,14 @@ from onnx import TensorProto
 
 from ...config import MHAConfig
 from ..builder import CONTRIB, GraphBuilder
+from ..ops import Ops
 from .base import QUADRATIC, AttentionIO, AttentionOut, Feature, GraphForm
 
 
 def contrib_mha_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
-    return AttentionOut(g.op("MultiHeadAttention", [io.q, io.k, io.v], name="attention",
-                             domain=CONTRIB, num_heads=c.heads, unidirectional=int(c.causal),
-                             scale=c.scale))  # (B, T, D)
+    return AttentionOut(Ops(g).MultiHeadAttention(
+        io.q, io.k, io.v, domain=CONTRIB, num_heads=c.heads, unidirectional=int(c.causal),
+        scale=c.scale))  # (B, T, D)
 
 
 def contrib_gqa_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
@@ -25,21 +26,17 @@ def contrib_gqa_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attentio
     static cache: past_key/past_value are the app's buffers, which the node writes in place
     when present is bound to them; seqlens_k[b] = past_lengths[b] + T - 1 and total =
     max(past_lengths) + T (ONNX Runtime refuses T > 1 over a non-empty cache at batch > 1)."""
-    t = g.op("Shape", [io.q], start=1, end=2, name="seq_len")  # (1,)
-    if io.past_lengths is None:
-        starts = g.op("Expand", [g.ints("zero_1d", [0]),
-                                 g.op("Shape", [io.q], start=0, end=1, name="batch")],
-                      name="row_starts")  # (B,) every row starts at 0
+    op = Ops(g)
+    t = op.Shape(io.q, start=1, end=2)  # (1,) T
+    if io.past_lengths is None:  # every row starts at 0
+        starts = op.Expand(g.ints("zero_1d", [0]), op.Shape(io.q, start=0, end=1))  # (B,)
     else:
         starts = io.past_lengths  # (B,)
-    last = g.op("Sub", [g.op("Add", [starts, t], name="row_ends"), g.ints("one_1d", [1])],
-                name="last_pos")  # (B,) past_lengths + T - 1
-    seqlens = g.op("Cast", [last], to=TensorProto.INT32, name="seqlens_k")  # (B,) int32
-    total = g.op("Cast", [g.op("Add", [g.op("ReduceMax", [starts], keepdims=0,
-                                            name="longest_past"),
-                                       g.op("Squeeze", [t, g.ints("axis0", [0])],
-                                            name="seq_len_0d")], name="total")],
-                 to=TensorProto.INT32, name="total_len")  # () int32
+    # (B,) past_lengths + T - 1 ("row_ends": a test shifts it)
+    last = op.Sub(op.Add(starts, t, name="row_ends"), g.ints("one_1d", [1]))
+    seqlens = op.Cast(last, to=TensorProto.INT32)  # (B,) int32
+    total = op.Cast(op.Add(op.ReduceMax(starts, keepdims=0), op.Squeeze(t, g.ints("axis0", [0]))),
+                    to=TensorProto.INT32)  # () int32: max(past_lengths) + T
     cache = [io.past_key, io.past_value] if io.past_lengths is not None else ["", ""]
     inputs, int8 = [io.q, io.k, io.v, *cache, seqlens, total], {}
     if io.int8_cache:  # the node quantizes on write and reads its buffers dequantized
@@ -47,9 +44,9 @@ def contrib_gqa_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attentio
         inputs += ["", "", "", "", "", s.k_scale, s.v_scale]  # after cos/sin .. head_sink
         int8 = dict(kv_cache_bit_width=8, k_quant_type=s.k_quant_type,
                     v_quant_type=s.v_quant_type)
-    outs = g.op("GroupQueryAttention", inputs, n_out=3 if io.past_lengths is not None else 1,
-                name="attention", domain=CONTRIB, num_heads=c.heads, kv_num_heads=c.kv_heads,
-                scale=c.scale, **int8)
+    outs = op.GroupQueryAttention(*inputs, n_out=3 if io.past_lengths is not None else 1,
+                                  domain=CONTRIB, num_heads=c.heads, kv_num_heads=c.kv_heads,
+                                  scale=c.scale, **int8)
     return AttentionOut(*outs) if io.past_lengths is not None else AttentionOut(outs)
 
 

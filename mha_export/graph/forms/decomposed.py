@@ -5,6 +5,7 @@ from __future__ import annotations
 from ...config import MHAConfig
 from ..builder import (GraphBuilder, dim, merge_heads, repeat_kv, row_masked_positions,
                        scale_queries, score_mask, split_heads)
+from ..ops import Ops
 from .base import (ALL_FEATURES, QUADRATIC, AttentionIO, AttentionOut, GraphForm, cache_out,
                    keys_values, probabilities, static_keys_values)
 
@@ -21,12 +22,11 @@ def decomposed_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attention
         keys, values = present = keys_values(g, io, c)  # (B, K, S, H)
         masked = score_mask(g, c.causal, seq_len, dim(g, keys, 2, "key_len"),
                             io.attention_mask, window=window)  # (B|1, 1|., T, S)
-    k_t = g.op("Transpose", [repeat_kv(g, keys, c.groups, "k")], perm=[0, 1, 3, 2],
-               name="k_bhds")  # (B, N, H, S)
-    scores = g.op("MatMul", [q, k_t], name="scores")  # (B, N, T, S)
+    op = Ops(g)
+    k_t = op.Transpose(repeat_kv(g, keys, c.groups, "k"), perm=[0, 1, 3, 2])  # (B, N, H, S)
+    scores = op.MatMul(q, k_t)  # (B, N, T, S)
     probs = probabilities(g, scores, masked, c, io.sinks)  # (B, N, T, S)
-    ctx = g.op("MatMul", [probs, repeat_kv(g, values, c.groups, "v")],
-               name="context")  # (B, N, T, H)
+    ctx = op.MatMul(probs, repeat_kv(g, values, c.groups, "v"))  # (B, N, T, H)
     return cache_out(io, merge_heads(g, ctx, c.inner), *present)  # (B, T, D)
 
 

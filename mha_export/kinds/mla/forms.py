@@ -30,10 +30,13 @@ from ...config import MHAConfig
 from ...graph.builder import GraphBuilder, as_1d, ceil_div, dim
 from ...graph.forms.base import LINEAR, QUADRATIC, Feature, GraphForm, Memory
 from ...graph.forms.blocked import BLOCK, BLOCK_EDGES, pad_axis, run_loop
+from ...graph.ops import Ops
 from .graph import LatentIO, build_latent
 from .settings import LAYOUT, MLAConfig
 
 LATENT_THRESHOLD = 192
+
+
 def _head_weights(c: MHAConfig, w: Mapping[str, Tensor]) -> tuple[Tensor, Tensor]:
     """kv_b_proj per head: W_UK (N, Hn, R), W_UV (N, Hv, R)."""
     m = MLAConfig.of(c)
@@ -44,9 +47,9 @@ def _head_weights(c: MHAConfig, w: Mapping[str, Tensor]) -> tuple[Tensor, Tensor
 
 def _softmax(g: GraphBuilder, scores: str, c: MHAConfig, bias: str) -> str:
     """(B, N, T, S) scores -> probabilities: scaled, masked additively, softmax over S."""
-    scaled = g.op("Mul", [scores, g.const("softmax_scale", c.scale)], name="scaled_scores")
-    return g.op("Softmax", [g.op("Add", [scaled, bias], name="masked_scores")], axis=-1,
-                name="probs")  # (B, N, T, S)
+    op = Ops(g)
+    scaled = op.Mul(scores, g.const("softmax_scale", c.scale))  # (B, N, T, S)
+    return op.Softmax(op.Add(scaled, bias), axis=-1, name="probs")  # (B, N, T, S)
 
 
 def absorbed_core(g: GraphBuilder, io: LatentIO, c: MHAConfig) -> str:
@@ -57,33 +60,29 @@ def absorbed_core(g: GraphBuilder, io: LatentIO, c: MHAConfig) -> str:
     key 6.8, this 4.8 (the scores as keys @ queries^T: the GEMM packs the few query columns,
     not the cache: 1.34 -> 0.69 ms)."""
     m = MLAConfig.of(c)
-    w_uk, w_uv = _head_weights(c, io.weights)
-    q_latent = g.op("MatMul", [io.q_nope, g.const("kv_b_proj.key_heads.weight", w_uk)],
-                    name="q_latent")  # (B, N, T, R)
+    op = Ops(g)
+    w_uk, w_uv = _head_weights(c, io.weights)  # (N, Hn, R), (N, Hv, R)
+    w_uk = g.const("kv_b_proj.key_heads.weight", w_uk)
+    q_latent = op.MatMul(io.q_nope, w_uk)  # (B, N, T, R) = q_nope W_UK
 
     def rows_t(q: str, width: int, name: str) -> str:  # (B, N, T, w) -> (B, 1, w, N*T)
-        flat = g.op("Reshape", [q, g.ints(f"{name}_rows_shape", [0, 1, -1, width])],
-                    name=f"{name}_rows")  # (B, 1, N*T, w)
-        return g.op("Transpose", [flat], perm=[0, 1, 3, 2], name=f"{name}_rows_t")
+        rows = op.Reshape(q, g.ints(f"{name}_rows_shape", [0, 1, -1, width]))  # (B, 1, N*T, w)
+        return op.Transpose(rows, perm=[0, 1, 3, 2])
 
-    scores_t = g.op("Add", [
-        g.op("MatMul", [io.latents, rows_t(q_latent, m.kv_lora_rank, "q_latent")],
-             name="latent_scores"),
-        g.op("MatMul", [io.k_rot, rows_t(io.q_rot, m.qk_rope_head_dim, "q_rot")],
-             name="rope_scores")], name="scores_t")  # (B, 1, S, N*T)
-    scores = g.op("Transpose", [scores_t], perm=[0, 1, 3, 2], name="scores")  # (B, 1, N*T, S)
-    heads = g.op("Concat", [g.ints("bn", [0, m.heads]), g.ints("minus_one_1d", [-1]),
-                            g.op("Shape", [io.latents], start=2, end=3, name="key_count")],
-                 axis=0, name="score_heads_shape")  # [B, N, -1, S]
-    probs = _softmax(g, g.op("Reshape", [scores, heads], name="scores_by_head"), c, io.bias(g))
-    probs = g.op("Reshape", [probs, g.ints("prob_rows", [0, 1, -1, 0])],
-                 name="prob_rows_3d")  # (B, 1, N*T, S)
-    ctx = g.op("MatMul", [probs, io.latents], name="latent_context")  # (B, 1, N*T, R)
-    ctx = g.op("Reshape", [ctx, g.ints("ctx_heads", [0, m.heads, -1, m.kv_lora_rank])],
-               name="latent_context_heads")  # (B, N, T, R)
-    return g.op("MatMul", [ctx, g.const("kv_b_proj.value_heads_t.weight",
-                                   w_uv.transpose(1, 2))],
-                name="context_out_of_latent")  # (B, N, T, Hv)
+    # scores^T = latents q_latent^T + k_rot q_rot^T: the cache as the GEMM's left operand
+    latent_scores = op.MatMul(io.latents, rows_t(q_latent, m.kv_lora_rank, "q_latent"))
+    rope_scores = op.MatMul(io.k_rot, rows_t(io.q_rot, m.qk_rope_head_dim, "q_rot"))
+    scores = op.Transpose(op.Add(latent_scores, rope_scores),
+                          perm=[0, 1, 3, 2])  # (B, 1, S, N*T) -> (B, 1, N*T, S)
+    heads = op.Concat(g.ints("bn", [0, m.heads]), g.ints("minus_one_1d", [-1]),
+                      op.Shape(io.latents, start=2, end=3), axis=0)  # [B, N, -1, S]
+    scores = op.Reshape(scores, heads)  # (B, N, T, S)
+    probs = _softmax(g, scores, c, io.bias(g))  # (B, N, T, S)
+    probs = op.Reshape(probs, g.ints("prob_rows", [0, 1, -1, 0]))  # (B, 1, N*T, S)
+    ctx = op.MatMul(probs, io.latents)  # (B, 1, N*T, R): p @ latent
+    ctx = op.Reshape(ctx, g.ints("ctx_heads", [0, m.heads, -1, m.kv_lora_rank]))  # (B, N, T, R)
+    w_uv_t = g.const("kv_b_proj.value_heads_t.weight", w_uv.transpose(1, 2))  # (N, R, Hv)
+    return op.MatMul(ctx, w_uv_t)  # (B, N, T, Hv) = ctx W_UV^T
 
 
 def expanded_core(g: GraphBuilder, io: LatentIO, c: MHAConfig, block: int = BLOCK) -> str:
@@ -92,58 +91,52 @@ def expanded_core(g: GraphBuilder, io: LatentIO, c: MHAConfig, block: int = BLOC
     scores q_nope . k_nope + q_rot . k_rot (the shared rotated key broadcast over the heads,
     never copied) over every key, masked by its own rows' bias."""
     m = MLAConfig.of(c)
+    op = Ops(g)
     width = m.qk_nope_head_dim + m.v_head_dim
-    kv = g.op("MatMul", [io.latents, g.const("kv_b_proj.t.weight",
-                                             io.weights["kv_b_proj.weight"].t())],
-              name="kv_expanded")  # (B, 1, S, N*(Hn+Hv))
-    kv = g.op("Transpose", [g.op("Reshape", [kv, g.ints("kv_heads_shape", [0, -1, m.heads,
-                                                                          width])],
-                                 name="kv_heads")], perm=[0, 2, 1, 3],
-              name="kv_bnsh")  # (B, N, S, Hn+Hv)
-    k_nope, v = g.op("Split", [kv, g.ints("kv_b_split", [m.qk_nope_head_dim, m.v_head_dim])],
-                     n_out=2, axis=3, name="kv_b_parts")  # (B, N, S, Hn), (B, N, S, Hv)
-    t = lambda x, name: g.op("Transpose", [x], perm=[0, 1, 3, 2], name=name)  # noqa: E731
-    k_nope_t, k_rot_t = t(k_nope, "k_nope_t"), t(io.k_rot, "k_rot_t")  # (B, N|1, H., S)
+    w_kv_b = g.const("kv_b_proj.t.weight", io.weights["kv_b_proj.weight"].t())  # (R, N*width)
+    kv = op.MatMul(io.latents, w_kv_b)  # (B, 1, S, N*(Hn+Hv))
+    kv = op.Reshape(kv, g.ints("kv_heads_shape", [0, -1, m.heads, width]))  # (B, S, N, Hn+Hv)
+    kv = op.Transpose(kv, perm=[0, 2, 1, 3])  # (B, N, S, Hn+Hv)
+    k_nope, v = op.Split(kv, g.ints("kv_b_split", [m.qk_nope_head_dim, m.v_head_dim]),
+                         n_out=2, axis=3)  # (B, N, S, Hn), (B, N, S, Hv)
+    k_nope_t, k_rot_t = (op.Transpose(k, perm=[0, 1, 3, 2])
+                         for k in (k_nope, io.k_rot))  # (B, N|1, H., S)
     seq_len = dim(g, io.q_nope, 2, "exp_seq_len")  # () T
     n_blocks = ceil_div(g, seq_len, g.ints("exp_block", block), "exp_count")  # ()
     block_size = ceil_div(g, seq_len, n_blocks, "exp_size")  # () <= block
-    padding = g.op("Sub", [g.op("Mul", [n_blocks, block_size], name="exp_padded_len"),
-                           seq_len], name="exp_pad")  # () query rows added to the last block
+    padding = op.Sub(op.Mul(n_blocks, block_size), seq_len)  # () rows added to the last block
     q_nope, q_rot = (pad_axis(g, q, padding, 2) for q in (io.q_nope, io.q_rot))  # (B,N,nb*bs,.)
     b = g.sub("exp/", share_constants=True)  # weights and scale stored once, in the graph
     iteration, cond = b.name("iter"), b.name("cond_in")
-    start = b.op("Mul", [iteration, block_size], name="start")  # () the block's first query
-    rows = [as_1d(b, start, "start_1d"),
-            as_1d(b, b.op("Add", [start, block_size], name="end"), "end_1d"), b.ints("axes2", [2])]
-    qn, qr = (b.op("Slice", [q, *rows], name=f"{n}_block")
-              for q, n in ((q_nope, "q_nope"), (q_rot, "q_rot")))  # (B, N, bs, H.)
-    scores = b.op("Add", [b.op("MatMul", [qn, k_nope_t], name="nope_scores"),
-                          b.op("MatMul", [qr, k_rot_t], name="rope_scores")],
-                  name="scores")  # (B, N, bs, S)
-    ctx = b.op("MatMul", [_softmax(b, scores, c, io.mask(b, start, block_size)), v],
-               name="context")  # (B, N, bs, Hv)
+    body = Ops(b)
+    start = body.Mul(iteration, block_size)  # () the block's first query
+    rows = [as_1d(b, start, "start_1d"), as_1d(b, body.Add(start, block_size), "end_1d"),
+            b.ints("axes2", [2])]  # queries [start, start + bs) of axis 2
+    qn, qr = (body.Slice(q, *rows) for q in (q_nope, q_rot))  # (B, N, bs, H.)
+    scores = body.Add(body.MatMul(qn, k_nope_t), body.MatMul(qr, k_rot_t))  # (B, N, bs, S)
+    ctx = body.MatMul(_softmax(b, scores, c, io.mask(b, start, block_size)), v)  # (B,N,bs,Hv)
     ctx = run_loop(g, b, n_blocks, iteration, cond, ctx, io.q_nope,
                    [m.heads, -1, m.v_head_dim])  # (nb, B, N, bs, Hv)
-    ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[1, 2, 0, 3, 4], name="exp_ctx"),
-                           g.ints("exp_ctx_shape", [0, m.heads, -1, m.v_head_dim])],
-               name="exp_ctx_padded")  # (B, N, nb*bs, Hv)
-    return g.op("Slice", [ctx, g.ints("zero_1d", [0]), as_1d(g, seq_len, "exp_seq_len_1d"),
-                          g.ints("axes2_1d", [2])], name="expanded_context")  # (B, N, T, Hv)
+    ctx = op.Transpose(ctx, perm=[1, 2, 0, 3, 4])  # (B, N, nb, bs, Hv)
+    ctx = op.Reshape(ctx, g.ints("exp_ctx_shape", [0, m.heads, -1,
+                                                   m.v_head_dim]))  # (B, N, nb*bs, Hv)
+    return op.Slice(ctx, g.ints("zero_1d", [0]), as_1d(g, seq_len, "exp_seq_len_1d"),
+                    g.ints("axes2_1d", [2]))  # (B, N, T, Hv): the padded rows dropped
 
 
 def auto_core(g: GraphBuilder, io: LatentIO, c: MHAConfig,
               threshold: int = LATENT_THRESHOLD) -> str:
     """An If on the runtime T: the absorbed core below ``threshold``, the expanded from it."""
+    op = Ops(g)
     t = dim(g, "x", 1, "latent_seq_len")  # () T
-    short = g.op("Less", [t, g.ints("latent_threshold", threshold)], name="latent_is_short")
+    short = op.Less(t, g.ints("latent_threshold", threshold))  # () T < threshold
     branches = []
     for tag, core in (("absorbed", absorbed_core), ("expanded", expanded_core)):
         s = g.sub(f"{tag}/", share_constants=True)
         ctx = core(s, io, c)  # (B, N, T, Hv)
         branches.append(s.subgraph(g.name(f"latent_{tag}"), [], [
             helper.make_tensor_value_info(ctx, g.elem, None)]))
-    return g.op("If", [short], then_branch=branches[0], else_branch=branches[1],
-                name="latent_attention")  # (B, N, T, Hv)
+    return op.If(short, then_branch=branches[0], else_branch=branches[1])  # (B, N, T, Hv)
 
 
 # What an MLA form supports: its caches, padding, and the one shared key head (GQA's feature);

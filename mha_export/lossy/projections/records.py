@@ -1,5 +1,5 @@
 """The projections' quantizers, by the name an artifact's quantize record gives
-(``"quantizer"``): round to nearest (quantize.py) and a GGUF's kept blocks (source_quant.py).
+(``"quantizer"``): round to nearest (rtn.py) and a GGUF's kept blocks (source.py).
 A new quantizer is a module with its spec class (``forms``, ``requantizes``, ``label``,
 ``to_dict`` / ``from_dict``) and one entry here."""
 from __future__ import annotations

@@ -85,7 +85,7 @@ class QuantSpec:
         return {"bits": self.bits, "block_size": self.block_size, "symmetric": self.symmetric,
                 "quantizer": self.quantizer, "accuracy_level": self.accuracy_level}
 
-    # the function the file holds is re-derived from the source weights (dequantized.py)
+    # the function the file holds is re-derived from the source weights (reference.py)
     requantizes = True
 
     def forms(self, name: str, weight: np.ndarray) -> list["QuantizedWeight"]:

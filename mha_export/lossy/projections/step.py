@@ -1,18 +1,38 @@
 """Quantized projections as a lossy step (lossy/base.py): weight-only MatMulNBits, round to
-nearest (rtn.py) or a GGUF's own blocks (source.py)."""
+nearest (rtn.py) or a GGUF's own blocks (source.py). Its hooks: the CLI's --quantize options,
+the export's spec (a GGUF's kept blocks read once the source is loaded), the graph's MatMulNBits
+(graph/builder.py's ``quant``), the record in config.json, the function the file holds."""
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Any, Callable
 
+import click
+
+from ...errors import UsageError
+from ...kinds.registry import kind_of
 from ..base import LossyStep
 from .records import quant_spec_from_record
 from .reference import reference_module
+from .rtn import ACCURACY_LEVELS, BLOCK_SIZES, NAMES, QuantSpec, quantized_projections
+from .source import SOURCE, SourceQuantSpec, kept_quantization
+
+# torch's weight-only int4/int8 (torchao) is not a dependency: its int8 path runs mm(x,
+# W.to(float)) in eager/TorchScript (dequantized every call, no fewer bytes), its CPU int4 is a
+# prototype, and AOTInductor on CPU with it is unproven. The refusal says so rather than export
+# float weights under a quantized name.
+_TORCH = ("--quantize is ONNX-only: torch 2.13 has no CPU weight-only int4/int8 kernel that {} "
+          "compiles (torchao's int8 dequantizes every call, its CPU int4 is a prototype); use "
+          "`mha-export onnx --quantize`")
+FIELDS = ("block_size", "symmetric", "accuracy_level")  # the CLI's, gathered into the spec
+# quantized_projections' names -> the graph's (the names a kept quantization records)
+GRAPH_NAME = {"out_proj": "out", "gate_proj": "gate"}
 
 
 class QuantizedProjections(LossyStep):
     name = "quantize"
     record_key = "quantize"
-    target_option = "quant"
+    refusals = {"torchscript": _TORCH.format("TorchScript"), "aoti": _TORCH.format("AOTInductor")}
 
     def from_record(self, record: dict) -> Any:
         return quant_spec_from_record(dict(record))
@@ -24,6 +44,114 @@ class QuantizedProjections(LossyStep):
 
     def tag(self, spec: Any) -> str:
         return spec.tag
+
+    def options(self) -> list[Callable]:
+        default = QuantSpec()
+        return [
+            click.option("--quantize", type=click.Choice((*NAMES, SOURCE)), default=None,
+                         help="Weight-only quantized projections (q/k/v, output, gate) as ONNX "
+                              "Runtime's MatMulNBits, round to nearest per block; norms, biases "
+                              "and sinks stay float (ONNX only); source: a .gguf checkpoint's own "
+                              "blocks, kept as they are (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K) "
+                              "[default: float weights]."),
+            click.option("--block-size", type=click.Choice([str(b) for b in BLOCK_SIZES]),
+                         default=str(default.block_size), show_default=True,
+                         help="Input features per quantization block (one scale each)."),
+            click.option("--symmetric/--asymmetric", default=default.symmetric,
+                         show_default=True, help="Symmetric blocks, or a zero point per block."),
+            click.option("--accuracy-level", type=click.Choice([str(a) for a in ACCURACY_LEVELS]),
+                         default=str(default.accuracy_level), show_default=True,
+                         help="MatMulNBits' arithmetic: " + ", ".join(
+                             f"{a} = {c}" for a, c in ACCURACY_LEVELS.items())
+                         + " (faster, looser)."),
+        ]
+
+    def from_cli(self, kw: dict) -> dict:
+        """The options gathered into ``quantize=QuantSpec`` (given without --quantize: an
+        error)."""
+        fields = {name: kw.pop(name) for name in FIELDS if name in kw}
+        name = kw.pop("quantize", None)
+        if name is None:
+            if fields:
+                raise UsageError(f"--{next(iter(fields)).replace('_', '-')} needs --quantize")
+            return kw
+        for key in ("block_size", "accuracy_level"):
+            if key in fields:
+                fields[key] = int(fields[key])
+        if name == SOURCE:  # the file's own blocks: only the kernel's arithmetic is a choice
+            other = next((f for f in fields if f != "accuracy_level"), None)
+            if other:
+                raise UsageError(f"--{other.replace('_', '-')} does not apply to --quantize "
+                                 "source (the GGUF file's blocks decide it)")
+            return {**kw, "quantize": SourceQuantSpec(**fields)}
+        return {**kw, "quantize": QuantSpec.named(name, **fields)}
+
+    def request(self, kw: dict, target: str, kind: str, dtype: str) -> Any:
+        spec = kw.pop("quantize", None)
+        if spec is not None and target in self.refusals:
+            raise UsageError(self.refusals[target])
+        return spec
+
+    def prepare(self, source: Any, spec: Any, held: Any, seed: int, dtype: str) -> Any:
+        return kept_blocks(source, spec, dtype) if spec.quantizer == SOURCE else spec
+
+    def graph_args(self, spec: Any) -> dict:
+        return {"quant": spec}
+
+    def record(self, spec: Any, config: Any) -> dict:
+        return {"format": "com.microsoft.MatMulNBits",
+                "projections": quantized_projections(config), **spec.to_dict()}
+
+    def api_keys(self) -> tuple[str, ...]:
+        return ("quantize",)
+
+    def attribution(self, options: dict, plain: dict, runner: str) -> list[tuple[str, dict]]:
+        """The weights at fp32 compute, and at level 4 the kernel's int8 activations on top:
+        split by ONNX Runtime's accuracy level, so on ort-cpu only."""
+        spec = options["quantize"]
+        if runner != "ort-cpu":
+            raise UsageError("--attribute splits quantized weights from the kernel's int8 "
+                             "activations by ONNX Runtime's accuracy level: use --runner "
+                             f"ort-cpu (with {runner} the steps would not be what they are "
+                             "named)")
+        exact = spec if spec.accuracy_level == 1 else replace(spec, accuracy_level=1)
+        runs = [(f"weights {spec.name} (fp32 compute)", {**plain, "quantize": exact})]
+        if spec.accuracy_level == 4:
+            runs.append((f"weights {spec.name} + int8 activations (level 4)",
+                         {**plain, "quantize": spec}))
+        return runs
+
+    def weight_bytes(self, config: Any, spec: Any) -> int:
+        """Quantized projections as ``spec`` stores them (those the attention kind does not
+        quantize stay fp32: an MLA layer's kv_b_proj); a GGUF's kept blocks count as the
+        file's codes, scales and zero points, per projection as recorded (one kept float counts
+        fp32)."""
+        shape = kind_of(config).projections(config)
+        if spec.quantizer == SOURCE:
+            kept = {p: spec.stored_bytes(GRAPH_NAME.get(p, p)) for p in shape}
+            return sum(4 * s[0] * s[1] if kept[p] is None else kept[p] for p, s in shape.items())
+        quantized = set(quantized_projections(config))
+        return sum(spec.stored_bytes(*s) if p in quantized else 4 * s[0] * s[1]
+                   for p, s in shape.items())
+
+
+def kept_blocks(source: Any, spec: SourceQuantSpec, dtype: str) -> SourceQuantSpec:
+    """--quantize source: the GGUF layer's own blocks, for the projections of its own layout."""
+    where = source.description
+    if where.get("kind") != "gguf":
+        raise UsageError("--quantize source keeps a GGUF file's own quantized blocks: it needs "
+                         "--weights FILE.gguf")
+    if source.config.layout != "split":
+        raise UsageError("--quantize source keeps the checkpoint's own projections: export "
+                         "them in its layout (split)")
+    if dtype != "float32":
+        raise UsageError("--quantize source is float32 only (the GGUF's scales as it stores "
+                         "them, in float32 arithmetic)")
+    kept = kept_quantization(where["path"], where["layer"], source.config, spec.accuracy_level)
+    if not kept.projections:
+        raise UsageError(f"--quantize source: {where['path']} stores layer {where['layer']}'s "
+                         "projections as floats: nothing to keep (leave out --quantize)")
+    return kept
 
 
 STEP = QuantizedProjections()
