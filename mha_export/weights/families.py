@@ -398,7 +398,8 @@ QWEN35 = Family(
 
 # Multi-head Latent Attention (DeepSeek-V2/V3) ---------------------------------------------------
 
-LATENT_TENSORS = {name: name for name in (  # the checkpoints' names are the layer's (kinds/mla/layer.py)
+# the checkpoints' names are the layer's (kinds/mla/layer.py)
+LATENT_TENSORS = {name: name for name in (
     "q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
     "kv_b_proj", "o_proj")}
 LATENT_DEFAULTS = {"rope_theta": 10000.0, "partial_rotary_factor": 1.0, "kv_lora_rank": 512,
