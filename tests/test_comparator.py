@@ -41,7 +41,7 @@ def test_int8_codes_may_change_only_where_the_call_wrote_and_rarely():
     """INT8_CODES: one code off is a rounding tie flipped by the kernel's last bit, allowed on at
     most 0.1% (or 4) of the entries the call wrote; any change elsewhere fails, and so does a
     whole written row off by one, however long the untouched past around it."""
-    from mha_export.check.comparator import INT8_CODES
+    from mha_export.lossy.int8_cache.cost import INT8_CODES
     expected = np.zeros((1, 2, 1024, 64))
     valid = np.ones((1, 1, 1024, 1), bool)
     written = np.zeros((1, 1, 1024, 1), bool)

@@ -6,7 +6,6 @@ N = query heads, K = key/value heads, H = head size, D = N * H.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -21,14 +20,13 @@ ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
-class Quantizer(Protocol):
-    """Weight-only quantized projections as a lossy step hands them to the graph (lossy/
-    projections/: rtn.py's round to nearest, source.py's GGUF blocks): each projection's
-    MatMulNBits form(s) (none: it stays a float MatMul), and the kernel's accuracy level."""
+class ProjectionWriter(Protocol):
+    """How a lossy step writes the projections (lossy/projections/graph.py: MatMulNBits):
+    x @ weight.T into builder g under ``name``, or None where the weight stays a float
+    MatMul."""
 
-    accuracy_level: int
-
-    def forms(self, name: str, weight: np.ndarray) -> list: ...
+    def __call__(self, g: "GraphBuilder", x: str, name: str,
+                 weight: torch.Tensor) -> str | None: ...
 
 
 @dataclass
@@ -45,8 +43,9 @@ class GraphBuilder:
     # initializer of the same name and content (weights stored once for every branch)
     outer: "GraphBuilder | None" = None
     _shared: dict = field(default_factory=dict)
-    # weight-only quantized projections (linear() writes MatMulNBits); None: float MatMuls
-    quant: Quantizer | None = None
+    # the projections as a lossy step writes them (weight-only quantized: MatMulNBits); None:
+    # float MatMuls
+    projections: ProjectionWriter | None = None
 
     def name(self, base: str) -> str:
         base = self.prefix + base
@@ -56,7 +55,8 @@ class GraphBuilder:
 
     def sub(self, prefix: str, share_constants: bool = False) -> "GraphBuilder":
         return GraphBuilder(dtype=self.dtype, prefix=self.prefix + prefix,
-                            outer=self if share_constants else None, quant=self.quant)
+                            outer=self if share_constants else None,
+                            projections=self.projections)
 
     @property
     def elem(self) -> int:
@@ -94,66 +94,15 @@ class GraphBuilder:
         return outs[0] if n_out == 1 else outs
 
     def linear(self, x: str, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> str:
-        """x @ weight.T + bias (nn.Linear semantics); the weight quantized when ``quant`` is set
-        (the bias stays in the model dtype)."""
-        if self.quant is None:
+        """x @ weight.T + bias (nn.Linear semantics); the weight as ``projections`` writes it
+        where set (the bias stays in the model dtype)."""
+        y = self.projections(self, x, name, weight) if self.projections else None
+        if y is None:
             y = self.op("MatMul", [x, self.const(f"{name}.weight", weight.t())],
                         name=f"{name}_matmul")
-        else:
-            y = self.matmul_nbits(x, name, weight)
         if bias is not None:
             y = self.op("Add", [y, self.const(f"{name}.bias", bias)], name=f"{name}_add")
         return y
-
-    def matmul_nbits(self, x: str, name: str, weight: torch.Tensor) -> str:
-        """x (.., K) @ W^T with W (N, K) in its quantizer's MatMulNBits form(s) (lossy/
-        projections/: rtn.py round to nearest, source.py a GGUF's own blocks):
-        ONNX Runtime's com.microsoft.MatMulNBits reading the packed codes, one scale (and zero
-        point) per block; default zero points (2^(bits-1)) are left out. Several forms (a
-        weight split in two) are summed; none: a float MatMul."""
-        forms = self.quant.forms(name, weight.detach().to(torch.float32).numpy())
-        if not forms:
-            return self.op("MatMul", [x, self.const(f"{name}.weight", weight.t())],
-                           name=f"{name}_matmul")
-        parts = [self._matmul_nbits(x, name + (f"_part{i}" if i else ""), q)
-                 for i, q in enumerate(forms)]
-        y = parts[0]
-        for part in parts[1:]:
-            y = self.op("Add", [y, part], name=f"{name}_sum")  # (.., N)
-        return y
-
-    def _matmul_nbits(self, x: str, name: str, q) -> str:
-        if getattr(q, "float_zero_points", False):
-            return self._affine_blocks(x, name, q)
-        inputs = [x, self.const(f"{name}.weight_q{q.bits}", q.packed(), float_dtype=False),
-                  self.const(f"{name}.weight_scales", q.scales.reshape(-1))]  # (N * blocks,)
-        if q.needs_zero_points:
-            zero_points = q.packed_zero_points()
-            inputs.append(self.const(f"{name}.weight_zero_points", zero_points,
-                                     float_dtype=zero_points.dtype != np.uint8))
-        return self.op("MatMulNBits", inputs, name=f"{name}_matmul", domain=CONTRIB, K=q.k,
-                       N=q.n, bits=q.bits, block_size=q.block_size,
-                       accuracy_level=self.quant.accuracy_level)  # (.., N)
-
-    def _affine_blocks(self, x: str, name: str, q) -> str:
-        """Blocks with float zero points, (code - zp) * scale = code * scale + m (m = -zp *
-        scale: a GGUF block's min), as the packed integer kernel with zero points 0 plus each
-        block's sum of x times its m — exact, where ONNX Runtime 1.31 would dequantize float
-        zero points' weights at every call:
-
-            x (B, T, K) -> MatMulNBits(codes, scales, zero points 0)        (B, T, N)
-            x -> (B, T, n_blocks, block) -> ReduceSum -> @ m^T (n_blocks, N) (B, T, N)"""
-        n_blocks, block = q.scales.shape[1], q.block_size
-        zero = dataclasses.replace(q, zero_points=np.zeros(q.scales.shape, np.uint8))
-        codes = self._matmul_nbits(x, name, zero)  # (B, T, N)
-        shape = self.ints(f"{name}.blocks_shape", [0, 0, n_blocks, block])
-        blocks = self.op("Reshape", [x, shape], name=f"{name}_blocks")  # (B, T, n_blocks, block)
-        sums = self.op("ReduceSum", [blocks, self.ints(f"{name}.last_axis", [-1])], keepdims=0,
-                       name=f"{name}_block_sums")  # (B, T, n_blocks)
-        mins = -(q.zero_points.astype(np.float64) * q.scales)  # (N, n_blocks)
-        offset = self.op("MatMul", [sums, self.const(f"{name}.weight_mins_t", mins.T)],
-                         name=f"{name}_mins")  # (B, T, N)
-        return self.op("Add", [codes, offset], name=f"{name}_affine")
 
     def subgraph(self, name: str, inputs: list, outputs: list) -> GraphProto:
         return helper.make_graph(self.nodes, name, inputs, outputs, initializer=self.initializers)

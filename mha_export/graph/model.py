@@ -22,7 +22,7 @@ from ..config import MHAConfig
 from ..errors import UsageError
 from .forms import STANDARD_FORMS, AttentionIO, GraphForm, resolve_opset
 from .forms.base import Int8Cache
-from .builder import ONNX_DTYPES, GraphBuilder, Quantizer
+from .builder import ONNX_DTYPES, GraphBuilder, ProjectionWriter
 from .rotary import rotary_cos_sin, rotary_op, rotate_heads
 from ..layer.layouts import AttentionWeights
 from .nodes import all_nodes
@@ -54,21 +54,22 @@ def check_buildable(config: MHAConfig, form: GraphForm, sig: Signature, dtype: s
 
 def build_model(config: MHAConfig, w: AttentionWeights | Mapping[str, Tensor], form: GraphForm,
                 opset: int | None = None, dtype: str = "float32",
-                signature: Signature | None = None, quant: Quantizer | None = None,
+                signature: Signature | None = None,
+                projections: ProjectionWriter | None = None,
                 kv_cache: Any = None) -> onnx.ModelProto:
     """The ONNX model of the layer around the form's core: the standard layer's (``w``:
     layout-neutral weights) or the form's kind's (``form.layer``: e.g. Multi-head Latent
     Attention's, ``w`` its state dict); ``opset`` None: the form's lowest
-    (``resolve_opset``); ``quant``: the projections (q/k/v, output, gate) as weight-only
-    quantized MatMulNBits; ``kv_cache``: the scales of an int8 static cache (a signature whose
-    cache dtype is int8)."""
+    (``resolve_opset``); ``projections``: how a lossy step writes the projections (q/k/v,
+    output, gate; weight-only quantized: MatMulNBits); ``kv_cache``: the scales of an int8
+    static cache (a signature whose cache dtype is int8)."""
     c = config
     sig = signature or make_signature(c)
     check_buildable(c, form, sig, dtype)
     if (sig.cache_dtype == INT8) != (kv_cache is not None):
         raise UsageError("an int8 cache needs both the int8 signature and its scales")
     opset = resolve_opset(form, opset)
-    g = GraphBuilder(dtype=dtype, quant=quant)
+    g = GraphBuilder(dtype=dtype, projections=projections)
     layer = form.layer or _attention_layer
     results = layer(g, c, w, form, sig, opset, kv_cache)
     for name in sig.output_names:

@@ -77,6 +77,10 @@ class LossyStep:
         """The export API's keywords it reads."""
         return (self.record_key,)
 
+    def files(self, options: dict) -> dict[str, Any]:
+        """The files an export with the API's keywords ``options`` reads, by keyword."""
+        return {}
+
     def asked(self, options: dict) -> bool:
         """Whether the export API's keywords ``options`` ask for this step."""
         return options.get(self.api_keys()[0]) is not None

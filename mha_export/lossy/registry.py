@@ -92,6 +92,12 @@ def api_keys() -> tuple[str, ...]:
     return tuple(k for s in STEPS for k in s.api_keys())
 
 
+def files(options: dict) -> dict[str, Any]:
+    """The files an export with the API's keywords ``options`` reads (e.g. a calibration
+    file), by keyword."""
+    return {k: v for s in STEPS for k, v in s.files(options).items()}
+
+
 def attribution(options: dict, runner: str) -> list[tuple[str, dict]]:
     """(label, export options) of the plain export, of each lossy step ``options`` asks for
     alone, and of all of them together (when more than one)."""

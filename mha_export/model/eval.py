@@ -306,7 +306,7 @@ class Evaluator:
         folder = self._folder(name, layer)
         stamp = json.dumps({"weights": _file_version(self.weights), "layer": layer,
                             "file": self.kind.model_file,
-                            "calibration": _file_version(options.get("calibration")),
+                            **{k: _file_version(f) for k, f in lossy.files(options).items()},
                             "options": _jsonable(options)}, sort_keys=True, default=str)
         record = folder / "eval-options.json"
         if not (record.is_file() and record.read_text() == stamp

@@ -15,7 +15,8 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from ...graph.nodes import all_nodes, matmul_nbits_kinds, matmul_nbits_probe
+from ...graph.nodes import all_nodes
+from ...lossy.projections.kernels import matmul_nbits_kinds, matmul_nbits_probe
 from ...signature import Signature
 from .base import Feeds, Runner, RunnerUnavailable
 

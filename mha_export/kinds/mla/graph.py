@@ -51,7 +51,7 @@ class LatentIO:
 
 
 def build_latent(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], form: GraphForm,
-                 sig: Signature, opset: int = 17, int8_cache: None = None) -> dict[str, str]:
+                 sig: Signature, opset: int = 17, kv_cache: None = None) -> dict[str, str]:
     """The layer's nodes; returns the graph values of y (and present_key / present_value)."""
     m = MLAConfig.of(c)
     cos, sin = cos_sin_at(g, "position_ids", m.qk_rope_head_dim, m.rope_theta, m.rope_scaling)

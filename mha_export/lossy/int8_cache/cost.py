@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ...artifact import Artifact
-from ...check.comparator import FP32, INT8_CODES, Deviation, Tolerance, deviation, worst
+from ...check.comparator import FP32, Deviation, Tolerance, deviation, worst
 from ...check.runners import Feeds
 from ...check.runners.pytorch import EagerRunner
 from ...check.sweep import Case, positions
@@ -22,6 +22,10 @@ from .given_codes import GivenCodes
 from .step import STEP
 
 CACHE_OUTPUTS = {"present_key": "key", "present_value": "value"}
+# The codes (present_key / present_value): the runtime's keys differ from eager's in the last
+# bits, so an entry on a rounding tie may land one code away; more than one code, or more than
+# 0.1% of entries changed, is a wrong write (floor instead of round: ~50% changed).
+INT8_CODES = Tolerance(atol=1.0, rtol=0.0, changed=1e-3)
 
 
 def float_cache_feeds(artifact: Artifact, feeds: Feeds) -> Feeds:

@@ -4,7 +4,7 @@ runtime wrote, its codes against eager's.
 A key on a rounding tie (x / scale within the last bits of k + 0.5) lands one code away in a
 runtime whose projections differ from eager's in the last bit: that is a kernel's rounding, and
 it is judged once, where it happens — present_key / present_value compared as codes, at most one
-code apart and rarely (comparator.INT8_CODES). Were y compared with eager's own y, one such flip
+code apart and rarely (cost.py's INT8_CODES). Were y compared with eager's own y, one such flip
 would move y by up to 1/127 of the value range (a token attending only to itself) and force a
 tolerance ~100x looser than fp32's. So y's truth is the eager module (fp32 and fp64) reading the
 runtime's own buffers after each call (``read_static``, nothing written): y stays at fp32's

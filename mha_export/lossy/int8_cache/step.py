@@ -119,6 +119,9 @@ class Int8Cache(LossyStep):
     def api_keys(self) -> tuple[str, ...]:
         return ("kv_cache_dtype", "calibration", "value_scale")
 
+    def files(self, options: dict) -> dict[str, Any]:
+        return {"calibration": options.get("calibration")}
+
     def asked(self, options: dict) -> bool:
         return options.get("kv_cache_dtype") == INT8
 

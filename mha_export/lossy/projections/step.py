@@ -12,6 +12,7 @@ import click
 from ...errors import UsageError
 from ...kinds.registry import kind_of
 from ..base import LossyStep
+from .graph import MatMulNBitsProjections
 from .records import quant_spec_from_record
 from .reference import reference_module
 from .rtn import ACCURACY_LEVELS, BLOCK_SIZES, NAMES, QuantSpec, quantized_projections
@@ -96,7 +97,7 @@ class QuantizedProjections(LossyStep):
         return kept_blocks(source, spec, dtype) if spec.quantizer == SOURCE else spec
 
     def graph_args(self, spec: Any) -> dict:
-        return {"quant": spec}
+        return {"projections": MatMulNBitsProjections(spec)}
 
     def record(self, spec: Any, config: Any) -> dict:
         return {"format": "com.microsoft.MatMulNBits",

@@ -1,0 +1,74 @@
+"""Quantized projections in the ONNX graph (the step's graph hook, graph/builder.py's
+``projections``): x (.., K) @ W^T with W (N, K) in its quantizer's MatMulNBits form(s)
+(rtn.py: round to nearest here; source.py: a GGUF's own blocks) — ONNX Runtime's
+com.microsoft.MatMulNBits reading the packed codes, one scale (and zero point) per block;
+default zero points (2^(bits-1)) are left out. Several forms (a weight split in two) are summed.
+
+Shape legend: B = batch, T = this call, K = input features, N = output features.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from ...graph.builder import GraphBuilder
+from ...graph.nodes import CONTRIB
+from ...graph.ops import Ops
+
+
+@dataclass(frozen=True)
+class MatMulNBitsProjections:
+    """The projections of ``spec`` (QuantSpec, SourceQuantSpec: its ``forms`` and accuracy
+    level) as MatMulNBits; a projection it has no form for stays a float MatMul (None)."""
+
+    spec: Any
+
+    def __call__(self, g: GraphBuilder, x: str, name: str,
+                 weight: torch.Tensor) -> Optional[str]:
+        forms = self.spec.forms(name, weight.detach().to(torch.float32).numpy())
+        if not forms:
+            return None
+        parts = [self._matmul_nbits(g, x, name + (f"_part{i}" if i else ""), q)
+                 for i, q in enumerate(forms)]
+        y = parts[0]
+        for part in parts[1:]:
+            y = Ops(g).Add(y, part, name=f"{name}_sum")  # (.., N)
+        return y
+
+    def _matmul_nbits(self, g: GraphBuilder, x: str, name: str, q) -> str:
+        if getattr(q, "float_zero_points", False):
+            return self._affine_blocks(g, x, name, q)
+        inputs = [x, g.const(f"{name}.weight_q{q.bits}", q.packed(), float_dtype=False),
+                  g.const(f"{name}.weight_scales", q.scales.reshape(-1))]  # (N * blocks,)
+        if q.needs_zero_points:
+            zero_points = q.packed_zero_points()
+            inputs.append(g.const(f"{name}.weight_zero_points", zero_points,
+                                  float_dtype=zero_points.dtype != np.uint8))
+        return Ops(g).MatMulNBits(*inputs, name=f"{name}_matmul", domain=CONTRIB, K=q.k, N=q.n,
+                                  bits=q.bits, block_size=q.block_size,
+                                  accuracy_level=self.spec.accuracy_level)  # (.., N)
+
+    def _affine_blocks(self, g: GraphBuilder, x: str, name: str, q) -> str:
+        """Blocks with float zero points, (code - zp) * scale = code * scale + m (m = -zp *
+        scale: a GGUF block's min), as the packed integer kernel with zero points 0 plus each
+        block's sum of x times its m — exact, where ONNX Runtime 1.31 would dequantize float
+        zero points' weights at every call:
+
+            x (B, T, K) -> MatMulNBits(codes, scales, zero points 0)        (B, T, N)
+            x -> (B, T, n_blocks, block) -> ReduceSum -> @ m^T (n_blocks, N) (B, T, N)"""
+        op = Ops(g)
+        n_blocks, block = q.scales.shape[1], q.block_size
+        zero = dataclasses.replace(q, zero_points=np.zeros(q.scales.shape, np.uint8))
+        codes = self._matmul_nbits(g, x, name, zero)  # (B, T, N)
+        shape = g.ints(f"{name}.blocks_shape", [0, 0, n_blocks, block])
+        blocks = op.Reshape(x, shape, name=f"{name}_blocks")  # (B, T, n_blocks, block)
+        sums = op.ReduceSum(blocks, g.ints(f"{name}.last_axis", [-1]), keepdims=0,
+                            name=f"{name}_block_sums")  # (B, T, n_blocks)
+        mins = -(q.zero_points.astype(np.float64) * q.scales)  # (N, n_blocks)
+        offset = op.MatMul(sums, g.const(f"{name}.weight_mins_t", mins.T),
+                           name=f"{name}_mins")  # (B, T, N)
+        return op.Add(codes, offset, name=f"{name}_affine")
