@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .errors import UsageError, require_positive as _positive
-from .kinds.mla.settings import ROPE_LAYOUTS, Latent
+from .kinds.mla.settings import ROPE_LAYOUTS, Latent  # noqa: F401 (ROPE_LAYOUTS: the CLI's)
 from .rope_types import SCALING_FIELDS, SCALINGS, normalized_scaling  # noqa: F401
 
 # A kind of attention other than the standard one is a section of the config (kinds/): its field

@@ -157,3 +157,23 @@ def test_functions_are_short_and_lines_fit():
                        if len(line) > MAX_COLUMNS]
     assert not long_functions, long_functions
     assert not wide_lines, wide_lines
+
+
+def test_each_kind_and_lossy_step_lives_in_its_own_folder():
+    """Outside its home, Multi-head Latent Attention is named in a handful of modules (the config
+    section, the registry, its checkpoint families), and each lossy step in at most ten (issue
+    33): a stage that starts to branch on one shows up here, and in docs/architecture.md."""
+    from structure import CONCEPTS, LIMITS, naming
+    for concept in CONCEPTS:
+        assert len(naming(concept)) <= LIMITS[concept], (concept, naming(concept))
+
+
+def test_the_naming_count_sees_a_planted_mention(tmp_path, monkeypatch):
+    import structure
+    planted = tmp_path / "mha_export"
+    (planted / "check").mkdir(parents=True)
+    (planted / "check" / "x.py").write_text('"""latent in a docstring is no mention."""
+')
+    (planted / "check" / "y.py").write_text("def f(c):\n    return c.latent is None\n")
+    monkeypatch.setattr(structure, "PACKAGE", planted)
+    assert structure.naming("Multi-head Latent Attention") == ["check/y.py"]

@@ -221,7 +221,7 @@ def test_an_interruption_a_runtime_swallowed_still_ends_the_run(tmp_path, monkey
     signal was received, that error unwinds as the interruption and nothing is published."""
     from mha_export import errors
     from mha_export.artifact import read_artifact, staged_folder
-    from mha_export.check.parity import _open
+    from mha_export.check.plan import _open
     from mha_export.check.runners import RUNNERS, RunOptions
     art = tmp_path / "art"
     assert run("onnx", *SMALL, "-o", art, "--no-check").exit_code == 0

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from structure import structure_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -234,7 +235,7 @@ def mla_step_table(path: str) -> str:
         f"\n\n<small>{m['cpu']}, {m['date']}, {data['threads']} threads; `{path}`</small>")
 
 
-GENERATORS = {"forms": form_table, "signature": signature_table, "bench": bench_table,
+GENERATORS = {"structure": structure_table, "forms": form_table, "signature": signature_table, "bench": bench_table,
               "faults": fault_list, "runners": runner_table, "quant-error": quant_error_table,
               "kv-error": kv_error_table, "mla-step": mla_step_table}
 

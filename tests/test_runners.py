@@ -50,7 +50,7 @@ def test_registry_records_and_default_selection(tmp_path):
     for the folder's files, and reports what each really ran on (or why it could not)."""
     from mha_export import check_parity
     from mha_export.artifact import read_artifact
-    from mha_export.check.parity import selected_kinds
+    from mha_export.check.plan import selected_kinds
     from mha_export.check.runners import RUNNERS
     from mha_export.export.targets import TARGETS
     assert {k.model_file for k in RUNNERS.values()} <= {t.model_file for t in TARGETS.values()}

@@ -23,7 +23,6 @@ from ..signature import FLOAT, INT8
 from ..lossy.int8_cache.codes import INT8_CACHE_TAG, KVCacheSpec
 from ..lossy.projections.rtn import QuantSpec
 from ..lossy.projections.records import quant_spec_from_record
-from ..lossy.projections.source import SOURCE
 from .report import BASELINE, BenchReport, BenchRow
 
 WORKER = "mha_export.bench.worker"  # run with -m: the package, not its folder, on sys.path

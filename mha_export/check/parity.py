@@ -2,46 +2,31 @@
 runner over a sweep of fresh random inputs, and compare each declared output with eager fp32 and
 with a float64 eager reference, each with its own tolerance.
 
-    artifact -> runners (runners/) -> cases (sweep.py, scenarios.py) -> compare (comparator.py)
-    -> CheckReport (report.py renders it)
+    artifact -> plan (plan.py: runners, cases, tolerances, the truth) -> each case through every
+    runner (sweep.py, scenarios.py) and into the lossy steps' costs (lossy/costs.py) -> compare
+    (comparator.py) -> CheckReport (report.py renders it)
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
-import torch
 
 from ..artifact import Artifact, read_artifact
 from ..env import versions
-from ..errors import UsageError, raise_if_interrupted
-from ..kinds.registry import FORMS
+from ..errors import raise_if_interrupted
 from ..lossy import costs as lossy
 from ..lossy.base import Cost
 from ..rope_types import switch_length
 from . import scenarios
-from .comparator import FP32, Comparison, Tolerance, compare
-from .runners import (RUNNERS, Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions,
-                      get_runner, ort_runner_names)
+from .comparator import Comparison, Tolerance, compare
+from .plan import BASELINE, CheckOptions, RunnerInfo, Truth, plan_check
 from .real_inputs import RealInputs, read_real_inputs
+from .runners import Feeds, Runner
 from .runners.pytorch import EagerRunner
-from .sweep import (Case, default_past_lens, default_seq_lens, make_cases, make_feeds,
-                    require_fits, valid_entries, window_cases, written_key)
-
-BASELINE = "eager-fp32"
-
-
-@dataclass
-class RunnerInfo:
-    name: str
-    status: str  # "ran" | "skipped" | "failed"
-    device: str = ""
-    providers: list[str] = field(default_factory=list)  # what the ORT session really uses
-    precision: str = ""  # the arithmetic it really used, e.g. "fp32, TF32 matmuls allowed"
-    reason: str = ""
-
+from .sweep import Case, make_feeds, valid_entries, written_key
 
 @dataclass
 class OutputResult:
@@ -115,100 +100,6 @@ def _plain(result):
         asdict(result) if result is not None else None)
 
 
-def selected_kinds(artifact: Artifact, runners: Optional[Sequence[str]],
-                   providers: Optional[Sequence[str]]) -> list[RunnerKind]:
-    """The runner kinds to run: the ones named, else every registered default kind whose model
-    file the folder holds (``providers`` narrows the ONNX Runtime ones: the --providers
-    shorthand)."""
-    if runners is not None and providers is not None:
-        raise UsageError("pass either runners or providers (ONNX Runtime's shorthand), not both")
-    if runners is not None:
-        kinds = [get_runner(name) for name in runners]
-        for kind in kinds:
-            if not (artifact.path / kind.model_file).is_file():
-                raise UsageError(f"runner {kind.name!r} runs {kind.model_file}, which "
-                                 f"{artifact.path} does not hold")
-    else:
-        ort = set(ort_runner_names(list(providers))) if providers is not None else None
-        kinds = [k for k in RUNNERS.values()
-                 if k.by_default and (artifact.path / k.model_file).is_file()
-                 and (ort is None or not k.ort_provider or k.name in ort)]
-    chosen = {k.name for k in kinds}  # + the runners that accompany a chosen one on such files
-    return kinds + [k for k in RUNNERS.values() if k.also_with in chosen
-                    and k.name not in chosen and k.also_for(artifact.export)]
-
-
-def _cuda_kinds(artifact: Artifact, chosen: list[RunnerKind]) -> list[RunnerKind]:
-    """--require-cuda: the CUDA runners for the folder's files that were not chosen already; a
-    folder no CUDA runner can run is bad input (a check that cannot reach CUDA never passes as
-    one that did)."""
-    able = [k for k in RUNNERS.values()
-            if k.device == "cuda" and (artifact.path / k.model_file).is_file()]
-    if not able:
-        files = sorted({k.model_file for k in RUNNERS.values() if k.device == "cuda"})
-        raise UsageError(f"--require-cuda: no CUDA runner runs this folder's files (CUDA "
-                         f"runners run {', '.join(files)})")
-    return [k for k in able if k not in chosen]
-
-
-def _open(kind: RunnerKind, artifact: Artifact, options: RunOptions) -> Runner:
-    """The runner, or RunnerUnavailable; a file the runtime cannot load is bad input."""
-    if reason := kind.unavailable():
-        raise RunnerUnavailable(reason)
-    path = artifact.path / kind.model_file
-    try:
-        return kind.open(artifact.signature, path, options)
-    except RunnerUnavailable:
-        raise_if_interrupted()  # a runtime that failed because Ctrl-C hit it is not unavailable
-        raise
-    except Exception as e:
-        raise_if_interrupted()  # ... nor a model that cannot load
-        raise UsageError(f"cannot load {path}: {str(e).strip().splitlines()[0][:300]}") from None
-
-
-def _open_runners(artifact: Artifact, kinds: Sequence[RunnerKind], options: RunOptions,
-                  require_cuda: bool) -> tuple[list[Runner], list[RunnerInfo]]:
-    """The runners under test, eager fp32 first, and what each really ran on (or why not)."""
-    runners: list[Runner] = [EagerRunner(artifact.signature, artifact.load_source_module())]
-    infos = [_runner_info(runners[0], False)]
-    for kind in kinds:
-        try:
-            runner = _open(kind, artifact, options)
-        except RunnerUnavailable as e:
-            strict = require_cuda and kind.device == "cuda"
-            infos.append(RunnerInfo(kind.name, "failed" if strict else "skipped", reason=str(e)))
-            continue
-        runners.append(runner)
-        infos.append(_runner_info(runner, require_cuda and kind.device == "cuda"))
-    return runners, infos
-
-
-def _runner_info(r: Runner, strict: bool) -> RunnerInfo:
-    status = "failed" if r.warning and strict else "ran"
-    return RunnerInfo(r.name, status, r.device, list(r.providers), r.precision, r.warning)
-
-
-@dataclass(frozen=True)
-class SweepPlan:
-    seq_lens: list[int]
-    past_lens: list[int]
-    switch: tuple  # the form's switch lengths (checked on both sides)
-    scores_at: Callable[[int], bool]  # T -> whether the form materialises (N, T, S) scores
-    static_chunks: bool  # a static cache: the form runs several tokens over a cache at B > 1
-
-
-def _sweep_plan(artifact: Artifact, seq_lens, past_lens) -> SweepPlan:
-    """The sweep for the artifact's form (TorchScript and unknown forms: scores at every T)."""
-    config, form_name = artifact.config, artifact.export.get("attention")
-    form = FORMS.get(form_name) if form_name else None
-    switch = form.switch_seq_lens if form else ()
-    return SweepPlan(
-        list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len, switch),
-        list(past_lens) if past_lens else default_past_lens(config.max_seq_len), switch,
-        form.memory.quadratic_at if form else (lambda t: True),
-        form.static_chunks if form else True)
-
-
 def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = None,
                  atol: Optional[float] = None, rtol: Optional[float] = None,
                  seq_lens: Optional[Sequence[int]] = None, batch_sizes: Sequence[int] = (1, 3),
@@ -230,52 +121,27 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
     lossy.require_known(budgets)
     artifact = read_artifact(artifact_dir)
     real = read_real_inputs(inputs, artifact) if inputs is not None else None
-    Tolerance(atol or 0.0, rtol or 0.0)  # a negative or NaN tolerance is bad input, now
     costs = lossy.costs_of(artifact, budgets)
-    kinds = selected_kinds(artifact, runners, providers)
-    if require_cuda:
-        kinds += _cuda_kinds(artifact, kinds)
-    config, sig = artifact.config, artifact.signature
-    plan = _sweep_plan(artifact, seq_lens, past_lens)
-    cases = _single_cases(artifact, plan, batch_sizes)
-    report = CheckReport(str(artifact_dir), seed, list(batch_sizes), plan.seq_lens,
-                         plan.past_lens if sig.has_cache else [], sig.input_names,
-                         sig.output_names,
-                         versions=versions(), export_versions=artifact.meta.get("versions", {}))
-    options = RunOptions(tf32=tf32)
-    opened, report.runners = _open_runners(artifact, kinds, options, require_cuda)
-    tolerances = _tolerances(opened, artifact, options, atol, rtol)
-    multi_call = (scenarios.static_scenario_cases(plan.static_chunks) if sig.static_cache
-                  else scenarios.scenario_cases(plan.switch) if sig.has_cache else [])
-    real_cases = real.cases(sig.has_cache, sig.static_cache) if real else []
-    if real_cases:
-        require_fits(config, [case for case, _ in real_cases], plan.scores_at, sig.has_mask)
-    total = len(cases) + len(multi_call) + len(real_cases)
-    reference = EagerRunner(sig, opened[0].source, torch.float64)
-    truth = Truth(opened, reference, lossy.given_of(artifact, opened[0], reference), tolerances)
-    for i, case in enumerate(cases):
+    plan = plan_check(artifact, real, CheckOptions(
+        providers, atol, rtol, seq_lens, batch_sizes, past_lens, require_cuda, tf32, runners))
+    sig = artifact.signature
+    report = CheckReport(str(artifact_dir), seed, list(batch_sizes), plan.sweep.seq_lens,
+                         plan.sweep.past_lens if sig.has_cache else [], sig.input_names,
+                         sig.output_names, plan.runners, versions=versions(),
+                         export_versions=artifact.meta.get("versions", {}))
+    total = len(plan.cases) + len(plan.multi_call) + len(plan.real_cases)
+    for i, case in enumerate(plan.cases):
         progress(i, total, case.label())
-        report.results += _single_call(truth, case, seed, costs)
-    for i, (case, split) in enumerate(multi_call, start=len(cases)):
+        report.results += _single_call(plan.truth, case, seed, costs)
+    for i, (case, split) in enumerate(plan.multi_call, start=len(plan.cases)):
         progress(i, total, case.label())
-        report.results += _scenario(truth, config, case, split, seed, costs)
+        report.results += _scenario(plan.truth, artifact.config, case, split, seed, costs)
     report.costs.update(lossy.results(costs))
     if real:
-        _real_cases(report, artifact, real, real_cases, total, progress, truth, seed, budgets)
+        _real_cases(report, artifact, real, plan.real_cases, total, progress, plan.truth, seed,
+                    budgets)
     progress(total, total, "")
     return report
-
-
-@dataclass(frozen=True)
-class Truth:
-    """What every case is judged by: the runners (eager fp32 first), the fp64 reference, how a
-    call's truth is read where a lossy step says (an int8 cache: over each runtime's own
-    codes), and the tolerance of each (runner, output)."""
-
-    opened: list[Runner]
-    reference: EagerRunner
-    given: Any  # lossy/costs.py's given_of: None, or how y's truth is read per call
-    tolerances: dict
 
 
 def _real_cases(report: CheckReport, artifact: Artifact, real: RealInputs, cases: list,
@@ -292,18 +158,6 @@ def _real_cases(report: CheckReport, artifact: Artifact, real: RealInputs, cases
             report.results += _scenario(truth, artifact.config, case, split, seed, costs,
                                         real.x)
     report.costs.update(lossy.results(costs, real=True))
-
-
-def _single_cases(artifact: Artifact, plan: "SweepPlan", batch_sizes: Sequence[int]
-                  ) -> list[Case]:
-    """The sweep's single calls (and a window-crossing call), sized to fit in memory."""
-    config, sig = artifact.config, artifact.signature
-    cases = make_cases(sig, batch_sizes, plan.seq_lens, plan.past_lens,
-                       switch_length(config.rope_scaling) if config.rotary != "none" else 0,
-                       plan.static_chunks)
-    cases += window_cases(config, sig, plan.seq_lens, plan.scores_at)
-    require_fits(config, cases, plan.scores_at, sig.has_mask)
-    return cases
 
 
 def _single_call(truth: Truth, case: Case, seed: int, costs: list[Cost],
@@ -353,38 +207,6 @@ def _scenario(truth: Truth, config, case: Case, split: list, seed: int, costs: l
         results += _compared(truth, r, case, lambda rec: scenarios.run(rec, case, x, mask, split),
                              expected, scenarios.valid(case, mask))
     return results
-
-
-def _tolerances(opened: list[Runner], artifact: Artifact, options: RunOptions,
-                atol: Optional[float], rtol: Optional[float]) -> dict:
-    """(runner, output) -> tolerance: the runner's default for the dtype it computed in, with
-    --atol / --rtol; a lossy step's own where it says (an int8 cache's codes compared as codes,
-    never overridden)."""
-    dtype, out = artifact.export.get("dtype", "float32"), {}
-    for r in opened:
-        default = _default_tolerance(r, dtype, options)
-        for o in artifact.signature.output_names:
-            own = lossy.own_tolerance(artifact, o, default)
-            out[r.name, o] = own if own is not None else _override(default, atol, rtol)
-    return out
-
-
-def _default_tolerance(runner: Runner, dtype: str, options: RunOptions) -> Tolerance:
-    """The registry's tolerance of a runner under test, for the dtype it really computed in (a
-    runner whose runtime picks its own arithmetic, e.g. OpenVINO in bf16, says so in
-    ``tolerance_dtype``), else the model's; the eager baseline's is fp32's."""
-    kind = RUNNERS.get(runner.name)
-    real = runner.tolerance_dtype or dtype
-    return kind.tolerance(real, options) if kind else FP32
-
-
-def _override(default: Tolerance, atol: Optional[float], rtol: Optional[float]) -> Tolerance:
-    """--atol / --rtol replace the default's; --atol also its output-scaled part."""
-    if atol is None and rtol is None:
-        return default
-    return Tolerance(default.atol if atol is None else atol,
-                     default.rtol if rtol is None else rtol,
-                     default.scaled if atol is None else 0.0)
 
 
 def _compared(truth: Truth, runner: Runner, case: Case, call: Callable[[Runner], Feeds],

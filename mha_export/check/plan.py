@@ -1,0 +1,241 @@
+"""What a parity check runs, decided before any case: the runners (the registry's for the
+folder's files, or those named; each opened, or why not), the sweep for the artifact's graph
+form (its switch lengths, whether it materialises scores), the cases sized to fit in memory,
+each (runner, output)'s tolerance, and the truth every case is judged by.
+
+    artifact, options -> runner kinds -> opened runners -> sweep plan -> cases -> tolerances
+    -> Plan (parity.py runs it)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from ..artifact import Artifact
+from ..errors import UsageError, raise_if_interrupted
+from ..kinds.registry import FORMS
+from ..lossy import costs as lossy
+from ..rope_types import switch_length
+from . import scenarios
+from .comparator import FP32, Tolerance
+from .real_inputs import RealInputs
+from .runners import (RUNNERS, Runner, RunnerKind, RunnerUnavailable, RunOptions, get_runner,
+                      ort_runner_names)
+from .runners.pytorch import EagerRunner
+from .sweep import (Case, default_past_lens, default_seq_lens, make_cases, require_fits,
+                    window_cases)
+
+BASELINE = "eager-fp32"
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """check_parity's choices of runners, tolerances and sweep."""
+
+    providers: Optional[Sequence[str]] = None
+    atol: Optional[float] = None
+    rtol: Optional[float] = None
+    seq_lens: Optional[Sequence[int]] = None
+    batch_sizes: Sequence[int] = (1, 3)
+    past_lens: Optional[Sequence[int]] = None
+    require_cuda: bool = False
+    tf32: bool = True
+    runners: Optional[Sequence[str]] = None
+
+
+@dataclass
+class RunnerInfo:
+    name: str
+    status: str  # "ran" | "skipped" | "failed"
+    device: str = ""
+    providers: list[str] = field(default_factory=list)  # what the ORT session really uses
+    precision: str = ""  # the arithmetic it really used, e.g. "fp32, TF32 matmuls allowed"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Truth:
+    """What every case is judged by: the runners (eager fp32 first), the fp64 reference, how a
+    call's truth is read where a lossy step says (an int8 cache: over each runtime's own
+    codes), and the tolerance of each (runner, output)."""
+
+    opened: list[Runner]
+    reference: EagerRunner
+    given: Any  # lossy/costs.py's given_of: None, or how y's truth is read per call
+    tolerances: dict
+
+
+@dataclass
+class Plan:
+    """The check's whole plan: sweep, cases (single calls, multi-call scenarios, real inputs),
+    what each runner really ran on, and the truth."""
+
+    sweep: "SweepPlan"
+    cases: list[Case]
+    multi_call: list
+    real_cases: list
+    runners: list[RunnerInfo]
+    truth: Truth
+
+
+def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) -> Plan:
+    """Runners chosen and opened, cases sized, tolerances set, before any case runs."""
+    Tolerance(o.atol or 0.0, o.rtol or 0.0)  # a negative or NaN tolerance is bad input, now
+    kinds = selected_kinds(artifact, o.runners, o.providers)
+    if o.require_cuda:
+        kinds += _cuda_kinds(artifact, kinds)
+    sig = artifact.signature
+    sweep = _sweep_plan(artifact, o.seq_lens, o.past_lens)
+    cases = _single_cases(artifact, sweep, o.batch_sizes)
+    options = RunOptions(tf32=o.tf32)
+    opened, infos = _open_runners(artifact, kinds, options, o.require_cuda)
+    multi_call = (scenarios.static_scenario_cases(sweep.static_chunks) if sig.static_cache
+                  else scenarios.scenario_cases(sweep.switch) if sig.has_cache else [])
+    real_cases = real.cases(sig.has_cache, sig.static_cache) if real else []
+    if real_cases:
+        require_fits(artifact.config, [case for case, _ in real_cases], sweep.scores_at,
+                     sig.has_mask)
+    reference = EagerRunner(sig, opened[0].source, torch.float64)
+    truth = Truth(opened, reference, lossy.given_of(artifact, opened[0], reference),
+                  _tolerances(opened, artifact, options, o.atol, o.rtol))
+    return Plan(sweep, cases, multi_call, real_cases, infos, truth)
+
+
+def selected_kinds(artifact: Artifact, runners: Optional[Sequence[str]],
+                   providers: Optional[Sequence[str]]) -> list[RunnerKind]:
+    """The runner kinds to run: the ones named, else every registered default kind whose model
+    file the folder holds (``providers`` narrows the ONNX Runtime ones: the --providers
+    shorthand)."""
+    if runners is not None and providers is not None:
+        raise UsageError("pass either runners or providers (ONNX Runtime's shorthand), not both")
+    if runners is not None:
+        kinds = [get_runner(name) for name in runners]
+        for kind in kinds:
+            if not (artifact.path / kind.model_file).is_file():
+                raise UsageError(f"runner {kind.name!r} runs {kind.model_file}, which "
+                                 f"{artifact.path} does not hold")
+    else:
+        ort = set(ort_runner_names(list(providers))) if providers is not None else None
+        kinds = [k for k in RUNNERS.values()
+                 if k.by_default and (artifact.path / k.model_file).is_file()
+                 and (ort is None or not k.ort_provider or k.name in ort)]
+    chosen = {k.name for k in kinds}  # + the runners that accompany a chosen one on such files
+    return kinds + [k for k in RUNNERS.values() if k.also_with in chosen
+                    and k.name not in chosen and k.also_for(artifact.export)]
+
+
+def _cuda_kinds(artifact: Artifact, chosen: list[RunnerKind]) -> list[RunnerKind]:
+    """--require-cuda: the CUDA runners for the folder's files that were not chosen already; a
+    folder no CUDA runner can run is bad input (a check that cannot reach CUDA never passes as
+    one that did)."""
+    able = [k for k in RUNNERS.values()
+            if k.device == "cuda" and (artifact.path / k.model_file).is_file()]
+    if not able:
+        files = sorted({k.model_file for k in RUNNERS.values() if k.device == "cuda"})
+        raise UsageError(f"--require-cuda: no CUDA runner runs this folder's files (CUDA "
+                         f"runners run {', '.join(files)})")
+    return [k for k in able if k not in chosen]
+
+
+def _open(kind: RunnerKind, artifact: Artifact, options: RunOptions) -> Runner:
+    """The runner, or RunnerUnavailable; a file the runtime cannot load is bad input."""
+    if reason := kind.unavailable():
+        raise RunnerUnavailable(reason)
+    path = artifact.path / kind.model_file
+    try:
+        return kind.open(artifact.signature, path, options)
+    except RunnerUnavailable:
+        raise_if_interrupted()  # a runtime that failed because Ctrl-C hit it is not unavailable
+        raise
+    except Exception as e:
+        raise_if_interrupted()  # ... nor a model that cannot load
+        raise UsageError(f"cannot load {path}: {str(e).strip().splitlines()[0][:300]}") from None
+
+
+def _open_runners(artifact: Artifact, kinds: Sequence[RunnerKind], options: RunOptions,
+                  require_cuda: bool) -> tuple[list[Runner], list[RunnerInfo]]:
+    """The runners under test, eager fp32 first, and what each really ran on (or why not)."""
+    runners: list[Runner] = [EagerRunner(artifact.signature, artifact.load_source_module())]
+    infos = [_runner_info(runners[0], False)]
+    for kind in kinds:
+        try:
+            runner = _open(kind, artifact, options)
+        except RunnerUnavailable as e:
+            strict = require_cuda and kind.device == "cuda"
+            infos.append(RunnerInfo(kind.name, "failed" if strict else "skipped", reason=str(e)))
+            continue
+        runners.append(runner)
+        infos.append(_runner_info(runner, require_cuda and kind.device == "cuda"))
+    return runners, infos
+
+
+def _runner_info(r: Runner, strict: bool) -> RunnerInfo:
+    status = "failed" if r.warning and strict else "ran"
+    return RunnerInfo(r.name, status, r.device, list(r.providers), r.precision, r.warning)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    seq_lens: list[int]
+    past_lens: list[int]
+    switch: tuple  # the form's switch lengths (checked on both sides)
+    scores_at: Callable[[int], bool]  # T -> whether the form materialises (N, T, S) scores
+    static_chunks: bool  # a static cache: the form runs several tokens over a cache at B > 1
+
+
+def _sweep_plan(artifact: Artifact, seq_lens, past_lens) -> SweepPlan:
+    """The sweep for the artifact's form (TorchScript and unknown forms: scores at every T)."""
+    config, form_name = artifact.config, artifact.export.get("attention")
+    form = FORMS.get(form_name) if form_name else None
+    switch = form.switch_seq_lens if form else ()
+    return SweepPlan(
+        list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len, switch),
+        list(past_lens) if past_lens else default_past_lens(config.max_seq_len), switch,
+        form.memory.quadratic_at if form else (lambda t: True),
+        form.static_chunks if form else True)
+
+
+def _single_cases(artifact: Artifact, plan: "SweepPlan", batch_sizes: Sequence[int]
+                  ) -> list[Case]:
+    """The sweep's single calls (and a window-crossing call), sized to fit in memory."""
+    config, sig = artifact.config, artifact.signature
+    cases = make_cases(sig, batch_sizes, plan.seq_lens, plan.past_lens,
+                       switch_length(config.rope_scaling) if config.rotary != "none" else 0,
+                       plan.static_chunks)
+    cases += window_cases(config, sig, plan.seq_lens, plan.scores_at)
+    require_fits(config, cases, plan.scores_at, sig.has_mask)
+    return cases
+
+
+def _tolerances(opened: list[Runner], artifact: Artifact, options: RunOptions,
+                atol: Optional[float], rtol: Optional[float]) -> dict:
+    """(runner, output) -> tolerance: the runner's default for the dtype it computed in, with
+    --atol / --rtol; a lossy step's own where it says (an int8 cache's codes compared as codes,
+    never overridden)."""
+    dtype, out = artifact.export.get("dtype", "float32"), {}
+    for r in opened:
+        default = _default_tolerance(r, dtype, options)
+        for o in artifact.signature.output_names:
+            own = lossy.own_tolerance(artifact, o, default)
+            out[r.name, o] = own if own is not None else _override(default, atol, rtol)
+    return out
+
+
+def _default_tolerance(runner: Runner, dtype: str, options: RunOptions) -> Tolerance:
+    """The registry's tolerance of a runner under test, for the dtype it really computed in (a
+    runner whose runtime picks its own arithmetic, e.g. OpenVINO in bf16, says so in
+    ``tolerance_dtype``), else the model's; the eager baseline's is fp32's."""
+    kind = RUNNERS.get(runner.name)
+    real = runner.tolerance_dtype or dtype
+    return kind.tolerance(real, options) if kind else FP32
+
+
+def _override(default: Tolerance, atol: Optional[float], rtol: Optional[float]) -> Tolerance:
+    """--atol / --rtol replace the default's; --atol also its output-scaled part."""
+    if atol is None and rtol is None:
+        return default
+    return Tolerance(default.atol if atol is None else atol,
+                     default.rtol if rtol is None else rtol,
+                     default.scaled if atol is None else 0.0)

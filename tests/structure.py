@@ -1,0 +1,60 @@
+"""Where the package names an attention kind or a lossy step, measured on its code (docstrings
+and comments left out): docs/architecture.md's generated table, and the limits
+tests/test_architecture.py holds (issue 33: each new kind or lossy step lives in one folder)."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mha_export"
+# concept -> (what names it, the folder that is its home)
+CONCEPTS = {
+    "Multi-head Latent Attention": (re.compile(r"latent|\bmla\b|MLAConfig|MLAttention", re.I),
+                                    "kinds/mla/"),
+    "quantized projections": (re.compile(r"(?<![kv]_)quant(?!ile|_type)|MatMulNBits|nbits",
+                                         re.I), "lossy/"),
+    "int8 cache": (re.compile(r"int8.cache|kv_cache_dtype|KVCache(Spec|Cost|Error)|kv_quant|"
+                              r"calibrat|INT8_CACHE|INT8_CODES|given_codes|clip_rate|"
+                              r"max_kv_error|int8_codes|read_cache|use_int8|[kv]_quant_type",
+                              re.I), "lossy/"),
+}
+LIMITS = {"Multi-head Latent Attention": 5, "quantized projections": 10, "int8 cache": 10}
+
+
+def code_of(path: Path) -> str:
+    """The module's code as ast.unparse writes it: no comments, no docstrings."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            body[0] = ast.Pass()
+    return ast.unparse(tree)
+
+
+def naming(concept: str) -> list[str]:
+    """The modules outside the concept's home whose code names it."""
+    pattern, home = CONCEPTS[concept]
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if not rel.startswith(home) and pattern.search(code_of(path)):
+            found.append(rel)
+    return found
+
+
+def home_size(concept: str) -> tuple[int, int]:
+    """(files, lines) of the concept's home folder."""
+    files = list((PACKAGE / CONCEPTS[concept][1]).rglob("*.py"))
+    return len(files), sum(len(p.read_text().splitlines()) for p in files)
+
+
+def structure_table() -> str:
+    lines = ["| what | its home | modules outside it that name it | which |", "|---|---|---|---|"]
+    for concept in CONCEPTS:
+        outside = naming(concept)
+        lines.append(f"| {concept} | `{CONCEPTS[concept][1]}` | {len(outside)} | "
+                     + ", ".join(f"`{m}`" for m in outside) + " |")
+    return "\n".join(lines)
