@@ -14,7 +14,6 @@ from .int8_cache import step as int8_cache
 from .projections import step as projections
 
 STEPS: tuple[LossyStep, ...] = (projections.STEP, int8_cache.STEP)
-BY_NAME: dict[str, LossyStep] = {s.name: s for s in STEPS}
 
 
 def recorded(export: dict) -> dict[str, Any]:
@@ -33,6 +32,7 @@ def options() -> list:
 
 
 def from_cli(kw: dict) -> dict:
+    """The export API's keywords from the CLI's: each step gathers its own options."""
     for s in STEPS:
         kw = s.from_cli(kw)
     return kw
