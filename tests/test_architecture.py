@@ -172,8 +172,7 @@ def test_the_naming_count_sees_a_planted_mention(tmp_path, monkeypatch):
     import structure
     planted = tmp_path / "mha_export"
     (planted / "check").mkdir(parents=True)
-    (planted / "check" / "x.py").write_text('"""latent in a docstring is no mention."""
-')
+    (planted / "check" / "x.py").write_text('"""latent in a docstring is no mention."""\n')
     (planted / "check" / "y.py").write_text("def f(c):\n    return c.latent is None\n")
     monkeypatch.setattr(structure, "PACKAGE", planted)
     assert structure.naming("Multi-head Latent Attention") == ["check/y.py"]

@@ -15,6 +15,7 @@ import torch
 from onnx import GraphProto, TensorProto, helper, numpy_helper
 
 from .nodes import CONTRIB  # noqa: F401  (re-exported: the forms import it from here)
+from .ops import Ops
 
 ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -115,26 +116,27 @@ def finite_lowest(dtype: str) -> float:
 
 def scale_queries(g: GraphBuilder, q: str, scale: float) -> str:
     """q * scale: the (.., T, H) queries are scaled, never the (.., T, S) scores."""
-    return g.op("Mul", [q, g.const("attn.scale", np.array(scale))], name="q_scaled")
+    return Ops(g).Mul(q, g.const("attn.scale", np.array(scale)), name="q_scaled")
 
 
 # --- runtime shapes ---------------------------------------------------------------------------
 
 def dim(g: GraphBuilder, x: str, axis: int, name: str) -> str:
-    """int64 scalar (): x.shape[axis] at runtime."""
-    d = g.op("Shape", [x], start=axis, end=axis + 1, name=f"{name}_1d")  # (1,)
-    return g.op("Squeeze", [d, g.ints("axes0", [0])], name=name)  # ()
+    """int64 scalar (): x.shape[axis] at runtime (the node ``name``)."""
+    op = Ops(g)
+    d = op.Shape(x, start=axis, end=axis + 1, name=f"{name}_1d")  # (1,)
+    return op.Squeeze(d, g.ints("axes0", [0]), name=name)  # ()
 
 
 def as_1d(g: GraphBuilder, s: str, name: str) -> str:
-    return g.op("Unsqueeze", [s, g.ints("axes0", [0])], name=name)  # () -> (1,)
+    return Ops(g).Unsqueeze(s, g.ints("axes0", [0]), name=name)  # () -> (1,)
 
 
 def ceil_div(g: GraphBuilder, a: str, b: str, name: str) -> str:
-    """int64 scalars: ceil(a / b) for a, b > 0."""
-    num = g.op("Sub", [g.op("Add", [a, b], name=f"{name}_sum"), g.ints("one", 1)],
-               name=f"{name}_num")
-    return g.op("Div", [num, b], name=name)  # integer Div truncates; operands are positive
+    """int64 scalars: ceil(a / b) for a, b > 0 (the node ``name``)."""
+    op = Ops(g).named(name)
+    num = op.Sub(op.Add(a, b), g.ints("one", 1))  # a + b - 1
+    return Ops(g).Div(num, b, name=name)  # integer Div truncates; operands are positive
 
 
 # --- heads --------------------------------------------------------------------------------------
@@ -142,10 +144,10 @@ def ceil_div(g: GraphBuilder, a: str, b: str, name: str) -> str:
 def split_heads(g: GraphBuilder, x: str, heads: int, head_dim: int, name: str,
                 keys_last: bool = False) -> str:
     """(B, T, heads*H) -> (B, heads, T, H), or (B, heads, H, T) with keys_last (for q @ k^T)."""
-    x = g.op("Reshape", [x, g.ints("heads_shape", [0, 0, heads, head_dim])],
-             name=f"{name}_heads")  # (B, T, heads, H)
-    return g.op("Transpose", [x], perm=[0, 2, 3, 1] if keys_last else [0, 2, 1, 3],
-                name=f"{name}_bhtd")  # (B, heads, T, H) | (B, heads, H, T)
+    op = Ops(g).named(name)
+    x = op.Reshape(x, g.ints("heads_shape", [0, 0, heads, head_dim]))  # (B, T, heads, H)
+    perm = [0, 2, 3, 1] if keys_last else [0, 2, 1, 3]
+    return op.Transpose(x, perm=perm)  # (B, heads, T, H) | (B, heads, H, T)
 
 
 def repeat_kv(g: GraphBuilder, x: str, groups: int, name: str) -> str:
@@ -153,20 +155,19 @@ def repeat_kv(g: GraphBuilder, x: str, groups: int, name: str) -> str:
     mapping of Hugging Face's repeat_kv and ONNX's Attention op); x itself when groups == 1."""
     if groups == 1:
         return x
-    x = g.op("Unsqueeze", [x, g.ints("axes2", [2])], name=f"{name}_groups")  # (B, K, 1, S, H)
-    x = g.op("Expand", [x, g.ints("group_shape", [1, 1, groups, 1, 1])],
-             name=f"{name}_expanded")  # (B, K, G, S, H)
-    shape = g.op("Concat", [g.op("Shape", [x], start=0, end=1, name=f"{name}_batch"),
-                            g.ints("minus_one", [-1]),
-                            g.op("Shape", [x], start=3, end=5, name=f"{name}_seq_head")],
-                 axis=0, name=f"{name}_repeated_shape")  # [B, -1, S, H]
-    return g.op("Reshape", [x, shape], name=f"{name}_repeated")  # (B, N, S, H)
+    op = Ops(g).named(name)
+    x = op.Unsqueeze(x, g.ints("axes2", [2]))  # (B, K, 1, S, H)
+    x = op.Expand(x, g.ints("group_shape", [1, 1, groups, 1, 1]))  # (B, K, G, S, H)
+    shape = op.Concat(op.Shape(x, start=0, end=1), g.ints("minus_one", [-1]),
+                      op.Shape(x, start=3, end=5), axis=0)  # [B, -1, S, H]
+    return op.Reshape(x, shape)  # (B, N, S, H)
 
 
 def merge_heads(g: GraphBuilder, x: str, width: int, name: str = "context") -> str:
     """(B, N, T, H) -> (B, T, N*H)."""
-    x = g.op("Transpose", [x], perm=[0, 2, 1, 3], name=f"{name}_bthd")  # (B, T, N, H)
-    return g.op("Reshape", [x, g.ints("merged_shape", [0, 0, width])], name=f"{name}_merged")
+    op = Ops(g).named(name)
+    x = op.Transpose(x, perm=[0, 2, 1, 3])  # (B, T, N, H)
+    return op.Reshape(x, g.ints("merged_shape", [0, 0, width]))  # (B, T, N*H)
 
 
 # --- the attention mask: one builder for every form -------------------------------------------
@@ -175,48 +176,54 @@ def masked_positions(g: GraphBuilder, t_q: str, t_k: str, start: str | None = No
                      name: str = "causal", window: int = 0) -> str:
     """(t_q, t_k) bool, True where query i may NOT see key j (j > i + offset): bottom-right
     alignment, query i sits at key position (t_k - t_q) + i, or at ``start`` + i when given
-    (a block of queries inside a longer sequence). All int64 scalars, from the runtime shapes."""
-    offset = start if start is not None else g.op("Sub", [t_k, t_q], name=f"{name}_offset")
+    (a block of queries inside a longer sequence). All int64 scalars, from the runtime shapes.
+    Nodes named ``<name>_*`` (``<name>_offset`` and ``window_behind``: a test's faults edit
+    them)."""
+    op = Ops(g).named(name)
+    offset = start if start is not None else op.Sub(t_k, t_q, name="offset")  # ()
     zero, one = g.ints("zero", 0), g.ints("one", 1)
-    q_pos = g.op("Add", [g.op("Range", [zero, t_q, one], name=f"{name}_query_idx"), offset],
-                 name=f"{name}_query_pos")  # (t_q,)
-    k_pos = g.op("Range", [zero, t_k, one], name=f"{name}_key_pos")  # (t_k,)
-    rows = g.op("Unsqueeze", [q_pos, g.ints("axes1", [1])], name=f"{name}_rows")  # (t_q, 1)
-    future = g.op("Greater", [k_pos, rows], name=f"{name}_mask")  # (t_q, t_k)
+    q_pos = op.Add(op.Range(zero, t_q, one), offset)  # (t_q,)
+    k_pos = op.Range(zero, t_k, one)  # (t_k,)
+    rows = op.Unsqueeze(q_pos, g.ints("axes1", [1]))  # (t_q, 1)
+    future = op.Greater(k_pos, rows)  # (t_q, t_k)
     if window <= 0:
         return future
-    oldest = g.op("Sub", [rows, g.ints("window", window - 1)], name="window_start")  # (t_q, 1)
-    behind = g.op("Less", [k_pos, oldest], name="window_behind")  # (t_q, t_k): i - j >= window
-    return g.op("Or", [future, behind], name="window_mask")  # (t_q, t_k)
+    win = Ops(g).named("window")
+    oldest = win.Sub(rows, g.ints("window", window - 1))  # (t_q, 1)
+    behind = win.Less(k_pos, oldest, name="behind")  # (t_q, t_k): i - j >= window
+    return win.Or(future, behind)  # (t_q, t_k)
 
 
 def row_masked_positions(g: GraphBuilder, starts: str, t_q: str, t_k: str,
                          window: int = 0) -> str:
     """(B, 1, t_q, t_k) bool, True where row b's query i may NOT see key j: it sits at key
-    position starts[b] + i (a static cache's own length per row)."""
-    steps = g.op("Range", [g.ints("zero", 0), t_q, g.ints("one", 1)], name="row_query_idx")
-    rows = g.op("Unsqueeze", [starts, g.ints("axes1", [1])], name="row_query_start")  # (B, 1)
-    q_pos = g.op("Unsqueeze", [g.op("Add", [rows, steps], name="row_query_pos"),
-                               g.ints("axes13", [1, 3])], name="row_query_pos_4d")  # (B,1,Tq,1)
-    k_pos = g.op("Range", [g.ints("zero", 0), t_k, g.ints("one", 1)], name="row_key_pos")
-    future = g.op("Greater", [k_pos, q_pos], name="row_causal_mask")  # (B, 1, Tq, Tk)
+    position starts[b] + i (a static cache's own length per row). Nodes named ``row_*``
+    (``row_query_start`` and ``row_window_behind``: a test's faults edit them)."""
+    op = Ops(g).named("row")
+    steps = op.Range(g.ints("zero", 0), t_q, g.ints("one", 1))  # (Tq,)
+    rows = op.Unsqueeze(starts, g.ints("axes1", [1]), name="query_start")  # (B, 1)
+    q_pos = op.Unsqueeze(op.Add(rows, steps), g.ints("axes13", [1, 3]))  # (B, 1, Tq, 1)
+    k_pos = op.Range(g.ints("zero", 0), t_k, g.ints("one", 1))  # (Tk,)
+    future = op.Greater(k_pos, q_pos)  # (B, 1, Tq, Tk)
     if window <= 0:
         return future
-    oldest = g.op("Sub", [q_pos, g.ints("window", window - 1)], name="row_window_start")
-    behind = g.op("Less", [k_pos, oldest], name="row_window_behind")
-    return g.op("Or", [future, behind], name="row_window_mask")  # (B, 1, Tq, Tk)
+    oldest = op.Sub(q_pos, g.ints("window", window - 1))  # (B, 1, Tq, 1)
+    behind = op.Less(k_pos, oldest, name="window_behind")  # (B, 1, Tq, Tk)
+    return op.Or(future, behind)  # (B, 1, Tq, Tk)
 
 
 def additive(g: GraphBuilder, masked: str, name: str) -> str:
     """bool 'masked' -> additive float: lowest finite value where masked, 0 elsewhere."""
-    return g.op("Where", [masked, g.const("mask_fill", finite_lowest(g.dtype)),
-                          g.const("mask_zero", 0.0)], name=name)
+    return Ops(g).Where(masked, g.const("mask_fill", finite_lowest(g.dtype)),
+                        g.const("mask_zero", 0.0), name=name)
 
 
 def padding_masked(g: GraphBuilder, attention_mask: str, name: str = "padding") -> str:
-    """(B, S) int64 attention_mask (1 = token) -> (B, 1, 1, S) bool, True at padding keys."""
-    pad = g.op("Equal", [attention_mask, g.ints("pad_value", 0)], name=f"{name}_keys")  # (B, S)
-    return g.op("Unsqueeze", [pad, g.ints("axes12", [1, 2])], name=f"{name}_mask")  # (B,1,1,S)
+    """(B, S) int64 attention_mask (1 = token) -> (B, 1, 1, S) bool, True at padding keys
+    (``<name>_keys``: a test's fault edits it)."""
+    op = Ops(g).named(name)
+    pad = op.Equal(attention_mask, g.ints("pad_value", 0), name="keys")  # (B, S)
+    return op.Unsqueeze(pad, g.ints("axes12", [1, 2]))  # (B, 1, 1, S)
 
 
 def score_mask(g: GraphBuilder, causal: bool, t_q: str, t_k: str,
@@ -227,9 +234,9 @@ def score_mask(g: GraphBuilder, causal: bool, t_q: str, t_k: str,
     if attention_mask is None:
         return masked_positions(g, t_q, t_k, start, window=window) if causal else None
     pad = padding_masked(g, attention_mask)  # (B, 1, 1, t_k)
+    op = Ops(g).named("masked")
     if not causal:  # ORT's Attention wants the query axis spelled out: (B, 1, t_q, t_k)
-        rows = g.op("Concat", [g.ints("ones2", [1, 1]), as_1d(g, t_q, "rows_1d"),
-                               g.ints("one_1d", [1])], axis=0, name="rows_shape")  # (4,)
-        return g.op("Expand", [pad, rows], name="masked")  # (B, 1, t_q, t_k)
-    return g.op("Or", [masked_positions(g, t_q, t_k, start, window=window), pad],
-                name="masked")  # (B, 1, t_q, t_k)
+        rows = op.Concat(g.ints("ones2", [1, 1]), as_1d(g, t_q, "rows_1d"),
+                         g.ints("one_1d", [1]), axis=0)  # (4,) [1, 1, t_q, 1]
+        return op.Expand(pad, rows)  # (B, 1, t_q, t_k)
+    return op.Or(masked_positions(g, t_q, t_k, start, window=window), pad)  # (B, 1, t_q, t_k)

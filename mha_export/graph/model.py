@@ -27,6 +27,7 @@ from .rotary import rotary_cos_sin, rotary_op, rotate_heads
 from ..layer.layouts import AttentionWeights
 from .nodes import all_nodes
 from .norm import heads_rms_norm, rms_norm
+from .ops import Ops
 from ..signature import (FLOAT, INT8, INT8_FLOAT32_ONLY, Signature, TensorSpec,
                          make_signature)
 
@@ -108,8 +109,9 @@ def _attention_layer(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, form: G
     out = form.core(g, io, c)
     context = out.context  # (B, T, N*H)
     if w.wg is not None:  # output gate: context * sigmoid(x @ W_gate^T + b)
-        gate = g.op("Sigmoid", [g.linear("x", "gate", w.wg, w.bg)], name="gate")  # (B, T, N*H)
-        context = g.op("Mul", [context, gate], name="gated_context")
+        op = Ops(g)  # gated_context: a test's fault bypasses it
+        gate = op.Sigmoid(g.linear("x", "gate", w.wg, w.bg), name="gate")  # (B, T, N*H)
+        context = op.Mul(context, gate, name="gated_context")  # (B, T, N*H)
     y = context if w.wo is None else g.linear(context, "out", w.wo, w.bo)  # (B, T, dim)
     return {"y": y, "present_key": out.present_key, "present_value": out.present_value}
 

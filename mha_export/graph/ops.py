@@ -18,16 +18,22 @@ H = head size, D = N * H.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
-from .builder import GraphBuilder
+
+class Builder(Protocol):
+    """What Ops needs of a builder: graph/builder.py's GraphBuilder.op (named here, not
+    imported: builder.py's own helpers use Ops)."""
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, name: str | None = None,
+           domain: str = "", **attrs: Any) -> str | list[str]: ...
 
 
 class Ops:
     """``op.<OpType>(*inputs, n_out=1, name=None, domain="", **attributes)``: one node of
     ``g``; returns its output's name (a list of ``n_out`` names when n_out > 1)."""
 
-    def __init__(self, g: GraphBuilder, stem: str = "") -> None:
+    def __init__(self, g: Builder, stem: str = "") -> None:
         self.g = g
         self.stem = stem
 

@@ -16,6 +16,7 @@ from onnx import TensorProto
 from ...config import MHAConfig
 from ...signature import INT8, Signature
 from ..builder import GraphBuilder, as_1d, dim, finite_lowest, split_heads
+from ..ops import Ops
 
 
 class Feature(enum.Enum):
@@ -159,9 +160,9 @@ def keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> tuple[str, st
     """(B, K, S, H) keys and values: the past concatenated with this call's (= the present)."""
     k = split_heads(g, io.k, c.kv_heads, c.head_dim, "k")  # (B, K, T, H)
     v = split_heads(g, io.v, c.kv_heads, c.head_dim, "v")  # (B, K, T, H)
-    if io.has_cache:
-        k = g.op("Concat", [io.past_key, k], axis=2, name="all_keys")  # (B, K, S, H)
-        v = g.op("Concat", [io.past_value, v], axis=2, name="all_values")  # (B, K, S, H)
+    if io.has_cache:  # all_keys / all_values: tests' faults edit them
+        k = Ops(g).Concat(io.past_key, k, axis=2, name="all_keys")  # (B, K, S, H)
+        v = Ops(g).Concat(io.past_value, v, axis=2, name="all_values")  # (B, K, S, H)
     return k, v
 
 
@@ -174,24 +175,27 @@ def probabilities(g: GraphBuilder, scores: str, masked: Optional[str], c: MHACon
                   sinks: Optional[str]) -> str:
     """Scores (B, N, Tq, S) of scaled queries -> probabilities, in transformers' order:
     cap * tanh(s / cap) (softcapping) -> masked -> softmax over the keys and one sink logit per
-    head, whose column is dropped afterwards."""
+    head, whose column is dropped afterwards. The capped_in, capped_scores and masked_scores
+    nodes: a test's fault reorders them; the probabilities: the node ``probs``."""
+    op = Ops(g)
     if c.softcap:
         cap = g.const("softcap", np.array(c.softcap))
-        scores = g.op("Mul", [g.op("Tanh", [g.op("Div", [scores, cap], name="capped_in")],
-                                   name="capped_tanh"), cap], name="capped_scores")
+        scores = op.Mul(op.Tanh(op.Div(scores, cap, name="capped_in")), cap,
+                        name="capped_scores")  # (B, N, Tq, S)
     if masked is not None:
-        scores = g.op("Where", [masked, g.const("mask_fill", finite_lowest(g.dtype)), scores],
-                      name="masked_scores")  # (B, N, Tq, S)
+        scores = op.Where(masked, g.const("mask_fill", finite_lowest(g.dtype)), scores,
+                          name="masked_scores")  # (B, N, Tq, S)
     if sinks is None:
-        return g.op("Softmax", [scores], axis=-1, name="probs")  # (B, N, Tq, S)
-    rows = g.op("Concat", [g.op("Shape", [scores], start=0, end=3, name="score_rows"),
-                           g.ints("one_column", [1])], axis=0, name="sink_shape")  # [B, N, Tq, 1]
-    sink = g.op("Expand", [sinks, rows], name="sink_column")  # (B, N, Tq, 1)
-    logits = g.op("Concat", [scores, sink], axis=-1, name="with_sinks")  # (B, N, Tq, S + 1)
-    probs = g.op("Softmax", [logits], axis=-1, name="probs_with_sinks")
-    keys = g.op("Shape", [scores], start=3, end=4, name="key_count")  # (1,) S
-    return g.op("Slice", [probs, g.ints("zero_1d", [0]), keys, g.ints("axes_last_1d", [-1])],
-                name="probs")  # (B, N, Tq, S): the sink's column dropped
+        return op.Softmax(scores, axis=-1, name="probs")  # (B, N, Tq, S)
+    with_sinks = op.named("sinks")
+    rows = with_sinks.Concat(with_sinks.Shape(scores, start=0, end=3),
+                             g.ints("one_column", [1]), axis=0)  # [B, N, Tq, 1]
+    column = with_sinks.Expand(sinks, rows)  # (B, N, Tq, 1)
+    logits = with_sinks.Concat(scores, column, axis=-1)  # (B, N, Tq, S + 1)
+    probs = with_sinks.Softmax(logits, axis=-1)  # (B, N, Tq, S + 1)
+    keys = with_sinks.Shape(scores, start=3, end=4)  # (1,) S
+    return op.Slice(probs, g.ints("zero_1d", [0]), keys, g.ints("axes_last_1d", [-1]),
+                    name="probs")  # (B, N, Tq, S): the sink's column dropped
 
 
 def static_keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig, seq_len: str,
@@ -207,8 +211,9 @@ def static_keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig, seq_len: 
         k = int8_codes(g, k, io.int8_cache.k_scale, "key")  # (B, K, T, H) int8
         v = int8_codes(g, v, io.int8_cache.v_scale, "value")
     index = write_index(g, io.past_lengths, k, seq_len)  # (B, K, T, 3)
-    present_k = g.op("ScatterND", [io.past_key, index, k], name="key_write")
-    present_v = g.op("ScatterND", [io.past_value, index, v], name="value_write")
+    op = Ops(g)  # key_write / value_write: tests look them up
+    present_k = op.ScatterND(io.past_key, index, k, name="key_write")  # (B, K, C, H)
+    present_v = op.ScatterND(io.past_value, index, v, name="value_write")  # (B, K, C, H)
     if not valid_prefix:
         return present_k, present_v, present_k, present_v
     keys, values = valid_prefixes(g, io.past_lengths, seq_len, (present_k, "valid_keys"),
@@ -221,50 +226,54 @@ def valid_prefixes(g: GraphBuilder, past_lengths: str, seq_len: str,
                    *buffers: tuple[str, str]) -> list[str]:
     """Each (buffer (B, ., C, .), name)'s valid prefix [0, max(past_lengths) + T) on axis 2:
     what a static cache's attention reads after this call's write."""
-    end = g.op("Add", [g.op("ReduceMax", [past_lengths], keepdims=0, name="longest_past"),
-                       seq_len], name="valid_end")  # () max(past_lengths) + T
+    op = Ops(g)
+    end = op.Add(op.ReduceMax(past_lengths, keepdims=0), seq_len,
+                 name="valid_end")  # () max(past_lengths) + T
     prefix = [g.ints("zero_1d", [0]), as_1d(g, end, "valid_end_1d"), g.ints("axes2_1d", [2])]
-    return [g.op("Slice", [buffer, *prefix], name=name) for buffer, name in buffers]
+    return [op.Slice(buffer, *prefix, name=name) for buffer, name in buffers]
 
 
 def int8_codes(g: GraphBuilder, x: str, scale: str, name: str) -> str:
     """An int8 cache's write in standard ops: clip(round(x / scale), -128, 127) as int8 (ONNX
-    Round rounds half to even, as GroupQueryAttention's int8 write does)."""
-    rounded = g.op("Round", [g.op("Div", [x, scale], name=f"{name}_scaled")],
-                   name=f"{name}_rounded")
-    clipped = g.op("Clip", [rounded, g.const("int8_lowest", np.array(-128.0)),
-                            g.const("int8_highest", np.array(127.0))], name=f"{name}_clipped")
-    return g.op("Cast", [clipped], to=TensorProto.INT8, name=f"{name}_codes")
+    Round rounds half to even, as GroupQueryAttention's int8 write does). Nodes named
+    ``<name>_*`` (``_rounded``, ``_clipped``: tests' faults edit them)."""
+    op = Ops(g).named(name)
+    rounded = op.Round(op.Div(x, scale), name="rounded")
+    clipped = op.Clip(rounded, g.const("int8_lowest", np.array(-128.0)),
+                      g.const("int8_highest", np.array(127.0)), name="clipped")
+    return op.Cast(clipped, to=TensorProto.INT8, name="codes")
 
 
 def read_cache(g: GraphBuilder, io: AttentionIO, keys: str, values: str) -> tuple[str, str]:
-    """Keys and values (B, K, S, H) as attention reads them: an int8 cache's codes * scale."""
+    """Keys and values (B, K, S, H) as attention reads them: an int8 cache's codes * scale
+    (the Mul ``key_read``: a test's fault looks it up)."""
     if not io.int8_cache:
         return keys, values
-    return tuple(g.op("Mul", [g.op("Cast", [codes], to=g.elem, name=f"{name}_read_codes"),
-                              scale], name=f"{name}_read")
-                 for codes, scale, name in ((keys, io.int8_cache.k_scale, "key"),
-                                            (values, io.int8_cache.v_scale, "value")))
+    read = []
+    for codes, scale, name in ((keys, io.int8_cache.k_scale, "key"),
+                               (values, io.int8_cache.v_scale, "value")):
+        op = Ops(g).named(name)
+        read.append(op.Mul(op.Cast(codes, to=g.elem), scale, name="read"))  # (B, K, S, H)
+    return read[0], read[1]
 
 
 def write_index(g: GraphBuilder, past_lengths: str, k: str, seq_len: str) -> str:
     """ScatterND's index of entry (b, h, i) of this call's keys k (B, K, T, H): (b, h,
     past_lengths[b] + i), (B, K, T, 3) int64 (ScatterElements' per-element index was H times
-    larger, and its kernel ~30x slower on a long prefill)."""
-    steps = g.op("Range", [g.ints("zero", 0), seq_len, g.ints("one", 1)], name="steps")  # (T,)
-    rows = g.op("Unsqueeze", [past_lengths, g.ints("axes1", [1])], name="row_starts")  # (B, 1)
-    written = g.op("Add", [rows, steps], name="write_positions")  # (B, T)
-    shape = g.op("Shape", [k], start=0, end=3, name="write_shape")  # (3,) = (B, K, T)
+    larger, and its kernel ~30x slower on a long prefill). Nodes named ``write_*``
+    (``write_positions``: a test's fault shifts it)."""
+    op = Ops(g).named("write")
+    steps = op.Range(g.ints("zero", 0), seq_len, g.ints("one", 1))  # (T,)
+    rows = op.Unsqueeze(past_lengths, g.ints("axes1", [1]))  # (B, 1)
+    written = op.Add(rows, steps, name="positions")  # (B, T)
+    shape = op.Shape(k, start=0, end=3)  # (3,) = (B, K, T)
     batch = dim(g, k, 0, "write_batch")
     heads = dim(g, k, 1, "write_heads")
-    parts = [g.op("Reshape", [g.op("Range", [g.ints("zero", 0), batch, g.ints("one", 1)],
-                                   name="batch_ids"), g.ints("ids_b11", [-1, 1, 1])],
-                  name="batch_ids_3d"),  # (B, 1, 1)
-             g.op("Reshape", [g.op("Range", [g.ints("zero", 0), heads, g.ints("one", 1)],
-                                   name="head_ids"), g.ints("ids_1k1", [1, -1, 1])],
-                  name="head_ids_3d"),  # (1, K, 1)
-             g.op("Unsqueeze", [written, g.ints("axes1", [1])], name="write_positions_3d")]
-    parts = [g.op("Unsqueeze", [g.op("Expand", [p, shape], name=f"write_{n}"),
-                                g.ints("axes_last", [-1])], name=f"write_{n}_4d")
-             for p, n in zip(parts, ("batch", "head", "slot"))]  # 3 x (B, K, T, 1)
-    return g.op("Concat", parts, axis=-1, name="write_index")  # (B, K, T, 3)
+    parts = [op.Reshape(op.Range(g.ints("zero", 0), batch, g.ints("one", 1)),
+                        g.ints("ids_b11", [-1, 1, 1])),  # (B,) -> (B, 1, 1)
+             op.Reshape(op.Range(g.ints("zero", 0), heads, g.ints("one", 1)),
+                        g.ints("ids_1k1", [1, -1, 1])),  # (K,) -> (1, K, 1)
+             op.Unsqueeze(written, g.ints("axes1", [1]))]  # (B, 1, T)
+    parts = [op.Unsqueeze(op.Expand(p, shape), g.ints("axes_last", [-1]))
+             for p in parts]  # 3 x (B, K, T, 1): batch, head, slot
+    return op.Concat(*parts, axis=-1)  # (B, K, T, 3)
