@@ -50,6 +50,8 @@ class Artifact:
 
     def spec(self, step: str) -> Any:
         """One lossy step's recorded spec ("quantize", "int8-cache"), or None."""
+        if step not in {s.name for s in STEPS}:
+            raise KeyError(f"no lossy step {step!r}")
         return self.specs.get(step)
 
     def load_source_module(self, without: tuple[str, ...] = ()) -> AttentionBase:

@@ -51,7 +51,7 @@ def test_every_call_kind_exports_and_passes(tmp_path, kind):
 
 @pytest.mark.parametrize("form", sorted(f for f in FORMS if FORMS[f].kind != "latent"))
 def test_every_graph_form_with_projections_exports_and_passes(tmp_path, form):
-    """(MLA refuses --quantize: tests/test_mla.py.)"""
+    """(MLA's quantized projections: tests/test_mla.py.)"""
     supports = FORMS[form].supports
     kind = (dict(kv_cache=True) if Feature.KV_CACHE in supports else
             dict(static_cache=True) if Feature.STATIC_CACHE in supports else {})

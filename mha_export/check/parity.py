@@ -85,11 +85,15 @@ class CheckReport:
 
     def to_dict(self) -> dict:
         """parity.json: the fields, each cost's result under its own key."""
-        d = asdict(self)
+        d, out = asdict(self), {}
         del d["costs"]
-        d.update({name: _plain(result) for name, result in self.costs.items()})
-        d["passed"] = self.passed
-        return d
+        for key, value in d.items():  # each cost beside its kind of inputs, as 0.3 wrote them
+            if key == "real_inputs":
+                out.update({n: _plain(r) for n, r in self.costs.items()
+                            if not n.startswith(lossy.REAL)})
+            out[key] = value
+        out.update({n: _plain(r) for n, r in self.costs.items() if n.startswith(lossy.REAL)})
+        return {**out, "passed": self.passed}
 
 
 def _plain(result):

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
+
+from ..errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -13,6 +15,14 @@ class Prepared:
 
     export: dict[str, Any]
     write: Callable[[Path], None]
+
+
+def require_no_lossy_steps(specs: Optional[dict], model_file: str) -> None:
+    """A target that writes no lossy step must never get one (a step names the targets that
+    refuse it: a new step that forgot this one would write a float file under its name)."""
+    if specs:
+        raise UsageError(f"{model_file} cannot hold {', '.join(specs)} (no lossy step is built "
+                         "for this target)")
 
 
 # (module, config, signature, target options) -> Prepared; bad options raise UsageError here

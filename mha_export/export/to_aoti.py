@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..layer.entry import entry_module
 from ..layer.layouts import AttentionBase
 from ..signature import Signature
-from .base import Prepared
+from .base import Prepared, require_no_lossy_steps
 
 MODEL_FILE = "model.pt2"
 DEVICES = ("cpu", "cuda")
@@ -29,7 +29,8 @@ EXAMPLE_PAST_LENGTHS = (2, 5)
 
 def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
             device: str = "cpu", specs: Optional[dict] = None) -> Prepared:
-    """``specs``: lossy steps (none: this target refuses them when they are asked for)."""
+    """``specs``: lossy steps (none: each step refuses this target when asked for)."""
+    require_no_lossy_steps(specs, MODEL_FILE)
     if device not in DEVICES:
         raise UsageError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
     if device == "cuda" and not torch.cuda.is_available():

@@ -12,14 +12,15 @@ from ..config import MHAConfig
 from ..layer.entry import entry_module
 from ..layer.layouts import AttentionBase
 from ..signature import Signature
-from .base import Prepared
+from .base import Prepared, require_no_lossy_steps
 
 MODEL_FILE = "model.pt"
 
 
 def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
             specs: Optional[dict] = None) -> Prepared:
-    """``specs``: lossy steps (none: this target refuses them when they are asked for)."""
+    """``specs``: lossy steps (none: each step refuses this target when asked for)."""
+    require_no_lossy_steps(specs, MODEL_FILE)
 
     def write(path) -> None:
         with warnings.catch_warnings(record=True) as caught:

@@ -5,6 +5,7 @@ Adding a step's cost: its module's ``Cost`` subclass and one entry in ``COSTS``.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Optional
 
 from ..errors import UsageError
@@ -40,7 +41,7 @@ def own_tolerance(artifact: Any, output: str, default: Any) -> Any:
 
 def empty_fields(real: bool = False) -> dict[str, Any]:
     """Every cost's report field at its empty value (an artifact without the step)."""
-    return {(REAL if real else "") + c.field: c.empty for c in COSTS}
+    return {(REAL if real else "") + c.field: copy.copy(c.empty) for c in COSTS}
 
 
 def results(costs: list[Cost], real: bool = False) -> dict[str, Any]:
@@ -49,11 +50,10 @@ def results(costs: list[Cost], real: bool = False) -> dict[str, Any]:
 
 
 def report_lines(fields: dict[str, Any], real_over: str) -> list[str]:
-    """Each cost's lines, the sweep's first, then the real inputs' (measured over
-    ``real_over``)."""
+    """Each cost's lines: the sweep's, then the real inputs' (measured over ``real_over``)."""
     out = []
-    for prefix in ("", REAL):
-        for cls in COSTS:
+    for cls in COSTS:
+        for prefix in ("", REAL):
             out += cls.lines(fields.get(prefix + cls.field, cls.empty),
                              real_over if prefix else cls.over)
     return out

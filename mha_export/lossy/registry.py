@@ -48,9 +48,10 @@ def prepared(source: Any, asked: dict[str, Any], seed: int, dtype: str) -> dict[
     """The specs the file is built with, each step prepared on the function the ones before it
     give; a step the layer's attention kind does not build is refused."""
     chosen = [s for s in STEPS if s.name in asked]
+    for step in chosen:  # every refusal before any work
+        kind_of(source.config).refuse(step.name)
     held, specs = source.module, {}
     for i, step in enumerate(chosen):
-        kind_of(source.config).refuse(step.name)
         specs[step.name] = step.prepare(source, asked[step.name], held, seed, dtype)
         if i + 1 < len(chosen):
             held = step.reference(held, specs[step.name], {"dtype": dtype})
@@ -85,6 +86,11 @@ def cache_entry_bytes(specs: dict[str, Any]) -> int:
     """Bytes of one cached number: a step's (an int8 cache's 1), else 4 (float32)."""
     return next((b for s in STEPS if s.name in specs
                  if (b := s.cache_entry_bytes()) is not None), 4)
+
+
+def switch_keys() -> tuple[str, ...]:
+    """The keyword that asks for each step (``quantize``, ``kv_cache_dtype``)."""
+    return tuple(s.api_keys()[0] for s in STEPS)
 
 
 def api_keys() -> tuple[str, ...]:

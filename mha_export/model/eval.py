@@ -248,7 +248,7 @@ class Evaluation:
 
 def _jsonable(options: dict) -> dict:
     return {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in options.items()
-            if not (v is None and k in lossy.api_keys())}
+            if not (v is None and k in lossy.switch_keys())}
 
 
 class Evaluator:

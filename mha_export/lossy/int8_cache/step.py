@@ -51,9 +51,12 @@ class Int8Cache(LossyStep):
             raise ValueError("the int8 cache's scales do not fit kv_heads x head_dim")
 
     def reference(self, module: Any, spec: KVCacheSpec, export: dict) -> Any:
-        """The layer quantizing on write and dequantizing on read with the recorded scales."""
+        """The layer quantizing on write and dequantizing on read with the recorded scales (a
+        copy: the module given stays a float-cache layer)."""
+        import copy
+
         import torch
-        return module.use_int8_cache(torch.from_numpy(spec.key.scale),
+        return copy.deepcopy(module).use_int8_cache(torch.from_numpy(spec.key.scale),
                                      torch.from_numpy(spec.value.scale))
 
     def tag(self, spec: Any) -> str:

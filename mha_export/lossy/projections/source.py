@@ -85,7 +85,7 @@ class SourceQuantSpec:
         return _forms(blocks)
 
     # the function the file holds is the stored weights themselves (the GGUF's dequantized
-    # weights): nothing to re-derive (dequantized.reference_module)
+    # weights): nothing to re-derive (reference.py's reference_module)
     requantizes = False
 
     def stored_bytes(self, name: str) -> Optional[int]:

@@ -1,7 +1,8 @@
 """Quantized projections as a lossy step (lossy/base.py): weight-only MatMulNBits, round to
 nearest (rtn.py) or a GGUF's own blocks (source.py). Its hooks: the CLI's --quantize options,
 the export's spec (a GGUF's kept blocks read once the source is loaded), the graph's MatMulNBits
-(graph/builder.py's ``quant``), the record in config.json, the function the file holds."""
+(graph.py's writer, graph/builder.py's ``projections``), the record in config.json, the
+function the file holds."""
 from __future__ import annotations
 
 from dataclasses import replace
