@@ -18,6 +18,7 @@ from typing import Callable, Mapping
 from torch import Tensor, nn
 
 from ..config import MHAConfig
+from ..errors import UsageError
 from ..graph.forms.base import GraphForm
 
 # (projection name, weight [out, in]) -> the weight to hold instead
@@ -42,6 +43,5 @@ class AttentionKind:
 
     def refuse(self, step: str) -> None:
         """A lossy step not built for this kind: its one-line refusal."""
-        from ..errors import UsageError
         if step in self.unbuilt:
             raise UsageError(self.unbuilt[step])

@@ -23,6 +23,7 @@ class LossyStep:
     """A lossy step's hooks; the defaults are those of a step that changes nothing there."""
 
     name: str = ""  # "quantize" | "int8-cache" (an attention kind's ``unbuilt`` keys)
+    label: str = ""  # its run in eval's attribution, e.g. "int8 cache"
     record_key: str = ""  # config.json export[...]
     signature_dtype: Optional[str] = None  # the cache dtype its signature declares
     refusals: dict[str, str] = {}  # export target -> why it cannot write this step
@@ -88,8 +89,8 @@ class LossyStep:
     def attribution(self, options: dict, plain: dict, runner: str) -> list[tuple[str, dict]]:
         """(label, export options) of the runs that measure this step alone over ``plain``
         (the options without any lossy step); ``runner``: what the evaluation runs."""
-        return [(self.name, {**plain, **{k: options[k] for k in self.api_keys()
-                                         if k in options}})]
+        return [(self.label or self.name, {**plain, **{k: options[k] for k in self.api_keys()
+                                                       if k in options}})]
 
     def weight_bytes(self, config: Any, spec: Any) -> Optional[int]:
         """Bytes of the projections' weights as the file stores them (None: fp32's)."""

@@ -34,6 +34,7 @@ class Request:
 
 class Int8Cache(LossyStep):
     name = "int8-cache"
+    label = "int8 cache"
     record_key = "kv_cache"
     signature_dtype = INT8
     refusals = {"torchscript": _TORCH.format("TorchScript"), "aoti": _TORCH.format("AOTInductor")}
@@ -127,10 +128,6 @@ class Int8Cache(LossyStep):
 
     def asked(self, options: dict) -> bool:
         return options.get("kv_cache_dtype") == INT8
-
-    def attribution(self, options: dict, plain: dict, runner: str) -> list[tuple[str, dict]]:
-        return [("int8 cache", {**plain, **{k: options[k] for k in self.api_keys()
-                                            if k in options}})]
 
     def cache_entry_bytes(self) -> int:
         return 1
