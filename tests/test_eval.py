@@ -59,6 +59,35 @@ def test_the_fp32_export_changes_nothing_the_model_notices(fp32_run):
     assert set(d) >= {"eager", "exported", "generation"} and ev.passed
 
 
+def test_speed_is_timed_side_by_side_on_what_was_checked(fp32_run):
+    """Prefill and cached generation, eager and exported in turn (medians): the timed decodes
+    give the same greedy tokens as the checked, uncached generation; idle thread pools."""
+    _, ev = fp32_run
+    speed = ev.main.speed
+    assert speed.thread_pool == "idle" and speed.repeats >= 3
+    figures = [speed.eager_prefill, speed.exported_prefill, speed.eager_generation,
+               speed.exported_generation]
+    assert all(np.isfinite(f) and f > 0 for f in figures), figures
+    assert speed.eager_decoded == speed.exported_decoded == ev.eager_generated
+    assert ev.to_dict()["speed"]["exported_prefill"] == ev.main.tokens_per_s
+
+
+def test_sessions_sleep_between_runs_by_default(tmp_path):
+    """Many layer sessions in one process with torch beside them: no session's threads spin
+    after its run unless asked (thread pool 'spin')."""
+    from mha_export import MHAConfig, export_onnx
+    from mha_export.artifact import read_artifact
+    from mha_export.check.runners import RUNNERS, RunOptions
+    art = export_onnx(MHAConfig(dim=16, heads=2), tmp_path / "a", validate=False).path
+    sig = read_artifact(art).signature
+
+    def spinning(**options) -> str:
+        runner = RUNNERS["ort-cpu"].open(sig, art / "model.onnx", RunOptions(**options))
+        return runner.session.get_session_options().get_session_config_entry(
+            "session.intra_op.allow_spinning")
+    assert spinning() == "0" and spinning(thread_pool="spin") == "1"
+
+
 def test_a_planted_fault_shows_up_as_its_layer(fp32_run, smollm2_gguf, smollm2_model):
     """The same exports reused, layer 5's artifact with one weight moved: the report names it."""
     folder, _ = fp32_run
@@ -111,6 +140,7 @@ def test_cli_budgets_exit_1_and_write_json_and_plot(smollm2_gguf, tmp_path):
     (["--tokens", "100000"], "the text has"),
     (["--max-kl", "-1"], "--max-kl must be a finite number >= 0"),
     (["--quantize", "int8", "--attribute", "--runner", "openvino-cpu"], "use --runner ort-cpu"),
+    (["--thread-pool", "busy"], "Invalid value for '--thread-pool'"),
 ])
 def test_bad_input_is_one_line_exit_2(smollm2_gguf, tmp_path, extra, message):
     result = CliRunner().invoke(cli, ["eval", "--weights", str(smollm2_gguf), "--text",

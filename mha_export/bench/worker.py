@@ -100,7 +100,7 @@ def runner_variant(spec: dict) -> Callable[[], object]:
     from mha_export.check.runners import RUNNERS, RunOptions
     sig = spec_signature(spec)
     options = RunOptions(threads=spec["threads"], mem_pattern=spec.get("mem_pattern", True),
-                         spinning=spec.get("ring", 1) == 1)
+                         thread_pool=spec.get("thread_pool", "idle"))
     runner = RUNNERS[spec["runner"]].open(sig, Path(spec["model"]), options)
     prepared = runner.prepare(sample_feeds(spec))
     return lambda: runner.run_prepared(prepared)

@@ -29,6 +29,7 @@ from ..lossy.int8_cache.codes import CACHE_DTYPES
 from ..lossy.projections.source import SOURCE, SourceQuantSpec
 from ..lossy.projections.step import kept_blocks
 from ..check.runners import RUNNERS
+from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, POLICIES as THREAD_POLICIES
 from .options import (budget_options, config_options, explicit, export_options, int_list,
                       model_options, provider_list, runner_list)
 
@@ -270,6 +271,12 @@ def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequen
 @click.option("--generate", type=click.IntRange(min=0), default=0, show_default=True,
               help="Greedy tokens after the text, each step through the decode artifacts "
                    "(a growing cache unless --static-cache), against eager's.")
+@click.option("--thread-pool", type=click.Choice(list(THREAD_POLICIES)),
+              default=DEFAULT_THREAD_POOL, show_default=True,
+              help="How the layers' ONNX Runtime sessions share the cores: idle = each "
+                   "session's threads sleep after a run; shared = one process-wide pool; spin "
+                   "= ONNX Runtime's default (threads spin after a run, starving the next "
+                   "layer and torch).")
 @click.option("--attention", type=click.Choice(ATTENTION_FORMS), default=None,
               help="ONNX graph form of every layer [default: auto].")
 @click.option("--kv-cache", is_flag=True, help="Export decode artifacts (a growing cache).")
@@ -298,7 +305,8 @@ def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequen
 def eval_(weights: str, text_path: str, tokens: int, layers: str, runner: str, generate: int,
           folder: Optional[str], attribute: bool, per_layer: bool, max_kl: Optional[float],
           min_top1: Optional[float], max_ppl_increase: Optional[float],
-          json_path: Optional[str], plot_path: Optional[str], **kw) -> None:
+          json_path: Optional[str], plot_path: Optional[str], thread_pool: str,
+          **kw) -> None:
     """Evaluate exported attention layers inside the real model.
 
     Exports each chosen layer with the given options, runs the text eagerly and with those
@@ -319,7 +327,7 @@ def eval_(weights: str, text_path: str, tokens: int, layers: str, runner: str, g
     options = export_options(kw)
     result = evaluate(weights, text_path, tokens, layers, runner, generate, options, folder,
                       attribute, per_layer, max_kl, min_top1, max_ppl_increase,
-                      progress=_progress)
+                      progress=_progress, thread_pool=thread_pool)
     if json_path:
         from ..artifact import write_json_atomic
         write_json_atomic(json_path, result.to_dict())

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
+from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, get_policy
 from ..errors import UsageError
 from ..lossy import registry as lossy
 from .capture import read_text, token_block
@@ -82,9 +83,10 @@ class RunResult:
     kl_mean: float
     kl_max: float
     kl: list[float]  # per prefill position
-    tokens_per_s: float  # the exported prefill's
+    tokens_per_s: float  # the exported prefill's (median of the timed runs)
     generated: list[int] = field(default_factory=list)
     details: list[LayerDetail] = field(default_factory=list)
+    speed: Optional["Speed"] = None  # prefill and generation, eager and exported, side by side
 
     def summary(self) -> dict:
         return {"perplexity": self.perplexity, "top1_agreement": self.top1_agreement,
@@ -104,6 +106,9 @@ class ExportedAttention(torch.nn.Module):
         self.sig = runner.signature
         self.deviations: list[tuple[float, float]] = []  # (rel, cosine) per prefill call
         self.comparing = True  # off for the timed run
+        # True: each call brings only new tokens (the model runs with its own cache, as in
+        # cached generation); False: each call brings the whole prefix
+        self.incremental = False
         self.reset()
 
     def reset(self) -> None:
@@ -116,6 +121,8 @@ class ExportedAttention(torch.nn.Module):
                           for n in ("past_key", "past_value")}
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        if self.incremental:
+            return self._step(hidden_states, kwargs.get("past_key_values"))
         total = hidden_states.shape[1]
         if not self.sig.has_cache:  # a full-sequence artifact: every call from position 0
             self.reset()
@@ -126,6 +133,17 @@ class ExportedAttention(torch.nn.Module):
         self.outputs = y if self.outputs is None else torch.cat([self.outputs, y], dim=1)
         self.length = total
         return self.outputs, None
+
+    def _step(self, hidden_states: torch.Tensor, model_cache: Any):
+        """New tokens only, over the artifact's own cache. The model's cache gets a placeholder
+        of the same length for this layer (1 x 1 x T x 1), so that the layers still eager and
+        the mask see the right sequence length."""
+        y = torch.from_numpy(self._run(hidden_states.detach().float().numpy()))
+        self.length += hidden_states.shape[1]
+        if model_cache is not None:
+            place = hidden_states.new_zeros(1, 1, hidden_states.shape[1], 1)
+            model_cache.update(place, place, self.original.layer_idx)
+        return y.to(hidden_states.dtype), None
 
     def _run(self, x: np.ndarray) -> np.ndarray:
         t = x.shape[1]
@@ -152,6 +170,25 @@ class ExportedAttention(torch.nn.Module):
         self.deviations.append((float(d / scale), float(cos)))
 
 
+def _reset(stand_ins: dict[int, "ExportedAttention"]) -> None:
+    for s in stand_ins.values():
+        s.reset()
+
+
+def _incremental(stand_ins: dict[int, "ExportedAttention"], call: Callable[[], Any]
+                 ) -> Callable[[], Any]:
+    """``call`` with the stand-ins taking new tokens only (the model runs its own cache)."""
+    def run() -> Any:
+        for s in stand_ins.values():
+            s.incremental = True
+        try:
+            return call()
+        finally:
+            for s in stand_ins.values():
+                s.incremental = False
+    return run
+
+
 @contextlib.contextmanager
 def exported_layers(model: Any, stand_ins: dict[int, ExportedAttention]) -> Iterator[None]:
     """The model with the chosen layers' attention replaced by their stand-ins, restored after."""
@@ -174,11 +211,44 @@ def logits_of(model: Any, ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=ids[None], use_cache=False).logits[0].float()
 
 
-def tokens_per_s(call: Callable[[], Any], tokens: int) -> float:
-    """Prefill throughput of a warmed-up call (its second run: sessions and caches ready)."""
-    start = time.perf_counter()
-    call()
-    return tokens / (time.perf_counter() - start)
+@dataclass
+class Speed:
+    """Tokens per second, eager and exported timed in turn in one loop (medians of REPEATS
+    runs each): the prefill (the text in one call) and greedy generation as an app runs it
+    (one token a call over the model's cache; eager: transformers' own cache, exported: each
+    artifact's cache)."""
+
+    eager_prefill: float
+    exported_prefill: float
+    eager_generation: float = float("nan")
+    exported_generation: float = float("nan")
+    thread_pool: str = ""
+    repeats: int = 0
+    # the greedy tokens of the timed decodes (a cached path must give the uncached one's)
+    eager_decoded: list[int] = field(default_factory=list)
+    exported_decoded: list[int] = field(default_factory=list)
+
+    def ratios(self) -> dict:
+        return {"prefill": self.exported_prefill / self.eager_prefill,
+                "generation": self.exported_generation / self.eager_generation}
+
+
+REPEATS = 5
+
+def cached_greedy(model: Any, ids: torch.Tensor, steps: int) -> tuple[list[int], float]:
+    """``steps`` greedy tokens after ids as an app generates them: the prefix once, then one
+    token a call over the model's cache (the stand-ins' own caches for their layers); the
+    tokens and the seconds the decode steps took (the prefill not counted)."""
+    with torch.inference_mode():
+        out = model(input_ids=ids[None], use_cache=True)
+        cache, nxt = out.past_key_values, int(out.logits[0, -1].argmax())
+        tokens, start = [nxt], time.perf_counter()
+        for pos in range(len(ids), len(ids) + steps - 1):
+            out = model(input_ids=torch.tensor([[nxt]]), past_key_values=cache, use_cache=True,
+                        position_ids=torch.tensor([[pos]]), cache_position=torch.tensor([pos]))
+            nxt = int(out.logits[0, -1].argmax())
+            tokens.append(nxt)
+        return tokens, time.perf_counter() - start
 
 
 def greedy(model: Any, ids: torch.Tensor, steps: int, reset: Callable[[], None]) -> list[int]:
@@ -237,6 +307,7 @@ class Evaluation:
                 "exported": {**self.main.summary(),
                              "ppl_increase": self.main.perplexity / self.eager_perplexity - 1,
                              "tokens_per_s": self.main.tokens_per_s, "kl": self.main.kl},
+                "speed": asdict(self.main.speed) if self.main.speed else None,
                 "generation": self.generation(),
                 "layers": [asdict(d) for d in self.main.details],
                 "options": _jsonable(self.main.options),
@@ -255,13 +326,14 @@ class Evaluator:
     """One model and one text; ``run`` evaluates one configuration of exported layers."""
 
     def __init__(self, weights: str | Path, loaded: LoadedModel, ids: torch.Tensor,
-                 runner: str, folder: Path, generate: int, progress: Progress):
+                 runner: str, folder: Path, generate: int, progress: Progress,
+                 thread_pool: str = DEFAULT_THREAD_POOL):
         from ..check.runners import get_runner
         self.weights, self.loaded, self.ids = str(weights), loaded, ids
         self.kind = get_runner(runner)
         self.folder, self.generate, self.progress = folder, generate, progress
+        self.thread_pool = thread_pool
         self.eager_logits = logits_of(loaded.model, ids)
-        self.eager_tokens_per_s = tokens_per_s(lambda: logits_of(loaded.model, ids), len(ids))
 
     def run(self, name: str, options: dict, layers: Sequence[int]) -> RunResult:
         stand_ins = {}
@@ -276,22 +348,52 @@ class Evaluator:
             logits = logits_of(model, self.ids)  # each layer compared with eager's attention
             for s in stand_ins.values():
                 s.comparing = False
-
-            def prefill() -> None:
-                for s in stand_ins.values():
-                    s.reset()
-                logits_of(model, self.ids)
-            speed = tokens_per_s(prefill, len(self.ids))
-            generated = greedy(model, self.ids, self.generate,
-                               lambda: [s.reset() for s in stand_ins.values()])
+            generated = greedy(model, self.ids, self.generate, lambda: _reset(stand_ins))
+        speed = self._speed(stand_ins)
         kl = kl_per_position(self.eager_logits, logits)
         agree = float((self.eager_logits.argmax(-1) == logits.argmax(-1)).float().mean())
         details = [LayerDetail(layer, str(self._folder(name, layer)), s.runner.device,
                                *(s.deviations[0] if s.deviations else (float("nan"),) * 2))
                    for layer, s in stand_ins.items()]
         return RunResult(name, options, list(layers), perplexity(logits, self.ids), agree,
-                         float(kl.mean()), float(kl.max()), kl.tolist(), speed, generated,
-                         details)
+                         float(kl.mean()), float(kl.max()), kl.tolist(), speed.exported_prefill,
+                         generated, details, speed)
+
+    def _speed(self, stand_ins: dict[int, ExportedAttention]) -> Speed:
+        """Eager and exported timed alternately in one loop, so that both see the same machine
+        (a 2-core host's speed drifts by tens of percent between minutes)."""
+        model, ids, steps = self.loaded.model, self.ids, self.generate
+
+        def exported(call: Callable[[], Any]) -> Callable[[], Any]:
+            def run() -> Any:
+                with exported_layers(model, stand_ins):
+                    _reset(stand_ins)
+                    return call()
+            return run
+
+        prefill = lambda: logits_of(model, ids)  # noqa: E731
+        timed = {"eager_prefill": prefill, "exported_prefill": exported(prefill)}
+        if steps > 1:
+            decode = lambda: cached_greedy(model, ids, steps)  # noqa: E731
+            timed.update(eager_generation=decode,
+                         exported_generation=exported(_incremental(stand_ins, decode)))
+        # warm-up (sessions, caches, allocator); the decodes' tokens kept: the timed path
+        # must compute what the measured one did
+        decoded = {k: call()[0] for k, call in timed.items() if "generation" in k}
+        seconds: dict[str, list[float]] = {k: [] for k in timed}
+        for _ in range(REPEATS):
+            for key, call in timed.items():
+                start = time.perf_counter()
+                took = call()
+                # a decode gives the seconds of its steps alone (its prefill not counted)
+                seconds[key].append(took[1] if "generation" in key else
+                                    time.perf_counter() - start)
+        tokens = {"prefill": len(ids), "generation": steps - 1}
+        return Speed(**{k: tokens[k.split("_")[1]] / float(np.median(v))
+                        for k, v in seconds.items()},
+                     eager_decoded=decoded.get("eager_generation", []),
+                     exported_decoded=decoded.get("exported_generation", []),
+                     thread_pool=self.thread_pool, repeats=REPEATS)
 
     def _folder(self, name: str, layer: int) -> Path:
         return self.folder / _slug(name) / f"layer{layer}"
@@ -318,7 +420,8 @@ class Evaluator:
         if reason := self.kind.unavailable():
             raise UsageError(f"--runner {self.kind.name}: {reason}")
         art = read_artifact(folder)
-        runner = self.kind.open(art.signature, folder / self.kind.model_file, RunOptions())
+        runner = self.kind.open(art.signature, folder / self.kind.model_file,
+                                RunOptions(thread_pool=self.thread_pool))
         original = attention_of(decoder_layers(self.loaded.model)[layer])
         return ExportedAttention(original, runner, len(self.ids) + self.generate + 1)
 
@@ -358,11 +461,13 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
              attribute: bool = False, per_layer: bool = False,
              max_kl: Optional[float] = None, min_top1: Optional[float] = None,
              max_ppl_increase: Optional[float] = None, loaded: Optional[LoadedModel] = None,
-             progress: Progress = lambda i, n, s: None) -> Evaluation:
+             progress: Progress = lambda i, n, s: None,
+             thread_pool: str = DEFAULT_THREAD_POOL) -> Evaluation:
     """The exported layers inside the model (module docstring). ``options``: the export
     options of every layer (attention, quantize, kv_cache / static_cache, kv_cache_dtype, ...);
     ``folder``: where the artifacts are written (kept, and reused by a later run with the same
-    options); budgets fail the evaluation (``Evaluation.failures``)."""
+    options); budgets fail the evaluation (``Evaluation.failures``); ``thread_pool``: how the
+    layers' ONNX Runtime sessions share the cores (check/runners/ort_threads.py)."""
     import tempfile
     from ..env import machine_info
     options = dict(options or {})
@@ -375,6 +480,7 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
             raise UsageError(f"{name} must be a finite number >= 0, got {value}")
     if generate < 0:
         raise UsageError(f"--generate must be >= 0, got {generate}")
+    get_policy(thread_pool)  # an unknown policy refused before any work
     if generate and not (options.get("kv_cache") or options.get("static_cache")):
         options["kv_cache"] = True  # generation steps run the decode artifacts
     runs = lossy.attribution(options, runner) if attribute else []  # refused before any work
@@ -385,14 +491,14 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
     with contextlib.ExitStack() as stack:
         where = Path(folder) if folder is not None else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="mha-eval-")))
-        ev = Evaluator(weights, loaded, ids, runner, where, generate, progress)
+        ev = Evaluator(weights, loaded, ids, runner, where, generate, progress, thread_pool)
         with torch.inference_mode():
             reference = float(torch.exp(loaded.model(input_ids=ids[None], labels=ids[None],
                                                      use_cache=False).loss))
         eager_generated = greedy(loaded.model, ids, generate, lambda: None)
         main = ev.run("exported", options, chosen)
         result = Evaluation(str(weights), str(text), tokens, runner,
-                            perplexity(ev.eager_logits, ids), ev.eager_tokens_per_s, main,
+                            perplexity(ev.eager_logits, ids), main.speed.eager_prefill, main,
                             eager_generated, transformers_perplexity=reference,
                             machine=machine_info())
         if attribute:

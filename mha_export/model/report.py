@@ -23,6 +23,15 @@ def format_evaluation(ev: Evaluation) -> str:
              _row("exported", ev.main, ev.eager_perplexity)]
     lines += [_row(f"  {r.name}", r, ev.eager_perplexity) for r in ev.attribution]
     lines += [_row(f"  {r.name}", r, ev.eager_perplexity) for r in ev.per_layer]
+    if sp := ev.main.speed:
+        ratios = sp.ratios()
+        lines.append(f"speed (median of {sp.repeats} runs each, eager and exported in turn; "
+                     f"ONNX Runtime thread pool: {sp.thread_pool}): prefill eager "
+                     f"{sp.eager_prefill:.1f}, exported {sp.exported_prefill:.1f} tokens/s "
+                     f"({ratios['prefill']:.2f}x)" + (
+                         f"; generation eager {sp.eager_generation:.2f}, exported "
+                         f"{sp.exported_generation:.2f} tokens/s ({ratios['generation']:.2f}x)"
+                         if sp.exported_generation == sp.exported_generation else ""))
     gen = ev.generation()
     if gen["tokens"]:
         lines.append(f"greedy generation: {gen['matched']} of {gen['tokens']} tokens match "

@@ -27,7 +27,7 @@ def _open_ort(provider: str, fp32_compute: bool = False):
     def open_(sig: Signature, path: Path, options: RunOptions) -> Runner:
         from .ort import OrtRunner
         return OrtRunner(sig, path, provider, options.threads, options.tf32,
-                         options.mem_pattern, fp32_compute, options.spinning)
+                         options.mem_pattern, fp32_compute, options.thread_pool)
     return open_
 
 

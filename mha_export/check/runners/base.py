@@ -72,9 +72,10 @@ class RunOptions:
     tf32: bool = True  # CUDA: allow TF32 matmuls for float32 models
     threads: Optional[int] = None  # intra-op threads (None: the runtime's default)
     mem_pattern: bool = True  # ONNX Runtime's memory-pattern planner (the bench turns it off)
-    # ONNX Runtime's intra-op threads spin after a run; the bench's cold rings (many sessions
-    # stepped in turn) turn it off, so that no session's threads compete with the next one's
-    spinning: bool = True
+    # how ONNX Runtime sessions share the cores (ort_threads.py): by default each session's
+    # threads sleep after a run, so that many sessions in turn and torch beside them do not
+    # compete with threads spinning for nothing
+    thread_pool: str = "idle"
 
 
 @dataclass(frozen=True)

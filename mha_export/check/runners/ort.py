@@ -19,6 +19,7 @@ from ...graph.nodes import all_nodes
 from ...lossy.projections.kernels import matmul_nbits_kinds, matmul_nbits_probe
 from ...signature import Signature
 from .base import Feeds, Runner, RunnerUnavailable
+from .ort_threads import DEFAULT as DEFAULT_THREAD_POOL, get_policy
 
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -76,14 +77,14 @@ class OrtRunner(Runner):
 
     def __init__(self, signature: Signature, path: str | Path, provider: str = "cpu",
                  threads: Optional[int] = None, tf32: bool = True, mem_pattern: bool = True,
-                 fp32_compute: bool = False, spinning: bool = True):
+                 fp32_compute: bool = False, thread_pool: str = DEFAULT_THREAD_POOL):
         """``fp32_compute``: the file's quantized projections run at accuracy level 1 (a copy
         in memory): its weights checked exactly, apart from level 4's int8 arithmetic."""
         super().__init__(signature)
         self.name = f"ort-{provider}" + ("-fp32-compute" if fp32_compute else "")
         self.fp32_compute = fp32_compute
         model = _at_fp32_compute(path) if fp32_compute else path
-        self.session = _session(model, provider, threads, tf32, mem_pattern, spinning)
+        self.session = _session(model, provider, threads, tf32, mem_pattern, thread_pool)
         self.providers = self.session.get_providers()
         self.device = f"{provider} ({self.providers[0]})"
         declared = {i.name: i for i in self.session.get_inputs()}
@@ -115,7 +116,9 @@ class OrtRunner(Runner):
     def prepare(self, feeds: Feeds):
         """The inputs in the model's dtypes, made once per case (the bench times run_prepared);
         a static cache: an IO binding whose present_* are bound to past_*'s own memory."""
-        inputs = {n: np.ascontiguousarray(feeds[n].astype(self.dtypes[n]))
+        # no copy where the caller's array already is the model's dtype and contiguous: a static
+        # cache is then written in the caller's own buffer
+        inputs = {n: np.ascontiguousarray(feeds[n].astype(self.dtypes[n], copy=False))
                   for n in self.signature.input_names}
         return InPlaceCall(self.session, self.signature, inputs) if self.signature.static_cache \
             else inputs
@@ -288,17 +291,14 @@ def cuda_provider_missing() -> Optional[str]:
 
 
 def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf32: bool,
-             mem_pattern: bool = True, spinning: bool = True):
+             mem_pattern: bool = True, thread_pool: str = DEFAULT_THREAD_POOL):
     """An InferenceSession that really runs on ``provider`` (else RunnerUnavailable); its load
     log is kept as ``session.load_log`` (CUDA: verbose, with the node placements)."""
     import onnxruntime as ort
     wanted = ORT_PROVIDERS[provider]
     opts = ort.SessionOptions()
-    if threads:
-        opts.intra_op_num_threads = threads
+    get_policy(thread_pool).apply(opts, threads)
     opts.enable_mem_pattern = mem_pattern
-    if not spinning:
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     quantized = _is_quantized(path)
     scratch = tempfile.TemporaryDirectory(prefix="mha-ort-") if quantized else None
     if scratch:  # what ONNX Runtime made of the quantized projections: its optimized graph
