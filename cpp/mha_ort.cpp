@@ -24,7 +24,10 @@ const char* const kUsage =
     "                       every declared output is written there as NAME.npy. One session runs them all\n"
     "  --provider cpu|cuda  execution provider (default cpu); cuda never falls back to the CPU:\n"
     "                       if the CUDA provider cannot start, exit 3 with the reason\n"
-    "  --threads N          intra-op threads (default: ONNX Runtime's, one per physical core)\n"
+    "  --threads N          intra-op threads (default: ONNX Runtime's, one per physical core); they sleep\n"
+    "                       after each run (session.intra_op.allow_spinning = 0): an app that runs one\n"
+    "                       session per layer in turn, beside other work, wants that (docs/cpp.md)\n"
+    "  --spin               ONNX Runtime's default instead: threads spin after a run\n"
     "  --info               print the model's inputs/outputs (name, dtype, symbolic dims) and its metadata\n"
     "  --verbose            echo ONNX Runtime's log (warnings and errors) to stderr\n"
     "  --generate 5,1,1     a static-cache model (x, past_key, past_value, past_lengths[, position_ids]):\n"
@@ -367,7 +370,7 @@ std::vector<mha::Array> generate(Ort::Session& session, const ModelIO& io, const
 
 int main_ort(int argc, char** argv) {
     const mha::Args args = mha::parse_args(argc, argv, kUsage, {"--provider", "--threads", "--generate"},
-                                           {"--info", "--verbose"}, {"--info"});
+                                           {"--info", "--verbose", "--spin"}, {"--info"});
     const std::string provider = args.option("--provider", "cpu");
     if (provider != "cpu" && provider != "cuda")
         throw mha::UsageError("--provider must be cpu or cuda, got '" + provider + "'");
@@ -381,6 +384,8 @@ int main_ort(int argc, char** argv) {
     options.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
     if (threads) options.SetIntraOpNumThreads(threads);
     options.SetInterOpNumThreads(1);
+    // Sessions run in turn (one per layer) must not leave threads spinning for the next one.
+    options.AddConfigEntry("session.intra_op.allow_spinning", args.flag("--spin") ? "1" : "0");
     append_provider(options, provider, log);
 
     const auto t0 = Clock::now();
@@ -401,7 +406,8 @@ int main_ort(int argc, char** argv) {
     std::cout << "onnxruntime " << Ort::GetVersionString() << ", provider: "
               << (provider == "cuda" ? "CUDAExecutionProvider (nodes it lacks run on CPUExecutionProvider)"
                                      : "CPUExecutionProvider")
-              << ", intra-op threads: " << (threads ? std::to_string(threads) : "default") << ", session "
+              << ", intra-op threads: " << (threads ? std::to_string(threads) : "default")
+              << (args.flag("--spin") ? " (spinning)" : " (asleep between runs)") << ", session "
               << session_time << "\n";
     if (args.flag("--info")) print_info(args.model, *session, io);
     if (args.case_dirs.empty() && args.pairs.empty()) return 0;  // --info alone

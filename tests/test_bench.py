@@ -222,7 +222,7 @@ def test_a_gguf_layer_benched_with_its_own_blocks(tmp_path, monkeypatch):
     data = json.loads((tmp_path / "b.json").read_text())
     rows = {row["variant"]: row for row in data["rows"]}
     kept = "ort-cpu-auto-gguf-q3_k-q4_k-q5_k-q6_k"
-    assert {"ort-cpu-auto", kept, "ort-cpu-auto-int4-fp32"} <= set(rows)
+    assert {"ort-cpu-auto", kept, "ort-cpu-auto-int4"} <= set(rows)  # int4: level 4, its default
     assert all(row["error"] == "" for row in rows.values()), [row["error"] for row in rows.values()]
     c = MHAConfig.from_dict(data["config"])
     raw = layer_raw_tensors(gguf_file, 0)
@@ -237,3 +237,31 @@ def test_a_gguf_layer_benched_with_its_own_blocks(tmp_path, monkeypatch):
     assert row["bandwidth_gbs"] == pytest.approx(step_bytes(c, 1, 1, 8, {"quantize": spec})
                                                  / (row["median_ms"] / 1e3) / 1e9)
     assert row["model_mib"] < rows["ort-cpu-auto"]["model_mib"]
+
+
+def test_cached_rows_report_their_bytes_floor():
+    """MiB read per step, GB/s, and the fraction of the run's copy bandwidth reached."""
+    from mha_export.bench.report import BenchReport, BenchRow, floor_fraction, format_table, \
+        step_mib
+    row = BenchRow("ort-cpu-auto", 1, 1, past=1024, median_ms=10.0, bandwidth_gbs=15.0)
+    report = BenchReport({}, 2, None, {"cpu": "x", "date": "d"}, [row], copy_bandwidth_gbs=20.0)
+    assert step_mib(row) == pytest.approx(15e9 * 0.01 / 2**20)
+    assert floor_fraction(report, row) == pytest.approx(0.75)
+    assert "75%" in format_table(report) and "% floor" in format_table(report)
+
+
+def test_presets_are_published_shapes_and_given_options_win():
+    from mha_export.presets import PRESETS, preset_options
+    assert preset_options("llama3-8b")["dim"] == 4096 and preset_options(None) == {}
+    assert {"llama3-8b", "qwen2.5-7b", "deepseek-v2-lite"} <= set(PRESETS)
+    with pytest.raises(UsageError, match="unknown preset"):
+        preset_options("gpt-5")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--preset", "gpt-5"], "Invalid value for '--preset'"),
+    (["--preset", "llama3-8b", "--weights", "x.gguf", "--layer", "0"], "not with an artifact"),
+])
+def test_bad_presets_are_one_line_exit_2(args, message):
+    r = CliRunner().invoke(cli, ["bench", *args, "--budget", "0"])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output

@@ -106,7 +106,7 @@ def test_the_file_records_the_quantization(tmp_path):
     art = read_artifact(_export(tmp_path, spec=QuantSpec(bits=8, block_size=64,
                                                            symmetric=False)))
     assert art.export["quantize"] == {
-        "bits": 8, "block_size": 64, "symmetric": False, "quantizer": "rtn", "accuracy_level": 1,
+        "bits": 8, "block_size": 64, "symmetric": False, "quantizer": "rtn", "accuracy_level": 4,
         "format": "com.microsoft.MatMulNBits",
         "projections": ["q_proj", "k_proj", "v_proj", "out_proj"]}
     assert art.spec("quantize") == QuantSpec(bits=8, block_size=64, symmetric=False)

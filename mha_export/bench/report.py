@@ -71,13 +71,30 @@ class BenchReport:
             raise UsageError(f"{path}: not a bench JSON ({type(e).__name__}: {e})") from None
 
 
+def step_mib(row: BenchRow) -> Optional[float]:
+    """A cached step's bytes read (weights + valid cache), in MiB."""
+    if row.bandwidth_gbs is None or row.median_ms is None:
+        return None
+    return row.bandwidth_gbs * 1e9 * row.median_ms / 1e3 / 2**20
+
+
+def floor_fraction(report: BenchReport, row: BenchRow) -> Optional[float]:
+    """How close a cached step came to its bytes floor: the bandwidth it reached over this
+    run's copy bandwidth (read + write traffic, the machine's memory ceiling measured in the
+    same run). 1 = the step took no longer than reading its bytes at that rate."""
+    if row.bandwidth_gbs is None or not report.copy_bandwidth_gbs:
+        return None
+    return row.bandwidth_gbs / report.copy_bandwidth_gbs
+
+
 def format_table(report: BenchReport) -> str:
     head = ("variant", "T", "P", "median ms", "tokens/s", "GFLOP/s", "% GEMM", "x SDPA",
-            "GB/s", "peak MiB")
+            "MiB/step", "GB/s", "% floor", "peak MiB")
     cells = {id(r): (r.variant, str(r.seq), str(r.past), _num(r.median_ms, ".2f"),
                      _num(r.tokens_per_s, ",.0f"), _num(r.gflops, ".0f"),
                      _pct(r.ceiling_fraction), _times(r.speedup_vs_sdpa),
-                     _num(r.bandwidth_gbs, ".1f"), _num(r.peak_rss_mib, ",.0f"))
+                     _num(step_mib(r), ",.1f"), _num(r.bandwidth_gbs, ".1f"),
+                     _pct(floor_fraction(report, r)), _num(r.peak_rss_mib, ",.0f"))
              for r in report.rows if not r.error}
     widths = [max(len(row[i]) for row in [head, *cells.values()]) for i in range(len(head))]
 
@@ -97,7 +114,9 @@ def format_table(report: BenchReport) -> str:
                      f"{m['cpu']}; {m['date']}")
     if report.copy_bandwidth_gbs:
         lines.append(f"copy bandwidth {report.copy_bandwidth_gbs:.1f} GB/s (256 MiB numpy copy, "
-                     "read + write, best run); GB/s above = weights + valid cache read per step")
+                     "read + write, best run); MiB/step = weights + valid cache read per step, "
+                     "GB/s = those bytes over the step's time, % floor = GB/s over the copy "
+                     "bandwidth (100% = at the bytes floor)")
     if report.stream_bandwidth_gbs:
         lines.append(f"cold: each row steps a ring of independent instances (weights + buffers "
                      f"> 3 x the last-level cache); streaming read of that size (numpy sum, one "

@@ -29,6 +29,7 @@ from ..lossy.int8_cache.codes import CACHE_DTYPES
 from ..lossy.projections.source import SOURCE, SourceQuantSpec
 from ..lossy.projections.step import kept_blocks
 from ..check.runners import RUNNERS
+from ..presets import PRESETS, preset_options
 from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, POLICIES as THREAD_POLICIES
 from .options import (budget_options, config_options, explicit, export_options, int_list,
                       model_options, provider_list, runner_list)
@@ -398,13 +399,17 @@ def cpp_programs(folder: Optional[str], runners: tuple | list):
               help="Also measure every ONNX form with quantized projections: int4, int8 "
                    "(round to nearest, block 32, symmetric), source (a .gguf's own blocks, "
                    "with --weights FILE.gguf --layer N) or several (int4,int8; source,int4).")
-@click.option("--accuracy-level", "accuracy_levels", default="1", show_default=True,
-              callback=int_list, help="With --quantize: MatMulNBits accuracy levels to "
-                                      "measure (4 = int8 activations, 1 = fp32), e.g. 1,4.")
+@click.option("--accuracy-level", "accuracy_levels", default=None, callback=int_list,
+              help="With --quantize: MatMulNBits accuracy levels to measure (4 = int8 "
+                   "activations, 1 = fp32), e.g. 1,4 [default: each quantizer's export default: "
+                   "4 for int4/int8, 1 for source].")
 @click.option("--kv-cache-dtype", "kv_cache_dtype", type=click.Choice(CACHE_DTYPES),
               default="float", show_default=True,
               help="With --static-cache: int8 = also measure every form that builds it with an "
                    "int8 cache (scales calibrated on synthetic inputs), with each --quantize.")
+@click.option("--preset", type=click.Choice(list(PRESETS)), default=None,
+              help="A deployment-sized layer by name (its published shape; options given "
+                   "here win): " + ", ".join(PRESETS) + ".")
 @click.option("--cold", is_flag=True,
               help="Each row steps a ring of independent instances (own weights and buffers) "
                    "larger than the last-level cache, as the layers of a real model evict each "
@@ -416,7 +421,7 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
           forms: str, threads: int, budget: float, mem_limit_gib: float,
           json_path: Optional[str], plot_path: Optional[str], from_json: Optional[str],
           markdown: bool, quantize_names: Optional[str], accuracy_levels: list[int], cold: bool,
-          kv_cache_dtype: str, **config_fields) -> None:
+          kv_cache_dtype: str, preset: Optional[str], **config_fields) -> None:
     """Measure eager PyTorch (textbook and SDPA), TorchScript and every ONNX graph form side by
     side, each measurement in its own process (peak RSS per variant).
 
@@ -432,6 +437,8 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
           --quantize int4 --kv-cache-dtype int8
       mha-export bench --weights model.Q4_1.gguf --layer 5 --static-cache --seq-lens 1 \
           --past-lens 128,1024,4096 --forms auto --quantize source,int4
+      mha-export bench --preset llama3-8b --static-cache --seq-lens 1 --past-lens 1024 \
+          --forms auto --quantize int4,int8 --cold
       mha-export bench --from-json bench.json --markdown --plot bench.png
     """
     if plot_path:
@@ -449,8 +456,10 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
     if chosen is not None and (not chosen or set(chosen) - set(ATTENTION_FORMS)):
         raise UsageError(f"--forms: choose from {', '.join(ATTENTION_FORMS)}, got {forms!r}")
     seed = config_fields["seed"]
+    if preset and (artifact or config_fields.get("weights")):
+        raise UsageError("--preset names a layer's shape: not with an artifact or --weights")
     source, quantize, int8_cache = _bench_source(artifact, config_fields, quantize,
-                                                 kv_cache_dtype == INT8)
+                                                 kv_cache_dtype == INT8, preset_options(preset))
     config, module = source.config, source.module
     report = run_bench(config, seq_lens, batch, providers, chosen, threads, seed, mem_limit_gib,
                        budget, progress=lambda line: click.echo(line, err=True),
@@ -466,7 +475,7 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
 
 
 def _bench_source(artifact: Optional[str], config_fields: dict, quantize: list,
-                  int8_cache: bool) -> tuple:
+                  int8_cache: bool, preset: Optional[dict] = None) -> tuple:
     """(source, quantize, int8 cache) of a bench run: an artifact's source weights (its own
     quantization and cache when none are asked for), or the layer the options describe; a
     GGUF's kept blocks read once the layer is loaded."""
@@ -480,12 +489,12 @@ def _bench_source(artifact: Optional[str], config_fields: dict, quantize: list,
         quantize = quantize or ([art.spec("quantize")] if art.spec("quantize") else [])
         int8_cache = int8_cache or art.spec("int8-cache") is not None  # calibrated anew
     else:
-        source = load_source(None, weights, layer, seed, explicit(config_fields))
+        source = load_source(None, weights, layer, seed, explicit(config_fields, preset))
     return source, [kept_blocks(source, q, "float32") if q.quantizer == SOURCE else q
                     for q in quantize], int8_cache
 
 
-def bench_quantization(names: Optional[str], levels: list[int]) -> list:
+def bench_quantization(names: Optional[str], levels: Optional[list[int]]) -> list:
     """--quantize int4,int8,source x --accuracy-level 1,4 as QuantSpecs (default block and
     symmetry); source as a SourceQuantSpec whose blocks the bench reads once the GGUF layer is
     loaded (``kept_blocks``)."""
@@ -499,8 +508,10 @@ def bench_quantization(names: Optional[str], levels: list[int]) -> list:
     for n in chosen:
         if n not in (*NAMES, SOURCE):
             raise UsageError(f"--quantize {n!r}: choose one of {', '.join((*NAMES, SOURCE))}")
-    return [SourceQuantSpec(accuracy_level=level) if n == SOURCE
-            else QuantSpec.named(n, accuracy_level=level) for n in chosen for level in levels]
+    def spec(name: str, level: Optional[int]):
+        fields = {} if level is None else {"accuracy_level": level}
+        return SourceQuantSpec(**fields) if name == SOURCE else QuantSpec.named(name, **fields)
+    return [spec(n, level) for n in chosen for level in (levels or [None])]
 
 
 def _show_bench(report, source: str, markdown: bool, plot_path: Optional[str]) -> None:

@@ -161,12 +161,14 @@ def export_options(kw: dict) -> dict:
     return lossy.from_cli(explicit(kw))
 
 
-def explicit(kw: dict) -> dict:
+def explicit(kw: dict, preset: dict | None = None) -> dict:
     """Only the options the user set: defaults stay the API's, and a Hugging Face checkpoint's
-    config.json fills what was not given (a given value that contradicts it is an error)."""
+    config.json fills what was not given (a given value that contradicts it is an error).
+    ``preset``: a named shape's options (presets.py), under the ones given."""
     ctx = click.get_current_context()
     default = click.core.ParameterSource.DEFAULT
-    return sections({k: v for k, v in kw.items() if ctx.get_parameter_source(k) is not default})
+    given = {k: v for k, v in kw.items() if ctx.get_parameter_source(k) is not default}
+    return sections({**(preset or {}), **given})
 
 
 def sections(kw: dict) -> dict:
