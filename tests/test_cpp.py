@@ -68,7 +68,8 @@ def binaries() -> dict:
     """build/cpp/mha_ort, mha_torch and mha_aoti; `make cpp` is incremental, so an up-to-date
     build is reused."""
     _make("cpp")
-    bins = {"ort": BUILD / "mha_ort", "torch": BUILD / "mha_torch", "aoti": BUILD / "mha_aoti"}
+    bins = {"ort": BUILD / "mha_ort", "torch": BUILD / "mha_torch", "aoti": BUILD / "mha_aoti",
+            "layers": BUILD / "mha_layers"}
     for path in bins.values():
         assert os.access(path, os.X_OK), f"{path} was not built"
     return bins
@@ -706,3 +707,32 @@ def test_bench_times_the_cpp_programs_beside_python(binaries):
     rows = {r.variant: r for r in report.rows}
     assert rows["cpp-mha_torch"].median_ms and rows["cpp-mha_torch"].reps >= 5, rows
     assert not rows["cpp-mha_torch"].error and rows["cpp-mha_torch"].peak_rss_mib > 0
+
+
+# --- several layers' sessions in one process (issue 40) -------------------------------------------
+
+@pytest.mark.parametrize("pool", ["idle", "spin", "shared", "shared-spin"])
+def test_layers_step_in_turn_under_each_thread_pool(binaries, tmp_path, pool):
+    """mha_layers: one static-cache model loaded as several sessions (own weights each), a
+    decode step through all of them in turn, timed; each way of sharing threads runs."""
+    art = export_onnx(KV_CONFIG, tmp_path / "static", static_cache=True, validate=False).path
+    r = run(binaries["layers"], art / "model.onnx", "--copies", 3, "--past", 8, "--steps", 4,
+            "--pool", pool)
+    assert r.returncode == 0, r.stderr
+    assert f"3 sessions (1 model(s) x 3), pool {pool}" in r.stdout
+    assert "ms a step" in r.stdout and "ms a layer" in r.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--pool", "busy"], "--pool must be"),
+    (["--copies", "0"], "--copies"),
+    (["--frobnicate", "1"], "unknown option"),
+])
+def test_layers_bad_input_is_one_line_exit_2(binaries, artifacts, args, message):
+    r = run(binaries["layers"], artifacts["kv", "onnx"] / "model.onnx", *args)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_layers_refuses_a_model_without_a_static_cache(binaries, artifacts):
+    r = run(binaries["layers"], artifacts["kv", "onnx"] / "model.onnx")
+    assert r.returncode == 2 and "not a static-cache model" in r.stderr

@@ -147,3 +147,20 @@ def test_bad_input_is_one_line_exit_2(smollm2_gguf, tmp_path, extra, message):
                                       REAL_TEXT, "--exports", str(tmp_path / "x"), *extra])
     assert result.exit_code == 2 and message in result.output, result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", ["eval", "capture"])
+@pytest.mark.parametrize("damage", ["truncated", "garbled"])
+def test_a_damaged_gguf_is_one_line_exit_2(smollm2_gguf, tmp_path, command, damage):
+    """Read by our GGUF reader before transformers' loader (whose struct.error was a 44-line
+    traceback)."""
+    bad = tmp_path / "bad.gguf"
+    data = smollm2_gguf.read_bytes()[:3_000_000] if damage == "truncated" else b"\x00" * 100
+    bad.write_bytes(data)
+    extra = ["--exports", str(tmp_path / "x")] if command == "eval" else [
+        "--layers", "0", "-o", str(tmp_path / "c.safetensors")]
+    result = CliRunner().invoke(cli, [command, "--weights", str(bad), "--text", REAL_TEXT,
+                                      *extra])
+    assert result.exit_code == 2, result.output
+    assert "not a readable GGUF file" in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "c.safetensors").exists()

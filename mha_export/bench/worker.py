@@ -215,9 +215,22 @@ def limit_memory(gib: float | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
+def on_cuda(spec: dict) -> bool:
+    """A variant that runs on the GPU: CUDA reserves far more address space than it uses (an
+    address-space cap makes ONNX Runtime's CUDA provider fail at cudaSetDevice, 'out of
+    memory', and fall back to the CPU; seen on an H100, 2026-11-25), so no cap applies."""
+    if spec.get("device") == "cuda":
+        return True
+    if spec.get("variant") == "runner":
+        from mha_export.check.runners import RUNNERS
+        return RUNNERS[spec["runner"]].device == "cuda"
+    return False
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
-    limit_memory(spec.get("mem_limit_gib"))
+    if not on_cuda(spec):
+        limit_memory(spec.get("mem_limit_gib"))
     try:
         result = measure(spec)
     except MemoryError:

@@ -39,6 +39,8 @@ def load_model(weights: str | Path) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     path = Path(weights)
     if path.is_file() and path.suffix == ".gguf":
+        from ..weights.gguf import open_gguf
+        open_gguf(path)  # a truncated or garbled file: one line, before transformers' loader
         where, extra = path.parent, {"gguf_file": path.name}
     elif path.is_dir() and (path / "config.json").is_file():
         where, extra = path, {}
