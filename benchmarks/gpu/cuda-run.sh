@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batched command on a lent GPU machine (../shared/GPU.md), as run 2026-11-25 on an H100
-# (docs/performance.md#cuda). Set-up, here: `bash ../shared/gpu/stage-ort-gpu.sh`; `mkdir -p .gpu
-# && git archive HEAD | tar -x -C .gpu/src --one-top-level && git rev-parse --short HEAD >
+# (docs/performance.md#cuda). Set-up, here: `bash ../shared/gpu/stage-ort-gpu.sh`; `mkdir -p
+# .gpu/src && git archive HEAD | tar -x -C .gpu/src && git rev-parse --short HEAD >
 # .gpu/src/COMMIT && cp benchmarks/gpu/* .gpu/` (.gpu/ and .ortgpu/ in .git/info/exclude). There:
 # carry each .ortgpu piece to /tmp/ortgpu, then in one call install the wheel into /tmp/site and
 # run `bash .gpu/cuda-run.sh` (carry .gpu). Runs the snapshot in .gpu/src (a tree being edited
