@@ -140,9 +140,10 @@ class ExportedAttention(torch.nn.Module):
         the mask see the right sequence length."""
         y = torch.from_numpy(self._run(hidden_states.detach().float().numpy()))
         self.length += hidden_states.shape[1]
-        if model_cache is not None:
+        layer = getattr(self.original, "layer_idx", None)
+        if model_cache is not None and layer is not None:
             place = hidden_states.new_zeros(1, 1, hidden_states.shape[1], 1)
-            model_cache.update(place, place, self.original.layer_idx)
+            model_cache.update(place, place, layer)
         return y.to(hidden_states.dtype), None
 
     def _run(self, x: np.ndarray) -> np.ndarray:
@@ -234,6 +235,7 @@ class Speed:
 
 
 REPEATS = 5
+
 
 def cached_greedy(model: Any, ids: torch.Tensor, steps: int) -> tuple[list[int], float]:
     """``steps`` greedy tokens after ids as an app generates them: the prefix once, then one
