@@ -88,6 +88,36 @@ def test_sessions_sleep_between_runs_by_default(tmp_path):
     assert spinning() == "0" and spinning(thread_pool="spin") == "1"
 
 
+SHARED_POOL = """
+import sys
+from mha_export import MHAConfig, export_onnx
+from mha_export.artifact import read_artifact
+from mha_export.check.runners import RUNNERS, RunOptions
+from mha_export.errors import UsageError
+from mha_export.lossy.projections.rtn import QuantSpec
+art = export_onnx(MHAConfig(dim=32, heads=2), sys.argv[1], quantize=QuantSpec(bits=4),
+                  validate=False).path
+sig = read_artifact(art).signature
+RUNNERS["ort-cpu"].open(sig, art / "model.onnx", RunOptions(thread_pool="shared"))
+try:
+    RUNNERS["ort-cpu"].open(sig, art / "model.onnx", RunOptions(thread_pool="idle"))
+except UsageError as e:
+    print("refused:", e)
+"""
+
+
+def test_one_shared_pool_per_process_and_the_kernel_probes_join_it(tmp_path):
+    """'shared' makes the process's one ONNX Runtime pool: the quantized kernels' probe sessions
+    run on it (ONNX Runtime refuses own threads then), and a later session asking for its own
+    pool is refused in one line (a subprocess: the pool is the whole process's)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", SHARED_POOL, str(tmp_path / "a")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused:" in r.stdout and "one thread policy per process" in r.stdout, r.stdout
+
+
 def test_a_planted_fault_shows_up_as_its_layer(fp32_run, smollm2_gguf, smollm2_model):
     """The same exports reused, layer 5's artifact with one weight moved: the report names it."""
     folder, _ = fp32_run
@@ -163,4 +193,5 @@ def test_a_damaged_gguf_is_one_line_exit_2(smollm2_gguf, tmp_path, command, dama
                                       *extra])
     assert result.exit_code == 2, result.output
     assert "not a readable GGUF file" in result.output and "Traceback" not in result.output
-    assert len(result.output.strip().splitlines()) == 1 and not (tmp_path / "c.safetensors").exists()
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "c.safetensors").exists()

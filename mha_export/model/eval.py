@@ -122,7 +122,8 @@ class ExportedAttention(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
         if self.incremental:
-            return self._step(hidden_states, kwargs.get("past_key_values"))
+            return self._step(hidden_states, kwargs.get("past_key_values",
+                                                         kwargs.get("past_key_value")))
         total = hidden_states.shape[1]
         if not self.sig.has_cache:  # a full-sequence artifact: every call from position 0
             self.reset()
@@ -337,7 +338,10 @@ class Evaluator:
         self.thread_pool = thread_pool
         self.eager_logits = logits_of(loaded.model, ids)
 
-    def run(self, name: str, options: dict, layers: Sequence[int]) -> RunResult:
+    def run(self, name: str, options: dict, layers: Sequence[int],
+            time_generation: bool = True) -> RunResult:
+        """``time_generation`` False: only the prefill is timed (attribution and per-layer runs:
+        their speed is a side figure, and timing generation 6 x 2 times each adds minutes)."""
         stand_ins = {}
         for i, layer in enumerate(layers):
             self.progress(i, len(layers), f"{name}: exporting layer {layer}")
@@ -351,7 +355,7 @@ class Evaluator:
             for s in stand_ins.values():
                 s.comparing = False
             generated = greedy(model, self.ids, self.generate, lambda: _reset(stand_ins))
-        speed = self._speed(stand_ins)
+        speed = self._speed(stand_ins, self.generate if time_generation else 0)
         kl = kl_per_position(self.eager_logits, logits)
         agree = float((self.eager_logits.argmax(-1) == logits.argmax(-1)).float().mean())
         details = [LayerDetail(layer, str(self._folder(name, layer)), s.runner.device,
@@ -361,10 +365,10 @@ class Evaluator:
                          float(kl.mean()), float(kl.max()), kl.tolist(), speed.exported_prefill,
                          generated, details, speed)
 
-    def _speed(self, stand_ins: dict[int, ExportedAttention]) -> Speed:
+    def _speed(self, stand_ins: dict[int, ExportedAttention], steps: int) -> Speed:
         """Eager and exported timed alternately in one loop, so that both see the same machine
         (a 2-core host's speed drifts by tens of percent between minutes)."""
-        model, ids, steps = self.loaded.model, self.ids, self.generate
+        model, ids = self.loaded.model, self.ids
 
         def exported(call: Callable[[], Any]) -> Callable[[], Any]:
             def run() -> Any:
@@ -504,10 +508,11 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
                             eager_generated, transformers_perplexity=reference,
                             machine=machine_info())
         if attribute:
-            result.attribution = [ev.run(name, opts, chosen) for name, opts in runs]
+            result.attribution = [ev.run(name, opts, chosen, time_generation=False)
+                                  for name, opts in runs]
         if per_layer:
-            result.per_layer = [ev.run(f"layer {layer} alone", options, [layer])
-                                for layer in chosen]
+            result.per_layer = [ev.run(f"layer {layer} alone", options, [layer],
+                                       time_generation=False) for layer in chosen]
     result.budgets = {"max_kl": max_kl, "min_top1": min_top1,
                       "max_ppl_increase": max_ppl_increase}
     result.failures = _over_budget(result, max_kl, min_top1, max_ppl_increase)

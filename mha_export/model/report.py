@@ -2,6 +2,7 @@
 JSON form is ``Evaluation.to_dict``."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from .eval import Evaluation, RunResult
@@ -31,7 +32,7 @@ def format_evaluation(ev: Evaluation) -> str:
                      f"({ratios['prefill']:.2f}x)" + (
                          f"; generation eager {sp.eager_generation:.2f}, exported "
                          f"{sp.exported_generation:.2f} tokens/s ({ratios['generation']:.2f}x)"
-                         if sp.exported_generation == sp.exported_generation else ""))
+                         if math.isfinite(sp.exported_generation) else ""))
     gen = ev.generation()
     if gen["tokens"]:
         lines.append(f"greedy generation: {gen['matched']} of {gen['tokens']} tokens match "

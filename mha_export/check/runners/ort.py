@@ -19,7 +19,7 @@ from ...graph.nodes import all_nodes
 from ...lossy.projections.kernels import matmul_nbits_kinds, matmul_nbits_probe
 from ...signature import Signature
 from .base import Feeds, Runner, RunnerUnavailable
-from .ort_threads import DEFAULT as DEFAULT_THREAD_POOL, get_policy
+from .ort_threads import DEFAULT as DEFAULT_THREAD_POOL, follow_process_pool, get_policy
 
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -116,10 +116,8 @@ class OrtRunner(Runner):
     def prepare(self, feeds: Feeds):
         """The inputs in the model's dtypes, made once per case (the bench times run_prepared);
         a static cache: an IO binding whose present_* are bound to past_*'s own memory."""
-        # no copy where the caller's array already is the model's dtype and contiguous: a static
-        # cache is then written in the caller's own buffer
-        inputs = {n: np.ascontiguousarray(feeds[n].astype(self.dtypes[n], copy=False))
-                  for n in self.signature.input_names}
+        inputs = {n: np.ascontiguousarray(feeds[n].astype(self.dtypes[n]))
+                  for n in self.signature.input_names}  # copies: the caller's feeds stay as given
         return InPlaceCall(self.session, self.signature, inputs) if self.signature.static_cache \
             else inputs
 
@@ -258,7 +256,7 @@ def _probe(bits: int, block_size: int, level: int, zero_points: str
     """The probe matmul's output and the kernel's verbose log of one run."""
     import onnxruntime as ort
     model, a = matmul_nbits_probe(bits, block_size, level, zero_points)
-    opts = ort.SessionOptions()
+    opts = follow_process_pool(ort.SessionOptions())
     opts.log_severity_level = 0
     with native_stderr() as log:
         session = ort.InferenceSession(model.SerializeToString(), opts,

@@ -38,6 +38,10 @@ class ThreadPolicy:
 
 def _per_session(spin: bool) -> Callable[[Any, Optional[int]], None]:
     def apply(opts: Any, threads: Optional[int]) -> None:
+        if _global_pool:
+            raise UsageError("this process already runs its ONNX Runtime sessions on one shared "
+                             "pool (thread pool 'shared'); a session with its own pool cannot "
+                             "join it: use one thread policy per process")
         if threads:
             opts.intra_op_num_threads = threads
         opts.add_session_config_entry(SPINNING, "1" if spin else "0")
@@ -64,6 +68,14 @@ POLICIES = {p.name: p for p in (
                          "default)", _per_session(True)),
 )}
 DEFAULT = "idle"
+
+
+def follow_process_pool(opts: Any) -> Any:
+    """Options of a session the policies do not choose for (a kernel probe): on the shared
+    pool once the process has one (ONNX Runtime refuses own threads then)."""
+    if _global_pool:
+        opts.use_per_session_threads = False
+    return opts
 
 
 def get_policy(name: str) -> ThreadPolicy:

@@ -62,16 +62,19 @@ class QuantizedProjections(LossyStep):
             click.option("--symmetric/--asymmetric", default=default.symmetric,
                          show_default=True, help="Symmetric blocks, or a zero point per block."),
             click.option("--accuracy-level", type=click.Choice([str(a) for a in ACCURACY_LEVELS]),
-                         default=str(default.accuracy_level), show_default=True,
+                         default=None,
                          help="MatMulNBits' arithmetic: " + ", ".join(
                              f"{a} = {c}" for a, c in ACCURACY_LEVELS.items())
-                         + " (faster, looser)."),
+                         + f" (faster, looser) [default: {default.accuracy_level}; "
+                         f"{SourceQuantSpec().accuracy_level} for --quantize source]."),
         ]
 
     def from_cli(self, kw: dict) -> dict:
         """The options gathered into ``quantize=QuantSpec`` (given without --quantize: an
         error)."""
         fields = {name: kw.pop(name) for name in FIELDS if name in kw}
+        if fields.get("accuracy_level") is None:  # each quantizer's own default
+            fields.pop("accuracy_level", None)
         name = kw.pop("quantize", None)
         if name is None:
             if fields:
