@@ -80,3 +80,18 @@ def smollm2_inputs(smollm2_gguf, smollm2_model, tmp_path_factory):
     result = capture_text(smollm2_gguf, REAL_TEXT, range(SMOLLM2_LAYERS), REAL_TOKENS, 2,
                           loaded=smollm2_model)
     return write_capture(result, tmp_path_factory.mktemp("real") / "inputs.safetensors")
+
+
+# --- every layer of a checkpoint (fanout/): a few SmolLM2 layers, a short sweep ---------------
+FANOUT_LAYERS = "0-2"
+FANOUT_CHECK = {"seq_lens": [1, 7, 64], "batch_sizes": [1, 2]}
+
+
+@pytest.fixture(scope="session")
+def smollm2_layers(smollm2_gguf, tmp_path_factory):
+    """Layers 0-2 of SmolLM2 exported and checked by the local executor (2 at once)."""
+    from mha_export.fanout import export_layers
+    out = tmp_path_factory.mktemp("fanout") / "smollm2"
+    summary = export_layers("onnx", smollm2_gguf, FANOUT_LAYERS, out, jobs=2,
+                            check_options=FANOUT_CHECK)
+    return out, summary

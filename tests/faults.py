@@ -672,3 +672,14 @@ KV_FAULTS = {
     "no clipping (int8 wrap-around)": no_clipping,
     "per-channel scales applied per tensor": per_channel_as_per_tensor,
 }
+
+
+def exit_on_layer(layer: int, job):
+    """A fan-out's unit of work whose worker dies mid-layer (``os._exit``) on ``layer``, the
+    real one (``run_layer``) on the others: pass as ``work=functools.partial(exit_on_layer,
+    L)``."""
+    import os
+    from mha_export.fanout.work import run_layer
+    if job.layer == layer:
+        os._exit(3)
+    return run_layer(job)

@@ -110,7 +110,7 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
                  past_lens: Optional[Sequence[int]] = None, seed: int = 0,
                  require_cuda: bool = False, tf32: bool = True,
                  runners: Optional[Sequence[str]] = None,
-                 inputs: Optional[str | Path] = None,
+                 inputs: Optional[str | Path] = None, threads: Optional[int] = None,
                  progress: Callable[[int, int, str], None] = lambda i, n, s: None,
                  **budgets: Optional[float]) -> CheckReport:
     """Run the parity sweep on an artifact folder; see CheckReport.passed.
@@ -121,13 +121,15 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
     ``budgets``: of the lossy steps' costs (lossy/costs.py's BUDGETS: ``max_quant_error``,
     ``max_kv_error``, ``max_clip_rate``). ``inputs``: a file of captured layer inputs
     (``mha-export capture``): real cases for the artifact's call kind, with the lossy steps'
-    costs on them reported apart (real_inputs.py)."""
+    costs on them reported apart (real_inputs.py). ``threads``: every runner's intra-op threads
+    (the runtimes' defaults when None)."""
     lossy.require_known(budgets)
     artifact = read_artifact(artifact_dir)
     real = read_real_inputs(inputs, artifact) if inputs is not None else None
     costs = lossy.costs_of(artifact, budgets)
     plan = plan_check(artifact, real, CheckOptions(
-        providers, atol, rtol, seq_lens, batch_sizes, past_lens, require_cuda, tf32, runners))
+        providers, atol, rtol, seq_lens, batch_sizes, past_lens, require_cuda, tf32, runners,
+        threads))
     sig = artifact.signature
     report = CheckReport(str(artifact_dir), seed, list(batch_sizes), plan.sweep.seq_lens,
                          plan.sweep.past_lens if sig.has_cache else [], sig.input_names,

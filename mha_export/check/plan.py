@@ -14,18 +14,20 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from ..artifact import Artifact
+from ..config import MHAConfig
 from ..errors import UsageError, raise_if_interrupted
 from ..kinds.registry import FORMS
 from ..lossy import costs as lossy
 from ..rope_types import switch_length
+from ..signature import Signature
 from . import scenarios
 from .comparator import FP32, Tolerance
 from .real_inputs import RealInputs
 from .runners import (RUNNERS, Runner, RunnerKind, RunnerUnavailable, RunOptions, get_runner,
                       ort_runner_names)
 from .runners.pytorch import EagerRunner
-from .sweep import (Case, default_past_lens, default_seq_lens, make_cases, require_fits,
-                    window_cases)
+from .sweep import (Case, case_bytes, default_past_lens, default_seq_lens, make_cases,
+                    require_fits, window_cases)
 
 BASELINE = "eager-fp32"
 
@@ -43,6 +45,7 @@ class CheckOptions:
     require_cuda: bool = False
     tf32: bool = True
     runners: Optional[Sequence[str]] = None
+    threads: Optional[int] = None  # intra-op threads of every runner (None: each runtime's)
 
 
 @dataclass
@@ -86,10 +89,11 @@ def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) 
     kinds = selected_kinds(artifact, o.runners, o.providers)
     if o.require_cuda:
         kinds += _cuda_kinds(artifact, kinds)
-    sig = artifact.signature
-    sweep = _sweep_plan(artifact, o.seq_lens, o.past_lens)
-    cases = _single_cases(artifact, sweep, o.batch_sizes)
-    options = RunOptions(tf32=o.tf32)
+    sig, config = artifact.signature, artifact.config
+    sweep = sweep_plan(config, artifact.export.get("attention"), o.seq_lens, o.past_lens)
+    cases = _single_cases(config, sig, sweep, o.batch_sizes)
+    require_fits(config, cases, sweep.scores_at, sig.has_mask)
+    options = RunOptions(tf32=o.tf32, threads=o.threads)
     opened, infos = _open_runners(artifact, kinds, options, o.require_cuda)
     multi_call = (scenarios.static_scenario_cases(sweep.static_chunks) if sig.static_cache
                   else scenarios.scenario_cases(sweep.switch) if sig.has_cache else [])
@@ -185,9 +189,9 @@ class SweepPlan:
     static_chunks: bool  # a static cache: the form runs several tokens over a cache at B > 1
 
 
-def _sweep_plan(artifact: Artifact, seq_lens, past_lens) -> SweepPlan:
-    """The sweep for the artifact's form (TorchScript and unknown forms: scores at every T)."""
-    config, form_name = artifact.config, artifact.export.get("attention")
+def sweep_plan(config: MHAConfig, form_name: Optional[str], seq_lens: Optional[Sequence[int]],
+               past_lens: Optional[Sequence[int]]) -> SweepPlan:
+    """The sweep for a graph form (TorchScript and unknown forms: scores at every T)."""
     form = FORMS.get(form_name) if form_name else None
     switch = form.switch_seq_lens if form else ()
     return SweepPlan(
@@ -197,16 +201,22 @@ def _sweep_plan(artifact: Artifact, seq_lens, past_lens) -> SweepPlan:
         form.static_chunks if form else True)
 
 
-def _single_cases(artifact: Artifact, plan: "SweepPlan", batch_sizes: Sequence[int]
-                  ) -> list[Case]:
-    """The sweep's single calls (and a window-crossing call), sized to fit in memory."""
-    config, sig = artifact.config, artifact.signature
+def _single_cases(config: MHAConfig, sig: Signature, plan: SweepPlan,
+                  batch_sizes: Sequence[int]) -> list[Case]:
+    """The sweep's single calls (and a window-crossing call)."""
     cases = make_cases(sig, batch_sizes, plan.seq_lens, plan.past_lens,
                        switch_length(config.rope_scaling) if config.rotary != "none" else 0,
                        plan.static_chunks)
-    cases += window_cases(config, sig, plan.seq_lens, plan.scores_at)
-    require_fits(config, cases, plan.scores_at, sig.has_mask)
-    return cases
+    return cases + window_cases(config, sig, plan.seq_lens, plan.scores_at)
+
+
+def largest_case_bytes(config: MHAConfig, sig: Signature, form_name: Optional[str],
+                       o: CheckOptions = CheckOptions()) -> int:
+    """What the sweep's largest single call needs (sweep.case_bytes), before anything is
+    exported: how much memory a check of such a layer asks for."""
+    plan = sweep_plan(config, form_name, o.seq_lens, o.past_lens)
+    return max(case_bytes(config, case, plan.scores_at, sig.has_mask)
+               for case in _single_cases(config, sig, plan, o.batch_sizes))
 
 
 def _tolerances(opened: list[Runner], artifact: Artifact, options: RunOptions,

@@ -20,7 +20,7 @@ import click
 
 from ..check.parity import check_parity
 from ..errors import Interrupted, UsageError, interrupt, raise_if_interrupted
-from ..export.pipeline import ATTENTION_FORMS, export_aoti, export_onnx, export_torchscript
+from ..export.pipeline import ATTENTION_FORMS, EXPORTERS
 from ..graph.forms import DEFAULT, MAX_OPSET
 from ..kinds.registry import opset_summary
 from ..graph.model import DTYPES
@@ -31,8 +31,9 @@ from ..lossy.projections.step import kept_blocks
 from ..check.runners import RUNNERS
 from ..presets import PRESETS, preset_options
 from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, POLICIES as THREAD_POLICIES
-from .options import (budget_options, config_options, explicit, export_options, int_list,
-                      model_options, provider_list, runner_list)
+from .options import (budget_options, config_options, explicit, export_options,
+                      fanout_options, fanout_settings, int_list, model_options, provider_list,
+                      runner_list)
 
 
 class BadInput(click.ClickException):
@@ -67,6 +68,56 @@ def _report_export(result) -> None:
         click.echo(format_report(result.report))
         if not result.passed:
             raise SystemExit(1)
+
+
+def _export(target: str, kw: dict) -> None:
+    """One artifact, or with --layers every chosen layer of the checkpoint (fanout/)."""
+    layers, resume = kw.pop("layers"), kw.pop("resume")
+    if layers is None:
+        if resume:
+            raise UsageError("--resume needs --layers")
+        fanout_settings(kw, "--layers")
+        _report_export(EXPORTERS[target](**export_options(kw)))
+        return
+    settings, options = fanout_settings(kw, ""), export_options(kw)
+    weights, output = options.pop("weights", None), options.pop("output", None)
+    if weights is None or output is None:
+        raise UsageError("--layers needs --weights (a checkpoint folder or a .gguf file) and "
+                         "-o DIR")
+    if options.pop("layer", None) is not None:
+        raise UsageError("--layer and --layers: pass one")
+    from ..fanout import export_layers
+    summary = export_layers(target, weights, layers, output, resume=resume,
+                            force=options.pop("force", False),
+                            validate=options.pop("validate", True), progress=_layers_progress,
+                            **settings, **options)
+    _report_layers(summary, output)
+
+
+def _layers_progress(summary, running: int, record) -> None:
+    """Layers done / running / failed: a live line on a terminal, a line per layer in a log."""
+    counts = summary.counts()
+    failed = sum(n for status, n in counts.items() if status not in ("pass", "exported"))
+    done = len(summary.records)
+    if sys.stderr.isatty():
+        click.echo(f"\r\033[K[{done}/{summary.planned} layers] {running} running, "
+                   f"{failed} failed", err=True, nl=False)
+    elif record is not None:
+        click.echo(f"[{done}/{summary.planned}] layer {record.layer}: {record.status} "
+                   f"({record.seconds:.1f} s) {record.message}".rstrip(), err=True)
+
+
+def _report_layers(summary, folder: str, json_path: Optional[str] = None) -> None:
+    from ..artifact import write_json_atomic
+    from ..fanout import format_summary
+    if sys.stderr.isatty():
+        click.echo("\r\033[K", err=True, nl=False)
+    if json_path:
+        write_json_atomic(json_path, summary.to_dict())
+    click.echo(format_summary(summary))
+    click.echo(f"wrote {folder}/layers.json")
+    if not summary.passed:
+        raise SystemExit(1)
 
 
 def _progress(i: int, n: int, label: str) -> None:
@@ -126,8 +177,9 @@ def onnx(**kw) -> None:
       mha-export onnx --heads 12 --dim 768 --weights gpt2.safetensors --layer 3 -o out/gpt2-l3
       mha-export onnx --heads 8 --dim 512 --head-dim 80 --qkv-bias --opset 20 --no-check
       mha-export onnx --heads 12 --dim 768 --static-cache --quantize int4 --accuracy-level 4
+      mha-export onnx --weights SmolLM2.gguf --layers all -o out/smollm2 --executor ray
     """
-    _report_export(export_onnx(**export_options(kw)))
+    _export("onnx", kw)
 
 
 @cli.command()
@@ -145,7 +197,7 @@ def torchscript(**kw) -> None:
     """
     click.echo("note: torch 2.13 deprecates torch.jit (TorchScript); `mha-export aoti` writes "
                "its successor (torch.export + AOTInductor)", err=True)
-    _report_export(export_torchscript(**export_options(kw)))
+    _export("torchscript", kw)
 
 
 @cli.command()
@@ -164,7 +216,7 @@ def aoti(**kw) -> None:
       mha-export aoti --heads 12 --dim 768 --kv-cache
       mha-export aoti --heads 12 --dim 768 --static-cache   # the app's buffers written in place
     """
-    _report_export(export_aoti(**export_options(kw)))
+    _export("aoti", kw)
 
 
 @cli.command()
@@ -195,6 +247,7 @@ def aoti(**kw) -> None:
               help="Real layer inputs (a file from `mha-export capture`): the artifact's "
                    "layer's captured input added as real cases (labelled so), with the lossy "
                    "steps' costs on them reported apart.")
+@fanout_options
 @_guard
 def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
     """Check an artifact folder against eager PyTorch rebuilt from its config and source weights.
@@ -208,7 +261,15 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
       mha-export check models/split-h12-d768-int4-onnx --max-quant-error 0.05
       mha-export check models/split-h12-d768-static-kv8-onnx --max-clip-rate 0.001
       mha-export check models/smollm2-l5 --inputs models/smollm2-inputs.safetensors
+      mha-export check out/smollm2 --executor ray   # every layer-N/ in it: layers.json
     """
+    from ..fanout import check_layers, is_layers_folder
+    if is_layers_folder(artifact):  # a folder of layer folders (onnx --layers ... -o DIR)
+        settings = fanout_settings(kw, "")
+        summary = check_layers(artifact, progress=_layers_progress, **settings, **kw)
+        _report_layers(summary, artifact, json_path)
+        return
+    fanout_settings(kw, "a folder of layer folders (onnx --layers ... -o DIR)")
     from ..check.report import format_report
     report = check_parity(artifact, progress=_progress, **kw)
     if json_path:

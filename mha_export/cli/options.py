@@ -11,6 +11,7 @@ from ..check.runners import RUNNERS, ort_runner_names
 from ..config import (LAYOUTS, QK_NORMS, ROPE_LAYOUTS, ROTARY, SCALINGS, SECTIONS,
                       MHAConfig)
 from ..errors import UsageError
+from ..fanout.executors import EXECUTORS
 from ..lossy.costs import BUDGETS
 from ..weights.families import FAMILIES
 from ..lossy import registry as lossy
@@ -180,6 +181,54 @@ def sections(kw: dict) -> dict:
     return kw
 
 
+# every layer of a checkpoint (fanout/): the executor's options, on the export commands and check
+LAYERS_OPTIONS = [
+    click.option("--layers", "layers", default=None,
+                 help="Every layer of the checkpoint (all), a range (0-7) or several (0,5,29): "
+                      "-o DIR gets DIR/layer-{L}/ each and DIR/layers.json (docs: layers.md)."),
+    click.option("--resume", is_flag=True,
+                 help="With --layers: keep the layers DIR already holds passing, made from "
+                      "the same options and weights; do the rest."),
+]
+FANOUT_OPTIONS = [
+    click.option("--executor", type=click.Choice(list(EXECUTORS)), default=None,
+                 help="What runs the layers: local = a process per layer on this machine; ray "
+                      "= a Ray task per layer (pip install 'mha-export[ray]') [default: local]."),
+    click.option("--jobs", type=click.IntRange(min=1), default=None,
+                 help="local: layers at once [default: as many as the cores and the memory "
+                      "allow, from each layer's estimated memory]."),
+    click.option("--threads", type=click.IntRange(min=1), default=None,
+                 help="Intra-op threads per layer, pinned for torch and every runtime, so "
+                      "verdicts do not depend on the executor [default: 1]."),
+    click.option("--ray-address", default=None,
+                 help="ray: the cluster, host:port (its GCS), ray://host:port or auto "
+                      "[default: a local Ray started for the run]; DIR must be a filesystem "
+                      "every node sees."),
+    click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+                 help="Seconds per layer; a layer over it is its 'timeout' row."),
+    click.option("--memory-per-layer", type=click.FloatRange(min=0, min_open=True),
+                 default=None, help="GiB one layer needs [default: estimated from its shape "
+                                    "and the check's sweep]."),
+]
+FANOUT_KEYS = ("executor", "jobs", "threads", "ray_address", "timeout", "memory_per_layer")
+
+
+def fanout_settings(kw: dict, where: str) -> dict:
+    """The executor's options popped from ``kw``: export_layers' / check_layers' keywords.
+    ``where``: what they need, named when they are given without it (None: they may be)."""
+    given = {k: kw.pop(k) for k in FANOUT_KEYS}
+    if where and any(v is not None for v in given.values()):
+        flag = next(k for k, v in given.items() if v is not None).replace("_", "-")
+        raise UsageError(f"--{flag} needs {where}")
+    memory = given.pop("memory_per_layer")
+    return {**{k: v for k, v in given.items() if v is not None},
+            **({"memory": int(memory * 2**30)} if memory is not None else {})}
+
+
+def fanout_options(fn: Callable) -> Callable:
+    return _apply(FANOUT_OPTIONS, fn)
+
+
 def budget_options(fn: Callable) -> Callable:
     """check's --max-* options: each lossy step's budgets (lossy/costs.py)."""
     return _apply([click.option(f"--{name.replace('_', '-')}", type=float, default=None,
@@ -191,4 +240,5 @@ def config_options(fn: Callable) -> Callable:
 
 
 def model_options(fn: Callable) -> Callable:
-    return _apply(CONFIG_OPTIONS + ARTIFACT_OPTIONS + LOSSY_OPTIONS, fn)
+    return _apply(CONFIG_OPTIONS + ARTIFACT_OPTIONS + LOSSY_OPTIONS + LAYERS_OPTIONS
+                  + FANOUT_OPTIONS, fn)

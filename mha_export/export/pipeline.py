@@ -109,3 +109,7 @@ def export_aoti(config: Optional[MHAConfig] = None, output: str | Path | None = 
     """Write DIR/model.pt2: the torch.export'ed entry point compiled by AOTInductor (loads
     with torch._inductor.aoti_load_package and in C++); batch, seq and cache lengths dynamic."""
     return export_artifact("aoti", config, output, target_options=dict(device=device), **options)
+
+
+# the export function of each target, by name (the fan-out over a checkpoint's layers calls it)
+EXPORTERS = {"onnx": export_onnx, "torchscript": export_torchscript, "aoti": export_aoti}

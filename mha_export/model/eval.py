@@ -37,6 +37,7 @@ import torch
 from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, get_policy
 from ..errors import UsageError
 from ..lossy import registry as lossy
+from ..weights.source import select_layers, weights_version
 from .capture import read_text, token_block
 from .loading import LoadedModel, attention_name, attention_of, decoder_layers, load_model
 
@@ -412,9 +413,9 @@ class Evaluator:
         from ..export.pipeline import export_artifact
         from ..export.targets import TARGETS
         folder = self._folder(name, layer)
-        stamp = json.dumps({"weights": _file_version(self.weights), "layer": layer,
+        stamp = json.dumps({"weights": weights_version(self.weights), "layer": layer,
                             "file": self.kind.model_file,
-                            **{k: _file_version(f) for k, f in lossy.files(options).items()},
+                            **{k: weights_version(f) for k, f in lossy.files(options).items()},
                             "options": _jsonable(options)}, sort_keys=True, default=str)
         record = folder / "eval-options.json"
         if not (record.is_file() and record.read_text() == stamp
@@ -432,33 +433,8 @@ class Evaluator:
         return ExportedAttention(original, runner, len(self.ids) + self.generate + 1)
 
 
-def _file_version(path: Any) -> Any:
-    """A file's identity for reusing exports made from it: path, size and mtime."""
-    if path is None:
-        return None
-    found = Path(path).resolve()
-    if not found.is_file():
-        return str(found)
-    stat = found.stat()
-    return [str(found), stat.st_size, stat.st_mtime_ns]
-
-
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
-
-
-def parse_layers(spec: str, count: int) -> list[int]:
-    if spec == "all":
-        return list(range(count))
-    try:
-        layers = sorted({int(v) for v in spec.split(",") if v.strip()})
-    except ValueError:
-        raise UsageError(f"--layers: expected all or comma-separated integers, got {spec!r}"
-                         ) from None
-    bad = [v for v in layers if not 0 <= v < count]
-    if not layers or bad:
-        raise UsageError(f"--layers {spec}: the model has {count} layers (0-{count - 1})")
-    return layers
 
 
 def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
@@ -493,7 +469,7 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
     body = read_text(text)
     loaded = loaded or load_model(weights)
     ids = torch.from_numpy(token_block(loaded, body, tokens, 1)[0])
-    chosen = parse_layers(layers, len(decoder_layers(loaded.model)))
+    chosen = select_layers(layers, len(decoder_layers(loaded.model)))
     with contextlib.ExitStack() as stack:
         where = Path(folder) if folder is not None else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="mha-eval-")))

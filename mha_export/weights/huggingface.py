@@ -174,16 +174,27 @@ def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict
     path = Path(path)
     cfg_path = hf_config_path(path)
     family, cfg = _read_config(cfg_path)
-    count = cfg.get(family.layer_count)  # as written: a guessed count would pick a wrong layer
-    if not isinstance(count, int) or count <= 0:
-        where = f"{family.nested}.{family.layer_count}" if family.nested else family.layer_count
-        raise UsageError(f"{cfg_path}: no layer count ({where})")
+    count = _layer_count(cfg_path, family, cfg)
     require_layer(layer, count, f"{path} is a {family.model_type} checkpoint", "checkpoint")
     fields = layer_fields(cfg_path, family, cfg, layer)
     state = family.convert(fields, _read_tensors(path, family, layer))
     source = {"kind": "huggingface", "path": str(path), "model_type": family.model_type,
               "layer": layer, "max_position_embeddings": cfg.get(family.context)}
     return fields, state, source
+
+
+def layer_count(path: str | Path) -> int:
+    """How many decoder layers a checkpoint folder's config.json declares."""
+    cfg_path = hf_config_path(path)
+    return _layer_count(cfg_path, *_read_config(cfg_path))
+
+
+def _layer_count(cfg_path: Path, family: Family, cfg: dict) -> int:
+    count = cfg.get(family.layer_count)  # as written: a guessed count would pick a wrong layer
+    if not isinstance(count, int) or count <= 0:
+        where = f"{family.nested}.{family.layer_count}" if family.nested else family.layer_count
+        raise UsageError(f"{cfg_path}: no layer count ({where})")
+    return count
 
 
 def merge_fields(from_checkpoint: dict, given: dict[str, Any]) -> dict:

@@ -17,8 +17,8 @@ from ..errors import UsageError
 from ..kinds.registry import build_module, convert
 from ..layer.layouts import AttentionBase
 from .files import load_strict, module_from_block, read_block
-from .gguf import is_gguf, read_gguf_layer
-from .huggingface import hf_config_path, merge_fields, read_layer
+from .gguf import is_gguf, open_gguf, read_gguf_layer
+from .huggingface import hf_config_path, layer_count as hf_layer_count, merge_fields, read_layer
 
 
 @dataclass
@@ -69,3 +69,49 @@ def _checkpoint_layer(path: str | Path, layer: Optional[int], fields: dict,
     if config.layout != found["layout"]:
         module = convert(module, config.layout)
     return Source(config, module, description)
+
+
+def checkpoint_layers(weights: str | Path) -> int:
+    """How many layers a whole checkpoint has (a Hugging Face folder or a .gguf file)."""
+    if is_gguf(weights):
+        return int(open_gguf(weights).require("block_count"))
+    if hf_config_path(weights):
+        return hf_layer_count(weights)
+    raise UsageError(f"{weights}: every layer of a checkpoint needs a Hugging Face checkpoint "
+                     "folder or a .gguf file")
+
+
+def weights_version(weights: str | Path | None) -> Any:
+    """A checkpoint's identity for reusing what was made from it (as make does): each file's
+    path, size and mtime (a folder: its config.json and weight files). Hashing a 140 GB
+    checkpoint would cost minutes."""
+    if weights is None:
+        return None
+    path = Path(weights).resolve()
+    if path.is_dir():
+        return [weights_version(f) for f in sorted(path.iterdir())
+                if f.suffix in (".json", ".safetensors", ".bin", ".gguf")]
+    if not path.is_file():
+        return str(path)
+    stat = path.stat()
+    return [str(path), stat.st_size, stat.st_mtime_ns]
+
+
+def select_layers(spec: str, count: int, flag: str = "--layers") -> list[int]:
+    """``all``, ranges and indices (``0-3,7``) of a checkpoint's ``count`` layers, sorted."""
+    chosen: set[int] = set()
+    try:
+        for part in (p.strip() for p in spec.split(",")):
+            if spec.strip() == "all":
+                return list(range(count))
+            low, sep, high = part.partition("-")
+            first, last = int(low), int(high) if sep else int(low)
+            if first > last:
+                raise ValueError(part)
+            chosen.update(range(first, last + 1))
+    except ValueError:
+        raise UsageError(f"{flag}: expected all, A-B or comma-separated indices (0-3,7), "
+                         f"got {spec!r}") from None
+    if not chosen or min(chosen) < 0 or max(chosen) >= count:
+        raise UsageError(f"{flag} {spec}: the model has {count} layers (0-{count - 1})")
+    return sorted(chosen)

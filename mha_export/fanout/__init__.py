@@ -1,0 +1,82 @@
+"""Every layer of a checkpoint, exported and checked — one unit of work per layer, on this
+machine or fanned out on a Ray cluster — with a verdict per layer in DIR/layers.json.
+
+    checkpoint, --layers -> jobs (plan.py) -> an executor (executors/: local processes | Ray
+    tasks) runs run_layer (work.py) per job -> LayerRecords -> DIR/layers.json (records.py)
+
+    DIR/layer-{L}/   each layer's artifact folder, as `--layer L -o DIR/layer-{L}` writes it
+    DIR/layers.json  {"layers": [{"layer": L, "status": ..., "folder": ...}, ...], "passed": ...}
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from ..errors import UsageError
+from .executors import DEFAULT as DEFAULT_EXECUTOR, EXECUTORS, Work, make_executor
+from .plan import CHECK, EXPORT, check_jobs, export_jobs, is_layers_folder, jsonable
+from .records import STATUSES, SUMMARY_FILE, LayerRecord, Summary, format_summary, read_summary
+from .run import Progress, run_jobs
+from .work import run_layer
+
+__all__ = ["export_layers", "check_layers", "is_layers_folder", "EXECUTORS", "STATUSES",
+           "Summary", "LayerRecord", "format_summary", "read_summary", "SUMMARY_FILE"]
+
+
+def export_layers(target: str, weights: str | Path, layers: str, output: str | Path, *,
+                  executor: str = DEFAULT_EXECUTOR, jobs: Optional[int] = None,
+                  ray_address: Optional[str] = None, threads: int = 1,
+                  timeout: Optional[float] = None, memory: Optional[int] = None,
+                  resume: bool = False, force: bool = False, validate: bool = True,
+                  check_options: Optional[dict] = None,
+                  progress: Progress = lambda s, running, r: None, work: Work = run_layer,
+                  **options) -> Summary:
+    """Export (and check) ``layers`` (``all``, ``A-B``, ``L,L,...``) of a checkpoint into
+    ``output``/layer-{L}/, each as ``export_<target>(weights=..., layer=L)`` would, run by the
+    named executor. ``threads``: intra-op threads per layer (pinned: verdicts do not depend on
+    the executor); ``memory``: bytes a layer needs (default: estimated, plan.py);
+    ``timeout``: seconds per layer; ``resume``: keep the layers an earlier run left passing
+    with the same options and weights; ``work``: the unit of work (``run_layer``; a caller's
+    own wraps it, picklable by reference)."""
+    root = Path(output)
+    _require_free(root, force, resume)
+    chosen = make_executor(executor, jobs, ray_address)  # bad names refused before any work
+    checking = dict(check_options or {}) if validate else None
+    plan = export_jobs(target, str(weights), layers, root, options, checking, threads, timeout,
+                       memory)
+    summary = Summary(EXPORT, target, str(weights), jsonable(options), checking or {}, {})
+    return run_jobs(plan, chosen, summary, root, resume, progress, work)
+
+
+def check_layers(folder: str | Path, *, executor: str = DEFAULT_EXECUTOR,
+                 jobs: Optional[int] = None, ray_address: Optional[str] = None,
+                 threads: int = 1, timeout: Optional[float] = None,
+                 memory: Optional[int] = None, progress: Progress = lambda s, running, r: None,
+                 work: Work = run_layer, **check_options) -> Summary:
+    """Check every layer folder of ``folder`` (a run of ``export_layers``), each as
+    ``check_parity`` would, and rewrite its layers.json with the new statuses (each row keeps
+    the fingerprint of its export: a layer that fails here is exported again by --resume)."""
+    chosen = make_executor(executor, jobs, ray_address)
+    earlier = read_summary(folder)
+    made = {r.layer: r.fingerprint for r in earlier.records} if earlier else {}
+    plan = check_jobs(folder, check_options, threads, timeout, memory, made)
+    summary = Summary(CHECK, earlier.target if earlier else plan[0].target,
+                      earlier.weights if earlier else None,
+                      earlier.options if earlier else {}, _plain(check_options), {})
+    return run_jobs(plan, chosen, summary, folder, False, progress, work)
+
+
+def _plain(options: dict) -> dict:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.items()}
+
+
+def _require_free(root: Path, force: bool, resume: bool) -> None:
+    """An existing folder is replaced only when asked (--force), or gone on from (--resume)."""
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"{root} exists and is not a folder")
+    if force and resume:
+        raise UsageError("--force replaces every layer, --resume keeps the passing ones: "
+                         "pass one")
+    if root.is_dir() and any(root.iterdir()) and not (force or resume):
+        raise UsageError(f"{root} already holds files: pass --force to replace its layers "
+                         "or --resume to keep the passing ones")

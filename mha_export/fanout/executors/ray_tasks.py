@@ -1,0 +1,148 @@
+"""The Ray executor: one Ray task per layer (``run_layer``), on the cluster at ``address`` or on
+a local Ray started for the run and stopped after it. Ray's defaults work against a verdict per
+layer and are set here (measured with ray 2.60):
+
+- no retries: a task is retried 3 times by default, one the memory monitor killed forever;
+  ``max_retries=0`` makes a dead worker the layer's ``crashed`` row (``WorkerCrashedError``) and
+  a killed one its ``oom`` row (``OutOfMemoryError``) at once;
+- a fresh worker per layer (``max_calls=1``): its peak memory is its own, a leak stays with it;
+- ``num_cpus`` = the layer's threads and ``memory`` = its estimate, so Ray places no more
+  layers on a node than it holds; a task asking more than any node has would wait forever
+  (``ray.get`` never raises), so such a layer is ``infeasible`` from ``ray.nodes()`` first;
+- an unreachable address: ``ray.init`` keeps retrying for minutes (~40 s an attempt), so the
+  address is probed with a bounded TCP connect first (bad input, in seconds).
+
+Artifacts are written by the workers into the run's folder: on a cluster it must be a filesystem
+every node sees (NFS, a mounted bucket); only the small records come back.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from ...errors import UsageError, raise_if_interrupted
+from ..plan import LAYER_FOLDER, LayerJob, cpu_count
+from ..records import CRASHED, ERROR, OOM, LayerRecord
+from . import Capacity, Done, Started, Work
+
+PROBE_SECONDS = 5.0
+CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")  # where `ray start --head` writes it
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--executor ray needs ray: pip install 'mha-export[ray]'") from None
+    return ray
+
+
+def resolve_address(address: str) -> str:
+    """``auto``: the cluster this machine runs (RAY_ADDRESS, else the one `ray start` wrote)."""
+    if address != "auto":
+        return address
+    found = os.environ.get("RAY_ADDRESS") or (
+        CURRENT_CLUSTER.read_text().strip() if CURRENT_CLUSTER.is_file() else "")
+    if not found:
+        raise UsageError("--ray-address auto: no Ray cluster runs on this machine (no "
+                         "RAY_ADDRESS, no `ray start --head`)")
+    return found
+
+
+def probe(address: str, seconds: float = PROBE_SECONDS) -> None:
+    """A bounded TCP connect to host:port (or ray://host:port): bad input when nothing answers."""
+    hostport = address.split("://", 1)[-1]
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UsageError(f"--ray-address {address!r}: expected host:port, ray://host:port "
+                         "or auto")
+    try:
+        socket.create_connection((host, int(port)), timeout=seconds).close()
+    except OSError as e:
+        raise UsageError(f"--ray-address {address}: nothing answers there "
+                         f"({e.strerror or e}; tried for {seconds:g} s)") from None
+
+
+class RayExecutor:
+    name = "ray"
+
+    def __init__(self, address: Optional[str] = None):
+        self.address = address
+        self._owned = False
+        self._where = ""
+
+    def __enter__(self) -> "RayExecutor":
+        ray = _ray()
+        quiet = dict(include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.ERROR)
+        if ray.is_initialized():  # the caller's session (the Python API, the tests' cluster)
+            self._where = "the Ray session of this process"
+        elif self.address is not None:
+            address = resolve_address(self.address)
+            probe(address)
+            ray.init(address=address, **quiet)
+            self._owned, self._where = True, f"Ray cluster at {address}"
+        else:
+            ray.init(num_cpus=cpu_count(), **quiet)
+            self._owned, self._where = True, "a local Ray started for this run"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._owned:
+            _ray().shutdown()
+
+    def capacity(self, jobs: Sequence[LayerJob]) -> Capacity:
+        nodes = [n["Resources"] for n in _ray().nodes() if n.get("Alive")]
+        cpus = int(max((n.get("CPU", 0) for n in nodes), default=0))
+        memory = int(max((n.get("memory", 0) for n in nodes), default=0))
+        threads = max((j.threads for j in jobs), default=1)
+        workers = sum(int(n.get("CPU", 0)) // threads for n in nodes)
+        return Capacity(cpus, memory, max(workers, 1), f"{self._where} ({len(nodes)} nodes)")
+
+    def run(self, jobs: Sequence[LayerJob], work: Work, started: Started, done: Done) -> None:
+        ray = _ray()
+        task = ray.remote(max_retries=0, retry_exceptions=False, max_calls=1)(work)
+        pending = {task.options(num_cpus=job.threads, memory=job.memory,
+                                name=f"mha-export layer {job.layer}").remote(job): job
+                   for job in jobs}
+        for job in jobs:  # submitted: Ray starts each as the cluster frees room
+            started(job)
+        try:
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+                raise_if_interrupted()
+                for ref in ready:
+                    done(self._record(ref, pending.pop(ref)))
+        finally:
+            for ref in pending:  # interrupted: nothing keeps running on the cluster
+                ray.cancel(ref, force=True)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "where": self._where}
+
+    @staticmethod
+    def _record(ref: Any, job: LayerJob) -> LayerRecord:
+        """The task's record, or the row Ray's error makes of it (the tool decides; Ray
+        retries nothing)."""
+        ray = _ray()
+        errors = ray.exceptions
+        try:
+            return ray.get(ref)
+        except errors.OutOfMemoryError as e:
+            status, why = OOM, "killed by Ray's memory monitor: " + _last_line(e)
+        except (errors.WorkerCrashedError, errors.NodeDiedError, errors.LocalRayletDiedError,
+                errors.ObjectLostError) as e:
+            status, why = CRASHED, f"the worker died ({type(e).__name__})"
+        except errors.RayError as e:
+            status, why = ERROR, f"{type(e).__name__}: {_last_line(e)}"
+        return LayerRecord(job.layer, status, LAYER_FOLDER.format(layer=job.layer), why,
+                           estimate_mib=round(job.memory / 2**20, 1),
+                           fingerprint=job.fingerprint)
+
+
+def _last_line(e: BaseException) -> str:
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else type(e).__name__)[:300]

@@ -1,0 +1,159 @@
+"""The units of work of a run over a checkpoint's layers, decided before any starts: which
+layers, each layer's folder, the memory each is expected to need, and its fingerprint (what
+``--resume`` compares).
+
+    checkpoint + --layers (export) | DIR's layer folders (check) -> [LayerJob] (work.py runs one)
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from ..artifact import CONFIG_FILE, read_artifact
+from ..check.plan import CheckOptions, largest_case_bytes
+from ..config import MHAConfig
+from ..errors import UsageError, require_positive
+from ..graph.forms import DEFAULT
+from ..lossy import registry as lossy
+from ..signature import make_signature, signature_kind
+from ..weights.source import checkpoint_layers, load_source, select_layers, weights_version
+
+EXPORT, CHECK = "export", "check"
+LAYER_FOLDER = "layer-{layer}"
+# A worker's memory, estimated (measured on SmolLM2-135M's layers, AMD Zen 3, 2026-11-25: a
+# worker with torch, ONNX Runtime and the GGUF reader loaded 421 MiB, its peak 754 MiB, the
+# sweep's largest case 191 MiB): the runtimes, the module's copies (eager fp32, the fp64
+# reference, the file, the runtime's session) and the sweep's largest case with room.
+BASE_BYTES = 512 * 2**20
+WEIGHT_COPIES = 12
+CASE_FACTOR = 1.5
+
+
+@dataclass(frozen=True)
+class LayerJob:
+    """Everything one worker needs for one layer (picklable; no open files)."""
+
+    action: str  # EXPORT | CHECK
+    layer: int
+    folder: str  # absolute: the workers write there (a filesystem they all see)
+    target: str  # the export target: onnx, torchscript, aoti
+    weights: Optional[str]
+    options: dict  # export_artifact's keywords (EXPORT)
+    check_options: Optional[dict]  # check_parity's keywords; None: export without a check
+    threads: int  # intra-op threads of torch and every runtime in the worker
+    memory: int  # bytes the worker is expected to need (Ray reserves them)
+    fingerprint: str
+    timeout: Optional[float] = None  # seconds, from the layer's start
+
+
+def jsonable(options: dict) -> dict:
+    """Export options as JSON (a lossy step's spec by its record); unset switches left out."""
+    return {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in options.items()
+            if not (v is None and k in lossy.switch_keys())}
+
+
+def fingerprint(*parts: Any) -> str:
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def estimate_bytes(weight_bytes: int, case_bytes: int) -> int:
+    return int(BASE_BYTES + WEIGHT_COPIES * weight_bytes + CASE_FACTOR * case_bytes)
+
+
+def export_jobs(target: str, weights: str, spec: str, output: str | Path, options: dict,
+                check_options: Optional[dict], threads: int, timeout: Optional[float],
+                memory: Optional[int]) -> list[LayerJob]:
+    """One job per chosen layer of the checkpoint: DIR/layer-{L}/. The memory estimate is the
+    first chosen layer's (a checkpoint's attention layers share one shape) unless given."""
+    _require_settings(threads, timeout, memory)
+    layers = select_layers(spec, checkpoint_layers(weights))
+    root = Path(output).resolve()
+    if memory is None:
+        memory = _export_estimate(weights, layers[0], options, check_options)
+    stamp = fingerprint(EXPORT, target, weights_version(weights), jsonable(options),
+                        check_options)
+    return [LayerJob(EXPORT, layer, str(root / LAYER_FOLDER.format(layer=layer)), target,
+                     str(weights), options, check_options, threads, memory,
+                     fingerprint(stamp, layer), timeout) for layer in layers]
+
+
+def _export_estimate(weights: str, layer: int, options: dict,
+                     check_options: Optional[dict]) -> int:
+    config_keys = {f.name for f in dataclasses.fields(MHAConfig)}
+    source = load_source(None, weights, layer, 0,
+                         {k: v for k, v in options.items() if k in config_keys})
+    sig = make_signature(source.config, signature_kind(
+        bool(options.get("kv_cache")), bool(options.get("attention_mask")),
+        bool(options.get("static_cache"))))
+    case = 0 if check_options is None else largest_case_bytes(
+        source.config, sig, options.get("attention") or DEFAULT, _check_opts(check_options))
+    return estimate_bytes(4 * sum(p.numel() for p in source.module.parameters()), case)
+
+
+def _check_opts(check_options: dict) -> CheckOptions:
+    keys = ("seq_lens", "batch_sizes", "past_lens")
+    return CheckOptions(**{k: check_options[k] for k in keys if check_options.get(k)})
+
+
+def layer_folders(folder: str | Path) -> dict[int, Path]:
+    """DIR's layer folders (layer-{L} holding config.json), by layer."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise UsageError(f"{folder}: no such folder")
+    found = {}
+    for sub in root.iterdir():
+        prefix, _, index = sub.name.partition("-")
+        if prefix == "layer" and index.isdigit() and (sub / CONFIG_FILE).is_file():
+            found[int(index)] = sub
+    return dict(sorted(found.items()))
+
+
+def is_layers_folder(folder: str | Path) -> bool:
+    """A folder of layer folders (a run over a checkpoint), not one artifact."""
+    root = Path(folder)
+    return root.is_dir() and not (root / CONFIG_FILE).is_file() and bool(
+        (root / "layers.json").is_file() or layer_folders(root))
+
+
+def check_jobs(folder: str | Path, check_options: dict, threads: int,
+               timeout: Optional[float], memory: Optional[int],
+               made: Optional[dict[int, str]] = None) -> list[LayerJob]:
+    """One job per layer folder of DIR, each checked as `check DIR/layer-{L}` would be;
+    ``made``: each layer's export fingerprint (kept in its row, for --resume)."""
+    _require_settings(threads, timeout, memory)
+    found = layer_folders(folder)
+    if not found:
+        raise UsageError(f"{folder}: no layer folders (layer-N/ with config.json) in it")
+    jobs = []
+    for layer, path in found.items():
+        art = read_artifact(path)
+        need = memory if memory is not None else estimate_bytes(
+            4 * sum(p.numel() for p in art.load_source_module().parameters()),
+            largest_case_bytes(art.config, art.signature, art.export.get("attention"),
+                               _check_opts(check_options)))
+        jobs.append(LayerJob(CHECK, layer, str(path.resolve()), art.meta.get("format", ""),
+                             None, {}, check_options, threads, need,
+                             (made or {}).get(layer, ""), timeout))
+    return jobs
+
+
+def _require_settings(threads: int, timeout: Optional[float], memory: Optional[int]) -> None:
+    require_positive("--threads", threads)
+    if timeout is not None and not timeout > 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {timeout}")
+    if memory is not None and not memory > 0:
+        raise UsageError(f"--memory-per-layer must be > 0, got {memory}")
+
+
+def cpu_count() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1

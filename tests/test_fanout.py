@@ -1,0 +1,128 @@
+"""Every layer of a checkpoint (mha_export/fanout/), on the local executor: verdicts per layer,
+planted faults and dead workers as their own rows, resume, and bad input in one line."""
+import functools
+import json
+import shutil
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import FANOUT_CHECK
+from faults import exit_on_layer, permute_heads
+from mha_export.cli.commands import cli
+from mha_export.errors import UsageError
+from mha_export.fanout import check_layers, export_layers, read_summary
+from mha_export.weights.source import select_layers
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def rows(summary) -> dict:
+    return {r.layer: r for r in summary.records}
+
+
+@pytest.mark.parametrize("spec, layers", [("all", [0, 1, 2, 3]), ("1-2", [1, 2]),
+                                          ("3,0-1", [0, 1, 3]), ("2", [2])])
+def test_layer_selection(spec, layers):
+    assert select_layers(spec, 4) == layers
+
+
+@pytest.mark.parametrize("spec", ["4", "0-4", "2-1", "a", "", "1,,x", "-1"])
+def test_layer_selection_refuses_what_the_model_lacks(spec):
+    with pytest.raises(UsageError):
+        select_layers(spec, 4)
+
+
+def test_every_layer_has_its_folder_and_verdict(smollm2_layers):
+    out, summary = smollm2_layers
+    assert summary.passed and summary.complete and summary.planned == 3
+    written = json.loads((out / "layers.json").read_text())
+    assert written["passed"] is True
+    assert [r["layer"] for r in written["layers"]] == [0, 1, 2]
+    for r in written["layers"]:
+        assert r["status"] == "pass" and (out / r["folder"] / "model.onnx").is_file()
+        assert 0 < r["worst_rel"] < 6e-5  # the fp32 rule's scaled part
+        assert r["peak_mib"] > 100 and r["seconds"] > 0 and r["fingerprint"]
+    assert written["executor"] == {"name": "local", "jobs": 2, "threads": 1}
+
+
+def test_a_planted_fault_is_exactly_its_layer(smollm2_layers, smollm2_gguf, tmp_path):
+    """check DIR fails the layer whose file was altered, passes the others, exits 1; --resume
+    then exports that layer again and keeps the others."""
+    out = tmp_path / "run"
+    shutil.copytree(smollm2_layers[0], out)
+    permute_heads(out / "layer-1" / "model.onnx", 64)
+    result = run("check", out, "--seq-lens", "1,7", "--batch-sizes", "1", "--jobs", "2")
+    assert result.exit_code == 1, result.output
+    summary = read_summary(out)
+    assert {r.layer: r.status for r in summary.records} == {0: "pass", 1: "fail", 2: "pass"}
+    assert "ort-cpu y" in rows(summary)[1].message
+    again = export_layers("onnx", smollm2_gguf, "0-2", out, resume=True,
+                          check_options=FANOUT_CHECK)
+    assert again.passed
+    assert {r.layer: r.resumed for r in again.records} == {0: True, 1: False, 2: True}
+
+
+def test_a_worker_that_dies_is_its_layers_crashed_row(smollm2_gguf, tmp_path):
+    summary = export_layers("onnx", smollm2_gguf, "0-1", tmp_path / "run", jobs=2,
+                            check_options=FANOUT_CHECK,
+                            work=functools.partial(exit_on_layer, 1))
+    assert summary.complete and not summary.passed
+    assert rows(summary)[0].status == "pass"
+    assert rows(summary)[1].status == "crashed" and "exit code 3" in rows(summary)[1].message
+
+
+def test_a_layer_over_its_timeout(smollm2_gguf, tmp_path):
+    summary = export_layers("onnx", smollm2_gguf, "0", tmp_path / "run", timeout=0.5)
+    assert rows(summary)[0].status == "timeout"
+
+
+def test_a_layer_larger_than_every_worker_is_infeasible_at_once(smollm2_gguf, tmp_path):
+    start = time.perf_counter()
+    result = run("onnx", "--weights", smollm2_gguf, "--layers", "0-1", "-o", tmp_path / "run",
+                 "--memory-per-layer", "100000")
+    assert result.exit_code == 1
+    summary = read_summary(tmp_path / "run")
+    assert {r.status for r in summary.records} == {"infeasible"}
+    assert "needs 100000.0 GiB" in summary.records[0].message
+    assert time.perf_counter() - start < 30  # said before anything ran
+    assert not (tmp_path / "run" / "layer-0").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--layers", "0-30"], "the model has 30 layers"),
+    (["--layers", "x"], "expected all, A-B"),
+    (["--layers", "0", "--executor", "spark"], "Invalid value for '--executor'"),
+    (["--layers", "0", "--executor", "ray", "--ray-address", "127.0.0.1:1"],
+     "nothing answers there"),
+    (["--layers", "0", "--ray-address", "127.0.0.1:1"], "add --executor ray"),
+    (["--layers", "0", "--executor", "ray", "--jobs", "2"], "--jobs is the local executor's"),
+    (["--layers", "0", "--layer", "1"], "--layer and --layers"),
+    (["--executor", "local"], "--executor needs --layers"),
+    (["--resume"], "--resume needs --layers"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(smollm2_gguf, tmp_path, args, message):
+    start = time.perf_counter()
+    result = run("onnx", "--weights", smollm2_gguf, "-o", tmp_path / "run", *args)
+    assert result.exit_code == 2 and message in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()
+    assert time.perf_counter() - start < 20  # an unreachable cluster: seconds, not minutes
+
+
+def test_check_refuses_a_folder_without_layer_folders(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "layers.json").write_text('{"layers": []}')
+    result = run("check", tmp_path / "run")
+    assert result.exit_code == 2 and "no layer folders" in result.output
+
+
+def test_an_existing_folder_is_replaced_only_when_asked(smollm2_gguf, tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    result = run("onnx", "--weights", smollm2_gguf, "--layers", "0", "-o", tmp_path / "run")
+    assert result.exit_code == 2 and "--force" in result.output
