@@ -57,7 +57,7 @@ def check_layers(folder: str | Path, *, executor: str = DEFAULT_EXECUTOR,
     ``check_parity`` would, and rewrite its layers.json with the new statuses (each row keeps
     the fingerprint of its export: a layer that fails here is exported again by --resume)."""
     chosen = make_executor(executor, jobs, ray_address)
-    earlier = read_summary(folder)
+    earlier = read_summary(folder, strict=False)
     made = {r.layer: r.fingerprint for r in earlier.records} if earlier else {}
     plan = check_jobs(folder, check_options, threads, timeout, memory, made)
     summary = Summary(CHECK, earlier.target if earlier else plan[0].target,

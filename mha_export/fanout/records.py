@@ -91,16 +91,18 @@ class Summary:
                    records=[LayerRecord.from_dict(r) for r in d.get("layers", [])])
 
 
-def read_summary(folder: str | Path) -> Optional[Summary]:
-    """DIR/layers.json, or None where there is none; a damaged one is bad input."""
+def read_summary(folder: str | Path, strict: bool = True) -> Optional[Summary]:
+    """DIR/layers.json, or None where there is none; a damaged one is bad input (``strict``)
+    or none (a check that rewrites it)."""
     path = Path(folder) / SUMMARY_FILE
     if not path.is_file():
         return None
     try:
         return Summary.from_dict(json.loads(path.read_text()))
-    except (ValueError, TypeError, KeyError) as e:
-        raise UsageError(f"{path}: not a layers summary ({str(e).splitlines()[0][:120]})"
-                         ) from None
+    except (ValueError, TypeError, KeyError, AttributeError):
+        if strict:
+            raise UsageError(f"{path}: not a layers summary written by mha-export") from None
+        return None
 
 
 def _num(v: Optional[float], spec: str) -> str:

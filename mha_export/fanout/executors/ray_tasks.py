@@ -104,9 +104,9 @@ class RayExecutor:
 
     def run(self, jobs: Sequence[LayerJob], work: Work, started: Started, done: Done) -> None:
         ray = _ray()
-        task = ray.remote(max_retries=0, retry_exceptions=False, max_calls=1)(work)
+        task = ray.remote(max_retries=0, retry_exceptions=False, max_calls=1)(_call)
         pending = {task.options(num_cpus=job.threads, memory=job.memory,
-                                name=f"mha-export layer {job.layer}").remote(job): job
+                                name=f"mha-export layer {job.layer}").remote(work, job): job
                    for job in jobs}
         for job in jobs:  # submitted: Ray starts each as the cluster frees room
             started(job)
@@ -141,6 +141,12 @@ class RayExecutor:
         return LayerRecord(job.layer, status, LAYER_FOLDER.format(layer=job.layer), why,
                            estimate_mib=round(job.memory / 2**20, 1),
                            fingerprint=job.fingerprint)
+
+
+def _call(work: Work, job: LayerJob) -> LayerRecord:
+    """The task: ``work`` travels as its argument (a partial or a closure too, which
+    ``ray.remote`` itself refuses)."""
+    return work(job)
 
 
 def _last_line(e: BaseException) -> str:
