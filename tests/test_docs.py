@@ -235,9 +235,29 @@ def mla_step_table(path: str) -> str:
         f"\n\n<small>{m['cpu']}, {m['date']}, {data['threads']} threads; `{path}`</small>")
 
 
+def layers_table(*paths: str) -> str:
+    """Runs over every layer of a checkpoint (layers.json files): one row per run."""
+    lines = ["| executor | layers at once × threads | layers passed | wall time | per layer "
+             "(median) | peak memory per worker (max) | estimate per layer |",
+             "|---|---|---|---|---|---|---|"]
+    for path in paths:
+        data = json.loads((ROOT / path).read_text())
+        rows, ex = data["layers"], data["executor"]
+        seconds = sorted(r["seconds"] for r in rows)
+        at_once = ex.get("jobs", ex.get("at_once"))
+        lines.append(f"| {ex['name']} | {at_once} × {ex['threads']} | "
+                     f"{sum(r['status'] == 'pass' for r in rows)}/{data['planned']} | "
+                     f"{data['seconds']:.0f} s | {seconds[len(seconds) // 2]:.1f} s | "
+                     f"{max(r['peak_mib'] for r in rows):.0f} MiB | "
+                     f"{rows[0]['estimate_mib']:.0f} MiB |")
+    m = json.loads((ROOT / paths[0]).read_text())["machine"]
+    return "\n".join(lines) + (f"\n\n<small>{m['cpu']}, {m['date']}; "
+                               + ", ".join(f"`{p}`" for p in paths) + "</small>")
+
+
 GENERATORS = {"structure": structure_table, "forms": form_table, "signature": signature_table, "bench": bench_table,
               "faults": fault_list, "runners": runner_table, "quant-error": quant_error_table,
-              "kv-error": kv_error_table, "mla-step": mla_step_table}
+              "kv-error": kv_error_table, "mla-step": mla_step_table, "layers": layers_table}
 
 
 def generated_blocks(text: str) -> list[tuple[str, str]]:

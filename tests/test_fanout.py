@@ -87,7 +87,7 @@ def test_a_layer_larger_than_every_worker_is_infeasible_at_once(smollm2_gguf, tm
     assert result.exit_code == 1
     summary = read_summary(tmp_path / "run")
     assert {r.status for r in summary.records} == {"infeasible"}
-    assert "needs 100000.0 GiB" in summary.records[0].message
+    assert "100000.0 GiB on one node" in summary.records[0].message
     assert time.perf_counter() - start < 30  # said before anything ran
     assert not (tmp_path / "run" / "layer-0").exists()
 
@@ -126,3 +126,37 @@ def test_an_existing_folder_is_replaced_only_when_asked(smollm2_gguf, tmp_path):
     (tmp_path / "run" / "notes.txt").write_text("mine")
     result = run("onnx", "--weights", smollm2_gguf, "--layers", "0", "-o", tmp_path / "run")
     assert result.exit_code == 2 and "--force" in result.output
+
+
+def test_eval_reuses_a_checked_folder(smollm2_layers, smollm2_gguf, smollm2_model):
+    """eval --exports DIR runs DIR's passing layers as they are (their fingerprint: the same
+    weights and options), exporting nothing anew."""
+    from conftest import REAL_TEXT
+    from mha_export.fanout.identity import checked_layer
+    from mha_export.model.eval import evaluate
+    out = smollm2_layers[0]
+    assert checked_layer(out, "onnx", smollm2_gguf, {}, 1) == out / "layer-1"
+    assert checked_layer(out, "onnx", smollm2_gguf, {"static_cache": True}, 1) is None
+    assert checked_layer(out, "torchscript", smollm2_gguf, {}, 1) is None
+    result = evaluate(smollm2_gguf, REAL_TEXT, 16, "0-2", folder=out, loaded=smollm2_model)
+    assert [d.artifact for d in result.main.details] == [str(out / f"layer-{i}") for i in range(3)]
+    assert not (out / "exported").exists()
+    assert result.main.kl_mean < 1e-6
+
+
+def test_check_with_captured_inputs_gives_each_layer_its_own(smollm2_layers, smollm2_inputs,
+                                                             tmp_path):
+    """A capture file of several layers: each layer folder checked on its own layer's input
+    (a layer the file lacks is that layer's error row, the others pass)."""
+    from safetensors.numpy import load_file, save_file
+    captured = load_file(str(smollm2_inputs))
+    save_file({k: v for k, v in captured.items() if not k.startswith("layers.1.")},
+              str(tmp_path / "some.safetensors"))
+    out = tmp_path / "run"
+    shutil.copytree(smollm2_layers[0], out)
+    summary = check_layers(out, inputs=str(tmp_path / "some.safetensors"),
+                           seq_lens=[1, 7], batch_sizes=[1], jobs=2)
+    statuses = {r.layer: r.status for r in summary.records}
+    assert statuses == {0: "pass", 1: "error", 2: "pass"}
+    assert "layers.1" in rows(summary)[1].message or "layer 1" in rows(summary)[1].message
+    assert summary.last_check["inputs"] == str(tmp_path / "some.safetensors")

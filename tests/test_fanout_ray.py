@@ -45,7 +45,7 @@ def test_ray_gives_the_local_verdicts_on_both_nodes(cluster, smollm2_layers, smo
     assert len(nodes) == 2, [r.worker for r in summary.records]
     written = json.loads((tmp_path / "run" / "layers.json").read_text())
     assert written["executor"] == {"name": "ray", "where": "the Ray session of this process",
-                                   "threads": 1}
+                                   "at_once": 2, "threads": 1}
 
 
 def test_ray_check_finds_the_planted_fault(cluster, smollm2_layers, tmp_path):

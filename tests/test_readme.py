@@ -39,7 +39,7 @@ def test_architecture_tree_names_every_stage_folder():
     section = (ROOT / "docs" / "architecture.md").read_text()
     folders = {p.parent.name for p in (ROOT / "mha_export").glob("*/__init__.py")}
     assert folders == {"layer", "weights", "graph", "kinds", "lossy", "export", "check", "bench",
-                       "model", "cli"}
+                       "model", "fanout", "cli"}
     for name in folders:
         assert f"  {name}/" in section, name
     for where in ("graph/forms/", "check/runners/", "weights/families.py", "export/targets.py"):

@@ -345,8 +345,9 @@ def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequen
 @click.option("--static-cache", is_flag=True,
               help="Export decode artifacts over a static buffer written in place.")
 @click.option("--exports", "folder", type=click.Path(file_okay=False), default=None,
-              help="Keep the artifacts here (reused by a later run with the same options) "
-                   "[default: a temporary folder].")
+              help="Keep the artifacts here (reused by a later run with the same options; a "
+                   "checked `onnx --layers ... -o DIR` folder's passing layers are reused "
+                   "too) [default: a temporary folder].")
 @click.option("--attribute", is_flag=True,
               help="Also run each lossy step alone and together: fp32 export, the weights "
                    "(fp32 compute), + int8 activations (level 4), the int8 cache.")

@@ -9,14 +9,17 @@ machine or fanned out on a Ray cluster — with a verdict per layer in DIR/layer
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Optional
 
 from ..errors import UsageError
+from ..lossy import registry as lossy
 from .executors import DEFAULT as DEFAULT_EXECUTOR, EXECUTORS, Work, make_executor
-from .plan import CHECK, EXPORT, check_jobs, export_jobs, is_layers_folder, jsonable
+from .identity import CHECK, EXPORT
+from .plan import LAYER_FOLDER, check_jobs, export_jobs, is_layers_folder, layer_folders
 from .records import STATUSES, SUMMARY_FILE, LayerRecord, Summary, format_summary, read_summary
-from .run import Progress, run_jobs
+from .run import Progress, resumable as _resumable, run_jobs
 from .work import run_layer
 
 __all__ = ["export_layers", "check_layers", "is_layers_folder", "EXECUTORS", "STATUSES",
@@ -36,16 +39,22 @@ def export_layers(target: str, weights: str | Path, layers: str, output: str | P
     named executor. ``threads``: intra-op threads per layer (pinned: verdicts do not depend on
     the executor); ``memory``: bytes a layer needs (default: estimated, plan.py);
     ``timeout``: seconds per layer; ``resume``: keep the layers an earlier run left passing
-    with the same options and weights; ``work``: the unit of work (``run_layer``; a caller's
-    own wraps it, picklable by reference)."""
+    with the same options and weights; ``force``: replace what the folder holds; ``work``:
+    the unit of work (``run_layer``; a caller's own wraps it, picklable by reference)."""
     root = Path(output)
     _require_free(root, force, resume)
     chosen = make_executor(executor, jobs, ray_address)  # bad names refused before any work
     checking = dict(check_options or {}) if validate else None
-    plan = export_jobs(target, str(weights), layers, root, options, checking, threads, timeout,
+    weights = str(Path(weights).resolve())  # the workers' own working folders differ
+    options = {**options, **{k: str(Path(f).resolve()) for k, f in lossy.files(options).items()
+                             if f is not None}}
+    plan = export_jobs(target, weights, layers, root, options, checking, threads, timeout,
                        memory)
-    summary = Summary(EXPORT, target, str(weights), jsonable(options), checking or {}, {})
-    return run_jobs(plan, chosen, summary, root, resume, progress, work)
+    if force:
+        _clear(root)
+    kept = _resumable(root, plan) if resume else {}
+    summary = Summary(EXPORT, target, weights, lossy.as_json(options), checking or {}, {})
+    return run_jobs(plan, chosen, summary, root, kept, progress, work)
 
 
 def check_layers(folder: str | Path, *, executor: str = DEFAULT_EXECUTOR,
@@ -54,16 +63,23 @@ def check_layers(folder: str | Path, *, executor: str = DEFAULT_EXECUTOR,
                  memory: Optional[int] = None, progress: Progress = lambda s, running, r: None,
                  work: Work = run_layer, **check_options) -> Summary:
     """Check every layer folder of ``folder`` (a run of ``export_layers``), each as
-    ``check_parity`` would, and rewrite its layers.json with the new statuses (each row keeps
-    the fingerprint of its export: a layer that fails here is exported again by --resume)."""
+    ``check_parity`` would, and rewrite its layers.json with the new statuses. Each row keeps
+    the fingerprint of its export (a layer that fails here is exported again by --resume); the
+    rows of layers without a folder (their export failed) are kept as they were."""
     chosen = make_executor(executor, jobs, ray_address)
+    if check_options.get("inputs"):  # the workers' own working folders differ
+        check_options["inputs"] = str(Path(check_options["inputs"]).resolve())
     earlier = read_summary(folder, strict=False)
     made = {r.layer: r.fingerprint for r in earlier.records} if earlier else {}
     plan = check_jobs(folder, check_options, threads, timeout, memory, made)
+    checked = {job.layer for job in plan}
+    kept = {r.layer: r for r in earlier.records if r.layer not in checked} if earlier else {}
     summary = Summary(CHECK, earlier.target if earlier else plan[0].target,
                       earlier.weights if earlier else None,
-                      earlier.options if earlier else {}, _plain(check_options), {})
-    return run_jobs(plan, chosen, summary, folder, False, progress, work)
+                      earlier.options if earlier else {},
+                      earlier.check_options if earlier else {}, {},
+                      last_check=_plain(check_options))
+    return run_jobs(plan, chosen, summary, folder, kept, progress, work)
 
 
 def _plain(options: dict) -> dict:
@@ -75,8 +91,16 @@ def _require_free(root: Path, force: bool, resume: bool) -> None:
     if root.exists() and not root.is_dir():
         raise UsageError(f"{root} exists and is not a folder")
     if force and resume:
-        raise UsageError("--force replaces every layer, --resume keeps the passing ones: "
-                         "pass one")
+        raise UsageError("--force replaces the folder's layers, --resume keeps the passing "
+                         "ones: pass one")
     if root.is_dir() and any(root.iterdir()) and not (force or resume):
         raise UsageError(f"{root} already holds files: pass --force to replace its layers "
                          "or --resume to keep the passing ones")
+
+
+def _clear(root: Path) -> None:
+    """--force: the folder's layer folders and summary go (the run writes them anew)."""
+    if root.is_dir():
+        for folder in layer_folders(root).values():
+            shutil.rmtree(folder)
+        (root / SUMMARY_FILE).unlink(missing_ok=True)

@@ -1,18 +1,16 @@
 """The units of work of a run over a checkpoint's layers, decided before any starts: which
-layers, each layer's folder, the memory each is expected to need, and its fingerprint (what
-``--resume`` compares).
+layers, each layer's folder, the memory each is expected to need, and its fingerprint
+(identity.py: what ``--resume`` and ``eval --exports`` compare).
 
     checkpoint + --layers (export) | DIR's layer folders (check) -> [LayerJob] (work.py runs one)
 """
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from ..artifact import CONFIG_FILE, read_artifact
 from ..check.plan import CheckOptions, largest_case_bytes
@@ -21,13 +19,13 @@ from ..errors import UsageError, require_positive
 from ..graph.forms import DEFAULT
 from ..lossy import registry as lossy
 from ..signature import make_signature, signature_kind
-from ..weights.source import checkpoint_layers, load_source, select_layers, weights_version
+from ..weights.source import checkpoint_layers, load_source, select_layers
+from .identity import CHECK, EXPORT, export_stamp
 
-EXPORT, CHECK = "export", "check"
 LAYER_FOLDER = "layer-{layer}"
 # A worker's memory, estimated (measured on SmolLM2-135M's layers, AMD Zen 3, 2026-11-25: a
-# worker with torch, ONNX Runtime and the GGUF reader loaded 421 MiB, its peak 754 MiB, the
-# sweep's largest case 191 MiB): the runtimes, the module's copies (eager fp32, the fp64
+# worker with torch, ONNX Runtime and the GGUF reader loaded 421 MiB, its peak 724-754 MiB,
+# the sweep's largest case 191 MiB): the runtimes, the module's copies (eager fp32, the fp64
 # reference, the file, the runtime's session) and the sweep's largest case with room.
 BASE_BYTES = 512 * 2**20
 WEIGHT_COPIES = 12
@@ -51,17 +49,6 @@ class LayerJob:
     timeout: Optional[float] = None  # seconds, from the layer's start
 
 
-def jsonable(options: dict) -> dict:
-    """Export options as JSON (a lossy step's spec by its record); unset switches left out."""
-    return {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in options.items()
-            if not (v is None and k in lossy.switch_keys())}
-
-
-def fingerprint(*parts: Any) -> str:
-    text = json.dumps(parts, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def estimate_bytes(weight_bytes: int, case_bytes: int) -> int:
     return int(BASE_BYTES + WEIGHT_COPIES * weight_bytes + CASE_FACTOR * case_bytes)
 
@@ -69,31 +56,39 @@ def estimate_bytes(weight_bytes: int, case_bytes: int) -> int:
 def export_jobs(target: str, weights: str, spec: str, output: str | Path, options: dict,
                 check_options: Optional[dict], threads: int, timeout: Optional[float],
                 memory: Optional[int]) -> list[LayerJob]:
-    """One job per chosen layer of the checkpoint: DIR/layer-{L}/. The memory estimate is the
-    first chosen layer's (a checkpoint's attention layers share one shape) unless given."""
+    """One job per chosen layer of the checkpoint: DIR/layer-{L}/. The first chosen layer is
+    loaded here, so that options the checkpoint or the target refuse are bad input before any
+    work; its memory estimate is every layer's (a checkpoint's attention layers share a shape)
+    unless given."""
     _require_settings(threads, timeout, memory)
     layers = select_layers(spec, checkpoint_layers(weights))
+    estimate = _preflight(target, weights, layers[0], options, check_options)
     root = Path(output).resolve()
-    if memory is None:
-        memory = _export_estimate(weights, layers[0], options, check_options)
-    stamp = fingerprint(EXPORT, target, weights_version(weights), jsonable(options),
-                        check_options)
     return [LayerJob(EXPORT, layer, str(root / LAYER_FOLDER.format(layer=layer)), target,
-                     str(weights), options, check_options, threads, memory,
-                     fingerprint(stamp, layer), timeout) for layer in layers]
+                     weights, options, check_options, threads, memory or estimate,
+                     export_stamp(target, weights, options, check_options, layer), timeout)
+            for layer in layers]
 
 
-def _export_estimate(weights: str, layer: int, options: dict,
-                     check_options: Optional[dict]) -> int:
+def _preflight(target: str, weights: str, layer: int, options: dict,
+               check_options: Optional[dict]) -> int:
+    """Refuse what export_artifact would refuse for every layer (the lossy steps' options for
+    this target and call kind; config fields the checkpoint contradicts); the layer's memory
+    estimate."""
+    kind = signature_kind(bool(options.get("kv_cache")), bool(options.get("attention_mask")),
+                          bool(options.get("static_cache")))
+    lossy.requested(dict(options), target, kind, options.get("dtype", "float32"))
     config_keys = {f.name for f in dataclasses.fields(MHAConfig)}
-    source = load_source(None, weights, layer, 0,
+    source = load_source(None, weights, layer, options.get("seed", 0),
                          {k: v for k, v in options.items() if k in config_keys})
-    sig = make_signature(source.config, signature_kind(
-        bool(options.get("kv_cache")), bool(options.get("attention_mask")),
-        bool(options.get("static_cache"))))
     case = 0 if check_options is None else largest_case_bytes(
-        source.config, sig, options.get("attention") or DEFAULT, _check_opts(check_options))
-    return estimate_bytes(4 * sum(p.numel() for p in source.module.parameters()), case)
+        source.config, make_signature(source.config, kind), options.get("attention") or DEFAULT,
+        _check_opts(check_options))
+    return estimate_bytes(_weight_bytes(source.module), case)
+
+
+def _weight_bytes(module) -> int:
+    return 4 * sum(p.numel() for p in module.parameters())  # fp32
 
 
 def _check_opts(check_options: dict) -> CheckOptions:
@@ -133,8 +128,8 @@ def check_jobs(folder: str | Path, check_options: dict, threads: int,
     jobs = []
     for layer, path in found.items():
         art = read_artifact(path)
-        need = memory if memory is not None else estimate_bytes(
-            4 * sum(p.numel() for p in art.load_source_module().parameters()),
+        need = memory or estimate_bytes(
+            _weight_bytes(art.load_source_module()),
             largest_case_bytes(art.config, art.signature, art.export.get("attention"),
                                _check_opts(check_options)))
         jobs.append(LayerJob(CHECK, layer, str(path.resolve()), art.meta.get("format", ""),

@@ -38,6 +38,12 @@ class LayerRecord:
     fingerprint: str = ""  # options + weights it was made from (--resume)
     resumed: bool = False  # carried over from an earlier run (--resume)
 
+    @classmethod
+    def for_job(cls, job: Any, status: str, message: str = "") -> "LayerRecord":
+        """The row of ``job`` (a plan.LayerJob) before or without its worker's record."""
+        return cls(job.layer, status, Path(job.folder).name, message,
+                   estimate_mib=round(job.memory / 2**20, 1), fingerprint=job.fingerprint)
+
     @property
     def ok(self) -> bool:
         return self.status in SUCCESS
@@ -60,10 +66,11 @@ class Summary:
     target: str  # "onnx" | "torchscript" | "aoti"
     weights: Optional[str]
     options: dict  # the export options (JSON), the same for every layer
-    check_options: dict
+    check_options: dict  # the export's check (in each row's fingerprint)
     executor: dict  # {"name": ..., "jobs"/"address": ..., "threads": ...}
     records: list[LayerRecord] = field(default_factory=list)
     planned: int = 0  # layers asked for
+    last_check: Optional[dict] = None  # the options of the latest `check DIR`
     complete: bool = False
     machine: dict = field(default_factory=dict)  # of the driver (its versions included)
     created: str = ""
@@ -103,6 +110,12 @@ def read_summary(folder: str | Path, strict: bool = True) -> Optional[Summary]:
         if strict:
             raise UsageError(f"{path}: not a layers summary written by mha-export") from None
         return None
+
+
+def first_line(e: BaseException, last: bool = False) -> str:
+    """An error in one line (``last``: its last, where a traceback comes first, as Ray's)."""
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    return (lines[-1 if last else 0] if lines else type(e).__name__)[:300]
 
 
 def _num(v: Optional[float], spec: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import shutil
 import signal
 import socket
 import sys
@@ -22,11 +23,23 @@ from ..check.plan import BASELINE
 from ..errors import UsageError
 from ..lossy import costs as lossy
 from .plan import EXPORT, LayerJob
-from .records import ERROR, EXPORTED, FAIL, OOM, PASS, TIMEOUT, LayerRecord
+from .records import ERROR, EXPORTED, FAIL, OOM, PASS, TIMEOUT, LayerRecord, first_line
 
 # what runtimes say when an allocation fails (ONNX Runtime, torch, OpenVINO, the C++ runtime)
 OUT_OF_MEMORY = ("failed to allocate memory", "bad_alloc", "out of memory",
                  "defaultcpuallocator: can't allocate")
+
+
+WATCHDOG_GRACE = 30.0  # seconds past --timeout before a stuck worker ends itself
+STOPPED_PAST_TIMEOUT = 124  # its exit code (timeout(1)'s)
+_disposable = [False]  # this process is a worker of its own (executors set it): it may exit
+
+
+def in_worker(work, job: LayerJob) -> LayerRecord:
+    """An executor's worker entry: ``work(job)`` in a process that may end itself when a
+    layer is stuck past its timeout where the in-process deadline cannot reach."""
+    _disposable[0] = True
+    return work(job)
 
 
 class LayerTimeout(BaseException):
@@ -45,7 +58,7 @@ def run_layer(job: LayerJob) -> LayerRecord:
                          estimate_mib=round(job.memory / 2**20, 1), worker=worker_name(),
                          fingerprint=job.fingerprint)
     try:
-        with deadline(job.timeout):
+        with deadline(job.timeout, stop_marker(job)):
             report = _export(job) if job.action == EXPORT else _check(job)
         _verdict(record, report)
     except LayerTimeout:
@@ -53,9 +66,9 @@ def run_layer(job: LayerJob) -> LayerRecord:
     except MemoryError:
         record.status, record.message = OOM, "out of memory (MemoryError)"
     except UsageError as e:
-        record.message = _first_line(e)
+        record.message = first_line(e)
     except Exception as e:  # the layer's failure, whatever raised it, is its row
-        record.message = f"{type(e).__name__}: {_first_line(e)}"
+        record.message = f"{type(e).__name__}: {first_line(e)}"
         if any(s in str(e).lower() for s in OUT_OF_MEMORY):
             record.status = OOM
     record.seconds = round(time.perf_counter() - start, 2)
@@ -64,7 +77,10 @@ def run_layer(job: LayerJob) -> LayerRecord:
 
 
 def _export(job: LayerJob):
+    """The layer's folder made anew: an earlier one goes first, so that a failed export never
+    leaves an artifact of other options under this run's row."""
     from ..export.pipeline import EXPORTERS
+    shutil.rmtree(job.folder, ignore_errors=True)
     check = None if job.check_options is None else {**job.check_options, "threads": job.threads}
     return EXPORTERS[job.target](output=job.folder, weights=job.weights, layer=job.layer,
                                  force=True, validate=check is not None, check_options=check,
@@ -113,9 +129,11 @@ def pin_threads(threads: int) -> None:
 
 
 @contextlib.contextmanager
-def deadline(seconds: Optional[float]) -> Iterator[None]:
-    """Raise LayerTimeout in this (main) thread after ``seconds``; elsewhere, or None: no
-    limit here (the local executor also kills a worker that overstays)."""
+def deadline(seconds: Optional[float], marker: Path) -> Iterator[None]:
+    """Raise LayerTimeout in this (main) thread after ``seconds``. A runtime's C++ call delays
+    it until the call returns: in a worker of its own (``in_worker``) a watchdog ends the
+    process WATCHDOG_GRACE seconds later (exit code STOPPED_PAST_TIMEOUT), leaving ``marker``
+    for the executor (``stopped_past_timeout``)."""
     if seconds is None or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -125,11 +143,36 @@ def deadline(seconds: Optional[float]) -> Iterator[None]:
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    watchdog = threading.Timer(seconds + WATCHDOG_GRACE, _stop, (marker,))
+    watchdog.daemon = True
+    if _disposable[0]:
+        watchdog.start()
     try:
         yield
     finally:
+        watchdog.cancel()
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def _stop(marker: Path) -> None:
+    with contextlib.suppress(OSError):
+        marker.touch()
+    os._exit(STOPPED_PAST_TIMEOUT)
+
+
+def stop_marker(job: LayerJob) -> Path:
+    folder = Path(job.folder)
+    return folder.with_name(f".{folder.name}.stopped")
+
+
+def stopped_past_timeout(job: LayerJob) -> bool:
+    """Whether the job's worker ended itself past its timeout (the marker taken away)."""
+    marker = stop_marker(job)
+    found = marker.exists()
+    with contextlib.suppress(OSError):
+        marker.unlink()
+    return found
 
 
 def worker_name() -> str:
@@ -139,7 +182,3 @@ def worker_name() -> str:
     if ray is not None and ray.is_initialized():
         name += f" node {ray.get_runtime_context().get_node_id()[:8]}"
     return name
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]

@@ -98,6 +98,12 @@ def api_keys() -> tuple[str, ...]:
     return tuple(k for s in STEPS for k in s.api_keys())
 
 
+def as_json(options: dict) -> dict:
+    """Export options as JSON (a lossy step's spec by its record); unset switches left out."""
+    return {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in options.items()
+            if not (v is None and k in switch_keys())}
+
+
 def files(options: dict) -> dict[str, Any]:
     """The files an export with the API's keywords ``options`` reads (e.g. a calibration
     file), by keyword."""

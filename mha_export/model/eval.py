@@ -300,7 +300,7 @@ class Evaluation:
     def to_dict(self) -> dict:
         def run(r: RunResult) -> dict:
             d = asdict(r)
-            d["options"] = _jsonable(r.options)
+            d["options"] = lossy.as_json(r.options)
             d["ppl_increase"] = r.perplexity / self.eager_perplexity - 1
             return d
         return {"weights": self.weights, "text": self.text, "tokens": self.tokens,
@@ -314,16 +314,11 @@ class Evaluation:
                 "speed": asdict(self.main.speed) if self.main.speed else None,
                 "generation": self.generation(),
                 "layers": [asdict(d) for d in self.main.details],
-                "options": _jsonable(self.main.options),
+                "options": lossy.as_json(self.main.options),
                 "attribution": [run(r) for r in self.attribution],
                 "per_layer": [run(r) for r in self.per_layer],
                 "budgets": self.budgets, "failures": self.failures, "passed": self.passed,
                 "machine": self.machine}
-
-
-def _jsonable(options: dict) -> dict:
-    return {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in options.items()
-            if not (v is None and k in lossy.switch_keys())}
 
 
 class Evaluator:
@@ -337,6 +332,7 @@ class Evaluator:
         self.kind = get_runner(runner)
         self.folder, self.generate, self.progress = folder, generate, progress
         self.thread_pool = thread_pool
+        self.folders: dict[tuple[str, int], Path] = {}  # each stand-in's artifact folder
         self.eager_logits = logits_of(loaded.model, ids)
 
     def run(self, name: str, options: dict, layers: Sequence[int],
@@ -359,7 +355,7 @@ class Evaluator:
         speed = self._speed(stand_ins, self.generate if time_generation else 0)
         kl = kl_per_position(self.eager_logits, logits)
         agree = float((self.eager_logits.argmax(-1) == logits.argmax(-1)).float().mean())
-        details = [LayerDetail(layer, str(self._folder(name, layer)), s.runner.device,
+        details = [LayerDetail(layer, str(self.folders[name, layer]), s.runner.device,
                                *(s.deviations[0] if s.deviations else (float("nan"),) * 2))
                    for layer, s in stand_ins.items()]
         return RunResult(name, options, list(layers), perplexity(logits, self.ids), agree,
@@ -407,20 +403,23 @@ class Evaluator:
 
     def _stand_in(self, name: str, options: dict, layer: int) -> ExportedAttention:
         """The layer's artifact (exported here, or reused when the folder holds one made with
-        the same options), opened in the runner."""
+        the same options: an earlier eval's, or a checked `onnx --layers` run's layer-{L}/,
+        by its layers.json), opened in the runner."""
         from ..artifact import read_artifact
         from ..check.runners import RunOptions
         from ..export.pipeline import export_artifact
         from ..export.targets import TARGETS
-        folder = self._folder(name, layer)
+        from ..fanout.identity import checked_layer
+        target = next(t for t in TARGETS.values() if t.model_file == self.kind.model_file)
+        checked = checked_layer(self.folder, target.name, self.weights, options, layer)
+        folder = self.folders[name, layer] = checked or self._folder(name, layer)
         stamp = json.dumps({"weights": weights_version(self.weights), "layer": layer,
                             "file": self.kind.model_file,
                             **{k: weights_version(f) for k, f in lossy.files(options).items()},
-                            "options": _jsonable(options)}, sort_keys=True, default=str)
+                            "options": lossy.as_json(options)}, sort_keys=True, default=str)
         record = folder / "eval-options.json"
-        if not (record.is_file() and record.read_text() == stamp
-                and (folder / self.kind.model_file).is_file()):
-            target = next(t for t in TARGETS.values() if t.model_file == self.kind.model_file)
+        if not checked and not (record.is_file() and record.read_text() == stamp
+                                and (folder / self.kind.model_file).is_file()):
             export_artifact(target.name, output=folder, weights=self.weights, layer=layer,
                             validate=False, force=True, **options)
             record.write_text(stamp)

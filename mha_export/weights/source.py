@@ -108,10 +108,14 @@ def select_layers(spec: str, count: int, flag: str = "--layers") -> list[int]:
             first, last = int(low), int(high) if sep else int(low)
             if first > last:
                 raise ValueError(part)
+            if first < 0 or last >= count:  # before the range is built: 0-10**12 is no hang
+                raise UsageError(f"{flag} {spec}: the model has {count} layers "
+                                 f"(0-{count - 1})")
             chosen.update(range(first, last + 1))
     except ValueError:
         raise UsageError(f"{flag}: expected all, A-B or comma-separated indices (0-3,7), "
                          f"got {spec!r}") from None
-    if not chosen or min(chosen) < 0 or max(chosen) >= count:
-        raise UsageError(f"{flag} {spec}: the model has {count} layers (0-{count - 1})")
+    if not chosen:
+        raise UsageError(f"{flag}: expected all, A-B or comma-separated indices (0-3,7), "
+                         f"got {spec!r}")
     return sorted(chosen)

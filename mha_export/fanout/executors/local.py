@@ -3,8 +3,8 @@ runtime's state stays with its layer; its peak memory is its own), at most ``job
 Python's thread pool waits on them, one thread per running layer.
 
 A worker that dies (a segfault, ``os._exit``, the kernel's out-of-memory killer) is its layer's
-``crashed`` row, with its exit code; one that outlives its --timeout by GRACE seconds (stuck
-where the in-process deadline cannot reach) is killed: ``timeout``.
+``crashed`` row, with its exit code; one stuck past its --timeout ends itself (work.py's
+watchdog), and one that still outlives it by GRACE seconds is killed: ``timeout`` either way.
 """
 from __future__ import annotations
 
@@ -17,15 +17,17 @@ from typing import Optional, Sequence
 
 from ...check.sweep import available_bytes
 from ...errors import raise_if_interrupted, require_positive
-from ..plan import LAYER_FOLDER, LayerJob, cpu_count
+from ..plan import LayerJob, cpu_count
 from ..records import CRASHED, TIMEOUT, LayerRecord
-from . import Capacity, Done, Started, Work
+from ..work import STOPPED_PAST_TIMEOUT, WATCHDOG_GRACE, in_worker, stopped_past_timeout
+from .base import Capacity, Done, Started, Work
 
-GRACE = 30.0  # seconds past --timeout before a worker is killed
+GRACE = 2 * WATCHDOG_GRACE  # seconds past --timeout before the executor kills a worker
 
 
 def _child(work: Work, job: LayerJob, send: Connection) -> None:
-    send.send(work(job))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it kills the workers
+    send.send(in_worker(work, job))
     send.close()
 
 
@@ -38,12 +40,19 @@ class LocalExecutor:
         self.jobs, self.workers = jobs, 1
         self._live: set = set()
         self._lock = threading.Lock()
+        self._closing = False
 
     def __enter__(self) -> "LocalExecutor":
         return self
 
     def __exit__(self, *exc) -> None:
-        with self._lock:  # an interruption: no worker outlives the run
+        self._kill_all()
+
+    def _kill_all(self) -> None:
+        """No worker outlives the run (an interruption, an error in the caller's callback),
+        and none starts after."""
+        with self._lock:
+            self._closing = True
             for proc in self._live:
                 proc.kill()
 
@@ -56,18 +65,20 @@ class LocalExecutor:
         elif jobs:
             need = max(j.memory for j in jobs)
             self.workers = max(1, min(cpus // max(j.threads for j in jobs), memory // need))
-        return Capacity(cpus, memory, self.workers, "this machine")
+        return Capacity([(cpus, memory)], self.workers, "this machine")
 
     def run(self, jobs: Sequence[LayerJob], work: Work, started: Started, done: Done) -> None:
-        with ThreadPoolExecutor(self.workers, thread_name_prefix="layer") as pool:
+        pool = ThreadPoolExecutor(self.workers, thread_name_prefix="layer")
+        try:
             futures = [pool.submit(self._in_process, work, job, started) for job in jobs]
-            try:
-                for future in as_completed(futures):
-                    raise_if_interrupted()
-                    done(future.result())
-            finally:
-                for f in futures:
-                    f.cancel()
+            for future in as_completed(futures):
+                raise_if_interrupted()
+                done(future.result())
+        except BaseException:  # interrupted: the workers go first, then their threads
+            self._kill_all()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def describe(self) -> dict:
         return {"name": self.name, "jobs": self.workers}
@@ -78,6 +89,8 @@ class LocalExecutor:
         proc = context.Process(target=_child, args=(work, job, send),
                                name=f"mha-export layer {job.layer}")
         with self._lock:
+            if self._closing:
+                return LayerRecord.for_job(job, CRASHED, "not started: the run was stopped")
             proc.start()
             self._live.add(proc)
         send.close()
@@ -102,14 +115,12 @@ class LocalExecutor:
 
 def _lost(job: LayerJob, exitcode: Optional[int], timed_out: bool) -> LayerRecord:
     """The row of a layer whose worker returned nothing."""
-    if timed_out:
-        status, why = TIMEOUT, f"killed {GRACE:g} s past --timeout {job.timeout:g} s"
-    else:
-        status = CRASHED
-        why = f"the worker died (exit code {exitcode})"
-        if exitcode is not None and exitcode < 0:
-            name = signal.Signals(-exitcode).name
-            why = f"the worker died ({name}" + (
-                ": the kernel's out-of-memory killer?)" if name == "SIGKILL" else ")")
-    return LayerRecord(job.layer, status, LAYER_FOLDER.format(layer=job.layer), why,
-                       estimate_mib=round(job.memory / 2**20, 1), fingerprint=job.fingerprint)
+    if stopped_past_timeout(job) or timed_out or exitcode == STOPPED_PAST_TIMEOUT:
+        return LayerRecord.for_job(job, TIMEOUT, f"stuck past --timeout {job.timeout:g} s: "
+                                                 "the worker was stopped")
+    why = f"the worker died (exit code {exitcode})"
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        why = f"the worker died ({name}" + (
+            ": the kernel's out-of-memory killer?)" if name == "SIGKILL" else ")")
+    return LayerRecord.for_job(job, CRASHED, why)

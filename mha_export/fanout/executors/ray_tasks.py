@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ...errors import UsageError, raise_if_interrupted
-from ..plan import LAYER_FOLDER, LayerJob, cpu_count
-from ..records import CRASHED, ERROR, OOM, LayerRecord
-from . import Capacity, Done, Started, Work
+from ..plan import LayerJob, cpu_count
+from ..records import CRASHED, ERROR, OOM, TIMEOUT, LayerRecord, first_line
+from ..work import in_worker, stopped_past_timeout
+from .base import Capacity, Done, Started, Work
 
 PROBE_SECONDS = 5.0
 CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")  # where `ray start --head` writes it
@@ -72,7 +73,7 @@ class RayExecutor:
     def __init__(self, address: Optional[str] = None):
         self.address = address
         self._owned = False
-        self._where = ""
+        self._where, self._workers = "", 1
 
     def __enter__(self) -> "RayExecutor":
         ray = _ray()
@@ -96,11 +97,10 @@ class RayExecutor:
 
     def capacity(self, jobs: Sequence[LayerJob]) -> Capacity:
         nodes = [n["Resources"] for n in _ray().nodes() if n.get("Alive")]
-        cpus = int(max((n.get("CPU", 0) for n in nodes), default=0))
-        memory = int(max((n.get("memory", 0) for n in nodes), default=0))
         threads = max((j.threads for j in jobs), default=1)
-        workers = sum(int(n.get("CPU", 0)) // threads for n in nodes)
-        return Capacity(cpus, memory, max(workers, 1), f"{self._where} ({len(nodes)} nodes)")
+        self._workers = max(1, sum(int(n.get("CPU", 0)) // threads for n in nodes))
+        return Capacity([(int(n.get("CPU", 0)), int(n.get("memory", 0))) for n in nodes],
+                        self._workers, f"{self._where} ({len(nodes)} nodes)")
 
     def run(self, jobs: Sequence[LayerJob], work: Work, started: Started, done: Done) -> None:
         ray = _ray()
@@ -121,7 +121,7 @@ class RayExecutor:
                 ray.cancel(ref, force=True)
 
     def describe(self) -> dict:
-        return {"name": self.name, "where": self._where}
+        return {"name": self.name, "where": self._where, "at_once": self._workers}
 
     @staticmethod
     def _record(ref: Any, job: LayerJob) -> LayerRecord:
@@ -132,23 +132,21 @@ class RayExecutor:
         try:
             return ray.get(ref)
         except errors.OutOfMemoryError as e:
-            status, why = OOM, "killed by Ray's memory monitor: " + _last_line(e)
+            return LayerRecord.for_job(job, OOM, "killed by Ray's memory monitor: "
+                                       + first_line(e, last=True))
         except (errors.WorkerCrashedError, errors.NodeDiedError, errors.LocalRayletDiedError,
                 errors.ObjectLostError) as e:
-            status, why = CRASHED, f"the worker died ({type(e).__name__})"
+            if stopped_past_timeout(job):
+                return LayerRecord.for_job(job, TIMEOUT, f"stuck past --timeout "
+                                                         f"{job.timeout:g} s: the worker was "
+                                                         "stopped")
+            return LayerRecord.for_job(job, CRASHED, f"the worker died ({type(e).__name__})")
         except errors.RayError as e:
-            status, why = ERROR, f"{type(e).__name__}: {_last_line(e)}"
-        return LayerRecord(job.layer, status, LAYER_FOLDER.format(layer=job.layer), why,
-                           estimate_mib=round(job.memory / 2**20, 1),
-                           fingerprint=job.fingerprint)
+            return LayerRecord.for_job(job, ERROR, f"{type(e).__name__}: "
+                                                   + first_line(e, last=True))
 
 
 def _call(work: Work, job: LayerJob) -> LayerRecord:
     """The task: ``work`` travels as its argument (a partial or a closure too, which
     ``ray.remote`` itself refuses)."""
-    return work(job)
-
-
-def _last_line(e: BaseException) -> str:
-    lines = [line for line in str(e).strip().splitlines() if line.strip()]
-    return (lines[-1] if lines else type(e).__name__)[:300]
+    return in_worker(work, job)
