@@ -160,3 +160,17 @@ def test_check_with_captured_inputs_gives_each_layer_its_own(smollm2_layers, smo
     assert statuses == {0: "pass", 1: "error", 2: "pass"}
     assert "layers.1" in rows(summary)[1].message or "layer 1" in rows(summary)[1].message
     assert summary.last_check["inputs"] == str(tmp_path / "some.safetensors")
+
+
+def test_another_target_without_a_check_is_exported(smollm2_gguf, tmp_path):
+    """torchscript --layers ... --no-check: each layer's model.pt, status exported (exit 0);
+    check DIR then checks them."""
+    out = tmp_path / "run"
+    result = run("torchscript", "--weights", smollm2_gguf, "--layers", "4,6", "-o", out,
+                 "--no-check")
+    assert result.exit_code == 0, result.output
+    summary = read_summary(out)
+    assert {r.layer: r.status for r in summary.records} == {4: "exported", 6: "exported"}
+    assert (out / "layer-6" / "model.pt").is_file()
+    checked = check_layers(out, seq_lens=[1, 7], batch_sizes=[1], jobs=2)
+    assert checked.passed and checked.target == "torchscript"
