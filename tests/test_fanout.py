@@ -174,3 +174,16 @@ def test_another_target_without_a_check_is_exported(smollm2_gguf, tmp_path):
     assert (out / "layer-6" / "model.pt").is_file()
     checked = check_layers(out, seq_lens=[1, 7], batch_sizes=[1], jobs=2)
     assert checked.passed and checked.target == "torchscript"
+
+
+def test_every_layer_of_a_sharded_checkpoint_folder(tmp_path):
+    """A Hugging Face folder (sharded safetensors, as large checkpoints ship): --layers all is
+    its config.json's layer count, each layer read from the shards that hold it."""
+    pytest.importorskip("transformers")
+    from test_checkpoints import _plain
+    model = _plain("llama")
+    model.save_pretrained(tmp_path / "ckpt", max_shard_size="20KB")
+    summary = export_layers("onnx", tmp_path / "ckpt", "all", tmp_path / "run", jobs=2,
+                            check_options=FANOUT_CHECK)
+    assert summary.passed and summary.planned == model.config.num_hidden_layers
+    assert sorted(r.layer for r in summary.records) == list(range(summary.planned))
