@@ -187,3 +187,20 @@ def test_every_layer_of_a_sharded_checkpoint_folder(tmp_path):
                             check_options=FANOUT_CHECK)
     assert summary.passed and summary.planned == model.config.num_hidden_layers
     assert sorted(r.layer for r in summary.records) == list(range(summary.planned))
+
+
+@pytest.mark.parametrize("address", ["nowhere", "host:", ":6379", "host:port"])
+def test_a_malformed_ray_address_is_bad_input(address):
+    from mha_export.fanout.executors.ray_tasks import probe
+    with pytest.raises(UsageError, match="expected host:port"):
+        probe(address)
+
+
+def test_ray_address_auto_without_a_cluster_is_bad_input(monkeypatch, tmp_path):
+    from mha_export.fanout.executors import ray_tasks
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray_tasks, "CURRENT_CLUSTER", tmp_path / "none")
+    with pytest.raises(UsageError, match="no Ray cluster runs on this machine"):
+        ray_tasks.resolve_address("auto")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.7:6379")
+    assert ray_tasks.resolve_address("auto") == "10.0.0.7:6379"

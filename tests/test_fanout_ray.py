@@ -3,6 +3,7 @@
 executor's verdicts, layers placed on both nodes, faults and dead workers as their rows."""
 import functools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -74,12 +75,14 @@ def test_ray_a_layer_larger_than_every_node_is_infeasible(cluster, smollm2_gguf,
 
 
 def test_ray_from_the_command_line_at_an_address(cluster, smollm2_layers, tmp_path):
-    """A new process joins the cluster by its address (probed first) and checks the folder."""
+    """A new process joins the cluster by its address (auto: RAY_ADDRESS, probed first) and
+    checks the folder."""
     out = tmp_path / "run"
     shutil.copytree(smollm2_layers[0], out)
     done = subprocess.run([sys.executable, "-m", "mha_export", "check", str(out),
-                           "--executor", "ray", "--ray-address", cluster.address,
+                           "--executor", "ray", "--ray-address", "auto",
                            "--seq-lens", "1,7", "--batch-sizes", "1"],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "RAY_ADDRESS": cluster.address})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS: 3 layers (3 pass)" in done.stdout
