@@ -54,9 +54,8 @@ def run_layer(job: LayerJob) -> LayerRecord:
     warnings.filterwarnings("ignore")  # library chatter; the record says what matters
     start = time.perf_counter()
     pin_threads(job.threads)
-    record = LayerRecord(job.layer, ERROR, Path(job.folder).name,
-                         estimate_mib=round(job.memory / 2**20, 1), worker=worker_name(),
-                         fingerprint=job.fingerprint)
+    record = LayerRecord.for_job(job, ERROR)
+    record.worker = worker_name()
     try:
         with deadline(job.timeout, stop_marker(job)):
             report = _export(job) if job.action == EXPORT else _check(job)

@@ -25,7 +25,6 @@ int8 cache — and, with ``per_layer``, the options with one layer exported at a
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,7 +36,7 @@ import torch
 from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, get_policy
 from ..errors import UsageError
 from ..lossy import registry as lossy
-from ..weights.source import select_layers, weights_version
+from ..weights.source import select_layers
 from .capture import read_text, token_block
 from .loading import LoadedModel, attention_name, attention_of, decoder_layers, load_model
 
@@ -409,14 +408,11 @@ class Evaluator:
         from ..check.runners import RunOptions
         from ..export.pipeline import export_artifact
         from ..export.targets import TARGETS
-        from ..fanout.identity import checked_layer
+        from ..fanout.identity import checked_layer, export_stamp
         target = next(t for t in TARGETS.values() if t.model_file == self.kind.model_file)
         checked = checked_layer(self.folder, target.name, self.weights, options, layer)
         folder = self.folders[name, layer] = checked or self._folder(name, layer)
-        stamp = json.dumps({"weights": weights_version(self.weights), "layer": layer,
-                            "file": self.kind.model_file,
-                            **{k: weights_version(f) for k, f in lossy.files(options).items()},
-                            "options": lossy.as_json(options)}, sort_keys=True, default=str)
+        stamp = export_stamp(target.name, self.weights, options, None, layer)
         record = folder / "eval-options.json"
         if not checked and not (record.is_file() and record.read_text() == stamp
                                 and (folder / self.kind.model_file).is_file()):

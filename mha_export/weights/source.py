@@ -99,11 +99,11 @@ def weights_version(weights: str | Path | None) -> Any:
 
 def select_layers(spec: str, count: int, flag: str = "--layers") -> list[int]:
     """``all``, ranges and indices (``0-3,7``) of a checkpoint's ``count`` layers, sorted."""
+    if spec.strip() == "all":
+        return list(range(count))
     chosen: set[int] = set()
     try:
         for part in (p.strip() for p in spec.split(",")):
-            if spec.strip() == "all":
-                return list(range(count))
             low, sep, high = part.partition("-")
             first, last = int(low), int(high) if sep else int(low)
             if first > last:
