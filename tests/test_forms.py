@@ -138,3 +138,16 @@ def test_registry_records_are_complete() -> None:
         assert form.supports <= frozenset(Feature) and isinstance(form.memory, Memory)
         assert (form.kind == "latent") == (form.problem(MLA, make_signature(MLA)) is None)
         assert all(isinstance(t, int) for t in form.switch_seq_lens)
+
+
+@pytest.mark.parametrize("kind", ["full", "static-cache"])
+def test_gqa_always_asks_for_its_present_outputs(kind: str) -> None:
+    """ONNX Runtime's CUDA GroupQueryAttention (fp16/bf16) refuses to run without present_key
+    and present_value ("present_key and present_value are required"): without a cache the form
+    still names them, as scratch the graph drops."""
+    config = MHAConfig(dim=64, heads=4, kv_heads=2)
+    model, module, sig = _model(config, "contrib-gqa", kind)
+    gqa = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(gqa) == 1 and len(gqa[0].output) == 3 and all(gqa[0].output)
+    if kind == "full":
+        _check(model, module, sig, [Case(1, 5), Case(2, 17)])

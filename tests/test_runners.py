@@ -4,7 +4,7 @@ import pytest
 from mha_export import MHAConfig, export_onnx
 from mha_export.signature import make_signature
 from mha_export.check.runners import RunnerUnavailable
-from mha_export.check.runners.ort import OrtRunner, node_placements
+from mha_export.check.runners.ort import OrtRunner, _cpu_compute_nodes, node_placements
 from conftest import cuda_expected
 
 
@@ -20,6 +20,19 @@ def test_node_placements_parses_ort_verbose_log():
     assert node_placements(log) == {"CUDAExecutionProvider": ["MatMul (qkv_matmul)", "Softmax (probs)"],
                                     "CPUExecutionProvider": ["Shape (seq_len)"]}
 
+
+
+def test_a_compute_node_left_on_the_cpu_is_named_with_why():
+    """fp32 GroupQueryAttention has no CUDA kernel: the warning (fatal with --require-cuda)
+    names the node and says what would put it on CUDA."""
+    log = """2026 [V:onnxruntime:, session_state.cc:1590 VerifyEachNodeIsAssignedToAnEp]  Node(s) placed on [CPUExecutionProvider]. Number of nodes: 2
+2026 [V:onnxruntime:, session_state.cc:1592 VerifyEachNodeIsAssignedToAnEp]   Shape (seq_len)
+2026 [V:onnxruntime:, session_state.cc:1592 VerifyEachNodeIsAssignedToAnEp]   GroupQueryAttention (groupqueryattention)
+"""
+    warning = _cpu_compute_nodes(log)
+    assert warning.startswith("1 compute nodes ran on the CPU provider, not CUDA: "
+                              "GroupQueryAttention (groupqueryattention)")
+    assert "float16" in warning and "Shape" not in warning
 
 def test_real_cpu_session_log_is_understood(tmp_path, capfd):
     """ONNX Runtime 1.31's own verbose log for a CPU session: every node on the CPU provider."""

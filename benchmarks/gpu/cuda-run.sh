@@ -31,41 +31,46 @@ PY2
 } 2>&1 | tee "$R/env.txt"
 pack
 
-# 1. parity: one background job per form (fp32 TF32, fp32 no-TF32, fp16, kv-cache), pytest beside
+# 1. parity: one background job per form (fp32 TF32, fp32 no-TF32, fp16, growing and static
+# cache: a form that cannot build one refuses at export in a line), pytest beside.
+# FORMS / FORM_LIMIT / BENCH_FORMS / BENCH_SEQ narrow a rerun.
 export OMP_NUM_THREADS=2
-parity() {
-  local f=$1
-  if $TO 60 $MX onnx --heads 12 --dim 768 --attention $f -o "$R/m/$f" --no-check --force > "$R/export-$f.txt" 2>&1; then
-    $TO 120 $MX check "$R/m/$f" --providers cpu,cuda --require-cuda --json "$R/parity-$f.json" > "$R/check-$f.txt" 2>&1; echo "rc=$?" >> "$R/check-$f.txt"
-    $TO 120 $MX check "$R/m/$f" --providers cuda --require-cuda --no-tf32 --json "$R/parity-$f-notf32.json" > "$R/check-$f-notf32.txt" 2>&1; echo "rc=$?" >> "$R/check-$f-notf32.txt"
-  fi
-  if $TO 60 $MX onnx --heads 12 --dim 768 --attention $f --dtype float16 -o "$R/m/$f-fp16" --no-check --force > "$R/export-$f-fp16.txt" 2>&1; then
-    $TO 120 $MX check "$R/m/$f-fp16" --providers cpu,cuda --require-cuda --json "$R/parity-$f-fp16.json" > "$R/check-$f-fp16.txt" 2>&1; echo "rc=$?" >> "$R/check-$f-fp16.txt"
-  fi
-  if $TO 60 $MX onnx --heads 12 --dim 768 --attention $f --kv-cache -o "$R/m/$f-kv" --no-check --force > "$R/export-$f-kv.txt" 2>&1; then
-    $TO 120 $MX check "$R/m/$f-kv" --providers cpu,cuda --require-cuda --json "$R/parity-$f-kv.json" > "$R/check-$f-kv.txt" 2>&1; echo "rc=$?" >> "$R/check-$f-kv.txt"
+FORMS=${FORMS:-auto decomposed attention-op blocked blocked-plain contrib-mha contrib-gqa}
+variant() {  # name, export flags, check flags
+  local f=$1 name=$2 xflags=$3 cflags=$4
+  if $TO 60 $MX onnx --heads 12 --dim 768 --kv-heads ${KV_HEADS:-12} --attention $f $xflags -o "$R/m/$name" --no-check --force > "$R/export-$name.txt" 2>&1; then
+    $TO 150 $MX check "$R/m/$name" $cflags --require-cuda --json "$R/parity-$name.json" > "$R/check-$name.txt" 2>&1; echo "rc=$?" >> "$R/check-$name.txt"
   fi
 }
-export R MX TO; export -f parity; pids=()
-for f in auto decomposed attention-op blocked blocked-plain contrib-mha contrib-gqa; do timeout -k 5 220 bash -c "parity $f" & pids+=($!); done
+parity() {
+  local f=$1
+  variant $f $f "" "--providers cpu,cuda"
+  variant $f $f-notf32 "" "--providers cuda --no-tf32"
+  variant $f $f-fp16 "--dtype float16" "--providers cpu,cuda"
+  variant $f $f-kv "--kv-cache" "--providers cuda"
+  variant $f $f-static "--static-cache" "--providers cuda"
+  variant $f $f-static-fp16 "--static-cache --dtype float16" "--providers cuda"
+}
+export R MX TO KV_HEADS; export -f parity variant; pids=()
+for f in $FORMS; do timeout -k 5 ${FORM_LIMIT:-300} bash -c "parity $f" & pids+=($!); done
 NX=""; python3 -c "import xdist" 2>/dev/null && NX="-n 6"
 timeout -k 5 200 python3 -m pytest -q -p no:cacheprovider $NX tests/test_parity.py tests/test_runners.py \
-  tests/test_cli.py::test_require_cuda_without_gpu_exits_1 \
+  tests/test_static_cache.py tests/test_cli.py::test_require_cuda_without_gpu_exits_1 \
   tests/test_quantized.py::test_the_fp32_compute_twin_accompanies_ort_cpu_only > "$R/pytest.txt" 2>&1
 echo "pytest rc=$?" >> "$R/pytest.txt"; tail -4 "$R/pytest.txt"
 wait "${pids[@]}"
 echo "parity+pytest done at $((SECONDS-T0)) s"
 for f in "$R"/check-*.txt; do echo "== $(basename $f)"; grep -E "ort-cuda|PASS|FAIL|rc=" "$f" | head -6; done
-pack
 unset OMP_NUM_THREADS
+pack
 
-# 2. bench (alone on the machine): prefill, every form on ORT CUDA vs torch CUDA SDPA (fp32/fp16)
-left=$((470 - (SECONDS-T0)))
+# 2. bench (alone on the machine): prefill on ORT CUDA vs torch CUDA SDPA (fp32/fp16)
+left=$((${BENCH_END:-470} - (SECONDS-T0)))
 bt=$(( left > 200 ? 180 : left ))
 echo "bench timeout $bt s"
-timeout -k 5 $bt $MX bench --providers cuda --seq-lens 128,4096 --threads 8 --budget 0.3 \
+BF=""; [ -n "${BENCH_FORMS:-}" ] && BF="--forms $BENCH_FORMS"
+timeout -k 5 $bt $MX bench --providers cuda --seq-lens ${BENCH_SEQ:-128,4096} $BF --threads 8 --budget 0.3 \
   --mem-limit-gib 4096 --json "$R/bench-cuda.json" 2>&1 | tee "$R/bench.txt"; echo "bench rc=$?" | tee -a "$R/bench.txt"
 [ -f "$R/bench-cuda.json" ] && $TO 30 $MX bench --from-json "$R/bench-cuda.json" --markdown > "$R/bench.md" 2>&1
 pack
-$TO 30 python3 ../probe.py preload 16 > "$R/probe-rlimit16.txt" 2>&1; echo "rlimit probe rc=$?" >> "$R/probe-rlimit16.txt"; cat "$R/probe-rlimit16.txt"
-pack; echo "total $((SECONDS-T0)) s"; ls -la "$OUT"
+echo "total $((SECONDS-T0)) s"; ls -la "$OUT"

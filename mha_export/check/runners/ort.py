@@ -85,7 +85,8 @@ class OrtRunner(Runner):
         self.fp32_compute = fp32_compute
         model = _at_fp32_compute(path) if fp32_compute else path
         self.session = _session(model, provider, threads, tf32, mem_pattern, thread_pool)
-        self.providers = self.session.get_providers()
+        self.provider, self.providers = provider, self.session.get_providers()
+        self.run_options = _quiet_runs()
         self.device = f"{provider} ({self.providers[0]})"
         declared = {i.name: i for i in self.session.get_inputs()}
         missing = [n for n in signature.input_names if n not in declared]
@@ -118,13 +119,13 @@ class OrtRunner(Runner):
         a static cache: an IO binding whose present_* are bound to past_*'s own memory."""
         inputs = {n: np.ascontiguousarray(feeds[n].astype(self.dtypes[n]))
                   for n in self.signature.input_names}  # copies: the caller's feeds stay as given
-        return InPlaceCall(self.session, self.signature, inputs) if self.signature.static_cache \
-            else inputs
+        return InPlaceCall(self.session, self.signature, inputs, self.provider,
+                           self.run_options) if self.signature.static_cache else inputs
 
     def run_prepared(self, prepared) -> list[np.ndarray]:
         if isinstance(prepared, InPlaceCall):
             return prepared.run()
-        return self.session.run(self.signature.output_names, prepared)
+        return self.session.run(self.signature.output_names, prepared, self.run_options)
 
     def run(self, feeds: Feeds) -> Feeds:
         outs = self.run_prepared(self.prepare(feeds))
@@ -135,14 +136,18 @@ class OrtRunner(Runner):
 class InPlaceCall:
     """One static-cache call through an IO binding: past_key/past_value live in OrtValues that
     are also bound as present_key/present_value, so the model writes the app's buffer itself.
-    After the run the outputs must BE those buffers (same memory): a copy is an error."""
+    After the run the outputs must BE those buffers (same memory): a copy is an error. On CUDA
+    the buffers live in device memory, as an app keeps its cache there."""
 
     CACHE = {"present_key": "past_key", "present_value": "past_value"}
 
-    def __init__(self, session, signature: Signature, inputs: Feeds):
+    def __init__(self, session, signature: Signature, inputs: Feeds, device: str = "cpu",
+                 run_options=None):
         import onnxruntime as ort
-        self.session, self.signature, self.inputs = session, signature, inputs
-        self.buffers = {n: ort.OrtValue.ortvalue_from_numpy(inputs[n]) for n in self.CACHE.values()}
+        self.session, self.signature, self.inputs, self.device = session, signature, inputs, device
+        self.run_options = run_options
+        self.buffers = {n: ort.OrtValue.ortvalue_from_numpy(inputs[n], device, 0)
+                        for n in self.CACHE.values()}
         self.binding = session.io_binding()
         for name, value in inputs.items():
             if name in self.buffers:
@@ -156,14 +161,19 @@ class InPlaceCall:
                 self.binding.bind_output(name, "cpu")
 
     def run(self) -> list[np.ndarray]:
-        self.session.run_with_iobinding(self.binding)
+        self.session.run_with_iobinding(self.binding, self.run_options)
         outs = dict(zip(self.signature.output_names, self.binding.get_outputs()))
         for name, past in self.CACHE.items():
             if outs[name].data_ptr() != self.buffers[past].data_ptr():
                 raise RuntimeError(f"{name} is a copy: the model did not write the bound "
                                    f"{past} buffer in place")
-        return [outs[n].numpy() if n not in self.CACHE else self.inputs[self.CACHE[n]]
+        return [outs[n].numpy() if n not in self.CACHE else self._cache(self.CACHE[n])
                 for n in self.signature.output_names]
+
+    def _cache(self, past: str) -> np.ndarray:
+        """The buffer after the call: the input array itself on CPU (the OrtValue shares its
+        memory), a copy back from the device elsewhere."""
+        return self.inputs[past] if self.device == "cpu" else self.buffers[past].numpy()
 
 
 # tolerance_dtype of a session whose MatMulNBits really quantized their activations (level 4)
@@ -276,8 +286,15 @@ def _cpu_compute_nodes(load_log: str) -> str:
              if n.split(" ", 1)[0] in COMPUTE_OPS]
     if not nodes:
         return ""
+    why = sorted({_NO_CUDA_KERNEL[op] for op in (n.split(" ", 1)[0] for n in nodes)
+                  if op in _NO_CUDA_KERNEL})
     return (f"{len(nodes)} compute nodes ran on the CPU provider, not CUDA: "
-            + ", ".join(nodes[:5]))
+            + ", ".join(nodes[:5]) + "".join(f" ({w})" for w in why))
+
+
+# why ONNX Runtime's CUDA provider leaves an op to the CPU (its kernel registrations, 1.31)
+_NO_CUDA_KERNEL = {"GroupQueryAttention": "its CUDA kernel takes float16 and bfloat16 only: "
+                                          "export with --dtype float16 for CUDA"}
 
 
 def cuda_provider_missing() -> Optional[str]:
@@ -286,6 +303,15 @@ def cuda_provider_missing() -> Optional[str]:
     if ORT_PROVIDERS["cuda"] not in ort.get_available_providers():
         return "this onnxruntime build has no CUDAExecutionProvider (install onnxruntime-gpu)"
     return None
+
+
+def _quiet_runs():
+    """RunOptions that log warnings only: a CUDA session loads verbosely (its node placements
+    are read from that log) and would otherwise log every kernel of every run."""
+    import onnxruntime as ort
+    options = ort.RunOptions()
+    options.log_severity_level = 3
+    return options
 
 
 def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf32: bool,

@@ -4,6 +4,8 @@
 - ``contrib-gqa``: ``GroupQueryAttention``, causal by construction; its ``seqlens_k`` (B,) = T - 1
   and ``total_sequence_length`` = T come from the runtime shape. Its CPU kernel needs H % 8 == 0.
   An int8 static cache: the node's own (kv_cache_bit_width=8, static k_scale / v_scale).
+  Its present outputs are always asked for: ONNX Runtime's CUDA kernel (fp16 / bf16) refuses
+  to run without them, and its CPU kernel takes its flash path only with them.
 """
 from __future__ import annotations
 
@@ -44,10 +46,14 @@ def contrib_gqa_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attentio
         inputs += ["", "", "", "", "", s.k_scale, s.v_scale]  # after cos/sin .. head_sink
         int8 = dict(kv_cache_bit_width=8, k_quant_type=s.k_quant_type,
                     v_quant_type=s.v_quant_type)
-    outs = op.GroupQueryAttention(*inputs, n_out=3 if io.past_lengths is not None else 1,
-                                  domain=CONTRIB, num_heads=c.heads, kv_num_heads=c.kv_heads,
-                                  scale=c.scale, **int8)
-    return AttentionOut(*outs) if io.past_lengths is not None else AttentionOut(outs)
+    # present_key / present_value (B, kvN, total, H): the cache's own buffers when one is bound,
+    # else scratch the graph drops
+    y, present_key, present_value = op.GroupQueryAttention(
+        *inputs, n_out=3, domain=CONTRIB, num_heads=c.heads, kv_num_heads=c.kv_heads,
+        scale=c.scale, **int8)
+    if io.past_lengths is None:
+        return AttentionOut(y)
+    return AttentionOut(y, present_key, present_value)
 
 
 def _gqa_refuses(c: MHAConfig) -> str | None:
