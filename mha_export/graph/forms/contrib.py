@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import numpy as np
 from onnx import TensorProto
 
 from ...config import MHAConfig
@@ -26,19 +27,30 @@ def contrib_mha_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attentio
 def contrib_gqa_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
     """Without a cache: the whole call is the prompt (seqlens_k = T - 1, total = T). With a
     static cache: past_key/past_value are the app's buffers, which the node writes in place
-    when present is bound to them; seqlens_k[b] = past_lengths[b] + T - 1 and total =
-    max(past_lengths) + T (ONNX Runtime refuses T > 1 over a non-empty cache at batch > 1)."""
+    when present is bound to them; seqlens_k[b] = past_lengths[b] + T - 1, and total is the
+    buffer's length S for one token or one row (ONNX Runtime's decoding and chunk paths read
+    each row's length from seqlens_k) and T for a batch of prompts, which it can run at past 0
+    only: T > 1 over a non-empty cache at batch > 1 makes the context NaN, never a wrong number.
+
+    total_sequence_length is read on the host: it comes from shapes alone. Computed from
+    values (max(past_lengths) + T), ONNX Runtime 1.31's CUDA kernel read it before the device
+    had written it (measured on an H200: 0, or a stale length, and wrong outputs)."""
     op = Ops(g)
     t = op.Shape(io.q, start=1, end=2)  # (1,) T
     if io.past_lengths is None:  # every row starts at 0
         starts = op.Expand(g.ints("zero_1d", [0]), op.Shape(io.q, start=0, end=1))  # (B,)
+        total = t  # (1,) T
     else:
         starts = io.past_lengths  # (B,)
+        one = g.ints("one_1d", [1])
+        decoding = op.Or(op.Equal(t, one), op.Equal(op.Shape(io.q, start=0, end=1), one))  # (1,)
+        total = op.Where(decoding, op.Shape(io.past_key, start=2, end=3), t)  # (1,) S or T
+        over_cache = op.Greater(op.ReduceMax(starts, keepdims=1), g.ints("zero_1d", [0]))  # (1,)
+        unrunnable = op.And(op.Not(decoding), over_cache)  # (1,) prompts of B > 1 over a cache
     # (B,) past_lengths + T - 1 ("row_ends": a test shifts it)
     last = op.Sub(op.Add(starts, t, name="row_ends"), g.ints("one_1d", [1]))
     seqlens = op.Cast(last, to=TensorProto.INT32)  # (B,) int32
-    total = op.Cast(op.Add(op.ReduceMax(starts, keepdims=0), op.Squeeze(t, g.ints("axis0", [0]))),
-                    to=TensorProto.INT32)  # () int32: max(past_lengths) + T
+    total = op.Cast(op.Squeeze(total, g.ints("axis0", [0])), to=TensorProto.INT32)  # () int32
     cache = [io.past_key, io.past_value] if io.past_lengths is not None else ["", ""]
     inputs, int8 = [io.q, io.k, io.v, *cache, seqlens, total], {}
     if io.int8_cache:  # the node quantizes on write and reads its buffers dequantized
@@ -53,7 +65,8 @@ def contrib_gqa_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attentio
         scale=c.scale, **int8)
     if io.past_lengths is None:
         return AttentionOut(y)
-    return AttentionOut(y, present_key, present_value)
+    poison = op.Where(unrunnable, g.const("nan", np.nan), g.const("zero", 0.0))  # (1,)
+    return AttentionOut(op.Add(y, poison), present_key, present_value)  # (B, T, D)
 
 
 def _gqa_refuses(c: MHAConfig) -> str | None:
