@@ -83,6 +83,19 @@ class GraphBuilder:
             self._shared[key] = self.const(name, arr, float_dtype=False)
         return self._shared[key]
 
+    def float8_const(self, name: str, codes: np.ndarray) -> str:
+        """e4m3fn bytes (uint8, numpy has no float8) as one FLOAT8E4M3FN initializer, shared
+        by content like ``shared_const``."""
+        if self.outer is not None:
+            return self.outer.float8_const(name, codes)
+        key = ("float8", name, codes.shape, hashlib.sha1(codes.tobytes()).hexdigest())
+        if key not in self._shared:
+            self._shared[key] = self.name(name)
+            self.initializers.append(helper.make_tensor(
+                self._shared[key], TensorProto.FLOAT8E4M3FN, codes.shape,
+                np.ascontiguousarray(codes, np.uint8).tobytes(), raw=True))
+        return self._shared[key]
+
     def ints(self, name: str, values: list[int] | int) -> str:
         return self.const(name, np.array(values, dtype=np.int64), float_dtype=False)
 

@@ -69,13 +69,26 @@ def build_model(config: MHAConfig, w: AttentionWeights | Mapping[str, Tensor], f
     check_buildable(c, form, sig, dtype)
     if (sig.cache_dtype == INT8) != (kv_cache is not None):
         raise UsageError("an int8 cache needs both the int8 signature and its scales")
-    opset = resolve_opset(form, opset)
+    opset = _projections_opset(projections, form, opset)
     g = GraphBuilder(dtype=dtype, projections=projections)
     layer = form.layer or _attention_layer
     results = layer(g, c, w, form, sig, opset, kv_cache)
     for name in sig.output_names:
         _name_output(g, results[name], name)
     return _model(g, sig, dtype, opset, f"mha_{form.name}")
+
+
+def _projections_opset(projections: ProjectionWriter | None, form: GraphForm,
+                       opset: int | None) -> int:
+    """The form's opset, at least what the projections' nodes need (float8 DequantizeLinear:
+    21) when none was asked for; an opset asked for below that is an error."""
+    needed = getattr(projections, "min_opset", 1)
+    if opset is None and needed > form.min_opset:
+        opset = needed
+    opset = resolve_opset(form, opset)
+    if opset < needed:
+        raise UsageError(f"opset {opset}: the kept projections need opset {needed} or later")
+    return opset
 
 
 def _model(g: GraphBuilder, sig: Signature, dtype: str, opset: int, name: str

@@ -23,6 +23,7 @@ from torch import Tensor
 from ..config import SECTIONS
 from ..errors import UsageError
 from .families import FAMILIES, Family, Settings, supported_types
+from .quantized import Decoded, QuantFormat, checkpoint_format
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 # The context a checkpoint layer's export checks by default (max_seq_len): the checkpoint's
@@ -58,7 +59,7 @@ def _read_config(cfg_path: Path) -> tuple[Family, dict]:
     if family is None:
         raise UsageError(f"{cfg_path}: unsupported model type {kind!r} (supported: "
                          f"{supported_types()})")
-    _refuse_quantized(cfg_path, cfg)
+    checkpoint_format(cfg.get("quantization_config"), str(cfg_path))  # refusals first
     if family.nested is None:
         return family, cfg
     text = cfg.get(family.nested)
@@ -67,26 +68,22 @@ def _read_config(cfg_path: Path) -> tuple[Family, dict]:
     return family, text or {}
 
 
-def _refuse_quantized(cfg_path: Path, cfg: dict) -> None:
-    """A quantized checkpoint (DeepSeek-V3's FP8 blocks with weight_scale_inv beside them, GPTQ,
-    AWQ, ...) stores weights that mean nothing without their scales: refused, never read as
-    plain floats."""
-    found = cfg.get("quantization_config")
-    method = found.get("quant_method", "unknown") if isinstance(found, dict) else found
-    if method:
-        raise UsageError(f"{cfg_path}: a quantized checkpoint (quantization_config "
-                         f"quant_method {method!r}) is not read: its weights need their scales; "
-                         "export from a bf16/fp16/fp32 checkpoint")
+def quantization(cfg_path: Path) -> tuple[Optional[QuantFormat], dict]:
+    """The checkpoint's quantization format (None: a float checkpoint) and its config."""
+    qcfg = json.loads(cfg_path.read_text()).get("quantization_config") or {}
+    return checkpoint_format(qcfg, str(cfg_path)), qcfg
 
 
-def _layer_pattern(family: Family, layer: int) -> re.Pattern:
+def _layer_pattern(family: Family, layer: int, parts: tuple[str, ...] = ()) -> re.Pattern:
     """Names of the layer's attention tensors after the family's prefix (by default any), e.g.
     model.layers.2.self_attn.q_proj.weight: groups "module" (the checkpoint's) and "part"
-    (weight or bias; none for a bare parameter such as gpt-oss's self_attn.sinks)."""
+    (weight or bias, or a quantization format's ``parts``; none for a bare parameter such as
+    gpt-oss's self_attn.sinks)."""
     attention = re.escape(family.attention.format(layer=layer))
     modules = "|".join(map(re.escape, family.tensors))
+    names = "|".join(map(re.escape, sorted({"weight", "bias", *parts}, key=len, reverse=True)))
     return re.compile(rf"{family.prefix}{attention}\.(?P<module>{modules})"
-                      rf"(?:\.(?P<part>weight|bias))?$")
+                      rf"(?:\.(?P<part>{names}))?$")
 
 
 def _weights_file(path: Path) -> Path:
@@ -135,9 +132,14 @@ def layer_fields(cfg_path: Path, family: Family, cfg: dict, layer: int) -> dict:
         raise UsageError(f"{cfg_path}: missing or malformed attention setting ({e})") from None
 
 
-def _read_tensors(path: Path, family: Family, layer: int) -> dict[str, Tensor]:
-    """The layer's attention tensors, float32, under our module names."""
-    pattern = _layer_pattern(family, layer)
+Modules = dict[str, tuple[str, dict[str, Tensor]]]  # checkpoint module -> (full name, parts)
+
+
+def _layer_modules(path: Path, family: Family, layer: int,
+                   fmt: Optional[QuantFormat]) -> Modules:
+    """The layer's attention tensors grouped by checkpoint module: {"q_proj": (its full name,
+    {"weight": ..., "bias": ...} or a quantization format's parts)}."""
+    pattern = _layer_pattern(family, layer, fmt.parts if fmt else ())
     file = _weights_file(path)
     try:
         found = _layer_tensors(file, pattern)
@@ -148,15 +150,53 @@ def _read_tensors(path: Path, family: Family, layer: int) -> dict[str, Tensor]:
         raise UsageError(f"{file}: not a readable checkpoint ({text})") from None
     if not found:
         raise UsageError(f"{path}: no attention tensors for layer {layer}")
-    named = {}
+    modules: Modules = {}
     for name, tensor in found.items():
-        if tensor.dtype in FLOAT8:
-            raise UsageError(f"{file}: {name} is {tensor.dtype} (a quantized checkpoint's "
-                             "codes): export from a bf16/fp16/fp32 checkpoint")
         match = pattern.search(name)
-        part = f".{match['part']}" if match["part"] else ""
-        named[family.tensors[match["module"]] + part] = tensor.float()
+        part = match["part"] or ""
+        full = name[: len(name) - len(part) - 1] if part else name
+        modules.setdefault(match["module"], (full, {}))[1][part] = tensor
+    return modules
+
+
+def _is_quantized(parts: dict[str, Tensor], fmt: Optional[QuantFormat]) -> bool:
+    return fmt is not None and any(marker in parts for marker in fmt.markers)
+
+
+def _read_tensors(path: Path, family: Family, layer: int, fmt: Optional[QuantFormat] = None,
+                  qcfg: Optional[dict] = None) -> dict[str, Tensor]:
+    """The layer's attention tensors, float32, under our module names: a quantized module's
+    weight as its format's own dequantization."""
+    named = {}
+    for module, (full, parts) in _layer_modules(path, family, layer, fmt).items():
+        ours = family.tensors[module]
+        if _is_quantized(parts, fmt):
+            named[ours + ".weight"] = torch.from_numpy(fmt.decode(parts, qcfg, full)
+                                                       .dequantized())
+            parts = {p: t for p, t in parts.items() if p == "bias"}
+        for part, tensor in parts.items():
+            if tensor.dtype in FLOAT8:
+                raise UsageError(f"{full}.{part} is {tensor.dtype} (a quantized checkpoint's "
+                                 "codes) without a quantization_config that reads it")
+            if part in ("", "weight", "bias"):
+                named[ours + (f".{part}" if part else "")] = tensor.float()
     return named
+
+
+def kept_weights(path: str | Path, layer: int) -> tuple[str, dict[str, Decoded]]:
+    """(the format's name, our module weight name -> the decoded weight) of a quantized
+    checkpoint's layer: what ``--quantize source`` keeps. Modules the checkpoint stores as
+    floats are not among them."""
+    path = Path(path)
+    cfg_path = hf_config_path(path)
+    family, _ = _read_config(cfg_path)
+    fmt, qcfg = quantization(cfg_path)
+    if fmt is None:
+        raise UsageError(f"{path} is not a quantized checkpoint (no quantization_config): "
+                         "--quantize source has nothing to keep")
+    return fmt.name, {family.tensors[module] + ".weight": fmt.decode(parts, qcfg, full)
+                      for module, (full, parts) in _layer_modules(path, family, layer, fmt).items()
+                      if _is_quantized(parts, fmt)}
 
 
 def require_layer(layer: Optional[int], count: int, what: str, holder: str) -> None:
@@ -177,9 +217,12 @@ def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict
     count = _layer_count(cfg_path, family, cfg)
     require_layer(layer, count, f"{path} is a {family.model_type} checkpoint", "checkpoint")
     fields = layer_fields(cfg_path, family, cfg, layer)
-    state = family.convert(fields, _read_tensors(path, family, layer))
+    fmt, qcfg = quantization(cfg_path)
+    state = family.convert(fields, _read_tensors(path, family, layer, fmt, qcfg))
     source = {"kind": "huggingface", "path": str(path), "model_type": family.model_type,
               "layer": layer, "max_position_embeddings": cfg.get(family.context)}
+    if fmt is not None:  # the weights are the format's own dequantization
+        source["quantization"] = fmt.name
     return fields, state, source
 
 

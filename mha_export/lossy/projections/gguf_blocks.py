@@ -41,8 +41,8 @@ Every other type (IQ*, TQ*, MXFP4, NVFP4, ...) has no exact MatMulNBits form: ``
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Callable, NamedTuple
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -230,15 +230,19 @@ def _pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class SourceBlocks:
-    """One GGUF weight (N, K) as MatMulNBits' codes, scales and zero points."""
+    """One kept weight (N, K) as MatMulNBits' codes, scales and zero points: a GGUF's, or a
+    quantized Hugging Face checkpoint's (checkpoint_blocks.py)."""
 
-    ggml_type: str  # "Q4_K", ...
+    ggml_type: str  # the stored type: "Q4_K", ..., "GPTQ-int4-g128"
     bits: int  # 2 | 4 | 8
-    block_size: int  # 16 | 32
-    k: int  # input features (a multiple of block_size: no padding)
+    block_size: int  # 16 .. 256
+    k: int  # input features (the last block padded with codes that dequantize to 0)
     codes: np.ndarray  # (N, n_blocks, block_size) uint8 in [0, 2^bits)
     scales: np.ndarray  # (N, n_blocks) float32
     zero_points: np.ndarray  # (N, n_blocks) uint8 | float32
+    # (K,) the kernel's input j is x[..., input_order[j]] (GPTQ's act-order: each group's
+    # inputs made contiguous); None: the inputs in order
+    input_order: Optional[np.ndarray] = field(default=None, compare=False)
 
     @property
     def n(self) -> int:
@@ -254,10 +258,16 @@ class SourceBlocks:
         return self.float_zero_points or bool((self.zero_points != 1 << (self.bits - 1)).any())
 
     def dequantized(self) -> np.ndarray:
-        """(N, K) float32: (code - zero point) * scale, the kernel's arithmetic."""
+        """(N, K) float32: (code - zero point) * scale, the kernel's arithmetic, in the
+        checkpoint's input order."""
         w = (self.codes.astype(np.float32) - self.zero_points[..., None].astype(np.float32)
              ) * self.scales[..., None]
-        return w.reshape(self.n, self.k)
+        w = w.reshape(self.n, -1)[:, : self.k]
+        if self.input_order is None:
+            return w
+        unpermuted = np.empty_like(w)
+        unpermuted[:, self.input_order] = w
+        return unpermuted
 
     def packed(self) -> np.ndarray:
         """MatMulNBits' B: (N, n_blocks, block_size * bits / 8) uint8."""

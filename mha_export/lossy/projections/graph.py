@@ -1,8 +1,11 @@
 """Quantized projections in the ONNX graph (the step's graph hook, graph/builder.py's
 ``projections``): x (.., K) @ W^T with W (N, K) in its quantizer's MatMulNBits form(s)
-(rtn.py: round to nearest here; source.py: a GGUF's own blocks) — ONNX Runtime's
+(rtn.py: round to nearest here; source.py: a checkpoint's own blocks) — ONNX Runtime's
 com.microsoft.MatMulNBits reading the packed codes, one scale (and zero point) per block;
 default zero points (2^(bits-1)) are left out. Several forms (a weight split in two) are summed.
+A kept act-order weight reads x through a Gather of its input order (one per distinct order:
+q, k and v share theirs). A float8 weight is ONNX's DequantizeLinear (opset 21: float8 codes,
+a scale per block of inputs) and a MatMul.
 
 Shape legend: B = batch, T = this call, K = input features, N = output features.
 """
@@ -18,6 +21,9 @@ import torch
 from ...graph.builder import GraphBuilder
 from ...graph.nodes import CONTRIB
 from ...graph.ops import Ops
+from ...weights.quantized import Float8Blocks
+
+FLOAT8_OPSET = 21  # DequantizeLinear with block_size
 
 
 @dataclass(frozen=True)
@@ -26,18 +32,53 @@ class MatMulNBitsProjections:
     level) as MatMulNBits; a projection it has no form for stays a float MatMul (None)."""
 
     spec: Any
+    # (builder, input value, order bytes) -> the Gather of x in that order, shared by projections
+    _orders: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def min_opset(self) -> int:
+        """The opset the forms need (float8 DequantizeLinear: 21)."""
+        kept = getattr(self.spec, "blocks", {}).values()
+        return FLOAT8_OPSET if any(isinstance(b, Float8Blocks) for b in kept) else 1
 
     def __call__(self, g: GraphBuilder, x: str, name: str,
                  weight: torch.Tensor) -> Optional[str]:
         forms = self.spec.forms(name, weight.detach().to(torch.float32).numpy())
         if not forms:
             return None
-        parts = [self._matmul_nbits(g, x, name + (f"_part{i}" if i else ""), q)
+        parts = [self._write(g, x, name + (f"_part{i}" if i else ""), q)
                  for i, q in enumerate(forms)]
         y = parts[0]
         for part in parts[1:]:
             y = Ops(g).Add(y, part, name=f"{name}_sum")  # (.., N)
         return y
+
+    def _write(self, g: GraphBuilder, x: str, name: str, q) -> str:
+        if isinstance(q, Float8Blocks):
+            return self._dequantize_linear(g, x, name, q)
+        if getattr(q, "input_order", None) is not None:
+            x = self._in_order(g, x, q.input_order)
+        return self._matmul_nbits(g, x, name, q)
+
+    def _in_order(self, g: GraphBuilder, x: str, order: np.ndarray) -> str:
+        """x (.., K) with its inputs in ``order``: one Gather per distinct order and input."""
+        key = (id(g), x, order.tobytes())  # a branch's builder gathers its own x
+        if key not in self._orders:
+            index = g.const("input_order", order.astype(np.int64), float_dtype=False)
+            self._orders[key] = Ops(g).Gather(x, index, axis=-1, name="act_order")  # (.., K)
+        return self._orders[key]
+
+    def _dequantize_linear(self, g: GraphBuilder, x: str, name: str, q: Float8Blocks) -> str:
+        """W^T (K, N) = DequantizeLinear(codes^T, scales (ceil(K / cols), N), axis 0, block
+        cols): the float8 codes kept, each row's scales (block rows expanded) per block of
+        inputs; the same single rounding as the format's definition."""
+        op = Ops(g)
+        codes_t = g.float8_const(f"{name}.weight_f8_t", np.ascontiguousarray(q.codes.T))
+        scales_t = g.const(f"{name}.weight_scales_t", np.ascontiguousarray(q.row_scales().T),
+                           float_dtype=False)
+        w_t = op.DequantizeLinear(codes_t, scales_t, axis=0, block_size=q.block[1],
+                                  name=f"{name}_dequantize")  # (K, N) float32
+        return op.MatMul(x, w_t, name=f"{name}_matmul")  # (.., N)
 
     def _matmul_nbits(self, g: GraphBuilder, x: str, name: str, q) -> str:
         if getattr(q, "float_zero_points", False):

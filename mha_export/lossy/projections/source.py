@@ -1,10 +1,12 @@
-"""``--quantize source``: a GGUF layer's projections keep the file's own quantized blocks — no
-requantization — as ONNX Runtime's MatMulNBits (gguf_blocks.py: the exact form of each block
-type). The artifact's reference is the file's own function: weights.safetensors holds what
+"""``--quantize source``: a checkpoint layer's projections keep the checkpoint's own quantized
+weights — no requantization — a GGUF file's blocks (gguf_blocks.py: the exact MatMulNBits form of
+each block type) or a quantized Hugging Face folder's (weights/quantized: GPTQ, AWQ,
+compressed-tensors as MatMulNBits, checkpoint_blocks.py; float8 as DequantizeLinear). The artifact's reference is the file's own function: weights.safetensors holds what
 ``gguf.quants.dequantize`` returns (weights/gguf.py), so the check judges the kernel against the
 GGUF's dequantized weights, and quantizing costs nothing more against that function. What the
 GGUF's quantizer cost against the unquantized model is unknown: a GGUF file does not hold the
-unquantized weights, and the reports say so rather than invent a figure.
+unquantized weights, and the reports say so rather than invent a figure. The same holds for a
+Hugging Face folder: its weights.safetensors is the format's own dequantization.
 
     RawTensor (file blocks, llama.cpp's row order) -> SourceBlocks (codes, scales, zero points,
     rows in Hugging Face's order) -> one MatMulNBits per projection (two and an Add for Q5_1 /
@@ -22,6 +24,8 @@ from typing import Any, Optional
 import numpy as np
 
 from ...errors import UsageError
+from ...weights.quantized import Float8Blocks, IntGroups
+from .checkpoint_blocks import int_groups_blocks
 from .gguf_blocks import SourceBlocks, is_float_type, source_blocks
 from .rtn import ACCURACY_LEVELS
 
@@ -35,15 +39,16 @@ FUSED_QKV = "qkv_proj.weight"  # Phi-3: query, key and value rows stacked
 
 @dataclass(frozen=True)
 class SourceQuantSpec:
-    """The record of a kept quantization: per projection, the GGUF type it came from and the
-    MatMulNBits form it became; ``blocks`` (export time only, never serialized) holds them."""
+    """The record of a kept quantization: per projection, the type it came from and the form
+    it became; ``blocks`` (export time only, never serialized) holds them."""
 
     accuracy_level: int = 1
     # graph name -> {"type", "bits", "block_size", "bytes" (its MatMulNBits inputs, both nodes'
-    # for Q5_1 / Q5_K)}
+    # for Q5_1 / Q5_K; a float8 weight's codes and scales)}
     projections: dict = field(default_factory=dict)
     blocks: dict = field(default_factory=dict, compare=False, repr=False)
     quantizer: str = SOURCE
+    format: str = "GGUF"  # whose quantization: GGUF, GPTQ, AWQ, compressed-tensors, FP8 blocks
 
     def __post_init__(self) -> None:
         if self.accuracy_level not in ACCURACY_LEVELS:
@@ -59,21 +64,25 @@ class SourceQuantSpec:
     @property
     def tag(self) -> str:
         types = sorted({p["type"].lower() for p in self.projections.values()})
-        return "gguf-" + "-".join(types) + ("-l4" if self.accuracy_level == 4 else "")
+        prefix = "gguf-" if self.format == "GGUF" else ""
+        return prefix + "-".join(types) + ("-l4" if self.accuracy_level == 4 else "")
 
     def label(self) -> str:
         kept = ", ".join(f"{n} {p['type']}" for n, p in self.projections.items()) or "none"
-        return (f"the GGUF's own blocks ({kept}), {self.compute} compute (accuracy level "
-                f"{self.accuracy_level}); nothing re-quantized: 0 against the file's function, "
-                f"and the GGUF's own cost is unknown (the file holds no unquantized weights)")
+        what = "blocks" if self.format == "GGUF" else "weights"
+        return (f"the {self.format}'s own {what} ({kept}), {self.compute} compute (accuracy "
+                f"level {self.accuracy_level}); nothing re-quantized: 0 against the file's "
+                f"function, and the {self.format}'s own cost is unknown (the file holds no "
+                f"unquantized weights)" + _runtime_note(self.projections))
 
     def to_dict(self) -> dict:
         return {"quantizer": SOURCE, "accuracy_level": self.accuracy_level,
-                "projections": self.projections}
+                "projections": self.projections, "format": self.format}
 
     @classmethod
     def from_dict(cls, d: dict) -> "SourceQuantSpec":
-        return cls(accuracy_level=d["accuracy_level"], projections=dict(d["projections"]))
+        return cls(accuracy_level=d["accuracy_level"], projections=dict(d["projections"]),
+                   format=d.get("format", "GGUF"))
 
     def forms(self, name: str, weight: Any) -> list[SourceBlocks]:
         """The MatMulNBits forms of projection ``name`` (summed when two); [] keeps it float."""
@@ -118,17 +127,51 @@ def kept_quantization(path: str | Path, layer: int, config: Any,
         if tensor.rows is not None:
             found = found.take_rows(tensor.rows)
         blocks.update(_by_graph_name(ours, found, config))
-    projections = {name: {"type": b.ggml_type, "bits": b.bits, "block_size": b.block_size,
-                          "bytes": sum(f.stored_bytes() for f in _forms(b))}
-                   for name, b in blocks.items()}
-    return SourceQuantSpec(accuracy_level, projections, blocks)
+    return SourceQuantSpec(accuracy_level, {n: _record(b) for n, b in blocks.items()}, blocks)
 
 
-def _forms(blocks: SourceBlocks) -> list[SourceBlocks]:
-    """The MatMulNBits nodes of one kept weight: itself, or two summed (SPLIT_HIGH_BIT)."""
-    if blocks.ggml_type in SPLIT_HIGH_BIT:
+def _forms(blocks: SourceBlocks | Float8Blocks) -> list:
+    """The nodes of one kept weight: itself, or two MatMulNBits summed (SPLIT_HIGH_BIT)."""
+    if isinstance(blocks, SourceBlocks) and blocks.ggml_type in SPLIT_HIGH_BIT:
         return list(blocks.split_high_bit())
     return [blocks]
+
+
+def _runtime_note(projections: dict) -> str:
+    if not any(p["type"].startswith(FLOAT8_TYPE) for p in projections.values()):
+        return ""
+    return ("; float8 weights are dequantized at run time (DequantizeLinear: no FP8 matmul on "
+            "CPU), and FP8 activation quantization, where the scheme has it, is not reproduced "
+            "(its cost unknown)")
+
+
+FLOAT8_TYPE = "FP8"  # the record type of a float8 weight: "FP8-e4m3-128x128"
+
+
+def _record(blocks: SourceBlocks | Float8Blocks) -> dict:
+    if isinstance(blocks, Float8Blocks):
+        rows, cols = blocks.block
+        return {"type": f"{FLOAT8_TYPE}-e4m3-{rows}x{cols}", "bits": 8, "block_size": cols,
+                "bytes": blocks.stored_bytes()}
+    return {"type": blocks.ggml_type, "bits": blocks.bits, "block_size": blocks.block_size,
+            "bytes": sum(f.stored_bytes() for f in _forms(blocks))}
+
+
+def kept_checkpoint_quantization(path: str | Path, layer: int, config: Any,
+                                 accuracy_level: int) -> SourceQuantSpec:
+    """A quantized Hugging Face checkpoint's layer as it ships (GPTQ, AWQ, compressed-tensors,
+    FP8 blocks), by graph name; a weight without an exact form is bad input (one line)."""
+    from ...weights.huggingface import kept_weights
+    fmt, decoded = kept_weights(path, layer)
+    blocks: dict = {}
+    for ours, weight in decoded.items():
+        try:
+            form = int_groups_blocks(weight) if isinstance(weight, IntGroups) else weight
+        except UsageError as e:
+            raise UsageError(f"--quantize source: {ours}: {e}") from None
+        blocks.update(_by_graph_name(ours, form, config))
+    return SourceQuantSpec(accuracy_level, {n: _record(b) for n, b in blocks.items()}, blocks,
+                           format=fmt)
 
 
 def _by_graph_name(ours: str, blocks: SourceBlocks, config: Any) -> dict[str, SourceBlocks]:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 import click
+import numpy as np
 
 from ...errors import UsageError
 from ...kinds.registry import kind_of
@@ -17,7 +18,10 @@ from .graph import MatMulNBitsProjections
 from .records import quant_spec_from_record
 from .reference import reference_module
 from .rtn import ACCURACY_LEVELS, BLOCK_SIZES, NAMES, QuantSpec, quantized_projections
-from .source import SOURCE, SourceQuantSpec, kept_quantization
+from .source import (GRAPH_NAMES, SOURCE, SourceQuantSpec, kept_checkpoint_quantization,
+                     kept_quantization)
+
+MODULE_WEIGHTS = {graph: ours for ours, graph in GRAPH_NAMES.items()}  # q_proj -> W_query.weight
 
 # torch's weight-only int4/int8 (torchao) is not a dependency: its int8 path runs mm(x,
 # W.to(float)) in eager/TorchScript (dequantized every call, no fewer bytes), its CPU int4 is a
@@ -140,23 +144,47 @@ class QuantizedProjections(LossyStep):
                    for p, s in shape.items())
 
 
+# where a source was read -> how its layer's own quantized weights are kept
+KEEPERS = {"gguf": kept_quantization, "huggingface": kept_checkpoint_quantization}
+
+
 def kept_blocks(source: Any, spec: SourceQuantSpec, dtype: str) -> SourceQuantSpec:
-    """--quantize source: the GGUF layer's own blocks, for the projections of its own layout."""
+    """--quantize source: the checkpoint layer's own quantized weights (a GGUF file's blocks,
+    a quantized Hugging Face folder's), for the projections of its own layout; each kept form
+    must equal the weight the source module holds (the format's own dequantization)."""
     where = source.description
-    if where.get("kind") != "gguf":
-        raise UsageError("--quantize source keeps a GGUF file's own quantized blocks: it needs "
-                         "--weights FILE.gguf")
+    keep = KEEPERS.get(where.get("kind"))
+    if keep is None or (where["kind"] == "huggingface" and "quantization" not in where):
+        raise UsageError("--quantize source keeps a checkpoint's own quantized weights: it needs "
+                         "--weights FILE.gguf or a quantized Hugging Face folder (GPTQ, AWQ, "
+                         "compressed-tensors, FP8)")
     if source.config.layout != "split":
         raise UsageError("--quantize source keeps the checkpoint's own projections: export "
                          "them in its layout (split)")
     if dtype != "float32":
-        raise UsageError("--quantize source is float32 only (the GGUF's scales as it stores "
-                         "them, in float32 arithmetic)")
-    kept = kept_quantization(where["path"], where["layer"], source.config, spec.accuracy_level)
+        raise UsageError("--quantize source is float32 only (the checkpoint's scales as it "
+                         "stores them, in float32 arithmetic)")
+    kept = keep(where["path"], where["layer"], source.config, spec.accuracy_level)
     if not kept.projections:
         raise UsageError(f"--quantize source: {where['path']} stores layer {where['layer']}'s "
                          "projections as floats: nothing to keep (leave out --quantize)")
+    _same_as_module(kept, source.module)
     return kept
+
+
+def _same_as_module(kept: SourceQuantSpec, module: Any) -> None:
+    """Each kept weight dequantizes to the module's weight, to fp32 rounding (GGUF's affine
+    types are a few roundings from gguf's own; the others bit for bit): a family whose
+    conversion changes a projection has no kept form for it."""
+    state = module.state_dict()
+    for graph_name, blocks in kept.blocks.items():
+        ours = MODULE_WEIGHTS[graph_name]
+        want = state[ours].detach().float().numpy()
+        if not np.allclose(blocks.dequantized(), want, rtol=1e-6,
+                           atol=1e-6 * float(np.abs(want).max(initial=0))):
+            raise UsageError(f"--quantize source: {graph_name}'s kept weights differ from the "
+                             f"layer's {ours} (the checkpoint's conversion changes it): no kept "
+                             "form (leave out --quantize)")
 
 
 STEP = QuantizedProjections()
