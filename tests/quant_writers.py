@@ -185,15 +185,16 @@ def compressed_reference(tensors: dict, args: dict, fmt: str) -> torch.Tensor:
 
 # --- a checkpoint folder --------------------------------------------------------------------
 
-def quantized_folder(base: Path, out: Path, qcfg: dict, quantize) -> dict[str, torch.Tensor]:
-    """``base`` (a float folder) with every layer's attention projections replaced by
+def quantized_folder(base: Path, out: Path, qcfg: dict, quantize,
+                     projections: tuple[str, ...] = PROJECTIONS) -> dict[str, torch.Tensor]:
+    """``base`` (a float folder) with every layer's attention ``projections`` replaced by
     ``quantize(name, weight) -> tensors`` and config.json's quantization_config set; returns
     the float weights it started from, by full name."""
     out.mkdir(parents=True)
     state = load_file(str(base / "model.safetensors"))
     floats = {}
     for name in [n for n in state if n.endswith(".weight") and
-                 n.split(".")[-2] in PROJECTIONS and ".self_attn." in n]:
+                 n.split(".")[-2] in projections and ".self_attn." in n]:
         w = state.pop(name).float()
         floats[name] = w
         module = name[: -len(".weight")]

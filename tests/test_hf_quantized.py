@@ -301,3 +301,32 @@ def test_a_group_that_is_no_multiple_of_16_refuses_in_one_line(base, tmp_path):
     r = CliRunner().invoke(cli, ["onnx", "--weights", str(tmp_path / "g8"), "--layer", "1",
                                  "--quantize", "source", "-o", str(tmp_path / "o")])
     assert r.exit_code == 2 and "group size 8 is not a multiple of 16" in r.output, r.output
+
+
+def test_a_deepseek_v3_fp8_mla_layer_keeps_its_blocks(tmp_path):
+    """DeepSeek-V3's own format (128 x 128 blocks; 64-wide projections: one partial block
+    each) on a Multi-head Latent Attention layer: its quantizable projections kept as float8,
+    kv_b_proj (which the kind keeps float) as its dequantization."""
+    from test_mla import MODELS
+    from transformers import AutoConfig, AutoModelForCausalLM
+    kind, settings = MODELS["v3-qlora-interleave-yarn"]
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **settings)).save_pretrained(
+        tmp_path / "v3")
+    qcfg, quantize, reference = fp8((128, 128))
+    quantized_folder(tmp_path / "v3", tmp_path / "v3-fp8", qcfg, quantize, projections=(
+        "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"))
+    art = export_onnx(weights=tmp_path / "v3-fp8", layer=1, quantize=EXACT,
+                      output=tmp_path / "a", validate=False).path
+    kept = read_artifact(art).export["quantize"]["projections"]
+    assert set(kept) == {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj"}
+    from safetensors.numpy import load_file
+    stored = load_file(str(art / "weights.safetensors"))
+    from safetensors.torch import load_file as load_torch
+    state = load_torch(str(tmp_path / "v3-fp8" / "model.safetensors"))
+    prefix = "model.layers.1.self_attn.kv_b_proj."
+    want = reference({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+    np.testing.assert_array_equal(stored["kv_b_proj.weight"], want.numpy())
+    report = check_parity(art, **QUICK)
+    assert report.passed, format_report(report)
+    assert "not reproduced" in format_report(report)

@@ -63,6 +63,7 @@ def _checkpoint_layer(path: str | Path, layer: Optional[int], fields: dict,
     (given fields must agree), its weights in the checkpoint's layout, converted to the layout
     asked for."""
     found, state, description = read(path, layer)
+    description = {**description, "layout": found["layout"]}  # the layout it stores
     config = MHAConfig.from_dict(merge_fields(found, fields))
     module = build_module(config.replace(layout=found["layout"]))
     load_strict(module, state, f"layer {layer}: ")

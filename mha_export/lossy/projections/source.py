@@ -24,6 +24,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ...errors import UsageError
+from ...kinds.registry import kind_of
 from ...weights.quantized import Float8Blocks, IntGroups
 from .checkpoint_blocks import int_groups_blocks
 from .gguf_blocks import SourceBlocks, is_float_type, source_blocks
@@ -182,5 +183,10 @@ def _by_graph_name(ours: str, blocks: SourceBlocks, config: Any) -> dict[str, So
         return {"q_proj": blocks.take_rows(np.arange(q)),
                 "k_proj": blocks.take_rows(np.arange(q, q + kv)),
                 "v_proj": blocks.take_rows(np.arange(q + kv, q + 2 * kv))}
+    name = ours.removesuffix(".weight")
+    kind = kind_of(config) if config is not None else None
+    if kind is not None and name in kind.projections(config):  # MLA: graph names are the
+        # checkpoint's; what the kind keeps float (kv_b_proj) stays its dequantized weight
+        return {name: blocks} if name in kind.quantizable(config) else {}
     raise UsageError(f"--quantize source: no kept form for {ours} (keep it float: leave out "
                      "--quantize)")

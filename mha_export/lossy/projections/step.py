@@ -158,9 +158,10 @@ def kept_blocks(source: Any, spec: SourceQuantSpec, dtype: str) -> SourceQuantSp
         raise UsageError("--quantize source keeps a checkpoint's own quantized weights: it needs "
                          "--weights FILE.gguf or a quantized Hugging Face folder (GPTQ, AWQ, "
                          "compressed-tensors, FP8)")
-    if source.config.layout != "split":
+    own = where.get("layout", "split")  # the layout the checkpoint stores
+    if source.config.layout != own:
         raise UsageError("--quantize source keeps the checkpoint's own projections: export "
-                         "them in its layout (split)")
+                         f"them in its layout ({own})")
     if dtype != "float32":
         raise UsageError("--quantize source is float32 only (the checkpoint's scales as it "
                          "stores them, in float32 arithmetic)")
@@ -178,7 +179,7 @@ def _same_as_module(kept: SourceQuantSpec, module: Any) -> None:
     conversion changes a projection has no kept form for it."""
     state = module.state_dict()
     for graph_name, blocks in kept.blocks.items():
-        ours = MODULE_WEIGHTS[graph_name]
+        ours = MODULE_WEIGHTS.get(graph_name, f"{graph_name}.weight")  # MLA: the same names
         want = state[ours].detach().float().numpy()
         if not np.allclose(blocks.dequantized(), want, rtol=1e-6,
                            atol=1e-6 * float(np.abs(want).max(initial=0))):
