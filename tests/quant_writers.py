@@ -190,7 +190,7 @@ def quantized_folder(base: Path, out: Path, qcfg: dict, quantize,
     """``base`` (a float folder) with every layer's attention ``projections`` replaced by
     ``quantize(name, weight) -> tensors`` and config.json's quantization_config set; returns
     the float weights it started from, by full name."""
-    out.mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
     state = load_file(str(base / "model.safetensors"))
     floats = {}
     for name in [n for n in state if n.endswith(".weight") and

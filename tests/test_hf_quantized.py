@@ -330,3 +330,40 @@ def test_a_deepseek_v3_fp8_mla_layer_keeps_its_blocks(tmp_path):
     report = check_parity(art, **QUICK)
     assert report.passed, format_report(report)
     assert "not reproduced" in format_report(report)
+
+
+@pytest.fixture(scope="module")
+def smollm2_gptq(smollm2_model, tmp_path_factory):
+    """SmolLM2-135M (float32, from its GGUF) with every layer's attention projections in
+    GPTQ v1 int4, group 64, act-order: a folder transformers cannot load on CPU."""
+    pytest.importorskip("accelerate")
+    from safetensors.torch import save_file
+    folder = tmp_path_factory.mktemp("smollm2")
+    (folder / "float").mkdir()
+    model = smollm2_model.model
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)  # transformers' GGUF loader's mark
+    (folder / "float" / "config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()
+               if not (k == "lm_head.weight" and model.config.tie_word_embeddings)},
+              str(folder / "float" / "model.safetensors"))
+    smollm2_model.tokenizer.save_pretrained(folder / "gptq")
+    qcfg, _, _ = gptq(4, 64, False, True, True)
+    quantized_folder(folder / "float", folder / "gptq", qcfg,
+                     lambda module, w: gptq_tensors(w, 4, 64, False, True, True, seed=len(module)))
+    shutil.rmtree(folder / "float")
+    return folder / "gptq"
+
+
+def test_eval_runs_a_gptq_folder_against_its_own_dequantization(smollm2_gptq, tmp_path):
+    """The float model is the folder's own dequantization; the exported layers keep its blocks
+    (act-order included): inside the model they change nothing it notices."""
+    from conftest import REAL_TEXT
+    from mha_export.model.eval import evaluate
+    from mha_export.model.loading import load_model
+    loaded = load_model(smollm2_gptq)
+    assert "GPTQ" in loaded.description["quantization"]
+    ev = evaluate(smollm2_gptq, REAL_TEXT, 48, "0,5", options={"quantize": EXACT},
+                  generate=3, loaded=loaded, folder=tmp_path)
+    assert np.isfinite(ev.eager_perplexity) and ev.main.kl_mean < 1e-8
+    assert ev.main.top1_agreement == 1.0

@@ -47,17 +47,52 @@ def load_model(weights: str | Path) -> LoadedModel:
     else:
         raise UsageError(f"--weights {path}: expected a Hugging Face checkpoint folder "
                          "(config.json) or a .gguf file")
+    quantized = not extra and _is_quantized_folder(path)
     try:
         with _quiet():
             tokenizer = AutoTokenizer.from_pretrained(where, **extra)
-            model = AutoModelForCausalLM.from_pretrained(where, dtype="float32", **extra)
+            model = _dequantized_model(path) if quantized else \
+                AutoModelForCausalLM.from_pretrained(where, dtype="float32", **extra)
     except (OSError, ValueError, KeyError, RuntimeError, ImportError) as e:
         raise UsageError(f"--weights {path}: transformers cannot load it "
                          f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]})"
                          ) from None
     model.eval()
-    return LoadedModel(model, tokenizer, {"path": str(path),
-                                          "model_type": model.config.model_type})
+    description = {"path": str(path), "model_type": model.config.model_type}
+    if quantized:
+        description["quantization"] = f"{quantized}, dequantized by its format's definition"
+    return LoadedModel(model, tokenizer, description)
+
+
+def _is_quantized_folder(path: Path) -> str:
+    """The format's name of a quantized Hugging Face folder, else ''."""
+    from ..weights.huggingface import hf_config_path, quantization
+    cfg = hf_config_path(path)
+    fmt = quantization(cfg)[0] if cfg else None
+    return fmt.name if fmt else ""
+
+
+def _dequantized_model(path: Path) -> Any:
+    """A quantized folder's model as the float one it stores: transformers builds the
+    architecture from config.json (its quantization_config left out) and takes every weight as
+    the format's own dequantization (weights/quantized) — on CPU transformers cannot load GPTQ
+    or AWQ (GPTQModel) nor FP8 blocks that do not divide a weight."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from ..weights.huggingface import dequantized_state
+    config = AutoConfig.from_pretrained(path)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _, state = dequantized_state(path)
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()},
+                                                strict=False)
+    model.tie_weights()
+    tied = {k for k in missing if k.endswith("lm_head.weight")}
+    if unexpected or set(missing) - tied:
+        odd = (unexpected or sorted(set(missing) - tied))[0]
+        raise ValueError(f"the dequantized weights do not fit the model ({odd})")
+    return model
 
 
 def decoder_layers(model: Any) -> list:

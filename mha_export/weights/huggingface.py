@@ -199,6 +199,34 @@ def kept_weights(path: str | Path, layer: int) -> tuple[str, dict[str, Decoded]]
                       if _is_quantized(parts, fmt)}
 
 
+def dequantized_state(path: str | Path) -> tuple[str, dict[str, Tensor]]:
+    """(the format's name, every tensor of a quantized checkpoint folder) with each quantized
+    module's weight its format's own dequantization (float32): the float model the folder
+    stores, for loaders that cannot read the format on this machine (transformers needs
+    GPTQModel for GPTQ and AWQ, and refuses FP8 blocks that do not divide the weight)."""
+    path = Path(path)
+    fmt, qcfg = quantization(hf_config_path(path))
+    if fmt is None:
+        raise UsageError(f"{path} is not a quantized checkpoint (no quantization_config)")
+    tensors = _layer_tensors(_weights_file(path), re.compile(""))
+    parts = re.compile(rf"^(?P<module>.+)\.(?P<part>{'|'.join(map(re.escape, fmt.parts))})$")
+    modules: dict[str, dict[str, Tensor]] = {}
+    state = {}
+    for name, tensor in tensors.items():
+        match = parts.match(name)
+        if match:
+            modules.setdefault(match["module"], {})[match["part"]] = tensor
+        else:
+            state[name] = tensor
+    for module, found in modules.items():
+        if _is_quantized(found, fmt):
+            state[f"{module}.weight"] = torch.from_numpy(fmt.decode(found, qcfg, module)
+                                                         .dequantized())
+        else:
+            state.update({f"{module}.{part}": t for part, t in found.items()})
+    return fmt.name, state
+
+
 def require_layer(layer: Optional[int], count: int, what: str, holder: str) -> None:
     """--layer given and in range: ``what`` names the checkpoint ("x is a llama checkpoint"),
     ``holder`` what has the layers ("checkpoint", "file")."""
