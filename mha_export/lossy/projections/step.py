@@ -57,9 +57,11 @@ class QuantizedProjections(LossyStep):
             click.option("--quantize", type=click.Choice((*NAMES, SOURCE)), default=None,
                          help="Weight-only quantized projections (q/k/v, output, gate) as ONNX "
                               "Runtime's MatMulNBits, round to nearest per block; norms, biases "
-                              "and sinks stay float (ONNX only); source: a .gguf checkpoint's own "
-                              "blocks, kept as they are (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K) "
-                              "[default: float weights]."),
+                              "and sinks stay float (ONNX only); source: a checkpoint's own "
+                              "quantized weights, kept as they are: a .gguf file's blocks (Q4_0, "
+                              "Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K) or a Hugging Face folder's "
+                              "(GPTQ, AWQ, compressed-tensors, FP8 blocks) [default: float "
+                              "weights]."),
             click.option("--block-size", type=click.Choice([str(b) for b in BLOCK_SIZES]),
                          default=str(default.block_size), show_default=True,
                          help="Input features per quantization block (one scale each)."),
@@ -91,7 +93,7 @@ class QuantizedProjections(LossyStep):
             other = next((f for f in fields if f != "accuracy_level"), None)
             if other:
                 raise UsageError(f"--{other.replace('_', '-')} does not apply to --quantize "
-                                 "source (the GGUF file's blocks decide it)")
+                                 "source (the checkpoint's own quantization decides it)")
             return {**kw, "quantize": SourceQuantSpec(**fields)}
         return {**kw, "quantize": QuantSpec.named(name, **fields)}
 
