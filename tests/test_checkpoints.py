@@ -620,7 +620,7 @@ def test_cli_exports_a_checkpoint_layer_and_flags_only_need_to_agree(tmp_path):
     assert "PASS" in r.output and "present_key" in r.output
     source = json.loads((tmp_path / "q" / "config.json").read_text())["weights"]["source"]
     assert source == {"kind": "huggingface", "path": str(folder), "model_type": "qwen2",
-                      "layer": 2, "max_position_embeddings": 64}
+                      "layer": 2, "max_position_embeddings": 64, "layout": "split"}
     r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), "--layer", "2",
                                  "--kv-heads", "4", "-o", str(tmp_path / "bad")])
     assert r.exit_code == 2 and "--kv-heads 4 contradicts" in r.stderr

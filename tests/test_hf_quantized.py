@@ -41,11 +41,17 @@ def base(tmp_path_factory):
     return folder
 
 
-def gptq(bits, group, sym, act_order, v1):
+def _seed(module: str) -> int:
+    return sum(module.encode())  # each projection its own act-order permutation
+
+
+def gptq(bits, group, sym, act_order, v1, shared_order=False):
+    """``shared_order``: every projection quantized in one input order (as GPTQ does for q, k
+    and v, which see the same inputs)."""
     qcfg = {"quant_method": "gptq", "bits": bits, "group_size": group, "sym": sym,
             "desc_act": act_order, "checkpoint_format": "gptq" if v1 else "gptq_v2"}
     return (qcfg, lambda module, w: gptq_tensors(w, bits, group, sym, act_order, v1,
-                                                 seed=len(module)),
+                                                 seed=0 if shared_order else _seed(module)),
             lambda t: gptq_reference(t, bits, v1))
 
 
@@ -73,7 +79,7 @@ INT4 = dict(num_bits=4, type="int", strategy="group", group_size=32)
 VARIANTS = {
     "gptq-v1-int4-g32": gptq(4, 32, False, False, True),
     "gptq-v2-int4-g48-sym-act-order": gptq(4, 48, True, True, False),  # 64 = 48 + 16
-    "gptq-v1-int8-g32-act-order": gptq(8, 32, False, True, True),
+    "gptq-v1-int8-g32-act-order-shared": gptq(8, 32, False, True, True, shared_order=True),
     "gptq-v2-int4-channel": gptq(4, -1, False, False, False),
     "awq-g32": awq(32),
     "awq-g48": awq(48),
@@ -146,15 +152,17 @@ def test_kept_weights_are_the_formats_own_dequantization_and_pass(folders, expor
     assert "own cost is unknown" in format_report(report)
 
 
-def test_act_order_is_one_gather_shared_by_q_k_and_v(exported):
-    model = onnx.load(str(exported("gptq-v2-int4-g48-sym-act-order") / "model.onnx"))
-    gathers = [n for n in model.graph.node if n.op_type == "Gather" and "act_order" in n.name]
-    # q, k and v: one order each here (GPTQ quantizes them with their own permutations), out
-    # its own; an identical order is gathered once
-    assert 1 <= len(gathers) <= 4
-    orders = {numpy_helper.to_array(t).tobytes() for t in model.graph.initializer
-              if "input_order" in t.name}
-    assert len(orders) == len(gathers)
+@pytest.mark.parametrize("name,orders,gathers", [
+    ("gptq-v2-int4-g48-sym-act-order", 4, 7),  # q, k, v in each of auto's branches, out once
+    ("gptq-v1-int8-g32-act-order-shared", 1, 3),  # q, k and v share one Gather per branch
+])
+def test_act_order_is_one_gather_per_input_and_order(exported, name, orders, gathers):
+    from faults import all_nodes
+    model = onnx.load(str(exported(name) / "model.onnx"))
+    found = [n for n in all_nodes(model.graph) if n.op_type == "Gather" and "act_order" in n.name]
+    indices = {numpy_helper.to_array(t).tobytes() for t in model.graph.initializer
+               if t.name.startswith("input_order")}
+    assert (len(indices), len(found)) == (orders, gathers)
 
 
 def test_the_float8_weights_are_dequantize_linear_of_the_codes(exported):
@@ -162,6 +170,8 @@ def test_the_float8_weights_are_dequantize_linear_of_the_codes(exported):
     assert model.opset_import[0].version >= 21
     f8 = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT8E4M3FN]
     assert len(f8) == 4 and not any(n.op_type == "MatMulNBits" for n in model.graph.node)
+    report = check_parity(exported("fp8-blocks-32x48"), **QUICK)
+    assert "float8 weights dequantized once at load" in format_report(report)
 
 
 # faults go into the output projection: y is linear in it, so a one-weight fault is not
@@ -350,7 +360,8 @@ def smollm2_gptq(smollm2_model, tmp_path_factory):
     smollm2_model.tokenizer.save_pretrained(folder / "gptq")
     qcfg, _, _ = gptq(4, 64, False, True, True)
     quantized_folder(folder / "float", folder / "gptq", qcfg,
-                     lambda module, w: gptq_tensors(w, 4, 64, False, True, True, seed=len(module)))
+                     lambda module, w: gptq_tensors(w, 4, 64, False, True, True,
+                                                    seed=_seed(module)))
     shutil.rmtree(folder / "float")
     return folder / "gptq"
 
@@ -367,3 +378,38 @@ def test_eval_runs_a_gptq_folder_against_its_own_dequantization(smollm2_gptq, tm
                   generate=3, loaded=loaded, folder=tmp_path)
     assert np.isfinite(ev.eager_perplexity) and ev.main.kl_mean < 1e-8
     assert ev.main.top1_agreement == 1.0
+
+
+def test_compressed_tensors_picks_the_best_matching_config_group(base, tmp_path):
+    """A name or pattern beats "Linear", as compressed-tensors ranks them: q_proj in int8 per
+    channel beside the other projections' int4 groups."""
+    from mha_export.weights.huggingface import kept_weights
+    int8 = dict(num_bits=8, type="int", strategy="channel", symmetric=True)
+    int4 = dict(INT4, symmetric=False)
+    qcfg = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+            "config_groups": {"all": {"targets": ["Linear"], "weights": int4},
+                              "q": {"targets": ["re:.*q_proj$"], "weights": int8}}}
+
+    def write(module, w):
+        return compressed_tensors(w, int8 if module.endswith("q_proj") else int4,
+                                  "pack-quantized")
+    quantized_folder(base, tmp_path / "mixed", qcfg, write)
+    _, kept = kept_weights(tmp_path / "mixed", LAYER)
+    assert kept["W_query.weight"].bits == 8 and kept["W_key.weight"].bits == 4
+    for module, args in (("q_proj", int8), ("k_proj", int4)):
+        want = compressed_reference(_module_tensors(tmp_path / "mixed", module), args,
+                                    "pack-quantized").numpy()
+        np.testing.assert_array_equal(kept[OURS[module]].dequantized(), want)
+
+
+def test_a_compressed_tensors_strategy_without_an_exact_form_refuses(folders, tmp_path):
+    folder, _ = folders("ct-int4-g32-sym")
+    bad = tmp_path / "block"
+    shutil.copytree(folder, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"].update(
+        strategy="block", block_structure=[16, 32])
+    (bad / "config.json").write_text(json.dumps(cfg))
+    r = CliRunner().invoke(cli, ["onnx", "--weights", str(bad), "--layer", "1", "--quantize",
+                                 "source", "-o", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "strategy 'block'" in r.output and "Traceback" not in r.output

@@ -65,10 +65,14 @@ def load_model(weights: str | Path) -> LoadedModel:
 
 
 def _is_quantized_folder(path: Path) -> str:
-    """The format's name of a quantized Hugging Face folder, else ''."""
+    """The format's name of a quantized Hugging Face folder, else '' (a config.json that is
+    not JSON: one line)."""
     from ..weights.huggingface import hf_config_path, quantization
     cfg = hf_config_path(path)
-    fmt = quantization(cfg)[0] if cfg else None
+    try:
+        fmt = quantization(cfg)[0] if cfg else None
+    except ValueError as e:
+        raise UsageError(f"{cfg}: not valid JSON ({e})") from None
     return fmt.name if fmt else ""
 
 
@@ -91,7 +95,8 @@ def _dequantized_model(path: Path) -> Any:
     tied = {k for k in missing if k.endswith("lm_head.weight")}
     if unexpected or set(missing) - tied:
         odd = (unexpected or sorted(set(missing) - tied))[0]
-        raise ValueError(f"the dequantized weights do not fit the model ({odd})")
+        raise UsageError(f"--weights {path}: its dequantized weights do not fit the model "
+                         f"config.json describes ({odd})")
     return model
 
 

@@ -63,10 +63,10 @@ class MatMulNBitsProjections:
     def _in_order(self, g: GraphBuilder, x: str, order: np.ndarray) -> str:
         """x (.., K) with its inputs in ``order``: one Gather per distinct order and input."""
         key = (id(g), x, order.tobytes())  # a branch's builder gathers its own x
-        if key not in self._orders:
-            index = g.const("input_order", order.astype(np.int64), float_dtype=False)
-            self._orders[key] = Ops(g).Gather(x, index, axis=-1, name="act_order")  # (.., K)
-        return self._orders[key]
+        if key not in self._orders:  # the builder kept with its Gather: its id stays its own
+            index = g.shared_const("input_order", order.astype(np.int64))
+            self._orders[key] = (g, Ops(g).Gather(x, index, axis=-1, name="act_order"))
+        return self._orders[key][1]  # (.., K)
 
     def _dequantize_linear(self, g: GraphBuilder, x: str, name: str, q: Float8Blocks) -> str:
         """W^T (K, N) = DequantizeLinear(codes^T, scales (ceil(K / cols), N), axis 0, block

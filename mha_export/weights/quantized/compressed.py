@@ -28,22 +28,32 @@ from .base import Float8Blocks, IntGroups, QuantFormat, numpy_of, require, unpac
 PACKED, FLOAT = "pack-quantized", "float-quantized"
 FORMATS = (PACKED, FLOAT)
 INT_BITS = (4, 8)
+INT_STRATEGIES = ("tensor", "channel", "group")  # integer codes: a scale per row and group
 
 
-def _matches(target: str, module: str) -> bool:
+def _rank(target: str, module: str) -> int | None:
+    """How a target matches a module, as compressed-tensors ranks them: 0 its name, 1 a
+    "re:" pattern, 2 a class name ("Linear": every projection); None: no match."""
     if target.startswith("re:"):
-        return re.match(target[3:], module) is not None
-    return target == "Linear" or module == target or module.endswith("." + target)
+        return 1 if re.match(target[3:], module) else None
+    if module == target or module.endswith("." + target):
+        return 0
+    return 2 if target == "Linear" else None
 
 
 def scheme(qcfg: dict, module: str) -> tuple[dict, str]:
-    """(the weights' quantization args, the format) of ``module``."""
+    """(the weights' quantization args, the format) of ``module``: the config group whose
+    target matches it best (a name, then a pattern, then a class)."""
+    found = []
     for group in (qcfg.get("config_groups") or {}).values():
-        if any(_matches(t, module) for t in group.get("targets", [])):
-            weights = group.get("weights") or {}
-            return weights, group.get("format") or qcfg.get("format", "")
-    raise UsageError(f"{module}: quantized tensors but no config group of the folder's "
-                     "quantization_config targets it")
+        ranks = [r for r in (_rank(t, module) for t in group.get("targets", [])) if r is not None]
+        if ranks:
+            found.append((min(ranks), group))
+    if not found:
+        raise UsageError(f"{module}: quantized tensors but no config group of the folder's "
+                         "quantization_config targets it")
+    group = min(found, key=lambda f: f[0])[1]
+    return group.get("weights") or {}, group.get("format") or qcfg.get("format", "")
 
 
 def check(qcfg: dict) -> None:
@@ -54,9 +64,17 @@ def check(qcfg: dict) -> None:
             raise UsageError(f"compressed-tensors format {fmt!r} (config group {name}) is not "
                              f"read ({', '.join(FORMATS)} are)")
         kind, bits = weights.get("type", "int"), weights.get("num_bits")
+        strategy = weights.get("strategy", "tensor")
         if fmt == PACKED and (kind != "int" or bits not in INT_BITS):
             raise UsageError(f"compressed-tensors {kind}{bits} pack-quantized weights (config "
                              f"group {name}) are not kept (int4 and int8 are)")
+        if fmt == PACKED and strategy not in INT_STRATEGIES:
+            raise UsageError(f"compressed-tensors pack-quantized strategy {strategy!r} (config "
+                             f"group {name}) is not kept ({', '.join(INT_STRATEGIES)} are)")
+        if strategy == "group" and not isinstance(weights.get("group_size"), int) or \
+                strategy == "block" and len(weights.get("block_structure") or []) != 2:
+            raise UsageError(f"compressed-tensors config group {name}: strategy {strategy!r} "
+                             "without its group_size / block_structure")
         if fmt == FLOAT and (kind != "float" or bits != 8):
             raise UsageError(f"compressed-tensors {kind}{bits} float-quantized weights (config "
                              f"group {name}) are not kept (float8 e4m3 is)")
@@ -72,14 +90,20 @@ def decode(parts: dict, qcfg: dict, module: str) -> IntGroups | Float8Blocks:
 def _packed(parts: dict, args: dict, module: str) -> IntGroups:
     require(parts, ("weight_packed", "weight_scale", "weight_shape"), module, PACKED)
     bits = int(args["num_bits"])
-    n, k = (int(v) for v in numpy_of(parts["weight_shape"]).reshape(-1))
+    shape = numpy_of(parts["weight_shape"]).reshape(-1)
+    if shape.size != 2:
+        raise UsageError(f"{module}.weight_shape is {shape.tolist()}: expected (outputs, inputs)")
+    n, k = (int(v) for v in shape)
     codes = unpack_fields(numpy_of(parts["weight_packed"]), bits, axis=1)[:, :k]  # (N, K)
     scales = numpy_of(parts["weight_scale"]).reshape(-1, 1) if parts["weight_scale"].dim() < 2 \
         else numpy_of(parts["weight_scale"])
     scales = np.broadcast_to(scales, (n, scales.shape[1])).copy()  # (N, G)
     g = scales.shape[1]
-    if "weight_zero_point" in parts:  # asymmetric: packed along the outputs, offset like codes
-        zeros = unpack_fields(numpy_of(parts["weight_zero_point"]), bits, axis=0)[:n]  # (N, G)
+    zero_point = parts.get("weight_zero_point")
+    if zero_point is not None and zero_point.numel() == 1:  # per tensor: one, stored unpacked
+        zeros = np.full((n, g), int(zero_point.reshape(-1)[0]) + (1 << (bits - 1)), np.uint8)
+    elif zero_point is not None:  # asymmetric: packed along the outputs, offset like codes
+        zeros = unpack_fields(numpy_of(zero_point), bits, axis=0)[:n]  # (N, G)
     elif not args.get("symmetric", True):
         raise UsageError(f"{module}.weight_zero_point is missing: the tensors do not match the "
                          "folder's quantization_config (asymmetric)")

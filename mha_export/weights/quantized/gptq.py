@@ -35,17 +35,20 @@ def decode(parts: dict, qcfg: dict, module: str) -> IntGroups:
     require(parts, ("qweight", "qzeros", "scales"), module, "GPTQ")
     bits = int(qcfg.get("bits", 4))
     scales = numpy_of(parts["scales"])  # (G, N)
+    if scales.ndim != 2:
+        raise UsageError(f"{module}.scales has shape {tuple(scales.shape)}: GPTQ's is (groups, "
+                         "outputs)")
     g, n = scales.shape
     codes = unpack_fields(numpy_of(parts["qweight"]), bits, axis=0)  # (K, N)
     zeros = unpack_fields(numpy_of(parts["qzeros"]), bits, axis=1)[:, :n]  # (G, N)
     if qcfg.get("checkpoint_format", "gptq") == "gptq":  # v1 stores zero - 1
         zeros = ((zeros.astype(np.int16) + 1) % (1 << bits)).astype(np.uint8)
     k = codes.shape[0]
-    group = int(qcfg.get("group_size", -1))
-    group = k if group <= 0 else group
+    group = int(qcfg.get("group_size") or 0)
+    group = group if group > 0 else (k if g == 1 else -(-k // g))  # -1: one group a row
     groups = (numpy_of(parts["g_idx"]).astype(np.int64) if "g_idx" in parts
               else np.arange(k) // group)
-    if codes.shape[1] != n or zeros.shape[0] != g or groups.shape != (k,) or \
+    if codes.shape[1] != n or zeros.shape != (g, n) or groups.shape != (k,) or \
             groups.min(initial=0) < 0 or groups.max(initial=0) >= g:
         raise UsageError(f"{module}: GPTQ tensors of inconsistent shapes (qweight "
                          f"{tuple(parts['qweight'].shape)}, qzeros {tuple(parts['qzeros'].shape)}, "
