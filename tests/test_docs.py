@@ -255,9 +255,33 @@ def layers_table(*paths: str) -> str:
                                + ", ".join(f"`{p}`" for p in paths) + "</small>")
 
 
+def quantized_table(*paths: str) -> str:
+    """Kept quantized checkpoints (benchmarks/quantized_checkpoints.py: bench JSONs, one per
+    format and accuracy level): each kept variant's cached step beside the fp32 export of the
+    same weights in the same run."""
+    lines = ["| checkpoint | accuracy level | model file | step (median) | fp32 step, same run | "
+             "vs fp32 | peak memory |", "|---|---|---|---|---|---|---|"]
+    for path in paths:
+        data = json.loads((ROOT / path).read_text())
+        rows = {r["variant"]: r for r in data["rows"]}
+        fp32 = rows["ort-cpu-auto"]
+        kept = next(r for v, r in rows.items() if v.startswith("ort-cpu-auto-")
+                    and not v.endswith("nomempattern"))
+        level = "–" if "fp8" in kept["variant"] else 4 if kept["variant"].endswith("-l4") else 1
+        lines.append(f"| `{kept['variant'].removeprefix('ort-cpu-auto-')}` | {level} | "
+                     f"{kept['model_mib']:.1f} MiB (fp32 {fp32['model_mib']:.1f}) | "
+                     f"{kept['median_ms']:.2f} ms | {fp32['median_ms']:.2f} ms | "
+                     f"{fp32['median_ms'] / kept['median_ms']:.2f}x | "
+                     f"{kept['peak_rss_mib']:.0f} MiB |")
+    m = json.loads((ROOT / paths[0]).read_text())["machine"]
+    return "\n".join(lines) + (f"\n\n<small>{m['cpu']}, {m['date']}; "
+                               + ", ".join(f"`{p}`" for p in paths) + "</small>")
+
+
 GENERATORS = {"structure": structure_table, "forms": form_table, "signature": signature_table, "bench": bench_table,
               "faults": fault_list, "runners": runner_table, "quant-error": quant_error_table,
-              "kv-error": kv_error_table, "mla-step": mla_step_table, "layers": layers_table}
+              "kv-error": kv_error_table, "mla-step": mla_step_table, "layers": layers_table,
+              "quantized": quantized_table}
 
 
 def generated_blocks(text: str) -> list[tuple[str, str]]:

@@ -1,9 +1,11 @@
 """``--quantize source``: a checkpoint layer's projections keep the checkpoint's own quantized
-weights — no requantization — a GGUF file's blocks (gguf_blocks.py: the exact MatMulNBits form of
-each block type) or a quantized Hugging Face folder's (weights/quantized: GPTQ, AWQ,
-compressed-tensors as MatMulNBits, checkpoint_blocks.py; float8 as DequantizeLinear). The artifact's reference is the file's own function: weights.safetensors holds what
-``gguf.quants.dequantize`` returns (weights/gguf.py), so the check judges the kernel against the
-GGUF's dequantized weights, and quantizing costs nothing more against that function. What the
+weights — no requantization — a GGUF file's blocks (gguf_blocks.py: the exact MatMulNBits form
+of each block type) or a quantized Hugging Face folder's (weights/quantized: GPTQ, AWQ,
+compressed-tensors as MatMulNBits, checkpoint_blocks.py; float8 as DequantizeLinear). The
+artifact's reference is the file's own function: weights.safetensors holds what
+``gguf.quants.dequantize`` returns (weights/gguf.py; a Hugging Face folder: its format's own
+dequantization), so the check judges the kernel against the checkpoint's dequantized weights,
+and quantizing costs nothing more against that function. What the
 GGUF's quantizer cost against the unquantized model is unknown: a GGUF file does not hold the
 unquantized weights, and the reports say so rather than invent a figure. The same holds for a
 Hugging Face folder: its weights.safetensors is the format's own dequantization.
