@@ -61,9 +61,10 @@ def awq(group):
     return qcfg, lambda module, w: awq_tensors(w, group), lambda t: awq_reference(t, group)
 
 
-def compressed(args, fmt):
+def compressed(args, fmt, activations=None):
+    group = {"targets": ["Linear"], "weights": args, "input_activations": activations}
     qcfg = {"quant_method": "compressed-tensors", "format": fmt, "ignore": ["lm_head"],
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": args}}}
+            "config_groups": {"group_0": group}}
     return (qcfg, lambda module, w: compressed_tensors(w, args, fmt),
             lambda t: compressed_reference(t, args, fmt))
 
@@ -88,7 +89,8 @@ VARIANTS = {
     "ct-int8-channel": compressed(dict(num_bits=8, type="int", strategy="channel",
                                        symmetric=True), "pack-quantized"),
     "ct-fp8-channel": compressed(dict(num_bits=8, type="float", strategy="channel",
-                                      symmetric=True), "float-quantized"),
+                                      symmetric=True), "float-quantized",
+                                 dict(num_bits=8, type="float", strategy="token", dynamic=True)),
     "ct-fp8-block": compressed(dict(num_bits=8, type="float", strategy="block",
                                     block_structure=[32, 48], symmetric=True),
                                "float-quantized"),
@@ -150,6 +152,10 @@ def test_kept_weights_are_the_formats_own_dequantization_and_pass(folders, expor
     assert report.passed, format_report(report)
     assert all(q.deviation.max_abs == 0 for q in report.costs["quantization"])
     assert "own cost is unknown" in format_report(report)
+    activations = VARIANTS[name][0].get("config_groups", {}).get("group_0", {}).get(
+        "input_activations")
+    assert ("float8 dynamic per token activation quantization is not reproduced" in
+            format_report(report)) == bool(activations)
 
 
 @pytest.mark.parametrize("name,orders,gathers", [
@@ -339,7 +345,9 @@ def test_a_deepseek_v3_fp8_mla_layer_keeps_its_blocks(tmp_path):
     np.testing.assert_array_equal(stored["kv_b_proj.weight"], want.numpy())
     report = check_parity(art, **QUICK)
     assert report.passed, format_report(report)
-    assert "not reproduced" in format_report(report)
+    assert "float8 dynamic activation quantization is not reproduced (its cost unknown)" in \
+        format_report(report)
+    assert "dequantized at run time" in format_report(report)
 
 
 @pytest.fixture(scope="module")

@@ -183,6 +183,13 @@ def _read_tensors(path: Path, family: Family, layer: int, fmt: Optional[QuantFor
     return named
 
 
+def checkpoint_activations(path: str | Path) -> str:
+    """The activation quantization a quantized folder's scheme applies at run time, in words
+    ("" if none): what an export of its weights does not reproduce."""
+    fmt, qcfg = quantization(hf_config_path(Path(path)))
+    return fmt.activations(qcfg) if fmt else ""
+
+
 def kept_weights(path: str | Path, layer: int) -> tuple[str, dict[str, Decoded]]:
     """(the format's name, our module weight name -> the decoded weight) of a quantized
     checkpoint's layer: what ``--quantize source`` keeps. Modules the checkpoint stores as

@@ -52,6 +52,7 @@ class SourceQuantSpec:
     blocks: dict = field(default_factory=dict, compare=False, repr=False)
     quantizer: str = SOURCE
     format: str = "GGUF"  # whose quantization: GGUF, GPTQ, AWQ, compressed-tensors, FP8 blocks
+    activations: str = ""  # the checkpoint's run-time activation quantization (not reproduced)
 
     def __post_init__(self) -> None:
         if self.accuracy_level not in ACCURACY_LEVELS:
@@ -76,16 +77,17 @@ class SourceQuantSpec:
         return (f"the {self.format}'s own {what} ({kept}), {self.compute} compute (accuracy "
                 f"level {self.accuracy_level}); nothing re-quantized: 0 against the file's "
                 f"function, and the {self.format}'s own cost is unknown (the file holds no "
-                f"unquantized weights)" + _runtime_note(self.projections))
+                f"unquantized weights)" + _runtime_note(self.projections, self.activations))
 
     def to_dict(self) -> dict:
         return {"quantizer": SOURCE, "accuracy_level": self.accuracy_level,
-                "projections": self.projections, "format": self.format}
+                "projections": self.projections, "format": self.format,
+                **({"activations": self.activations} if self.activations else {})}
 
     @classmethod
     def from_dict(cls, d: dict) -> "SourceQuantSpec":
         return cls(accuracy_level=d["accuracy_level"], projections=dict(d["projections"]),
-                   format=d.get("format", "GGUF"))
+                   format=d.get("format", "GGUF"), activations=d.get("activations", ""))
 
     def forms(self, name: str, weight: Any) -> list[SourceBlocks]:
         """The MatMulNBits forms of projection ``name`` (summed when two); [] keeps it float."""
@@ -140,12 +142,16 @@ def _forms(blocks: SourceBlocks | Float8Blocks) -> list:
     return [blocks]
 
 
-def _runtime_note(projections: dict) -> str:
-    if not any(p["type"].startswith(FLOAT8_TYPE) for p in projections.values()):
-        return ""
-    return ("; float8 weights are dequantized at run time (DequantizeLinear: no FP8 matmul on "
-            "CPU), and FP8 activation quantization, where the scheme has it, is not reproduced "
-            "(its cost unknown)")
+def _runtime_note(projections: dict, activations: str) -> str:
+    """What the kept weights do not run as the checkpoint's scheme does, in the report."""
+    note = ""
+    if any(p["type"].startswith(FLOAT8_TYPE) for p in projections.values()):
+        note += ("; float8 weights are dequantized at run time (DequantizeLinear: no FP8 matmul "
+                 "on CPU)")
+    if activations:
+        note += (f"; the checkpoint's {activations} activation quantization is not reproduced "
+                 "(its cost unknown)")
+    return note
 
 
 FLOAT8_TYPE = "FP8"  # the record type of a float8 weight: "FP8-e4m3-128x128"
@@ -164,7 +170,7 @@ def kept_checkpoint_quantization(path: str | Path, layer: int, config: Any,
                                  accuracy_level: int) -> SourceQuantSpec:
     """A quantized Hugging Face checkpoint's layer as it ships (GPTQ, AWQ, compressed-tensors,
     FP8 blocks), by graph name; a weight without an exact form is bad input (one line)."""
-    from ...weights.huggingface import kept_weights
+    from ...weights.huggingface import checkpoint_activations, kept_weights
     fmt, decoded = kept_weights(path, layer)
     blocks: dict = {}
     for ours, weight in decoded.items():
@@ -174,7 +180,7 @@ def kept_checkpoint_quantization(path: str | Path, layer: int, config: Any,
             raise UsageError(f"--quantize source: {ours}: {e}") from None
         blocks.update(_by_graph_name(ours, form, config))
     return SourceQuantSpec(accuracy_level, {n: _record(b) for n, b in blocks.items()}, blocks,
-                           format=fmt)
+                           format=fmt, activations=checkpoint_activations(path))
 
 
 def _by_graph_name(ours: str, blocks: SourceBlocks, config: Any) -> dict[str, SourceBlocks]:

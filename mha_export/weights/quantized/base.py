@@ -145,3 +145,6 @@ class QuantFormat:
     # (the module's tensors by part name, quantization_config, the module's full name)
     decode: Callable[[dict, dict, str], "Decoded"]
     check: Callable[[dict], None]  # refusals of the config itself (one line)
+    # the activation quantization the scheme applies at run time, in words ("" if none): not
+    # reproduced by the export, so its cost is unknown and the report says so
+    activations: Callable[[dict], str] = lambda qcfg: ""

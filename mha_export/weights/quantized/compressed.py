@@ -153,7 +153,18 @@ def float8_codes(weight, module: str) -> np.ndarray:
     return weight.view(torch.uint8).numpy()
 
 
+def activations(qcfg: dict) -> str:
+    """The input activations' quantization a config group names, e.g. "int8 dynamic per token"."""
+    for group in (qcfg.get("config_groups") or {}).values():
+        act = group.get("input_activations")
+        if act:
+            how = "dynamic" if act.get("dynamic") else "static"
+            return (f"{act.get('type', 'int')}{act.get('num_bits', '')} {how} per "
+                    f"{act.get('strategy', 'tensor')}")
+    return ""
+
+
 FORMAT = QuantFormat(
     "compressed-tensors", "compressed-tensors", ("weight_packed", "weight_scale"),
     ("weight", "weight_packed", "weight_scale", "weight_zero_point", "weight_shape",
-     "weight_g_idx"), decode, check)
+     "weight_g_idx"), decode, check, activations)

@@ -40,5 +40,11 @@ def decode(parts: dict, qcfg: dict, module: str) -> Float8Blocks:
     return Float8Blocks("FP8 blocks", codes, scales.astype(np.float32), (rows, cols))
 
 
+def activations(qcfg: dict) -> str:
+    """The activations' quantization the config names (DeepSeek-V3: "dynamic" float8)."""
+    scheme = qcfg.get("activation_scheme", "dynamic")
+    return f"float8 {scheme}" if scheme else ""
+
+
 FORMAT = QuantFormat("fp8", "FP8 blocks", ("weight_scale_inv", "weight_scale"),
-                     ("weight", "weight_scale_inv", "weight_scale"), decode, check)
+                     ("weight", "weight_scale_inv", "weight_scale"), decode, check, activations)
