@@ -235,6 +235,13 @@ def mla_step_table(path: str) -> str:
         f"\n\n<small>{m['cpu']}, {m['date']}, {data['threads']} threads; `{path}`</small>")
 
 
+def _sources(paths: tuple[str, ...]) -> str:
+    """A table's footnote: the machine and date of its first JSON, and every JSON it reads."""
+    m = json.loads((ROOT / paths[0]).read_text())["machine"]
+    return (f"\n\n<small>{m['cpu']}, {m['date']}; " + ", ".join(f"`{p}`" for p in paths)
+            + "</small>")
+
+
 def layers_table(*paths: str) -> str:
     """Runs over every layer of a checkpoint (layers.json files): one row per run."""
     lines = ["| executor | layers at once × threads | layers passed | wall time | per layer "
@@ -250,9 +257,7 @@ def layers_table(*paths: str) -> str:
                      f"{data['seconds']:.0f} s | {seconds[len(seconds) // 2]:.1f} s | "
                      f"{max(r['peak_mib'] for r in rows):.0f} MiB | "
                      f"{rows[0]['estimate_mib']:.0f} MiB |")
-    m = json.loads((ROOT / paths[0]).read_text())["machine"]
-    return "\n".join(lines) + (f"\n\n<small>{m['cpu']}, {m['date']}; "
-                               + ", ".join(f"`{p}`" for p in paths) + "</small>")
+    return "\n".join(lines) + _sources(paths)
 
 
 def quantized_table(*paths: str) -> str:
@@ -273,9 +278,7 @@ def quantized_table(*paths: str) -> str:
                      f"{kept['median_ms']:.2f} ms | {fp32['median_ms']:.2f} ms | "
                      f"{fp32['median_ms'] / kept['median_ms']:.2f}x | "
                      f"{kept['peak_rss_mib']:.0f} MiB |")
-    m = json.loads((ROOT / paths[0]).read_text())["machine"]
-    return "\n".join(lines) + (f"\n\n<small>{m['cpu']}, {m['date']}; "
-                               + ", ".join(f"`{p}`" for p in paths) + "</small>")
+    return "\n".join(lines) + _sources(paths)
 
 
 GENERATORS = {"structure": structure_table, "forms": form_table, "signature": signature_table, "bench": bench_table,
