@@ -165,8 +165,9 @@ def test_cold_rows_step_a_ring_larger_than_the_last_level_cache(monkeypatch):
     (["--quantize", "int3"], "--quantize 'int3': choose one of int4, int8"),
     (["--quantize", "int4", "--accuracy-level", "2"], "accuracy level 2: choose one of 1, 4"),
     (["--cold", "--cpp", "{tmp}"], "--cold steps a ring of instances in Python: not with --cpp"),
-    (["--quantize", "source", "--static-cache"], "--quantize source keeps a GGUF file's own "
-                                                 "quantized blocks: it needs --weights FILE.gguf"),
+    (["--quantize", "source", "--static-cache"], "--quantize source keeps a checkpoint's own "
+                                                 "quantized weights: it needs --weights FILE.gguf "
+                                                 "or a quantized Hugging Face folder"),
 ])
 def test_cli_refuses_bad_quantization_and_cold_requests(tmp_path, args, message):
     (tmp_path / "mha_torch").touch()
