@@ -36,19 +36,19 @@ def contrib_gqa_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attentio
     values (max(past_lengths) + T), ONNX Runtime 1.31's CUDA kernel read it before the device
     had written it (measured on an H200: 0, or a stale length, and wrong outputs)."""
     op = Ops(g)
-    t = op.Shape(io.q, start=1, end=2)  # (1,) T
+    zero, one = g.ints("zero_1d", [0]), g.ints("one_1d", [1])
+    b, t = op.Shape(io.q, start=0, end=1), op.Shape(io.q, start=1, end=2)  # (1,) B, (1,) T
     if io.past_lengths is None:  # every row starts at 0
-        starts = op.Expand(g.ints("zero_1d", [0]), op.Shape(io.q, start=0, end=1))  # (B,)
+        starts = op.Expand(zero, b)  # (B,)
         total = t  # (1,) T
     else:
         starts = io.past_lengths  # (B,)
-        one = g.ints("one_1d", [1])
-        decoding = op.Or(op.Equal(t, one), op.Equal(op.Shape(io.q, start=0, end=1), one))  # (1,)
+        decoding = op.Or(op.Equal(t, one), op.Equal(b, one))  # (1,) one token or one row
         total = op.Where(decoding, op.Shape(io.past_key, start=2, end=3), t)  # (1,) S or T
-        over_cache = op.Greater(op.ReduceMax(starts, keepdims=1), g.ints("zero_1d", [0]))  # (1,)
+        over_cache = op.Greater(op.ReduceMax(starts, keepdims=1), zero)  # (1,)
         unrunnable = op.And(op.Not(decoding), over_cache)  # (1,) prompts of B > 1 over a cache
     # (B,) past_lengths + T - 1 ("row_ends": a test shifts it)
-    last = op.Sub(op.Add(starts, t, name="row_ends"), g.ints("one_1d", [1]))
+    last = op.Sub(op.Add(starts, t, name="row_ends"), one)
     seqlens = op.Cast(last, to=TensorProto.INT32)  # (B,) int32
     total = op.Cast(op.Squeeze(total, g.ints("axis0", [0])), to=TensorProto.INT32)  # () int32
     cache = [io.past_key, io.past_value] if io.past_lengths is not None else ["", ""]

@@ -158,10 +158,6 @@ FLOAT8_TYPE = "FP8"  # the record type of a float8 weight: "FP8-e4m3-128x128"
 
 
 def _record(blocks: SourceBlocks | Float8Blocks) -> dict:
-    if isinstance(blocks, Float8Blocks):
-        rows, cols = blocks.block
-        return {"type": f"{FLOAT8_TYPE}-e4m3-{rows}x{cols}", "bits": 8, "block_size": cols,
-                "bytes": blocks.stored_bytes()}
     return {"type": blocks.ggml_type, "bits": blocks.bits, "block_size": blocks.block_size,
             "bytes": sum(f.stored_bytes() for f in _forms(blocks))}
 

@@ -77,6 +77,11 @@ class Float8Blocks:
         return 8
 
     @property
+    def ggml_type(self) -> str:
+        """The kept weight's type as records name it (SourceBlocks' field): FP8-e4m3-RxC."""
+        return f"FP8-e4m3-{self.block[0]}x{self.block[1]}"
+
+    @property
     def block_size(self) -> int:
         return self.block[1]
 
@@ -123,6 +128,13 @@ def numpy_of(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype.is_floating_point:
         return tensor.float().numpy()
     return tensor.numpy()
+
+
+def float8_codes(weight, module: str) -> np.ndarray:
+    """(N, K) uint8: an e4m3fn weight's bytes; another float8 kind is refused in one line."""
+    if weight.dtype != torch.float8_e4m3fn:
+        raise UsageError(f"{module}.weight is {weight.dtype}: float8 e4m3fn weights are kept")
+    return weight.view(torch.uint8).numpy()
 
 
 def require(parts: dict, names: tuple[str, ...], module: str, fmt: str) -> None:

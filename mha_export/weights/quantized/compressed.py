@@ -23,7 +23,8 @@ import re
 import numpy as np
 
 from ...errors import UsageError
-from .base import Float8Blocks, IntGroups, QuantFormat, numpy_of, require, unpack_fields
+from .base import (Float8Blocks, IntGroups, QuantFormat, float8_codes, numpy_of, require,
+                   unpack_fields)
 
 PACKED, FLOAT = "pack-quantized", "float-quantized"
 FORMATS = (PACKED, FLOAT)
@@ -143,14 +144,6 @@ def _float8(parts: dict, args: dict, module: str) -> Float8Blocks:
                          f"{strategy} strategy needs {shape}")
     return Float8Blocks("compressed-tensors", codes, scales.reshape(shape).astype(np.float32),
                         block)
-
-
-def float8_codes(weight, module: str) -> np.ndarray:
-    """(N, K) uint8: an e4m3fn weight's bytes; another float8 kind is refused in one line."""
-    import torch
-    if weight.dtype != torch.float8_e4m3fn:
-        raise UsageError(f"{module}.weight is {weight.dtype}: float8 e4m3fn weights are kept")
-    return weight.view(torch.uint8).numpy()
 
 
 def activations(qcfg: dict) -> str:

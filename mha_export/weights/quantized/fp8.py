@@ -13,8 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import UsageError
-from .base import Float8Blocks, QuantFormat, numpy_of, require
-from .compressed import float8_codes
+from .base import Float8Blocks, QuantFormat, float8_codes, numpy_of, require
 
 
 def check(qcfg: dict) -> None:
