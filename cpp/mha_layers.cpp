@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "npy.hpp"
+#include "ort_session.hpp"
 
 namespace {
 
@@ -45,14 +46,8 @@ struct Layer {
     std::vector<float> key, value;  // the app's cache buffers [1, K, capacity, H]
     std::vector<int64_t> cache_shape;
     std::vector<std::string> inputs;
+    std::vector<std::string> applied;  // config entries the file names (float8: folded at load)
 };
-
-// A tensor over `data` (not a copy: bound as an output, ORT writes that memory).
-template <class T>
-Ort::Value cpu_tensor(std::vector<T>& data, const std::vector<int64_t>& shape) {
-    const Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
-    return Ort::Value::CreateTensor<T>(cpu, data.data(), data.size(), shape.data(), shape.size());
-}
 
 std::vector<int64_t> input_shape(Ort::Session& s, size_t i) {
     return s.GetInputTypeInfo(i).GetTensorTypeAndShapeInfo().GetShape();
@@ -62,7 +57,8 @@ Layer open_layer(Ort::Env& env, const std::string& path, const Ort::SessionOptio
                  int64_t capacity) {
     Layer layer;
     try {
-        layer.session = std::make_unique<Ort::Session>(env, path.c_str(), options);
+        Ort::SessionOptions own = options.Clone();  // the file's entries for this file only
+        layer.session = mha::open_session(env, path, own, &layer.applied);
     } catch (const Ort::Exception& e) {
         throw mha::UsageError("cannot load model " + path + ": " + mha::first_line(e.what()));
     }
@@ -97,9 +93,9 @@ int64_t model_width(Ort::Session& s) {
 void step(Layer& layer, std::vector<float>& x, int64_t width, int64_t past) {
     std::vector<int64_t> lengths{past}, positions{past};
     Ort::IoBinding binding(*layer.session);
-    Ort::Value key = cpu_tensor(layer.key, layer.cache_shape), value = cpu_tensor(layer.value, layer.cache_shape);
-    Ort::Value x_value = cpu_tensor(x, {1, 1, width});
-    Ort::Value lengths_value = cpu_tensor(lengths, {1}), positions_value = cpu_tensor(positions, {1, 1});
+    Ort::Value key = mha::cpu_tensor(layer.key, layer.cache_shape), value = mha::cpu_tensor(layer.value, layer.cache_shape);
+    Ort::Value x_value = mha::cpu_tensor(x, {1, 1, width});
+    Ort::Value lengths_value = mha::cpu_tensor(lengths, {1}), positions_value = mha::cpu_tensor(positions, {1, 1});
     for (const auto& name : layer.inputs) {
         if (name == "x") binding.BindInput("x", x_value);
         else if (name == "past_key") binding.BindInput("past_key", key);
@@ -205,6 +201,9 @@ int main_layers(int argc, char** argv) {
               << " threads, past " << past << "\n"
               << steps << " steps, median " << m << " ms a step, " << m / layers.size()
               << " ms a layer\n";
+    for (size_t i = 0; i < models.size(); ++i)  // the first copy of each model
+        for (const auto& entry : layers[i].applied)
+            std::cout << models[i] << ": " << entry << " (the file asks for it)\n";
     return 0;
 }
 

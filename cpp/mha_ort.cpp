@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "npy.hpp"
+#include "ort_session.hpp"
 
 namespace {
 
@@ -267,13 +268,6 @@ size_t input_index(const ModelIO& io, const std::string& name) {
                           "past_lengths): this model has no input '" + name + "'");
 }
 
-// A tensor over `data` (not a copy: ORT reads and, bound as an output, writes that memory).
-template <class T>
-Ort::Value cpu_tensor(std::vector<T>& data, const std::vector<int64_t>& shape) {
-    const Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
-    return Ort::Value::CreateTensor<T>(cpu, data.data(), data.size(), shape.data(), shape.size());
-}
-
 // A cache buffer's elements: float32 values, or an int8 cache's codes.
 template <class T>
 std::vector<T>& elements(mha::Array& a);
@@ -320,7 +314,7 @@ std::vector<mha::Array> generate(Ort::Session& session, const ModelIO& io, const
     mha::Array key = c.inputs[1], value = c.inputs[2];  // the app's buffers, owned here
     std::vector<T>& key_data = elements<T>(key);
     std::vector<T>& value_data = elements<T>(value);
-    Ort::Value key_value = cpu_tensor(key_data, key.shape), value_value = cpu_tensor(value_data, value.shape);
+    Ort::Value key_value = mha::cpu_tensor(key_data, key.shape), value_value = mha::cpu_tensor(value_data, value.shape);
     const bool rotary = std::any_of(io.inputs.begin(), io.inputs.end(),
                                     [](const OrtTensor& t) { return t.decl.name == "position_ids"; });
     std::vector<int64_t> lengths(batch, 0);
@@ -335,9 +329,9 @@ std::vector<mha::Array> generate(Ort::Session& session, const ModelIO& io, const
         std::vector<int64_t> past_lengths = lengths, positions;
         for (int64_t b = 0; b < batch; ++b)
             for (int64_t i = 0; i < n; ++i) positions.push_back(lengths[b] + i);
-        Ort::Value x_value = cpu_tensor(chunk, {batch, n, width});
-        Ort::Value lengths_value = cpu_tensor(past_lengths, {batch});
-        Ort::Value positions_value = cpu_tensor(positions, {batch, n});
+        Ort::Value x_value = mha::cpu_tensor(chunk, {batch, n, width});
+        Ort::Value lengths_value = mha::cpu_tensor(past_lengths, {batch});
+        Ort::Value positions_value = mha::cpu_tensor(positions, {batch, n});
         binding.ClearBoundInputs();
         binding.ClearBoundOutputs();
         binding.BindInput("x", x_value);
@@ -390,8 +384,9 @@ int main_ort(int argc, char** argv) {
 
     const auto t0 = Clock::now();
     std::unique_ptr<Ort::Session> session;
+    std::vector<std::string> applied;  // the config entries the file names (float8: folded at load)
     try {
-        session = std::make_unique<Ort::Session>(env, args.model.c_str(), options);
+        session = mha::open_session(env, args.model, options, &applied);
     } catch (const Ort::Exception& e) {
         const std::string what = e.what();
         if (provider == "cuda" && (what.find("CUDA") != std::string::npos || what.find("cuda") != std::string::npos))
@@ -408,7 +403,9 @@ int main_ort(int argc, char** argv) {
                                      : "CPUExecutionProvider")
               << ", intra-op threads: " << (threads ? std::to_string(threads) : "default")
               << (args.flag("--spin") ? " (spinning)" : " (asleep between runs)") << ", session "
-              << session_time << "\n";
+              << session_time;
+    for (const auto& entry : applied) std::cout << ", " << entry << " (the file asks for it)";
+    std::cout << "\n";
     if (args.flag("--info")) print_info(args.model, *session, io);
     if (args.case_dirs.empty() && args.pairs.empty()) return 0;  // --info alone
 

@@ -3,6 +3,7 @@ report."""
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -44,6 +45,18 @@ def last_level_cache_bytes() -> int:
 def machine_info() -> dict:
     return {"cpu": cpu_name(), "date": datetime.date.today().isoformat(), "versions": versions(),
             "last_level_cache_mib": last_level_cache_bytes() / 2**20}
+
+
+# what decides how long torch's OpenMP threads spin after each parallel region (read by the
+# OpenMP runtime when the process starts: libgomp, in torch's Linux CPU wheels)
+OPENMP_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+
+
+def openmp_wait() -> str:
+    """The process's OpenMP wait settings, e.g. 'GOMP_SPINCOUNT=1000', or 'default' (libgomp
+    spins ~300k iterations after each parallel region, holding a core meanwhile)."""
+    set_ = [f"{v}={os.environ[v]}" for v in OPENMP_WAIT_VARIABLES if v in os.environ]
+    return ", ".join(set_) or "default"
 
 
 def utc_now() -> str:

@@ -736,3 +736,55 @@ def test_layers_bad_input_is_one_line_exit_2(binaries, artifacts, args, message)
 def test_layers_refuses_a_model_without_a_static_cache(binaries, artifacts):
     r = run(binaries["layers"], artifacts["kv", "onnx"] / "model.onnx")
     assert r.returncode == 2 and "not a static-cache model" in r.stderr
+
+
+# --- the session options a file names (metadata mha_export.session_options) ------------------
+
+@pytest.fixture(scope="module")
+def float8_artifact(tmp_path_factory) -> Path:
+    """A kept FP8-blocks checkpoint's layer (transformers' tiny llama, every projection in
+    float8 with 32 x 48 block scales), exported with --quantize source."""
+    pytest.importorskip("transformers")
+    from quant_writers import fp8_tensors, quantized_folder
+    from test_checkpoints import _plain
+    from mha_export.lossy.projections.source import SourceQuantSpec
+    root = tmp_path_factory.mktemp("fp8")
+    _plain("llama").save_pretrained(root / "llama")
+    quantized_folder(root / "llama", root / "fp8",
+                     {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                      "weight_block_size": [32, 48]}, lambda module, w: fp8_tensors(w, (32, 48)))
+    return export_onnx(weights=root / "fp8", layer=1, quantize=SourceQuantSpec(),
+                       output=root / "art", validate=False).path
+
+
+def test_a_float8_file_is_opened_with_the_options_it_names(binaries, float8_artifact, tmp_path):
+    """The file asks for session.disable_quant_qdq (ONNX Runtime then folds its
+    DequantizeLinear at load, as the Python runners do); mha_ort applies it, says so, and
+    gives the Python runner's outputs."""
+    r = run(binaries["ort"], float8_artifact / "model.onnx", "--info")
+    assert r.returncode == 0, r.stderr
+    assert "session.disable_quant_qdq=1 (the file asks for it)" in r.stdout.splitlines()[0]
+    assert 'mha_export.session_options: {"session.disable_quant_qdq": "1"}' in r.stdout
+    sig = read_artifact(float8_artifact).signature
+    python = OrtRunner(sig, float8_artifact / "model.onnx")
+    assert python.session.float8_folded
+    for d, case, feeds in write_case_dirs(tmp_path, float8_artifact, [Case(2, 7), Case(1, 1)]):
+        r = run(binaries["ort"], float8_artifact / "model.onnx", d)
+        assert r.returncode == 0, r.stderr
+        assert_outputs_match(read_outputs(d, sig), python.run(feeds), feeds, case, "float8")
+
+
+def test_a_file_naming_no_options_is_opened_once_as_it_is(binaries, artifacts):
+    r = run(binaries["ort"], artifacts["split", "onnx"] / "model.onnx", "--info")
+    assert r.returncode == 0 and "asks for" not in r.stdout
+
+
+def test_malformed_session_options_metadata_is_one_line_exit_2(binaries, artifacts, tmp_path):
+    import onnx
+    model = onnx.load(str(artifacts["split", "onnx"] / "model.onnx"))
+    onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},
+                                        "mha_export.session_options": "[1, 2]"})
+    onnx.save(model, str(tmp_path / "bad.onnx"))
+    r = run(binaries["ort"], tmp_path / "bad.onnx", "--info")
+    assert r.returncode == 2 and "not a flat JSON object" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -281,10 +281,21 @@ def quantized_table(*paths: str) -> str:
     return "\n".join(lines) + _sources(paths)
 
 
+def eval_threads_table(path: str) -> str:
+    """benchmarks/eval_threads.py's JSON: eval's tokens/s per thread configuration."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from eval_threads import table
+    data = json.loads((ROOT / path).read_text())
+    m, runs = data["runs"][0]["machine"], data["medians"][next(iter(data["medians"]))]["runs"]
+    return table(data["medians"]) + (
+        f"\n\n<small>{m['cpu']}, {m['date']}; per configuration the median of {runs} runs, "
+        f"each run's figure the median of its 5 timed runs; `{path}`</small>")
+
+
 GENERATORS = {"structure": structure_table, "forms": form_table, "signature": signature_table, "bench": bench_table,
               "faults": fault_list, "runners": runner_table, "quant-error": quant_error_table,
               "kv-error": kv_error_table, "mla-step": mla_step_table, "layers": layers_table,
-              "quantized": quantized_table}
+              "quantized": quantized_table, "eval-threads": eval_threads_table}
 
 
 def generated_blocks(text: str) -> list[tuple[str, str]]:

@@ -15,8 +15,10 @@ from click.testing import CliRunner
 from conftest import REAL_TEXT
 from faults import nudge_weight
 from mha_export.cli.commands import cli
+from mha_export.env import OPENMP_WAIT_VARIABLES, openmp_wait
 from mha_export.lossy.registry import attribution
 from mha_export.model.eval import evaluate, kl_per_position, perplexity
+from mha_export.model.report import format_evaluation
 from mha_export.lossy.projections.rtn import QuantSpec
 
 TOKENS = 48
@@ -70,6 +72,37 @@ def test_speed_is_timed_side_by_side_on_what_was_checked(fp32_run):
     assert all(np.isfinite(f) and f > 0 for f in figures), figures
     assert speed.eager_decoded == speed.exported_decoded == ev.eager_generated
     assert ev.to_dict()["speed"]["exported_prefill"] == ev.main.tokens_per_s
+    assert speed.torch_openmp == openmp_wait()  # the OpenMP wait setting the run had
+    assert f"torch's OpenMP wait: {speed.torch_openmp}" in format_evaluation(ev)
+
+
+def test_a_static_cache_runs_bound_in_place_inside_the_model(smollm2_gguf, smollm2_model,
+                                                             tmp_path, monkeypatch):
+    """--static-cache: each layer's buffers are bound once (Runner.bind_cache, as an app steps
+    them), never passed through run(); the model notices nothing and the timed cached
+    generation gives the checked uncached tokens."""
+    from mha_export.check.runners.ort import BoundCache, OrtRunner
+    calls = []
+    bound_call, plain_run = BoundCache.__call__, OrtRunner.run
+    monkeypatch.setattr(BoundCache, "__call__",
+                        lambda self, feeds: calls.append(feeds["x"].shape[1]) or
+                        bound_call(self, feeds))
+    monkeypatch.setattr(OrtRunner, "run", lambda self, feeds: pytest.fail(
+        "run() on a static cache") if self.signature.static_cache else plain_run(self, feeds))
+    ev = evaluate(smollm2_gguf, REAL_TEXT, TOKENS, LAYERS, generate=3, folder=tmp_path,
+                  options={"static_cache": True}, loaded=smollm2_model)
+    assert ev.main.kl_max < 1e-6 and ev.generation()["matched"] == 3
+    assert ev.main.speed.eager_decoded == ev.main.speed.exported_decoded == ev.eager_generated
+    assert TOKENS in calls and 1 in calls  # prefills and one-token steps, both bound
+
+
+def test_openmp_wait_names_what_the_environment_sets(monkeypatch):
+    for name in OPENMP_WAIT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert openmp_wait() == "default"
+    monkeypatch.setenv("GOMP_SPINCOUNT", "1000")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert openmp_wait() == "OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT=1000"
 
 
 def test_sessions_sleep_between_runs_by_default(tmp_path):

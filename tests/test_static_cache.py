@@ -73,6 +73,30 @@ def test_the_onnx_runner_binds_present_to_the_past_buffer(static_artifact):
     assert sorted(map(tuple, changed)) == [(0, 4), (1, 9)]
 
 
+def test_a_bound_cache_steps_as_run_does_in_the_callers_arrays(static_artifact):
+    """bind_cache (an app's loop: the buffers bound once) gives run's y and cache, call after
+    call, and writes the caller's own arrays; a buffer of another dtype is refused."""
+    sig = make_signature(CFG, "static-cache")
+    runner = OrtRunner(sig, static_artifact / "model.onnx")
+    rng = np.random.default_rng(1)
+    buffers = {n: np.zeros((1, 2, 16, 16), np.float32) for n in ("past_key", "past_value")}
+    step = runner.bind_cache(buffers)
+    plain = {n: b.copy() for n, b in buffers.items()}
+    at = 0
+    for t in (5, 1, 1, 3):  # a prefill, two steps, a chunk
+        feeds = {"x": rng.standard_normal((1, t, 64), dtype=np.float32),
+                 "past_lengths": np.array([at]), "position_ids": np.arange(at, at + t)[None]}
+        want = runner.run({**feeds, **plain})
+        plain = {"past_key": want["present_key"], "past_value": want["present_value"]}
+        np.testing.assert_array_equal(step(feeds), want["y"])
+        for name in buffers:
+            np.testing.assert_array_equal(buffers[name], plain[name])
+        at += t
+    assert np.abs(buffers["past_key"][0, :, :at]).min() > 0 and not buffers["past_key"][0, :, at:].any()
+    with pytest.raises(ValueError, match="float32"):
+        runner.bind_cache({n: b.astype(np.float64) for n, b in buffers.items()})
+
+
 def test_default_form_routes_each_call(tmp_path):
     """auto (the default): GroupQueryAttention for single tokens and short calls at batch 1, the
     blocked loop for the rest (a chunk at batch 3 over a cache, which the node refuses: right

@@ -9,6 +9,7 @@ from typing import Optional
 import onnx
 from onnx import helper
 
+from ..lossy.projections import session_options
 from ..config import MHAConfig
 from ..graph.model import build_model, check_buildable
 from ..kinds.registry import FORMS, default_form, get_form
@@ -33,9 +34,11 @@ def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
     opset = model.opset_import[0].version  # the form's lowest when none was asked for
     export = {"file": MODEL_FILE, "opset": opset, "attention": form.name, "dtype": dtype,
               **lossy.records(specs, config)}
+    needs = session_options.needed(model)  # what an app must set to run it as checked
     helper.set_model_props(model, {"mha_export.config": json.dumps(config.to_dict()),
                                    "mha_export.export": json.dumps(export),
-                                   "mha_export.io": json.dumps(sig.to_dict())})
+                                   "mha_export.io": json.dumps(sig.to_dict()),
+                                   **({session_options.KEY: json.dumps(needs)} if needs else {})})
     external = sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_LIMIT
     return Prepared({**export, "external_data": external},
                     lambda path: _write(model, path, external))

@@ -27,7 +27,8 @@ def format_evaluation(ev: Evaluation) -> str:
     if sp := ev.main.speed:
         ratios = sp.ratios()
         lines.append(f"speed (median of {sp.repeats} runs each, eager and exported in turn; "
-                     f"ONNX Runtime thread pool: {sp.thread_pool}): prefill eager "
+                     f"ONNX Runtime thread pool: {sp.thread_pool}; torch's OpenMP wait: "
+                     f"{sp.torch_openmp or 'not recorded'}): prefill eager "
                      f"{sp.eager_prefill:.1f}, exported {sp.exported_prefill:.1f} tokens/s "
                      f"({ratios['prefill']:.2f}x)" + (
                          f"; generation eager {sp.eager_generation:.2f}, exported "

@@ -52,6 +52,13 @@ class Runner(ABC):
     def run_prepared(self, prepared: Any) -> Any:
         return self.run(prepared)
 
+    def bind_cache(self, buffers: Feeds) -> Optional[Callable[[Feeds], np.ndarray]]:
+        """A static-cache model run as an app runs it, step after step: ``buffers``
+        (past_key, past_value: the app's arrays) bound once and written in place by every
+        call; the call takes the other inputs and returns y. None: this runner has no such
+        path (its ``run`` takes the buffers each call)."""
+        return None
+
 
 def require_in_place(signature: Signature, args: List[Any], outputs: List[Any]) -> None:
     """A static-cache call's present_* must be the very buffers passed as past_* (torch tensors:

@@ -1,0 +1,35 @@
+"""The config entries a file asks of the app that runs it (mha_export/lossy/projections/session_options.py)."""
+import json
+
+import onnx
+from onnx import TensorProto, helper
+
+from mha_export import MHAConfig, export_onnx
+from mha_export.lossy.projections import session_options as so
+
+
+def _graph_with(initializer_type: int) -> onnx.ModelProto:
+    w = helper.make_tensor("w", initializer_type, [2], [1.0, 2.0])
+    graph = helper.make_graph([helper.make_node("Identity", ["w"], ["y"])], "g", [],
+                              [helper.make_tensor_value_info("y", initializer_type, [2])], [w])
+    return helper.make_model(graph)
+
+
+def test_float8_weights_ask_for_the_fold_and_float_weights_for_nothing():
+    assert so.needed(_graph_with(TensorProto.FLOAT8E4M3FN)) == so.FOLD_FLOAT8
+    assert so.needed(_graph_with(TensorProto.FLOAT)) == {}
+    assert so.folds_float8({**so.FOLD_FLOAT8, "other": "x"}) and not so.folds_float8({})
+
+
+def test_the_record_wins_over_the_graph():
+    model = _graph_with(TensorProto.FLOAT8E4M3FN)
+    helper.set_model_props(model, {so.KEY: json.dumps({"session.x": "2"})})
+    assert so.declared(model) == {"session.x": "2"}
+    assert so.declared(_graph_with(TensorProto.FLOAT8E4M3FN)) == so.FOLD_FLOAT8  # no record
+
+
+def test_a_float_export_records_no_entries(tmp_path):
+    art = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", validate=False).path
+    model = onnx.load(str(art / "model.onnx"), load_external_data=False)
+    assert so.KEY not in {p.key for p in model.metadata_props}
+    assert so.declared(model) == {}
