@@ -46,19 +46,26 @@ struct Layer {
     std::vector<float> key, value;  // the app's cache buffers [1, K, capacity, H]
     std::vector<int64_t> cache_shape;
     std::vector<std::string> inputs;
-    std::vector<std::string> applied;  // config entries the file names (float8: folded at load)
+    mha::SessionEntries applied;  // config entries the file names (float8: folded at load)
 };
 
 std::vector<int64_t> input_shape(Ort::Session& s, size_t i) {
     return s.GetInputTypeInfo(i).GetTensorTypeAndShapeInfo().GetShape();
 }
 
+// `known`: the file's entries when an earlier copy read them (no second open then).
 Layer open_layer(Ort::Env& env, const std::string& path, const Ort::SessionOptions& options,
-                 int64_t capacity) {
+                 int64_t capacity, const mha::SessionEntries* known) {
     Layer layer;
     try {
         Ort::SessionOptions own = options.Clone();  // the file's entries for this file only
-        layer.session = mha::open_session(env, path, own, &layer.applied);
+        if (known) {  // a later copy of the file: its entries already read, one open
+            mha::add_entries(own, *known);
+            layer.applied = *known;
+            layer.session = std::make_unique<Ort::Session>(env, path.c_str(), own);
+        } else {
+            layer.session = mha::open_session(env, path, own, layer.applied);
+        }
     } catch (const Ort::Exception& e) {
         throw mha::UsageError("cannot load model " + path + ": " + mha::first_line(e.what()));
     }
@@ -180,8 +187,11 @@ int main_layers(int argc, char** argv) {
     }
     const int64_t capacity = past + kWarmup + steps;
     std::vector<Layer> layers;
+    layers.reserve(static_cast<size_t>(copies) * models.size());
     for (int c = 0; c < copies; ++c)
-        for (const auto& m : models) layers.push_back(open_layer(*env, m, options, capacity));
+        for (size_t i = 0; i < models.size(); ++i)  // copies after the first reuse its entries
+            layers.push_back(open_layer(*env, models[i], options, capacity,
+                                        c ? &layers[i].applied : nullptr));
     const int64_t width = model_width(*layers[0].session);
     std::vector<float> x(static_cast<size_t>(width));
     std::mt19937 rng(0);
@@ -202,8 +212,8 @@ int main_layers(int argc, char** argv) {
               << steps << " steps, median " << m << " ms a step, " << m / layers.size()
               << " ms a layer\n";
     for (size_t i = 0; i < models.size(); ++i)  // the first copy of each model
-        for (const auto& entry : layers[i].applied)
-            std::cout << models[i] << ": " << entry << " (the file asks for it)\n";
+        for (const auto& [key, value] : layers[i].applied)
+            std::cout << models[i] << ": " << key << "=" << value << " (the file asks for it)\n";
     return 0;
 }
 

@@ -384,9 +384,9 @@ int main_ort(int argc, char** argv) {
 
     const auto t0 = Clock::now();
     std::unique_ptr<Ort::Session> session;
-    std::vector<std::string> applied;  // the config entries the file names (float8: folded at load)
+    mha::SessionEntries applied;  // the config entries the file names (float8: folded at load)
     try {
-        session = mha::open_session(env, args.model, options, &applied);
+        session = mha::open_session(env, args.model, options, applied);
     } catch (const Ort::Exception& e) {
         const std::string what = e.what();
         if (provider == "cuda" && (what.find("CUDA") != std::string::npos || what.find("cuda") != std::string::npos))
@@ -404,7 +404,8 @@ int main_ort(int argc, char** argv) {
               << ", intra-op threads: " << (threads ? std::to_string(threads) : "default")
               << (args.flag("--spin") ? " (spinning)" : " (asleep between runs)") << ", session "
               << session_time;
-    for (const auto& entry : applied) std::cout << ", " << entry << " (the file asks for it)";
+    for (const auto& [key, value] : applied)
+        std::cout << ", " << key << "=" << value << " (the file asks for it; opened twice)";
     std::cout << "\n";
     if (args.flag("--info")) print_info(args.model, *session, io);
     if (args.case_dirs.empty() && args.pairs.empty()) return 0;  // --info alone

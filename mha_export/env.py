@@ -7,6 +7,7 @@ import os
 import platform
 from importlib import metadata
 from pathlib import Path
+from typing import Mapping, Optional
 
 DISTRIBUTIONS = ("mha-export", "torch", "onnx", "onnxruntime-gpu", "onnxruntime", "openvino",
                  "numpy")
@@ -47,16 +48,20 @@ def machine_info() -> dict:
             "last_level_cache_mib": last_level_cache_bytes() / 2**20}
 
 
-# what decides how long torch's OpenMP threads spin after each parallel region (read by the
-# OpenMP runtime when the process starts: libgomp, in torch's Linux CPU wheels)
+# what decides how long torch's OpenMP threads spin after each parallel region: read by the
+# OpenMP runtime (libgomp, in torch's Linux CPU wheels) once, when torch loads; so the values
+# this process started with, not later changes (LLVM/Intel OpenMP builds read KMP_BLOCKTIME,
+# not recorded here)
 OPENMP_WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+_STARTED_WITH = {v: os.environ[v] for v in OPENMP_WAIT_VARIABLES if v in os.environ}
 
 
-def openmp_wait() -> str:
-    """The process's OpenMP wait settings, e.g. 'GOMP_SPINCOUNT=1000', or 'default' (libgomp
-    spins ~300k iterations after each parallel region, holding a core meanwhile)."""
-    set_ = [f"{v}={os.environ[v]}" for v in OPENMP_WAIT_VARIABLES if v in os.environ]
-    return ", ".join(set_) or "default"
+def openmp_wait(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The OpenMP wait settings (of ``environ``; default: what this process started with),
+    e.g. 'GOMP_SPINCOUNT=1000', or 'default' (libgomp spins ~300k iterations after each
+    parallel region, holding a core meanwhile)."""
+    env = _STARTED_WITH if environ is None else environ
+    return ", ".join(f"{v}={env[v]}" for v in OPENMP_WAIT_VARIABLES if v in env) or "default"
 
 
 def utc_now() -> str:

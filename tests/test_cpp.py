@@ -753,17 +753,19 @@ def float8_artifact(tmp_path_factory) -> Path:
     quantized_folder(root / "llama", root / "fp8",
                      {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                       "weight_block_size": [32, 48]}, lambda module, w: fp8_tensors(w, (32, 48)))
-    return export_onnx(weights=root / "fp8", layer=1, quantize=SourceQuantSpec(),
-                       output=root / "art", validate=False).path
+    return {cache: export_onnx(weights=root / "fp8", layer=1, quantize=SourceQuantSpec(),
+                               static_cache=cache, output=root / f"art-{cache}",
+                               validate=False).path for cache in (False, True)}
 
 
 def test_a_float8_file_is_opened_with_the_options_it_names(binaries, float8_artifact, tmp_path):
     """The file asks for session.disable_quant_qdq (ONNX Runtime then folds its
     DequantizeLinear at load, as the Python runners do); mha_ort applies it, says so, and
     gives the Python runner's outputs."""
+    float8_artifact = float8_artifact[False]
     r = run(binaries["ort"], float8_artifact / "model.onnx", "--info")
     assert r.returncode == 0, r.stderr
-    assert "session.disable_quant_qdq=1 (the file asks for it)" in r.stdout.splitlines()[0]
+    assert "session.disable_quant_qdq=1 (the file asks for it" in r.stdout.splitlines()[0]
     assert 'mha_export.session_options: {"session.disable_quant_qdq": "1"}' in r.stdout
     sig = read_artifact(float8_artifact).signature
     python = OrtRunner(sig, float8_artifact / "model.onnx")
@@ -774,17 +776,38 @@ def test_a_float8_file_is_opened_with_the_options_it_names(binaries, float8_arti
         assert_outputs_match(read_outputs(d, sig), python.run(feeds), feeds, case, "float8")
 
 
-def test_a_file_naming_no_options_is_opened_once_as_it_is(binaries, artifacts):
+def test_mha_layers_applies_the_entries_once_per_file(binaries, float8_artifact):
+    """Every copy of the file runs with its entries; the metadata is read from the first."""
+    r = run(binaries["layers"], float8_artifact[True] / "model.onnx", "--copies", 2, "--past", 8,
+            "--steps", 2)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("session.disable_quant_qdq=1 (the file asks for it)") == 1
+
+
+def test_a_file_naming_no_options_runs_with_the_apps_options_only(binaries, artifacts):
     r = run(binaries["ort"], artifacts["split", "onnx"] / "model.onnx", "--info")
     assert r.returncode == 0 and "asks for" not in r.stdout
 
 
-def test_malformed_session_options_metadata_is_one_line_exit_2(binaries, artifacts, tmp_path):
+@pytest.mark.parametrize("record, message", [
+    ("[1, 2]", "not a flat JSON object"),
+    ('{"session.disable_quant_qdq": "1"} and more', "not a flat JSON object"),
+    ('{"session.disable_quant_qdq": "1\\"}', "not a flat JSON object"),
+    ('{"session.intra_op.allow_spinning": "1"}', "which a file may not set"),
+])
+def test_a_bad_session_options_record_is_one_line_exit_2(binaries, artifacts, tmp_path, record,
+                                                         message):
+    """C++ and Python refuse alike: malformed, or an entry a file may not set (it would
+    override the app's own choice, e.g. its threads)."""
     import onnx
+    from mha_export.errors import UsageError
+    from mha_export.lossy.projections import session_options
     model = onnx.load(str(artifacts["split", "onnx"] / "model.onnx"))
     onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},
-                                        "mha_export.session_options": "[1, 2]"})
+                                        session_options.KEY: record})
     onnx.save(model, str(tmp_path / "bad.onnx"))
     r = run(binaries["ort"], tmp_path / "bad.onnx", "--info")
-    assert r.returncode == 2 and "not a flat JSON object" in r.stderr
+    assert r.returncode == 2 and message in r.stderr and "bad.onnx" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+    with pytest.raises(UsageError, match="flat JSON object|may not set"):
+        session_options.declared(model)

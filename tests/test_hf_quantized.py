@@ -176,6 +176,8 @@ def test_the_float8_weights_are_dequantize_linear_of_the_codes(exported):
     assert model.opset_import[0].version >= 21
     f8 = [t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT8E4M3FN]
     assert len(f8) == 4 and not any(n.op_type == "MatMulNBits" for n in model.graph.node)
+    props = {p.key: p.value for p in model.metadata_props}  # what an app must set, in the file
+    assert json.loads(props["mha_export.session_options"]) == {"session.disable_quant_qdq": "1"}
     report = check_parity(exported("fp8-blocks-32x48"), **QUICK)
     assert "float8 weights dequantized once at load" in format_report(report)
 

@@ -2,9 +2,10 @@
 import json
 
 import onnx
+import pytest
 from onnx import TensorProto, helper
 
-from mha_export import MHAConfig, export_onnx
+from mha_export import MHAConfig, UsageError, export_onnx
 from mha_export.lossy.projections import session_options as so
 
 
@@ -22,9 +23,9 @@ def test_float8_weights_ask_for_the_fold_and_float_weights_for_nothing():
 
 
 def test_the_record_wins_over_the_graph():
-    model = _graph_with(TensorProto.FLOAT8E4M3FN)
-    helper.set_model_props(model, {so.KEY: json.dumps({"session.x": "2"})})
-    assert so.declared(model) == {"session.x": "2"}
+    model = _graph_with(TensorProto.FLOAT)
+    helper.set_model_props(model, {so.KEY: json.dumps(so.FOLD_FLOAT8)})
+    assert so.declared(model) == so.FOLD_FLOAT8
     assert so.declared(_graph_with(TensorProto.FLOAT8E4M3FN)) == so.FOLD_FLOAT8  # no record
 
 
@@ -33,3 +34,14 @@ def test_a_float_export_records_no_entries(tmp_path):
     model = onnx.load(str(art / "model.onnx"), load_external_data=False)
     assert so.KEY not in {p.key for p in model.metadata_props}
     assert so.declared(model) == {}
+
+
+@pytest.mark.parametrize("record, message", [
+    ("not json", "flat JSON object"), ('{"session.disable_quant_qdq": 1}', "flat JSON object"),
+    ('{"session.intra_op.allow_spinning": "1"}', "may not set")])
+def test_a_bad_record_is_refused_in_one_line(record, message):
+    """Malformed, or an entry that would override the app's own choice (its threads)."""
+    model = _graph_with(TensorProto.FLOAT)
+    helper.set_model_props(model, {so.KEY: record})
+    with pytest.raises(UsageError, match=message):
+        so.declared(model)

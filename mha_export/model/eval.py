@@ -121,7 +121,8 @@ class ExportedAttention(torch.nn.Module):
                 buffer.fill(0)
         elif self.sig.has_cache:
             size = self.capacity if self.sig.static_cache else 0
-            dtype = np.int8 if self.sig.cache_dtype == "int8" else np.float32
+            dtype = np.int8 if self.sig.cache_dtype == "int8" else getattr(
+                self.runner, "dtypes", {}).get("past_key", np.float32)  # the model's own
             self.cache = {n: np.zeros(self.sig.cache_buffer(n, 1, size), dtype)
                           for n in ("past_key", "past_value")}
             # a static cache: bound once where the runner can (an app's step, no copies)

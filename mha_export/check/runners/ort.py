@@ -134,8 +134,9 @@ class OrtRunner(Runner):
 
     def bind_cache(self, buffers: Feeds) -> Optional["BoundCache"]:
         """On CPU (base.Runner.bind_cache): the buffers bound once; a call binds x and its
-        positions and a fresh y (0.27 vs 0.36 ms a one-token SmolLM2 layer call through
-        ``run``, whose every call copies its inputs and makes a new binding)."""
+        positions and a fresh y (0.30 vs 0.38 ms a one-token SmolLM2 layer call through
+        ``run``, whose every call copies its inputs and makes a new binding;
+        benchmarks/layer_call.py)."""
         if not self.signature.static_cache or self.provider != "cpu":
             return None
         return BoundCache(self.session, buffers, self.dtypes, self.run_options)
@@ -191,8 +192,9 @@ class InPlaceCall:
 
 class BoundCache:
     """A static-cache CPU session as an app keeps it: past_key/past_value bound once to the
-    caller's arrays, also as present_key/present_value (the model writes them in place); each
-    call binds its other inputs and a new y array, runs, and returns y."""
+    caller's arrays (of the model's cache dtype), also as present_key/present_value (the model
+    writes them in place); each call binds its other inputs and a new y array, runs, and
+    returns y (float32, as ``run`` gives it)."""
 
     def __init__(self, session, buffers: Feeds, dtypes: dict, run_options=None):
         import onnxruntime as ort
@@ -217,7 +219,7 @@ class BoundCache:
         y = np.empty((b, t, self.width), self.y_dtype)  # (B, T, D)
         self.binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy(y))
         self.session.run_with_iobinding(self.binding, self.run_options)
-        return y
+        return y.astype(np.float32) if y.dtype == np.float16 else y  # as run() gives it
 
 
 # tolerance_dtype of a session whose MatMulNBits really quantized their activations (level 4)
@@ -347,8 +349,6 @@ def cuda_provider_missing() -> Optional[str]:
     if ORT_PROVIDERS["cuda"] not in ort.get_available_providers():
         return "this onnxruntime build has no CUDAExecutionProvider (install onnxruntime-gpu)"
     return None
-
-
 
 
 def _quiet_runs():
