@@ -59,13 +59,7 @@ Layer open_layer(Ort::Env& env, const std::string& path, const Ort::SessionOptio
     Layer layer;
     try {
         Ort::SessionOptions own = options.Clone();  // the file's entries for this file only
-        if (known) {  // a later copy of the file: its entries already read, one open
-            mha::add_entries(own, *known);
-            layer.applied = *known;
-            layer.session = std::make_unique<Ort::Session>(env, path.c_str(), own);
-        } else {
-            layer.session = mha::open_session(env, path, own, layer.applied);
-        }
+        layer.session = mha::open_session(env, path, own, layer.applied, known);
     } catch (const Ort::Exception& e) {
         throw mha::UsageError("cannot load model " + path + ": " + mha::first_line(e.what()));
     }

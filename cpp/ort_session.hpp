@@ -94,10 +94,17 @@ inline void add_entries(Ort::SessionOptions& options, const SessionEntries& entr
 }
 
 // The session, with the entries the file names added to `options` (and returned in `entries`).
+// `known`: the file's entries already read (another session of the same file): one open.
 // ONNX Runtime's exceptions reach the caller (which names the cause).
 inline std::unique_ptr<Ort::Session> open_session(Ort::Env& env, const std::string& path,
                                                   Ort::SessionOptions& options,
-                                                  SessionEntries& entries) {
+                                                  SessionEntries& entries,
+                                                  const SessionEntries* known = nullptr) {
+    if (known) {
+        entries = *known;
+        add_entries(options, entries);
+        return std::make_unique<Ort::Session>(env, path.c_str(), options);
+    }
     auto session = std::make_unique<Ort::Session>(env, path.c_str(), options);
     entries = declared_session_options(*session, path);
     if (entries.empty()) return session;

@@ -9,12 +9,12 @@ from typing import Optional
 import onnx
 from onnx import helper
 
-from ..lossy.projections import session_options
 from ..config import MHAConfig
 from ..graph.model import build_model, check_buildable
 from ..kinds.registry import FORMS, default_form, get_form
 from ..layer.layouts import AttentionBase
 from ..lossy import registry as lossy
+from ..lossy.projections import session_options
 from ..signature import Signature
 from .base import Prepared
 

@@ -16,8 +16,8 @@ from typing import Iterator, Optional
 import numpy as np
 
 from ...graph.nodes import all_nodes
-from ...lossy.projections.kernels import matmul_nbits_kinds, matmul_nbits_probe
 from ...lossy.projections import session_options
+from ...lossy.projections.kernels import matmul_nbits_kinds, matmul_nbits_probe
 from ...signature import Signature
 from .base import Feeds, Runner, RunnerUnavailable
 from .ort_threads import DEFAULT as DEFAULT_THREAD_POOL, follow_process_pool, get_policy
@@ -369,7 +369,7 @@ def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf
     opts = ort.SessionOptions()
     get_policy(thread_pool).apply(opts, threads)
     opts.enable_mem_pattern = mem_pattern
-    quantized, entries = _quantized(path)
+    quantized, entries = _file_settings(path)
     for key, value in entries.items():  # what the file asks for (session_options.py): float8
         opts.add_session_config_entry(key, value)  # weights folded at load
     scratch = tempfile.TemporaryDirectory(prefix="mha-ort-") if quantized else None
@@ -406,7 +406,7 @@ def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf
     return session
 
 
-def _quantized(model: str | Path | bytes) -> tuple[bool, dict[str, str]]:
+def _file_settings(model: str | Path | bytes) -> tuple[bool, dict[str, str]]:
     """(an mha-export model with quantized projections — its recorded export settings —,
     the session config entries the file asks for: session_options.py)."""
     import json
