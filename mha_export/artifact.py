@@ -27,6 +27,8 @@ from .signature import Signature, signature_from_meta
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "weights.safetensors"
 REPORT_FILE = "parity.json"
+SUMMARY_FILE = "layers.json"  # a fan-out folder's summary (fanout/records.py)
+EVAL_EXPORTS_FILE = "eval-exports.json"  # eval --exports: whose layers the folder keeps
 KIND_SUFFIX = {"full": "", "masked": "-masked", "kv-cache": "-kv", "static-cache": "-static"}
 
 
@@ -103,13 +105,50 @@ def default_folder(config: MHAConfig, fmt: str, kind: str = "full",
     return Path(root) / f"{config.slug()}{KIND_SUFFIX[kind]}{folder_tag(specs or {})}-{fmt}"
 
 
+def is_artifact_folder(folder: Path) -> bool:
+    """An artifact's config.json: a JSON object with its "config" and "export" records (a
+    checkpoint's config.json has neither)."""
+    try:
+        meta = json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and isinstance(meta.get("config"), dict) \
+        and isinstance(meta.get("export"), dict)
+
+
+def made_by_us(folder: Path) -> Optional[str]:
+    """What mha-export wrote this folder as ("artifact", "layers": a fan-out with its summary,
+    "eval-exports": eval's kept layers), or None: the only folders --force may replace."""
+    if (folder / SUMMARY_FILE).is_file():
+        return "layers"
+    if (folder / EVAL_EXPORTS_FILE).is_file():
+        return "eval-exports"
+    return "artifact" if is_artifact_folder(folder) else None
+
+
+def require_ours(folder: Path, force: bool, replaced: str = "replace it") -> None:
+    """A non-empty folder is written into only when mha-export made it and --force says so;
+    a folder of anyone else's files is refused whatever the flags: every file is kept."""
+    if not (folder.is_dir() and any(folder.iterdir())):
+        return
+    if made_by_us(folder) is None:
+        raise UsageError(f"{folder} holds files but is not an mha-export artifact or layers "
+                         "folder: its files are kept; choose a new or empty folder (--force "
+                         "replaces only those)")
+    if not force:
+        raise UsageError(f"{folder} already holds an mha-export artifact: pass --force to "
+                         f"{replaced}")
+
+
 def prepare_destination(dest: Path, force: bool) -> None:
-    """Refuse to clobber an artifact without force; fail early on an unwritable parent."""
+    """Refuse to clobber an artifact without force, and anyone else's folder at all; fail
+    early on an unwritable parent."""
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"{dest} exists and is not a folder")
-    if dest.is_dir() and any(dest.iterdir()) and not force:
-        raise UsageError(f"{dest} already holds files: pass --force to replace it")
-    parent = dest.parent if dest.parent != Path("") else Path(".")
+    require_ours(dest, force)
+    parent = _absolute(dest).parent
+    if (blocker := _file_ancestor(parent)) is not None:
+        raise UsageError(f"cannot create output folder {dest}: {blocker} is a file")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -118,14 +157,38 @@ def prepare_destination(dest: Path, force: bool) -> None:
         raise UsageError(f"output folder {parent} is not writable")
 
 
+def _absolute(path: Path) -> Path:
+    """``path`` made absolute and normalised ("." -> the working folder, which has a name)."""
+    return Path(os.path.abspath(path))
+
+
+def _file_ancestor(folder: Path) -> Optional[Path]:
+    """The first ancestor of ``folder`` (or itself) that exists as a file, if any."""
+    for p in (folder, *folder.parents):
+        if p.exists():
+            return None if p.is_dir() else p
+    return None
+
+
+def _holds_cwd(folder: Path) -> bool:
+    """The working folder is ``folder`` or inside it: replacing it by a rename would leave the
+    user's shell in a deleted folder, so its contents are replaced instead."""
+    cwd = Path.cwd()
+    return folder.exists() and (cwd == folder or folder in cwd.parents)
+
+
 @contextlib.contextmanager
 def staged_folder(dest: Path, force: bool) -> Iterator[Path]:
-    """Yield a temporary sibling folder; on success it replaces dest in one rename.
+    """Yield a temporary folder; on success it replaces dest in one rename (or, where dest holds
+    the working folder, dest's contents are replaced by its files).
 
     On any exception the staging folder is removed and dest is left as it was."""
     prepare_destination(dest, force)
+    dest = _absolute(dest)
+    in_place = _holds_cwd(dest)
     try:
-        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+        stage = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp",
+                                      dir=dest if in_place else dest.parent))
     except OSError as e:
         raise UsageError(f"cannot create artifact folder {dest}: {e.strerror}") from None
     os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes 0700; publish with normal permissions
@@ -134,17 +197,28 @@ def staged_folder(dest: Path, force: bool) -> Iterator[Path]:
         raise_if_interrupted()  # never publish what an interruption cut short
         for f in stage.iterdir():  # some writers (safetensors) create 0600 files
             os.chmod(f, 0o666 & ~_umask())
-        if dest.exists():
-            old = dest.with_name(f".{dest.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            dest.rename(old)
-            stage.rename(dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            stage.rename(dest)
+        _publish(stage, dest, in_place)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
+
+
+def _publish(stage: Path, dest: Path, in_place: bool) -> None:
+    if in_place:  # dest's own entries go, then the staged ones move in
+        for old in dest.iterdir():
+            if old != stage:
+                shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+        for new in stage.iterdir():
+            new.rename(dest / new.name)
+        stage.rmdir()
+    elif dest.exists():
+        old = dest.with_name(f".{dest.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        dest.rename(old)
+        stage.rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        stage.rename(dest)
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:

@@ -119,6 +119,61 @@ def test_existing_artifact_needs_force(tmp_path):
     assert run("torchscript", *SMALL, "-o", out, "--no-check", "--force").exit_code == 0
 
 
+def _files(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("users", [
+    {"src/main.py": "code", "notes.md": "notes"},  # a project folder
+    {"config.json": '{"model_type": "llama"}', "model.safetensors": "x"},  # a checkpoint
+    {"config.json": "not json", "model.onnx": "x"},  # looks like an artifact, is not one
+])
+def test_force_never_replaces_a_folder_mha_export_did_not_write(tmp_path, users):
+    out = tmp_path / "proj"
+    for name, text in users.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    before = _files(out)
+    for flags in ([], ["--force"]):
+        msg = one_line_error(run("onnx", *SMALL, "-o", out, "--no-check", *flags))
+        assert "not an mha-export artifact" in msg and "kept" in msg
+    assert _files(out) == before and (out / next(iter(users))).read_text() == next(iter(users.values()))
+
+
+def test_force_replaces_an_artifact_and_a_layers_folder_is_one_of_ours(tmp_path):
+    from mha_export.artifact import made_by_us
+    out = tmp_path / "art"
+    assert run("onnx", *SMALL, "-o", out, "--no-check").exit_code == 0
+    assert made_by_us(out) == "artifact"
+    assert run("torchscript", *SMALL, "-o", out, "--no-check", "--force").exit_code == 0
+    assert (out / "model.pt").is_file() and not (out / "model.onnx").exists()
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "layers.json").write_text("{}")
+    assert made_by_us(tmp_path / "run") == "layers" and made_by_us(tmp_path) is None
+
+
+def test_the_working_folder_is_an_answer_only_when_empty_or_an_artifact(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert run("onnx", *SMALL, "-o", ".", "--no-check").exit_code == 0  # empty: written in place
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.onnx",
+                                                          "weights.safetensors"]
+    assert "--force" in one_line_error(run("onnx", *SMALL, "-o", ".", "--no-check"))
+    assert run("torchscript", *SMALL, "-o", ".", "--no-check", "--force").exit_code == 0
+    assert (tmp_path / "model.pt").is_file() and not (tmp_path / "model.onnx").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.pt",
+                                                          "weights.safetensors"]  # no staging left
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "mine.txt").write_text("mine")
+    assert "kept" in one_line_error(run("onnx", *SMALL, "-o", ".", "--no-check", "--force"))
+    assert (tmp_path / "mine.txt").read_text() == "mine"
+
+
+def test_an_output_under_a_file_names_the_file(tmp_path):
+    (tmp_path / "f").write_text("x")
+    msg = one_line_error(run("onnx", *SMALL, "-o", tmp_path / "f" / "sub", "--no-check"))
+    assert f"{tmp_path / 'f'} is a file" in msg
+
+
 def test_console_script_is_quiet_and_clean(tmp_path):
     """Through the real entry point: no exporter chatter, no traceback, exit codes as documented."""
     exe = [sys.executable, "-m", "mha_export"]

@@ -216,6 +216,30 @@ def test_bad_input_is_one_line_exit_2(smollm2_gguf, tmp_path, extra, message):
     assert "Traceback" not in result.output
 
 
+def test_exports_must_be_this_models_exports_folder(smollm2_gguf, tmp_path):
+    """Refused before the model loads, every file kept: an artifact, a folder of other files,
+    another model's eval folder."""
+    from mha_export.model.eval import claim_exports_folder, mark_exports_folder
+    art = tmp_path / "art"
+    assert CliRunner().invoke(cli, ["onnx", "--heads", "2", "--dim", "16", "-o", str(art),
+                                    "--no-check"]).exit_code == 0
+    other = tmp_path / "other"
+    mark_exports_folder(other, tmp_path / "another-model.gguf")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "a.txt").write_text("a")
+    for folder, message in ((art, "not an exports folder"), (tmp_path / "mine", "not an exports"),
+                            (other, "holds the layers of")):
+        before = sorted(folder.iterdir())
+        result = CliRunner().invoke(cli, ["eval", "--weights", str(smollm2_gguf), "--text",
+                                          REAL_TEXT, "--exports", str(folder)])
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert sorted(folder.iterdir()) == before
+    ours = tmp_path / "ours"
+    assert claim_exports_folder(ours, smollm2_gguf) and not ours.exists()  # nothing written yet
+    mark_exports_folder(ours, smollm2_gguf)
+    assert claim_exports_folder(ours, smollm2_gguf)
+
+
 @pytest.mark.parametrize("command", ["eval", "capture"])
 @pytest.mark.parametrize("damage", ["truncated", "garbled"])
 def test_a_damaged_gguf_is_one_line_exit_2(smollm2_gguf, tmp_path, command, damage):

@@ -121,11 +121,14 @@ def test_check_refuses_a_folder_without_layer_folders(tmp_path):
     assert result.exit_code == 2 and "no layer folders" in result.output
 
 
-def test_an_existing_folder_is_replaced_only_when_asked(smollm2_gguf, tmp_path):
+def test_only_a_layers_folder_is_ever_replaced(smollm2_gguf, tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "notes.txt").write_text("mine")
-    result = run("onnx", "--weights", smollm2_gguf, "--layers", "0", "-o", tmp_path / "run")
-    assert result.exit_code == 2 and "--force" in result.output
+    for flags in ([], ["--force"], ["--resume"]):
+        result = run("onnx", "--weights", smollm2_gguf, "--layers", "0", "-o", tmp_path / "run",
+                     *flags)
+        assert result.exit_code == 2 and "no layers.json" in result.output, result.output
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["notes.txt"]
 
 
 def test_eval_reuses_a_checked_folder(smollm2_layers, smollm2_gguf, smollm2_model):

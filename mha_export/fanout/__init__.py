@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from ..artifact import made_by_us
 from ..errors import UsageError
 from ..lossy import registry as lossy
 from .executors import DEFAULT as DEFAULT_EXECUTOR, EXECUTORS, Work, make_executor
@@ -87,14 +88,20 @@ def _plain(options: dict) -> dict:
 
 
 def _require_free(root: Path, force: bool, resume: bool) -> None:
-    """An existing folder is replaced only when asked (--force), or gone on from (--resume)."""
+    """An existing folder is replaced only when asked (--force), or gone on from (--resume),
+    and only when it is a fan-out folder (its layers.json): anyone else's files are kept."""
     if root.exists() and not root.is_dir():
         raise UsageError(f"{root} exists and is not a folder")
     if force and resume:
         raise UsageError("--force replaces the folder's layers, --resume keeps the passing "
                          "ones: pass one")
-    if root.is_dir() and any(root.iterdir()) and not (force or resume):
-        raise UsageError(f"{root} already holds files: pass --force to replace its layers "
+    if not (root.is_dir() and any(root.iterdir())):
+        return
+    if made_by_us(root) != "layers":
+        raise UsageError(f"{root} holds files but no {SUMMARY_FILE}: it is not a layers folder "
+                         "of mha-export; choose a new or empty folder")
+    if not (force or resume):
+        raise UsageError(f"{root} already holds layers: pass --force to replace them "
                          "or --resume to keep the passing ones")
 
 

@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from ..artifact import SUMMARY_FILE
 from ..errors import UsageError
 
-SUMMARY_FILE = "layers.json"
 # what a layer's row may say; only "pass" (and "exported": --no-check) is a success
 PASS, FAIL, ERROR, OOM, CRASHED, TIMEOUT, INFEASIBLE, EXPORTED = (
     "pass", "fail", "error", "oom", "crashed", "timeout", "infeasible", "exported")

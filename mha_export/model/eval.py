@@ -440,6 +440,37 @@ class Evaluator:
         return ExportedAttention(original, runner, len(self.ids) + self.generate + 1)
 
 
+def claim_exports_folder(folder: Path, weights: str | Path) -> bool:
+    """``--exports``: a new or empty folder, eval's own folder of this model, or a checked
+    `--layers` folder of this model; anything else is refused before any work, every file
+    kept. True where the folder is to be marked as this model's (``mark_exports_folder``)."""
+    import json
+    from ..artifact import EVAL_EXPORTS_FILE, made_by_us
+    from ..fanout.records import read_summary
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--exports {folder}: exists and is not a folder")
+    if not (folder.is_dir() and any(folder.iterdir())):
+        return True
+    kind = made_by_us(folder)
+    if kind == "eval-exports":
+        owner = json.loads((folder / EVAL_EXPORTS_FILE).read_text()).get("weights")
+    elif kind == "layers":
+        owner = read_summary(folder).weights
+    else:
+        raise UsageError(f"--exports {folder}: not an exports folder of eval or a `--layers` "
+                         "run; choose a new or empty folder")
+    if owner != str(Path(weights).resolve()):
+        raise UsageError(f"--exports {folder}: holds the layers of {owner}, not of "
+                         f"{Path(weights).resolve()}; choose another folder")
+    return kind == "eval-exports"
+
+
+def mark_exports_folder(folder: Path, weights: str | Path) -> None:
+    from ..artifact import EVAL_EXPORTS_FILE, write_json_atomic
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(folder / EVAL_EXPORTS_FILE, {"weights": str(Path(weights).resolve())})
+
+
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
 
@@ -473,6 +504,7 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
     if generate and not (options.get("kv_cache") or options.get("static_cache")):
         options["kv_cache"] = True  # generation steps run the decode artifacts
     runs = lossy.attribution(options, runner) if attribute else []  # refused before any work
+    mark = folder is not None and claim_exports_folder(Path(folder), weights)
     body = read_text(text)
     loaded = loaded or load_model(weights)
     ids = torch.from_numpy(token_block(loaded, body, tokens, 1)[0])
@@ -480,6 +512,8 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
     with contextlib.ExitStack() as stack:
         where = Path(folder) if folder is not None else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="mha-eval-")))
+        if mark:
+            mark_exports_folder(where, weights)
         ev = Evaluator(weights, loaded, ids, runner, where, generate, progress, thread_pool)
         with torch.inference_mode():
             reference = float(torch.exp(loaded.model(input_ids=ids[None], labels=ids[None],
