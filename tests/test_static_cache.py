@@ -157,3 +157,77 @@ def test_blocked_static_forms_with_a_window_shorter_than_the_rows(tmp_path, form
     path = export_onnx(config, tmp_path / "w", attention=form, static_cache=True,
                        validate=False).path
     assert check_parity(path, **SWEEP).passed
+
+
+def _step_feeds(rng, past: int, dtype=np.float32) -> dict:
+    return {"x": rng.standard_normal((2, 1, 64)).astype(dtype),
+            "past_key": rng.standard_normal((2, 2, 24, 16)).astype(dtype),
+            "past_value": rng.standard_normal((2, 2, 24, 16)).astype(dtype),
+            "past_lengths": np.array([past, past + 3]), "position_ids": np.array([[past], [past + 3]])}
+
+
+def test_replays_take_each_calls_fresh_inputs_and_stale_ones_fail(monkeypatch, tmp_path):
+    """The graph runner's buffers are bound once per shape and refreshed per call (exercised
+    here on CPU buffers, without a graph): every call equals a fresh session's on the same
+    inputs; a runner that left the first call's inputs in place gives the wrong answers."""
+    from mha_export.check.runners import ort
+    path = export_onnx(CFG, tmp_path / "a", static_cache=True, validate=False).path
+    sig = make_signature(CFG, "static-cache")
+    plain = OrtRunner(sig, path / "model.onnx")
+
+    def replayed() -> OrtRunner:
+        runner = OrtRunner(sig, path / "model.onnx")
+        runner.graphs = ort.GraphReplays(runner.session, sig, "cpu")
+        return runner
+
+    rng = np.random.default_rng(1)
+    cases = [_step_feeds(rng, past) for past in (2, 7, 11)]
+    runner = replayed()
+    for feeds in cases:
+        got, want = runner.run(feeds), plain.run(feeds)
+        np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6, atol=1e-6)
+    assert len(runner.graphs.calls) == 1  # one shape, one set of bound buffers
+    monkeypatch.setattr(ort.InPlaceCall, "refresh", lambda self, inputs: self)
+    stale = replayed()
+    stale.run(cases[0])
+    assert not np.allclose(stale.run(cases[1])["y"], plain.run(cases[1])["y"], atol=1e-3)
+
+
+def test_the_graph_runner_refuses_what_it_cannot_replay(tmp_path):
+    from mha_export.check.runners.ort import cuda_graph_refusal
+    full = make_signature(CFG, "full")
+    assert "only the static-cache step" in cuda_graph_refusal(full, "cuda")
+    assert "needs the CUDA provider" in cuda_graph_refusal(make_signature(CFG, "static-cache"),
+                                                            "cpu")
+    path = export_onnx(CFG, tmp_path / "a", static_cache=True, validate=False).path
+    report = check_parity(path, runners=["ort-cpu", "ort-cuda-graph"], seq_lens=[1],
+                          batch_sizes=[1], past_lens=[0])
+    graph = next(r for r in report.to_dict()["runners"] if r["name"] == "ort-cuda-graph")
+    if not _cuda_provider_runs():
+        assert graph["status"] == "skipped" and graph["reason"]  # said, never a pass
+    full_path = export_onnx(CFG, tmp_path / "f", validate=False).path
+    report = check_parity(full_path, runners=["ort-cpu", "ort-cuda-graph"], seq_lens=[1],
+                          batch_sizes=[1])
+    graph = next(r for r in report.to_dict()["runners"] if r["name"] == "ort-cuda-graph")
+    assert graph["status"] == "skipped" and "only the static-cache step" in graph["reason"]
+
+
+def _cuda_provider_runs() -> bool:
+    import torch
+    import onnxruntime
+    return torch.cuda.is_available() and \
+        "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+@pytest.mark.skipif(not _cuda_provider_runs(), reason="no CUDA device with ONNX Runtime's "
+                                                      "CUDAExecutionProvider here")
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_the_replayed_graph_passes_and_a_stale_replay_fails_on_cuda(monkeypatch, tmp_path, dtype):
+    from mha_export.check.runners import ort
+    path = export_onnx(CFG, tmp_path / "a", static_cache=True, dtype=dtype,
+                       validate=False).path
+    sweep = dict(seq_lens=[1, 4], batch_sizes=[1, 3], past_lens=[0, 5], require_cuda=True)
+    report = check_parity(path, runners=["ort-cuda-graph"], **sweep)
+    assert report.passed, [r.error for r in report.results if not r.passed][:3]
+    monkeypatch.setattr(ort.InPlaceCall, "refresh", lambda self, inputs: self)
+    assert not check_parity(path, runners=["ort-cuda-graph"], **sweep).passed

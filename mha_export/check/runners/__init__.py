@@ -23,11 +23,11 @@ __all__ = ["RUNNERS", "Feeds", "Runner", "RunnerKind", "RunnerUnavailable", "Run
            "get_runner", "ort_runner_names"]
 
 
-def _open_ort(provider: str, fp32_compute: bool = False):
+def _open_ort(provider: str, fp32_compute: bool = False, cuda_graph: bool = False):
     def open_(sig: Signature, path: Path, options: RunOptions) -> Runner:
         from .ort import OrtRunner
         return OrtRunner(sig, path, provider, options.threads, options.tf32,
-                         options.mem_pattern, fp32_compute, options.thread_pool)
+                         options.mem_pattern, fp32_compute, options.thread_pool, cuda_graph)
     return open_
 
 
@@ -116,6 +116,11 @@ _KINDS = (
     RunnerKind("ort-cuda", "model.onnx", "cuda", "ONNX Runtime (CUDAExecutionProvider)",
                _open_ort("cuda"), _ort_cuda_tolerance, unavailable=_cuda_missing,
                ort_provider="cuda"),
+    RunnerKind("ort-cuda-graph", "model.onnx", "cuda",
+               "ONNX Runtime (CUDAExecutionProvider), the static-cache step captured as a CUDA "
+               "graph per shape and replayed with each case's fresh inputs",
+               _open_ort("cuda", cuda_graph=True), _ort_cuda_tolerance, unavailable=_cuda_missing,
+               by_default=False),
     RunnerKind("openvino-cpu", "model.onnx", "cpu", "OpenVINO (CPU plugin)",
                _open_openvino("openvino-cpu", "f32"), _openvino_tolerance,
                unavailable=_openvino_missing, by_default=False),

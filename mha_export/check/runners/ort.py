@@ -78,14 +78,22 @@ class OrtRunner(Runner):
 
     def __init__(self, signature: Signature, path: str | Path, provider: str = "cpu",
                  threads: Optional[int] = None, tf32: bool = True, mem_pattern: bool = True,
-                 fp32_compute: bool = False, thread_pool: str = DEFAULT_THREAD_POOL):
+                 fp32_compute: bool = False, thread_pool: str = DEFAULT_THREAD_POOL,
+                 cuda_graph: bool = False):
         """``fp32_compute``: the file's quantized projections run at accuracy level 1 (a copy
-        in memory): its weights checked exactly, apart from level 4's int8 arithmetic."""
+        in memory): its weights checked exactly, apart from level 4's int8 arithmetic;
+        ``cuda_graph``: a static-cache step captured as a CUDA graph per shape and replayed
+        (``GraphReplays``)."""
         super().__init__(signature)
-        self.name = f"ort-{provider}" + ("-fp32-compute" if fp32_compute else "")
+        self.name = f"ort-{provider}" + ("-fp32-compute" if fp32_compute else "") + (
+            "-graph" if cuda_graph else "")
         self.fp32_compute = fp32_compute
+        if cuda_graph and (why := cuda_graph_refusal(signature, provider)):
+            raise RunnerUnavailable(why)
         model = _at_fp32_compute(path) if fp32_compute else path
-        self.session = _session(model, provider, threads, tf32, mem_pattern, thread_pool)
+        self.session = _session(model, provider, threads, tf32, mem_pattern, thread_pool,
+                                cuda_graph)
+        self.graphs = GraphReplays(self.session, signature) if cuda_graph else None
         self.provider, self.providers = provider, self.session.get_providers()
         self.run_options = _quiet_runs()
         self.device = f"{provider} ({self.providers[0]})"
@@ -124,6 +132,8 @@ class OrtRunner(Runner):
         a static cache: an IO binding whose present_* are bound to past_*'s own memory."""
         inputs = {n: np.ascontiguousarray(feeds[n].astype(self.dtypes[n]))
                   for n in self.signature.input_names}  # copies: the caller's feeds stay as given
+        if self.graphs is not None:
+            return self.graphs.call(inputs)
         return InPlaceCall(self.session, self.signature, inputs, self.provider,
                            self.run_options) if self.signature.static_cache else inputs
 
@@ -150,8 +160,9 @@ class OrtRunner(Runner):
 class InPlaceCall:
     """One static-cache call through an IO binding: past_key/past_value live in OrtValues that
     are also bound as present_key/present_value, so the model writes the app's buffer itself.
-    After the run the outputs must BE those buffers (same memory): a copy is an error. On CUDA
-    the buffers live in device memory, as an app keeps its cache there."""
+    After the run the outputs must BE those buffers (same memory): a copy is an error. Off the
+    CPU every input and output is a device buffer, as an app keeps them there (the copies to
+    and from the host are the check's, outside the run)."""
 
     CACHE = {"present_key": "past_key", "present_value": "past_value"}
 
@@ -160,19 +171,29 @@ class InPlaceCall:
         import onnxruntime as ort
         self.session, self.signature, self.inputs, self.device = session, signature, inputs, device
         self.run_options = run_options
-        self.buffers = {n: ort.OrtValue.ortvalue_from_numpy(inputs[n], device, 0)
-                        for n in self.CACHE.values()}
+        self.values = {n: ort.OrtValue.ortvalue_from_numpy(a, device, 0)
+                       for n, a in inputs.items()}  # on CPU: the arrays' own memory
+        self.buffers = {n: self.values[n] for n in self.CACHE.values()}
         self.binding = session.io_binding()
-        for name, value in inputs.items():
-            if name in self.buffers:
-                self.binding.bind_ortvalue_input(name, self.buffers[name])
-            else:
-                self.binding.bind_cpu_input(name, value)
+        for name, value in self.values.items():
+            self.binding.bind_ortvalue_input(name, value)
         for name in signature.output_names:
             if name in self.CACHE:
                 self.binding.bind_ortvalue_output(name, self.buffers[self.CACHE[name]])
-            else:
+            elif device == "cpu":
                 self.binding.bind_output(name, "cpu")
+            else:  # a fixed device buffer: a replayed CUDA graph writes the same address
+                self.values[name] = ort.OrtValue.ortvalue_from_shape_and_type(
+                    _output_shape(session, name, inputs), _output_dtype(session, name),
+                    device, 0)
+                self.binding.bind_ortvalue_output(name, self.values[name])
+
+    def refresh(self, inputs: Feeds) -> "InPlaceCall":
+        """New inputs copied into the same bound buffers (their addresses unchanged)."""
+        for name, array in inputs.items():
+            self.values[name].update_inplace(array)
+        self.inputs = inputs
+        return self
 
     def run(self) -> list[np.ndarray]:
         self.session.run_with_iobinding(self.binding, self.run_options)
@@ -188,6 +209,56 @@ class InPlaceCall:
         """The buffer after the call: the input array itself on CPU (the OrtValue shares its
         memory), a copy back from the device elsewhere."""
         return self.inputs[past] if self.device == "cpu" else self.buffers[past].numpy()
+
+
+def _output_shape(session, name: str, inputs: Feeds) -> list[int]:
+    """y's shape for these inputs: (B, T) of x and the declared width, (B, T, D)."""
+    declared = next(o for o in session.get_outputs() if o.name == name).shape
+    b, t = inputs["x"].shape[:2]
+    return [b, t, *declared[2:]]
+
+
+def _output_dtype(session, name: str):
+    return _NUMPY[next(o for o in session.get_outputs() if o.name == name).type]
+
+
+def cuda_graph_refusal(signature: Signature, provider: str) -> Optional[str]:
+    """Why a session cannot replay this file as a CUDA graph, or None."""
+    if provider != "cuda":
+        return "a CUDA graph needs the CUDA provider"
+    if not signature.static_cache:
+        return ("a CUDA graph replays fixed shapes and addresses: only the static-cache step "
+                "(--static-cache) has them")
+    return None
+
+
+class GraphReplays:
+    """A static-cache step replayed as CUDA graphs, as an app steps one: one captured graph per
+    input shape (ONNX Runtime's ``gpu_graph_id``), each with its buffers bound once on the
+    device; a call copies its fresh inputs into them and replays. ONNX Runtime captures on a
+    shape's first runs and replays from then on, so a graph that read a stale or host-side
+    value would give the case's wrong answer, which the check catches."""
+
+    CAPTURE_RUNS = 3  # ONNX Runtime runs a shape twice before it captures (1.31)
+
+    def __init__(self, session, signature: Signature, device: str = "cuda"):
+        self.session, self.signature, self.device = session, signature, device
+        self.calls: dict[tuple, InPlaceCall] = {}
+
+    def call(self, inputs: Feeds) -> InPlaceCall:
+        """The shape's bound call with these inputs in its buffers; a new shape is captured
+        first (its runs repeat the same writes into the cache: idempotent), so the call the
+        caller makes is a replay."""
+        shape = tuple((n, a.shape) for n, a in sorted(inputs.items()))
+        if shape in self.calls:
+            return self.calls[shape].refresh(inputs)
+        options = _quiet_runs()
+        options.add_run_config_entry("gpu_graph_id", str(len(self.calls) + 1))
+        made = self.calls[shape] = InPlaceCall(self.session, self.signature, inputs,
+                                               self.device, options)
+        for _ in range(self.CAPTURE_RUNS):
+            made.run()
+        return made
 
 
 class BoundCache:
@@ -361,7 +432,8 @@ def _quiet_runs():
 
 
 def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf32: bool,
-             mem_pattern: bool = True, thread_pool: str = DEFAULT_THREAD_POOL):
+             mem_pattern: bool = True, thread_pool: str = DEFAULT_THREAD_POOL,
+             cuda_graph: bool = False):
     """An InferenceSession that really runs on ``provider`` (else RunnerUnavailable); its load
     log is kept as ``session.load_log`` (CUDA: verbose, with the node placements)."""
     import onnxruntime as ort
@@ -379,7 +451,8 @@ def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf
     if provider == "cuda":
         if missing := cuda_provider_missing():
             raise RunnerUnavailable(missing)
-        providers = [(wanted, {"use_tf32": "1" if tf32 else "0"})]
+        providers = [(wanted, {"use_tf32": "1" if tf32 else "0",
+                               "enable_cuda_graph": "1" if cuda_graph else "0"})]
     with native_stderr() as log:
         if provider == "cuda" and hasattr(ort, "preload_dlls"):
             with contextlib.suppress(Exception):
