@@ -251,6 +251,45 @@ def test_cached_rows_report_their_bytes_floor():
     assert "75%" in format_table(report) and "% floor" in format_table(report)
 
 
+def test_cuda_rows_read_their_floor_at_the_gpus_bandwidth_and_show_their_copies():
+    from mha_export.bench.report import BenchReport, BenchRow, floor_fraction, format_table
+    gpu = BenchRow("ort-cuda-auto", 1, 1, past=1024, median_ms=0.1, bandwidth_gbs=2000.0,
+                   timing="device-resident", copies_median_ms=0.5, device="cuda")
+    cpu = BenchRow("ort-cpu-auto", 1, 1, past=1024, median_ms=10.0, bandwidth_gbs=15.0)
+    report = BenchReport({}, 2, None, {"cpu": "x", "date": "d"}, [gpu, cpu],
+                         copy_bandwidth_gbs=20.0, device_copy_bandwidth_gbs=4000.0)
+    assert floor_fraction(report, gpu) == pytest.approx(0.5)
+    assert floor_fraction(report, cpu) == pytest.approx(0.75)
+    table = format_table(report)
+    assert "ort-cuda-auto*" in table and "+copies ms" in table and "0.500" in table
+    assert "device-resident" in table and "GPU copy bandwidth 4000 GB/s" in table
+
+
+def test_a_half_precision_step_reads_half_the_bytes():
+    from mha_export.bench.driver import step_bytes
+    c = MHAConfig(dim=64, heads=4, kv_heads=2)
+    assert step_bytes(c, 1, 1, 100, dtype="float16") * 2 == step_bytes(c, 1, 1, 100)
+
+
+@pytest.mark.parametrize("kind", ["full", "static-cache"])
+def test_a_resident_step_runs_the_call_with_nothing_read_back(tmp_path, kind):
+    """What bench times on CUDA (here on CPU buffers): the bound call alone."""
+    import numpy as np
+    from mha_export import export_onnx
+    from mha_export.bench.worker import sample_feeds
+    from mha_export.check.runners.ort import OrtRunner
+    from mha_export.signature import make_signature
+    c = MHAConfig(dim=64, heads=4, max_seq_len=32)
+    path = export_onnx(c, tmp_path / "a", static_cache=kind == "static-cache", dtype="float16",
+                       validate=False).path
+    sig = make_signature(c, kind)
+    runner = OrtRunner(sig, path / "model.onnx")
+    feeds = sample_feeds({"config": c.to_dict(), "kind": kind, "batch": 2, "seq": 3, "past": 4})
+    step = runner.resident_step(feeds)
+    assert step() is None and step() is None
+    np.testing.assert_allclose(runner.run(feeds)["y"], runner.run(feeds)["y"])
+
+
 def test_presets_are_published_shapes_and_given_options_win():
     from mha_export.presets import PRESETS, preset_options
     assert preset_options("llama3-8b")["dim"] == 4096 and preset_options(None) == {}

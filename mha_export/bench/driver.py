@@ -24,6 +24,7 @@ from ..lossy.int8_cache.codes import INT8_CACHE_TAG, KVCacheSpec
 from ..lossy.projections.rtn import QuantSpec
 from ..lossy.projections.records import quant_spec_from_record
 from .report import BASELINE, BenchReport, BenchRow
+from .worker import on_cuda
 
 WORKER = "mha_export.bench.worker"  # run with -m: the package, not its folder, on sys.path
 
@@ -90,7 +91,8 @@ def model_variants(config: MHAConfig, forms: Sequence[str], kind: str,
 
 
 def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, module,
-                   kind: str = "full", aoti: bool = False) -> dict[str, Path]:
+                   kind: str = "full", aoti: bool = False, dtype: str = "float32"
+                   ) -> dict[str, Path]:
     """One model file per variant (``model_variants``), all from the same weights, of one
     signature kind, written by the export targets (export/targets.py) as an export would write
     them; and the TorchScript file (and the AOTInductor package)."""
@@ -100,7 +102,7 @@ def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, m
     for key, v in variants.items():
         sig = make_signature(config, kind, lossy.cache_dtype(v["specs"], FLOAT))
         paths[key] = folder / f"{key}.onnx"
-        TARGETS["onnx"].prepare(module, config, sig, attention=v["form"],
+        TARGETS["onnx"].prepare(module, config, sig, attention=v["form"], dtype=dtype,
                                 specs=v["specs"]).write(paths[key])
     sig = make_signature(config, kind)
     paths["torchscript"] = folder / TARGETS["torchscript"].model_file
@@ -113,24 +115,31 @@ def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, m
 
 def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[str, Path],
                   providers: Sequence[str], cuda_ok: bool, kind: str = "full",
-                  extra: Sequence[str] = (), cpp: Optional[Path] = None) -> list[dict]:
+                  extra: Sequence[str] = (), cpp: Optional[Path] = None,
+                  dtype: str = "float32", cuda_graph: bool = False) -> list[dict]:
     """Eager baselines, TorchScript, every ONNX Runtime runner of the registry (one per provider
     asked for) on every ONNX model (``onnx_models``: keys of ``models``), the ``extra`` runners
     named (OpenVINO on every ONNX model, the AOTInductor package), and with ``cpp`` (a ``make
     cpp`` folder) the libtorch C++ programs on the TorchScript file and the AOTInductor
-    package."""
+    package. CUDA runners time the call device-resident (its host copies timed apart);
+    ``cuda_graph`` (static cache): each model also replayed as a CUDA graph; torch's CUDA
+    rows run fp32 and ``dtype``; the torch CPU rows fp32 (torch's CPU fp16 is no deployment
+    path)."""
     from ..check.runners import RUNNERS, ort_runner_names
     c = config.to_dict()
     textbook = (kind == "full" and config.rotary == "none" and not config.sliding_window
                 and config.kv_heads == config.heads and config.inner == config.dim)
-    specs = [{"variant": "textbook-eager", "config": c}] if textbook else []  # same function
-    specs += [{"variant": BASELINE, "config": c},
-              {"variant": "torchscript", "config": c, "model": str(models["torchscript"])}]
+    specs = [{"variant": "textbook-eager", "config": c, "dtype": "float32"}] if textbook else []
+    specs += [{"variant": BASELINE, "config": c, "dtype": "float32"},  # as CPU users run torch
+              {"variant": "torchscript", "config": c, "model": str(models["torchscript"]),
+               "dtype": "float32"}]
     for name in ort_runner_names(list(providers)):
         if RUNNERS[name].device == "cuda" and not cuda_ok:
             continue
+        on_device = {"resident": True, "with_copies": True} if RUNNERS[name].device == "cuda" \
+            else {}
         specs += [{"variant": "runner", "runner": name, "name": f"{name}-{form}", "config": c,
-                   "model": str(models[form])} for form in onnx_models]
+                   "model": str(models[form]), **on_device} for form in onnx_models]
         if "auto" in onnx_models:  # ORT's memory pattern over-reserves around the block loop
             specs.append({"variant": "runner", "runner": name, "name": f"{name}-auto-nomempattern",
                           "config": c, "model": str(models["auto"]), "mem_pattern": False})
@@ -144,9 +153,13 @@ def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[st
               for program, model in (("mha_torch", "torchscript"), ("mha_aoti", "aoti"))
               if cpp is not None and model in models]
     if "cuda" in providers and cuda_ok:
+        if cuda_graph and kind == "static-cache":
+            specs += [{"variant": "runner", "runner": "ort-cuda-graph", "resident": True,
+                       "name": f"ort-cuda-graph-{form}", "config": c, "model": str(models[form])}
+                      for form in onnx_models]
         specs += [{"variant": "sdpa-eager", "name": f"torch-cuda-sdpa-{dt}", "config": c,
-                   "device": "cuda", "dtype": dt} for dt in ("float32", "float16")]
-    return [{**spec, "kind": kind} for spec in specs]
+                   "device": "cuda", "dtype": dt} for dt in dict.fromkeys(("float32", dtype))]
+    return [{"dtype": dtype, **spec, "kind": kind} for spec in specs]
 
 
 def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192, 16384),
@@ -157,7 +170,8 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
               kv_cache: bool = False, past_lens: Sequence[int] = (0,), static_cache: bool = False,
               capacity: int = 8192, runners: Sequence[str] = (), cpp: Optional[Path] = None,
               command: str = "", quantize: Sequence[QuantSpec] = (),
-              cold: bool = False, int8_cache: bool = False) -> BenchReport:
+              cold: bool = False, int8_cache: bool = False, dtype: str = "float32",
+              cuda_graph: bool = False) -> BenchReport:
     """Every variant at every (T, past); ``kv_cache``: the decode-step models (x,
     attention_mask, past_key, past_value), e.g. T=1 over past 128..4096, or a long prefill;
     ``static_cache``: the in-place models over a buffer of ``capacity`` entries, against eager
@@ -166,8 +180,12 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     in the report; ``quantize``: each form also with quantized projections; ``cold``: each
     row steps a ring of independent instances larger than the last-level cache (``RING``);
     ``int8_cache`` (static cache): each form that builds one also with an int8 cache, its scales
-    calibrated on synthetic inputs."""
+    calibrated on synthetic inputs; ``dtype``: the ONNX models' and torch's (float16 / bfloat16:
+    what GPUs run); ``cuda_graph`` (static cache, CUDA): the step also replayed as a CUDA
+    graph (runner ort-cuda-graph)."""
     from ..signature import make_signature
+    if cuda_graph and not static_cache:
+        raise UsageError("--cuda-graph replays the static-cache step: add --static-cache")
     if cold and not last_level_cache_bytes():
         raise UsageError("--cold: this machine does not say how large its CPU caches are "
                          "(/sys/devices/system/cpu/cpu0/cache)")
@@ -188,9 +206,10 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
         variants = model_variants(config, forms, kind, quantize,
                                   _int8_cache(module) if int8_cache else None)
         models = prepare_models(config, variants, Path(tmp), module, kind,
-                                aoti=any(r.startswith("aoti") for r in runners))
+                                aoti=any(r.startswith("aoti") for r in runners), dtype=dtype)
         onnx_models = [k for k in models if k not in ("torchscript", "aoti")]
-        specs = variant_specs(config, onnx_models, models, providers, cuda_ok, kind, runners, cpp)
+        specs = variant_specs(config, onnx_models, models, providers, cuda_ok, kind, runners, cpp,
+                              dtype, cuda_graph)
         records = {str(models[k]): v["record"] for k, v in variants.items()}
         specs = [{**spec, **records.get(spec.get("model"), {})} for spec in specs]
         if static_cache:
@@ -213,6 +232,8 @@ def _machine_figures(report: BenchReport, ceiling: Optional[float], threads: int
                                                                          progress)]), default=None)
     if cached:
         report.copy_bandwidth_gbs = copy_bandwidth(budget_s, progress)
+        if any(r.device == "cuda" for r in report.rows):
+            report.device_copy_bandwidth_gbs = copy_bandwidth(budget_s, progress, "cuda")
     if cold:
         report.stream_bandwidth_gbs = stream_bandwidth(budget_s, progress)
     for r in report.rows:
@@ -265,11 +286,16 @@ def gemm_ceiling(threads: int, budget_s: float, progress: Callable[[str], None]
     return rate
 
 
-def copy_bandwidth(budget_s: float, progress: Callable[[str], None]) -> Optional[float]:
-    """GB/s of the fastest copy of a 256 MiB array (read + write), this run's memory ceiling."""
-    copy = run_worker({"variant": "copy", "mib": 256, "min_reps": 5, "budget_s": budget_s})
-    rate = 2 * 256 * 2**20 / (copy["min_ms"] / 1e3) / 1e9 if "min_ms" in copy else None
-    progress("copy bandwidth (256 MiB numpy copy, read + write, best run): "
+def copy_bandwidth(budget_s: float, progress: Callable[[str], None],
+                   device: str = "cpu") -> Optional[float]:
+    """GB/s of the fastest copy (read + write) of 256 MiB (numpy) or, on the GPU, 1 GiB (a
+    device-to-device torch copy): this run's memory ceiling."""
+    mib = 256 if device == "cpu" else 1024
+    copy = run_worker({"variant": "copy", "mib": mib, "min_reps": 5, "budget_s": budget_s,
+                       "device": device})
+    rate = 2 * mib * 2**20 / (copy["min_ms"] / 1e3) / 1e9 if "min_ms" in copy else None
+    what = f"{mib} MiB " + ("numpy copy" if device == "cpu" else "GPU device-to-device copy")
+    progress(f"copy bandwidth ({what}, read + write, best run): "
              + (f"{rate:.1f} GB/s" if rate else copy.get("error", "?")))
     return rate
 
@@ -285,15 +311,18 @@ def stream_bandwidth(budget_s: float, progress: Callable[[str], None]) -> Option
     return rate
 
 
+FLOAT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
 def step_bytes(c: MHAConfig, seq: int, batch: int, past: int,
-               specs: Optional[dict] = None) -> float:
+               specs: Optional[dict] = None, dtype: str = "float32") -> float:
     """Bytes a cached step must read: the weights once (as the lossy steps' ``specs`` store
-    them), and the valid keys and values (fp32, or an int8 cache's codes; the kind's cache
-    widths: an MLA layer's latents and rotated keys)."""
-    specs = specs or {}
+    them, else in ``dtype``), and the valid keys and values (in ``dtype``, or an int8 cache's
+    codes; the kind's cache widths: an MLA layer's latents and rotated keys)."""
+    specs, width = specs or {}, FLOAT_BYTES[dtype]
     heads, key_width, value_width = c.cache_shape
-    return lossy.weight_bytes(c, specs) + lossy.cache_entry_bytes(specs) * batch * heads * (
-        key_width + value_width) * (past + seq)
+    return lossy.weight_bytes(c, specs, width) + lossy.cache_entry_bytes(specs, width) * (
+        batch * heads * (key_width + value_width) * (past + seq))
 
 
 def _row_specs(row: dict) -> dict:
@@ -310,7 +339,8 @@ RING = 3
 def _cold(spec: dict, c: MHAConfig) -> dict:
     """The spec as a ring of instances larger than the last-level cache; a static buffer sized
     to the call (capacity = past + T: what is read is the same, the ring fits in memory)."""
-    instance = step_bytes(c, spec["seq"], spec["batch"], spec["past"], _row_specs(spec))
+    instance = step_bytes(c, spec["seq"], spec["batch"], spec["past"], _row_specs(spec),
+                          spec.get("dtype", "float32"))
     count = -(-RING * last_level_cache_bytes() // int(instance))
     out = {**spec, "ring": min(512, max(2, count))}
     if "capacity" in spec:
@@ -325,12 +355,16 @@ def _row(name: str, c: MHAConfig, spec: dict, result: dict, cached: bool = False
     s = result["median_ms"] / 1e3
     gflops = effective_flops(c, seq, batch, past) / s / 1e9
     model = Path(spec["model"]) if spec.get("model") else None
-    read = step_bytes(c, seq, batch, past, _row_specs(spec)) if cached else None
+    read = step_bytes(c, seq, batch, past, _row_specs(spec), spec.get("dtype", "float32")) \
+        if cached else None
     return BenchRow(name, seq, batch, past, result["median_ms"], result["reps"], batch * seq / s,
                     gflops, None, None, result["peak_rss_mib"], result.get("peak_device_mib"),
                     bandwidth_gbs=read / s / 1e9 if cached else None,
                     model_mib=model.stat().st_size / 2**20 if model and model.suffix == ".onnx"
-                    else None, ring=spec.get("ring", 1))
+                    else None, ring=spec.get("ring", 1),
+                    timing="device-resident" if spec.get("resident") else "",
+                    copies_median_ms=result.get("copies_median_ms"),
+                    device="cuda" if on_cuda(spec) else "cpu")
 
 
 def _speedups(report: BenchReport) -> None:

@@ -30,6 +30,11 @@ class BenchRow:
     bandwidth_gbs: Optional[float] = None  # cached steps: weights + valid cache read per second
     model_mib: Optional[float] = None  # the model file's size (ONNX variants)
     ring: int = 1  # cold runs: independent instances stepped in turn (see bench --cold)
+    # what median_ms times: "device-resident" (inputs and outputs bound on the GPU, nothing
+    # copied) or "" (as the runner's check calls it: from and to host arrays)
+    timing: str = ""
+    copies_median_ms: Optional[float] = None  # a device-resident row's call fed from the host
+    device: str = "cpu"  # where the variant computes ("cuda": its floor is the GPU's)
 
     @property
     def call(self) -> str:
@@ -48,6 +53,7 @@ class BenchReport:
     rows: list[BenchRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     copy_bandwidth_gbs: Optional[float] = None  # cached steps: this run's memory ceiling
+    device_copy_bandwidth_gbs: Optional[float] = None  # the same on the GPU (CUDA rows' floor)
     stream_bandwidth_gbs: Optional[float] = None  # cold runs: streaming read of the ring's size
     command: str = ""  # the command line that made it (runs before the docs site: empty)
 
@@ -82,19 +88,24 @@ def floor_fraction(report: BenchReport, row: BenchRow) -> Optional[float]:
     """How close a cached step came to its bytes floor: the bandwidth it reached over this
     run's copy bandwidth (read + write traffic, the machine's memory ceiling measured in the
     same run). 1 = the step took no longer than reading its bytes at that rate."""
-    if row.bandwidth_gbs is None or not report.copy_bandwidth_gbs:
+    ceiling = report.device_copy_bandwidth_gbs if row.device == "cuda" else \
+        report.copy_bandwidth_gbs
+    if row.bandwidth_gbs is None or not ceiling:
         return None
-    return row.bandwidth_gbs / report.copy_bandwidth_gbs
+    return row.bandwidth_gbs / ceiling
 
 
 def format_table(report: BenchReport) -> str:
+    copies = any(r.copies_median_ms for r in report.rows)
     head = ("variant", "T", "P", "median ms", "tokens/s", "GFLOP/s", "% GEMM", "x SDPA",
-            "MiB/step", "GB/s", "% floor", "peak MiB")
-    cells = {id(r): (r.variant, str(r.seq), str(r.past), _num(r.median_ms, ".2f"),
+            "MiB/step", "GB/s", "% floor", "peak MiB") + (("+copies ms",) if copies else ())
+    cells = {id(r): (r.variant + ("*" if r.timing else ""), str(r.seq), str(r.past),
+                     _num(r.median_ms, ".3f" if r.median_ms < 1 else ".2f"),
                      _num(r.tokens_per_s, ",.0f"), _num(r.gflops, ".0f"),
                      _pct(r.ceiling_fraction), _times(r.speedup_vs_sdpa),
                      _num(step_mib(r), ",.1f"), _num(r.bandwidth_gbs, ".1f"),
                      _pct(floor_fraction(report, r)), _num(r.peak_rss_mib, ",.0f"))
+             + ((_num(r.copies_median_ms, ".3f"),) if copies else ())
              for r in report.rows if not r.error}
     widths = [max(len(row[i]) for row in [head, *cells.values()]) for i in range(len(head))]
 
@@ -121,6 +132,13 @@ def format_table(report: BenchReport) -> str:
         lines.append(f"cold: each row steps a ring of independent instances (weights + buffers "
                      f"> 3 x the last-level cache); streaming read of that size (numpy sum, one "
                      f"thread) {report.stream_bandwidth_gbs:.1f} GB/s (best run)")
+    if any(r.timing for r in report.rows):
+        lines.append("* device-resident: inputs, cache and outputs bound on the GPU, nothing "
+                     "copied per call (torch's CUDA rows too); +copies ms: the same call fed "
+                     "from and read back to host arrays")
+    if report.device_copy_bandwidth_gbs:
+        lines.append(f"GPU copy bandwidth {report.device_copy_bandwidth_gbs:.0f} GB/s (1 GiB "
+                     "device-to-device torch copy, read + write, best run): CUDA rows' % floor")
     sizes = {r.variant: r.model_mib for r in report.rows if r.model_mib}
     if sizes:
         lines.append("model file: " + ", ".join(f"{v} {m:.2f} MiB" for v, m in sizes.items()))
@@ -163,6 +181,8 @@ def _caption(report: BenchReport, source: str) -> str:
         parts.append(f"GEMM ceiling {report.gemm_ceiling_gflops:.0f} GFLOP/s")
     if report.copy_bandwidth_gbs:
         parts.append(f"copy bandwidth {report.copy_bandwidth_gbs:.1f} GB/s")
+    if report.device_copy_bandwidth_gbs:
+        parts.append(f"GPU copy bandwidth {report.device_copy_bandwidth_gbs:.0f} GB/s")
     if report.stream_bandwidth_gbs:
         parts.append(f"cold (a ring of instances > 3 × the last-level cache), streaming read "
                      f"(one thread) {report.stream_bandwidth_gbs:.1f} GB/s")

@@ -67,7 +67,7 @@ def torch_variant(spec: dict) -> Callable[[], object]:
     torch.set_num_threads(spec["threads"])
     c = MHAConfig.from_dict(spec["config"])
     device = spec.get("device", "cpu")
-    dtype = {"float32": torch.float32, "float16": torch.float16}[spec.get("dtype", "float32")]
+    dtype = getattr(torch, spec.get("dtype", "float32"))  # float32 | float16 | bfloat16
     t = spec["seq"]
     sig = make_signature(c, spec.get("kind", "full"))
     if spec["variant"] == "textbook-eager":  # mask buffer sized to the context (here T)
@@ -102,6 +102,8 @@ def runner_variant(spec: dict) -> Callable[[], object]:
     options = RunOptions(threads=spec["threads"], mem_pattern=spec.get("mem_pattern", True),
                          thread_pool=spec.get("thread_pool", "idle"))
     runner = RUNNERS[spec["runner"]].open(sig, Path(spec["model"]), options)
+    if spec.get("resident"):  # the buffers on the device, nothing read back (an app's call)
+        return runner.resident_step(sample_feeds(spec))
     prepared = runner.prepare(sample_feeds(spec))
     return lambda: runner.run_prepared(prepared)
 
@@ -149,7 +151,16 @@ def ring(make: Callable[[dict], Callable[[], object]], spec: dict) -> Callable[[
 
 
 def copy_variant(spec: dict) -> Callable[[], object]:
-    """A plain memory copy: this machine's bandwidth ceiling for a cached step."""
+    """A plain memory copy: this machine's (or the GPU's) bandwidth ceiling for a cached step."""
+    if spec.get("device") == "cuda":
+        import torch
+        src = torch.ones(spec["mib"] * 2**20 // 4, device="cuda")
+        dst = torch.empty_like(src)
+
+        def copy() -> None:
+            dst.copy_(src)
+            torch.cuda.synchronize()
+        return copy
     import numpy as np
     src = np.ones(spec["mib"] * 2**20 // 4, np.float32)
     dst = np.empty_like(src)
@@ -200,6 +211,10 @@ def measure(spec: dict) -> dict:
     times, reps = time_it(fn, spec.get("min_reps", 5), spec.get("budget_s", 2.0))
     result = {"median_ms": statistics.median(times), "min_ms": min(times), "reps": reps,
               "peak_rss_mib": rss_mib("VmHWM"), "base_rss_mib": base}
+    if spec.get("resident") and spec.get("with_copies"):  # the same call fed from the host
+        copies, _ = time_it(ring(make, {**spec, "resident": False}), spec.get("min_reps", 5),
+                            spec.get("budget_s", 2.0))
+        result["copies_median_ms"] = statistics.median(copies)
     if spec.get("device") == "cuda":  # torch's own count; ORT CUDA's arena is not visible here
         import torch
         result["peak_device_mib"] = torch.cuda.max_memory_allocated() / 2**20

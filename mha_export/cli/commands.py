@@ -476,6 +476,11 @@ def cpp_programs(folder: Optional[str], runners: tuple | list):
               help="Each row steps a ring of independent instances (own weights and buffers) "
                    "larger than the last-level cache, as the layers of a real model evict each "
                    "other; beside a streaming read of that size.")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
+              help="The ONNX models' and torch's dtype (float16 / bfloat16: what GPUs run).")
+@click.option("--cuda-graph", is_flag=True,
+              help="--static-cache on CUDA: each model's step also replayed as a CUDA graph "
+                   "(runner ort-cuda-graph).")
 @_guard
 def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bool,
           static_cache: bool, capacity: int, extra_runners: Optional[list[str]],
@@ -483,9 +488,11 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
           forms: str, threads: int, budget: float, mem_limit_gib: float,
           json_path: Optional[str], plot_path: Optional[str], from_json: Optional[str],
           markdown: bool, quantize_names: Optional[str], accuracy_levels: list[int], cold: bool,
-          kv_cache_dtype: str, preset: Optional[str], **config_fields) -> None:
+          kv_cache_dtype: str, preset: Optional[str], dtype: str, cuda_graph: bool,
+          **config_fields) -> None:
     """Measure eager PyTorch (textbook and SDPA), TorchScript and every ONNX graph form side by
-    side, each measurement in its own process (peak RSS per variant).
+    side, each measurement in its own process (peak RSS per variant). CUDA rows time the call
+    with its buffers on the device (device-resident), the host copies in a column apart.
 
     \b
     Examples:
@@ -501,6 +508,8 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
           --past-lens 128,1024,4096 --forms auto --quantize source,int4
       mha-export bench --preset llama3-8b --static-cache --seq-lens 1 --past-lens 1024 \
           --forms auto --quantize int4,int8 --cold
+      mha-export bench --preset llama3-8b --static-cache --seq-lens 1 --past-lens 1024,8192 \
+          --providers cuda --dtype float16 --cuda-graph
       mha-export bench --from-json bench.json --markdown --plot bench.png
     """
     if plot_path:
@@ -528,7 +537,7 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
                        weights_module=module, kv_cache=kv_cache, past_lens=past_lens,
                        static_cache=static_cache, capacity=capacity,
                        runners=extra_runners or (), cpp=cpp, quantize=quantize, cold=cold,
-                       int8_cache=int8_cache,
+                       int8_cache=int8_cache, dtype=dtype, cuda_graph=cuda_graph,
                        command=shlex.join(["mha-export", *sys.argv[1:]]))
     if json_path:
         from ..artifact import write_json_atomic

@@ -74,18 +74,19 @@ def records(specs: dict[str, Any], config: Any) -> dict[str, Any]:
     return {s.record_key: s.record(specs[s.name], config) for s in STEPS if s.name in specs}
 
 
-def weight_bytes(config: Any, specs: dict[str, Any]) -> int:
-    """Bytes of the projections' weights as the steps store them, else fp32."""
+def weight_bytes(config: Any, specs: dict[str, Any], float_bytes: int = 4) -> int:
+    """Bytes of the projections' weights as the steps store them, else floats of
+    ``float_bytes`` (4: float32, 2: float16 / bfloat16)."""
     stored = [b for s in STEPS if s.name in specs
               if (b := s.weight_bytes(config, specs[s.name])) is not None]
     return stored[0] if stored else sum(
-        4 * out * inp for out, inp in kind_of(config).projections(config).values())
+        float_bytes * out * inp for out, inp in kind_of(config).projections(config).values())
 
 
-def cache_entry_bytes(specs: dict[str, Any]) -> int:
-    """Bytes of one cached number: a step's (an int8 cache's 1), else 4 (float32)."""
+def cache_entry_bytes(specs: dict[str, Any], float_bytes: int = 4) -> int:
+    """Bytes of one cached number: a step's (an int8 cache's 1), else ``float_bytes``."""
     return next((b for s in STEPS if s.name in specs
-                 if (b := s.cache_entry_bytes()) is not None), 4)
+                 if (b := s.cache_entry_bytes()) is not None), float_bytes)
 
 
 def switch_keys() -> tuple[str, ...]:
