@@ -5,7 +5,7 @@
 # | tar -x -C .gpu/src && git rev-parse --short HEAD > .gpu/src/COMMIT && cp benchmarks/gpu/*
 # .gpu/`. There: carry each .ortgpu piece to /tmp/ortgpu, then in one call install the wheel
 # into /tmp/site and run `bash .gpu/run-speed.sh` (carry .gpu). It runs the snapshot in .gpu/src
-# (the tree it is started in when there is none). speed.py keeps to its own budget (330 s by
+# (the tree it is started in when there is none). speed.py keeps to its own budget (350 s by
 # default; --budget) and writes its JSON after every row; `timeout -k 5 420` bounds it anyway,
 # so the whole call stays inside 7 minutes. Results: $OUT/gpu-speed.{json,md,txt} and
 # $OUT/gpu-speed.tgz (those, the run log, the torch probe's log). Extra arguments go to speed.py

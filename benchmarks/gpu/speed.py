@@ -33,6 +33,7 @@ import gc
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -54,7 +55,7 @@ from onnx import TensorProto  # noqa: E402
 
 from mha_export.check.comparator import (BFLOAT16, FLOAT16, FP32, FP32_TF32,  # noqa: E402
                                          INT8_ACTIVATIONS, Tolerance, compare, loosest)
-from mha_export.check.runners.ort import native_stderr, node_placements, _file_settings  # noqa
+from mha_export.check.runners.ort import native_stderr, _file_settings  # noqa: E402
 from mha_export.config import MHAConfig  # noqa: E402
 from mha_export.export.pipeline import export_onnx  # noqa: E402
 from mha_export.kinds.registry import FORMS, default_form, forms_for, kind_of  # noqa: E402
@@ -353,13 +354,19 @@ class SessionFailed(RuntimeError):
 
 
 def session(ctx: Ctx, path: Path, graph: bool = False, tf32: bool = False):
-    """An InferenceSession on the CUDA provider (the CPU provider with --device cpu) whose load
-    log gives the node placements; ``graph``: CUDA-graph capture enabled."""
+    """An InferenceSession on the CUDA provider (the CPU provider with --device cpu);
+    ``graph``: CUDA-graph capture enabled. Without a graph its first run is profiled (then
+    profiling ends): the profile names each node's provider (``placements``). A verbose
+    session log would say it at load too, but it also logs during every run, into the timings."""
     opts = ort.SessionOptions()
     _, entries = _file_settings(path)  # what the file asks of the app (session_options.py)
     for key, value in entries.items():
         opts.add_session_config_entry(key, value)
-    opts.log_severity_level = 0  # verbose while loading: the node placements
+    opts.log_severity_level = 3
+    if not graph:
+        ctx.models.mkdir(parents=True, exist_ok=True)
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(ctx.models / "ort-profile")
     if ctx.cuda:
         providers = [("CUDAExecutionProvider", {
             "enable_cuda_graph": "1" if graph else "0", "use_tf32": "1" if tf32 else "0",
@@ -373,22 +380,50 @@ def session(ctx: Ctx, path: Path, graph: bool = False, tf32: bool = False):
             sess = ort.InferenceSession(str(path), opts, providers=providers)
         except Exception as e:
             failure = e
-    placed = node_placements(log["text"])
     if failure is not None:
         raise SessionFailed(f"{err(failure)}") from None
     want = "CUDAExecutionProvider" if ctx.cuda else "CPUExecutionProvider"
     if sess.get_providers()[0] != want:
         raise SessionFailed(f"{want} did not load (ONNX Runtime fell back to "
                             f"{sess.get_providers()[0]})")
-    sess.placed = placed
+    sess.load_log = log["text"][-2000:]
+    sess.profiling, sess.placed = not graph, None
     return sess
 
 
+def placements(sess) -> Optional[dict]:
+    """{provider: ["OpType (node)", ...]} of the nodes the profiled first run executed (ends
+    the profiling; None for a session that was not profiled or has not run)."""
+    if sess.placed is None and sess.profiling:
+        sess.profiling = False
+        path = sess.end_profiling()
+        try:
+            events = json.loads(Path(path).read_text())
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        placed: dict = {}
+        for e in events:
+            a = e.get("args", {})
+            if e.get("cat") == "Node" and "provider" in a and e["name"].endswith("_kernel_time"):
+                node = f"{a.get('op_name')} ({e['name'][:-len('_kernel_time')]})"
+                names = placed.setdefault(a["provider"], [])
+                if node not in names:
+                    names.append(node)
+        sess.placed = placed
+    return sess.placed
+
+
 def placement_info(sess) -> dict:
-    """Where ONNX Runtime put the nodes: providers, and the nodes on the CPU provider."""
-    placed = getattr(sess, "placed", {})
+    """Where ONNX Runtime put the nodes: providers, and the nodes on the CPU provider (from the
+    profiled first run)."""
+    placed = placements(sess)
+    if placed is None:
+        return {"providers": None}
     cpu = placed.get("CPUExecutionProvider", [])
-    return {"providers": sorted(placed), "cpu_nodes": len(cpu), "cpu_node_list": cpu[:40]}
+    memcpy = [n for nodes in placed.values() for n in nodes if n.startswith("Memcpy")]
+    return {"providers": sorted(placed), "cpu_nodes": len(cpu), "cpu_node_list": cpu[:40],
+            "memcpy_nodes": memcpy[:10]}
 
 
 def run_options(graph_id: Optional[int] = None):
@@ -668,7 +703,8 @@ class Decode:
         self.refs = {p: eager_step(self.m32, self.feeds[p], torch.float32)
                      for p in ctx.plan.pasts}
         self.sessions: dict = {}  # (model path, graph) -> session or the error it raised
-        self.placed: dict = {}  # model path -> the no-graph session's placement
+        self.placed: dict = {}  # model path -> the no-graph session's placement_info
+        self.raw_placed: dict = {}  # model path -> its {provider: nodes}
         self._bf16: Optional[tuple] = None
 
     def bf16_refusal(self, ctx: Ctx) -> Optional[str]:
@@ -701,8 +737,6 @@ class Decode:
                 extra = (f" [the no-graph session's CPU nodes: "
                          f"{self.placed[path].get('cpu_node_list')}]")
             raise RuntimeError(err(got) + extra)
-        if not graph:
-            self.placed[path] = placement_info(got)
         return got
 
     def close(self) -> None:
@@ -781,6 +815,12 @@ def ort_decode_row(ctx: Ctx, report: Report, st: Decode, dtype: str, past: int, 
         sess = st.session(ctx, path, graph)
         call = OrtCall(ctx, sess, st.feeds[past],
                        graph_id=ctx.plan.pasts.index(past) + 1 if graph else None)
+        call()  # (a session's first run is profiled: where its nodes ran)
+        ctx.sync()
+        placed = placement_info(sess) if not graph else {
+            **st.placed.get(path, {}), "placement_from": "the same model's no-graph session"}
+        if not graph:
+            st.placed[path], st.raw_placed[path] = placed, placements(sess)
         t = timeit(call, ctx.sync, max(it["warmup"], 5) if graph else it["warmup"],
                    it["iters"], it["max_s"])
         ref = ref_fn(st.feeds[past])
@@ -794,12 +834,11 @@ def ort_decode_row(ctx: Ctx, report: Report, st: Decode, dtype: str, past: int, 
                                  st.fresh(ctx, past), tol)
         row = {**t, "parity": refreshed if graph else with_refresh(timed, refreshed),
                "in_place": call.in_place(),
-               "export_s": export_seconds(ctx, st.key, STATIC, form, dtype, quant),
-               **placement_info(sess)}
+               "export_s": export_seconds(ctx, st.key, STATIC, form, dtype, quant), **placed}
         if graph:
             row["parity"]["timed_inputs"] = timed
         if quant is not None:
-            row["matmulnbits_on"] = matmulnbits_placement(sess)
+            row["matmulnbits_on"] = matmulnbits_placement(st.raw_placed.get(path))
         if ctx.plan.smoke:
             row["parity_rule_matches_comparator"] = parity_numpy_agrees(y0, ref[0], tol)
         return with_floor(row, floor)
@@ -848,15 +887,12 @@ def section_g(ctx: Ctx, report: Report) -> None:
     st.close()
 
 
-def matmulnbits_placement(sess) -> Any:
-    """The providers ONNX Runtime's placement log lists MatMulNBits nodes on ('All nodes placed
-    on [X]' names none: then every node, MatMulNBits included, is on X)."""
-    placed = getattr(sess, "placed", {})
-    named = [p for p, nodes in placed.items() if any(n.startswith("MatMulNBits") for n in nodes)]
-    if named:
-        return named
-    whole = [p for p, nodes in placed.items() if not nodes]
-    return [f"{p} (all nodes)" for p in whole] or None
+def matmulnbits_placement(placed: Optional[dict]) -> Any:
+    """The providers the profiled run executed MatMulNBits nodes on (an empty list: none ran,
+    e.g. fused away or dequantized into MatMul)."""
+    if placed is None:
+        return None
+    return [p for p, nodes in placed.items() if any(n.startswith("MatMulNBits") for n in nodes)]
 
 
 def sdpa_backends(call: Callable, ctx: Ctx) -> dict:
@@ -946,11 +982,14 @@ def section_c(ctx: Ctx, report: Report) -> None:
                                                  tf32=tf32)
                 sess = sess_cache["sess"]
                 call = OrtCall(ctx, sess, f)
+                call()  # (a session's first run is profiled: where its nodes ran)
+                ctx.sync()
+                placed = placement_info(sess)
                 t = timeit(call, ctx.sync, **it)
                 call()
                 ctx.sync()
                 tol = FP32_TF32 if tf32 else TOLERANCE[dtype]
-                row = {**t, "parity": parity(call.y, refs[T], tol), **placement_info(sess)}
+                row = {**t, "parity": parity(call.y, refs[T], tol), **placed}
                 del call
                 return row
             guard(report, meta, run)
@@ -1097,13 +1136,18 @@ def run_probe(ctx: Ctx, report: Report) -> None:
         cmd += ["--bandwidth", str(ctx.bandwidth)]
     note = None
     with open(ctx.out / "probe.log", "w") as log:
+        # its own process group: on timeout it goes with inductor's compile workers
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True,
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                    [str(ROOT), os.environ.get("PYTHONPATH", "")])})
         try:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=limit,
-                                  env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                      [str(ROOT), os.environ.get("PYTHONPATH", "")])})
-            if proc.returncode:
+            if proc.wait(timeout=limit):
                 note = f"probe exited {proc.returncode} (see probe.log)"
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             note = f"probe killed at its {limit:.0f} s limit (see probe.log)"
     rows = []
     with contextlib.suppress(Exception):
@@ -1142,8 +1186,9 @@ def summary_markdown(env: dict, rows: list) -> str:
     if b_rows:
         lines += ["## Static-cache decode step (T = 1), median ms (✓/✗ parity)", "",
                   "| dtype | past | form | ORT | ORT + CUDA graph | graph speedup | eager "
-                  "torch | torch + CUDA graph | ORT / torch | ORT graph / torch graph | floor "
-                  "ms | best ORT % of floor |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "torch | torch + CUDA graph | ORT speedup vs torch | ORT graph speedup vs "
+                  "torch graph | floor ms | best ORT % of floor |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         keys = sorted({(r["dtype"], r["past"], r["shape"]) for r in b_rows
                        if r["past"] is not None}, key=lambda k: (k[0], k[1]))
         for dtype, past, shape in keys:
@@ -1163,8 +1208,9 @@ def summary_markdown(env: dict, rows: list) -> str:
                     ms(tp) + ok(tp), ms(tg) + ok(tg), ratio(tp, o), ratio(tg, g),
                     f"{floor:.3g}" if floor else "-",
                     f"{floor / best:.0%}" if floor and best else "-"]) + " |")
-        lines += ["", "ratios: speedup of the right-hand one (ORT / torch = torch ms / ORT ms: "
-                  ">1 means ORT is faster).", ""]
+        lines += ["", "speedups: the slower's ms / the faster's (graph speedup = ORT ms / ORT "
+                  "graph ms; vs torch = torch ms / ORT ms: > 1 means ORT is faster); int4 rows "
+                  "beside fp16 torch; n/a = not run (needs CUDA, or the budget).", ""]
         errs = [r for r in b_rows if r.get("error") and not r.get("skipped")]
         if errs:
             lines += ["Errors (section B):", ""] + [
@@ -1179,7 +1225,8 @@ def summary_markdown(env: dict, rows: list) -> str:
     c_rows = [r for r in rows if r["section"] == "C"]
     if c_rows:
         lines += ["## Prefill (no cache), median ms (✓/✗ parity); ratio = torch / ORT", "",
-                  "| shape | dtype | T | form | ORT | torch (eager, SDPA) | torch / ORT |",
+                  "| shape | dtype | T | form | ORT | torch (eager, SDPA) | ORT speedup (torch ms "
+                  "/ ORT ms) |",
                   "|---|---|---|---|---|---|---|"]
         for r in c_rows:
             if r["mode"] != "ort" or r["T"] is None:
@@ -1209,7 +1256,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, 2 iterations")
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for the whole run (default 330; smoke 110)")
+                    help="seconds for the whole run (default 350; smoke 110)")
     ap.add_argument("--sections", default="ABCG",
                     help="which sections, in this order (default ABCG: G = ORT CUDA graphs)")
     ap.add_argument("--models", default=None, help="where the exports go (default a temp dir)")
@@ -1217,7 +1264,7 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("--bandwidth", type=float, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.budget is None:
-        args.budget = 110.0 if args.smoke else 330.0
+        args.budget = 110.0 if args.smoke else 350.0
     if args.probe:
         probe_main(args)
         return 0
