@@ -26,7 +26,7 @@ from typing import Any, Callable
 from .config import MHAConfig
 from .errors import UsageError
 
-FLOAT = "float"  # the model's float dtype (float32 or float16)
+FLOAT = "float"  # the model's float dtype (float32, float16 or bfloat16)
 BATCH, SEQ, PAST, TOTAL = "batch", "seq", "past_seq", "past_seq + seq"
 CACHE = "max_cache"  # the capacity of an app-owned static cache buffer
 

@@ -312,3 +312,13 @@ def test_check_selects_runners_by_name(tmp_path):
     assert "does not hold" in one_line_error(run("check", out, "--runners", "ort-cpu"))
     assert "choose from" in one_line_error(run("check", out, "--runners", "tvm"))
     assert "no CUDA runner" in one_line_error(run("check", out, "--require-cuda"))
+
+
+def test_dtype_bfloat16_is_accepted_and_what_it_cannot_build_is_one_line(tmp_path):
+    r = run("onnx", *SMALL, "--dtype", "bfloat16", "--no-check", "-o", tmp_path / "bf16")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["export"]["dtype"] \
+        == "bfloat16"
+    line = one_line_error(run("onnx", *SMALL, "--dtype", "bfloat16", "--static-cache",
+                              "--kv-cache-dtype", "int8", "-o", tmp_path / "int8"))
+    assert "float32" in line and "bfloat16" in line

@@ -146,3 +146,30 @@ def test_opset_outside_the_form_is_refused():
     c = MHAConfig(dim=32, heads=2)
     with pytest.raises(UsageError, match=r"opset 17 cannot be produced .* 'auto' \(supported: 23-26\)"):
         build_model(c, build_module(c, seed=0).to_weights(), FORMS["auto"], 17)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("form", FORMS)
+def test_bfloat16_models_build_with_bfloat16_io_and_weights(form, kind):
+    """--dtype bfloat16: every form and call kind builds and passes onnx's full check; float
+    I/O and the weights are bf16 (the rotary frequencies stay float32, as in fp16 models), and
+    the mask fill is bf16's lowest finite value."""
+    import ml_dtypes
+    from onnx import TensorProto, numpy_helper
+    c = _for(form, MHAConfig(dim=64, heads=4, rotary="half"))
+    sig = make_signature(c, kind)
+    if not _buildable(FORMS[form], c, sig):
+        pytest.skip("not buildable")
+    w = build_module(c, seed=0)
+    model = build_model(c, w.to_weights() if not c.latent else w.state_dict(), FORMS[form],
+                        dtype="bfloat16", signature=sig)
+    onnx.checker.check_model(model, full_check=True)
+    floats = {spec.name for spec in (*sig.inputs, *sig.outputs) if spec.dtype == "float"}
+    io = {vi.name: vi.type.tensor_type.elem_type for vi in [*model.graph.input,
+                                                           *model.graph.output]}
+    assert floats and {io[n] for n in floats} == {TensorProto.BFLOAT16}
+    stored = {t.name: t.data_type for t in model.graph.initializer}
+    assert {t for n, t in stored.items() if not n.startswith("rotary.")} - {
+        TensorProto.INT64, TensorProto.BOOL} == {TensorProto.BFLOAT16}
+    fills = [numpy_helper.to_array(t) for t in model.graph.initializer if t.name == "mask_fill"]
+    assert all(f == ml_dtypes.finfo(ml_dtypes.bfloat16).min for f in fills)

@@ -267,3 +267,33 @@ def test_a_rotary_model_that_ignores_its_position_ids_fails(tmp_path):
     faults._edit(path / "model.onnx", from_shape)
     report = check_parity(path, **SWEEP)
     assert not report.passed
+
+
+BF16_CASES = [("decomposed", {}), ("blocked-plain", {"kv_cache": True}),
+              ("blocked", {"static_cache": True})]
+
+
+@pytest.mark.parametrize("form,kind", BF16_CASES, ids=lambda v: str(v))
+def test_bfloat16_models_pass_on_openvino_with_the_bfloat16_tolerance(tmp_path, form, kind):
+    """bf16 graphs (ONNX Runtime's CPU provider has no bf16 kernels: OpenVINO runs them here),
+    within atol 3e-2 / rtol 5e-2, finite, and really rounded to bf16."""
+    pytest.importorskip("openvino")
+    from mha_export.check.runners import BFLOAT16
+    path = export_onnx(CFG, tmp_path / "bf16", attention=form, dtype="bfloat16",
+                       validate=False, **kind).path
+    report = check_parity(path, runners=["openvino-cpu"], seq_lens=[1, 7], batch_sizes=[2],
+                          past_lens=[0, 3])
+    assert report.passed, [r.error for r in report.results if not r.passed][:3]
+    rows = [r for r in report.results if r.runner == "openvino-cpu"]
+    assert rows and all(r.tolerance == BFLOAT16 and r.vs_reference.nonfinite == 0 for r in rows)
+    assert max(r.vs_reference.max_abs for r in rows) > 1e-4  # really ran on bf16 values
+
+
+def test_a_planted_fault_fails_a_bfloat16_model(tmp_path):
+    """The bf16 tolerance still catches a wrong graph: the causal mask removed."""
+    pytest.importorskip("openvino")
+    path = export_onnx(CFG, tmp_path / "bf16", attention="decomposed", dtype="bfloat16",
+                       validate=False).path
+    faults.remove_causal_mask(path / "model.onnx")
+    report = check_parity(path, runners=["openvino-cpu"], seq_lens=[7], batch_sizes=[1])
+    assert report.tested and not report.passed

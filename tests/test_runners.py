@@ -75,3 +75,51 @@ def test_registry_records_and_default_selection(tmp_path):
     infos = {i.name: i for i in report.runners}
     assert infos["ort-cpu"].status == "ran" and infos["ort-cpu"].precision == "fp32"
     assert infos["ort-cuda"].status == ("ran" if cuda_expected() else "skipped")
+
+
+def test_ort_cpu_skips_a_bfloat16_model_with_its_reason(tmp_path):
+    """ONNX Runtime's CPU provider has no bf16 MatMul: ort-cpu is SKIPPED in one line naming
+    the op and where to check instead, never a crash, never a pass (nothing else ran here)."""
+    from mha_export import check_parity
+    path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", dtype="bfloat16",
+                       validate=False).path
+    with pytest.raises(RunnerUnavailable, match=r"no bfloat16 kernel for MatMul\(13\)") as e:
+        OrtRunner(make_signature(MHAConfig(dim=32, heads=2)), path / "model.onnx")
+    assert "\n" not in str(e.value) and "openvino-cpu" in str(e.value)
+    report = check_parity(path, providers=["cpu"], seq_lens=[2], batch_sizes=[1])
+    info = next(i for i in report.runners if i.name == "ort-cpu")
+    assert info.status == "skipped" and "bfloat16" in info.reason
+    assert not report.tested and not report.passed
+
+
+def test_bfloat16_crosses_onnx_runtime_as_ortvalues():
+    """numpy has no bfloat16 and ONNX Runtime 1.31's run() takes no ml_dtypes array: inputs go
+    in as OrtValues over their bits and outputs are read back from theirs (an Identity: the one
+    bf16 kernel this test needs on CPU)."""
+    import ml_dtypes
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+    from mha_export.check.runners.ort import InPlaceCall, widened
+    from mha_export.signature import Signature, TensorSpec
+    bf16 = helper.make_tensor_value_info
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [bf16("x", TensorProto.BFLOAT16, ["b", 3])],
+                              [bf16("y", TensorProto.BFLOAT16, ["b", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = np.array([[1.5, -2.25, 3e38]], np.float32).astype(ml_dtypes.bfloat16)
+    sig = Signature("full", (TensorSpec("x", "float", ("b", 3)),),
+                    (TensorSpec("y", "float", ("b", 3)),))
+    (y,) = InPlaceCall(session, sig, {"x": x}, in_place=False).run()
+    assert y.dtype == ml_dtypes.bfloat16 and np.array_equal(y, x)
+    assert widened(y).dtype == np.float32
+
+
+def test_half_precision_models_get_their_tolerance_on_every_onnx_runner():
+    from mha_export.check.comparator import BFLOAT16, FLOAT16
+    from mha_export.check.runners import RUNNERS, RunOptions
+    for name in ("ort-cpu", "ort-cuda", "openvino-cpu"):
+        tolerance = RUNNERS[name].tolerance
+        assert tolerance("bfloat16", RunOptions()) == BFLOAT16
+        assert tolerance("float16", RunOptions()) == FLOAT16

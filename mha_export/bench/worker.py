@@ -64,10 +64,11 @@ def torch_variant(spec: dict) -> Callable[[], object]:
     from mha_export.kinds.registry import build_module
     from mha_export.signature import make_signature
     from mha_export.bench.baselines import MultiHeadAttention
+    from mha_export.graph.builder import FLOAT_TYPES
     torch.set_num_threads(spec["threads"])
     c = MHAConfig.from_dict(spec["config"])
     device = spec.get("device", "cpu")
-    dtype = getattr(torch, spec.get("dtype", "float32"))  # float32 | float16 | bfloat16
+    dtype = FLOAT_TYPES[spec.get("dtype", "float32")].torch
     t = spec["seq"]
     sig = make_signature(c, spec.get("kind", "full"))
     if spec["variant"] == "textbook-eager":  # mask buffer sized to the context (here T)

@@ -10,6 +10,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import ml_dtypes
 import numpy as np
 import torch
 from onnx import GraphProto, TensorProto, helper, numpy_helper
@@ -17,8 +18,23 @@ from onnx import GraphProto, TensorProto, helper, numpy_helper
 from .nodes import CONTRIB  # noqa: F401  (re-exported: the forms import it from here)
 from .ops import Ops
 
-ONNX_DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
-NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+@dataclass(frozen=True)
+class FloatType:
+    """A model dtype (``--dtype``): how the graph stores and declares its floats."""
+
+    onnx: int  # TensorProto element type of the graph's float I/O and initializers
+    numpy: type  # its numpy scalar type (bfloat16: ml_dtypes', numpy has none)
+    torch: torch.dtype
+
+
+# every dtype an ONNX export can be built in: what varies with --dtype lives here
+FLOAT_TYPES = {"float32": FloatType(TensorProto.FLOAT, np.float32, torch.float32),
+               "float16": FloatType(TensorProto.FLOAT16, np.float16, torch.float16),
+               "bfloat16": FloatType(TensorProto.BFLOAT16, ml_dtypes.bfloat16, torch.bfloat16)}
+ONNX_DTYPES = {name: t.onnx for name, t in FLOAT_TYPES.items()}
+NUMPY_DTYPES = {name: t.numpy for name, t in FLOAT_TYPES.items()}
 
 
 class ProjectionWriter(Protocol):
@@ -124,7 +140,7 @@ class GraphBuilder:
 
 def finite_lowest(dtype: str) -> float:
     """Mask fill that stays finite in the dtype (no -inf, so no NaN from -inf - -inf)."""
-    return float(np.finfo(NUMPY_DTYPES[dtype]).min)
+    return float(ml_dtypes.finfo(NUMPY_DTYPES[dtype]).min)  # numpy's finfo knows no bfloat16
 
 
 def scale_queries(g: GraphBuilder, q: str, scale: float) -> str:

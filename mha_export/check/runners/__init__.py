@@ -67,17 +67,21 @@ def _cuda_missing() -> Optional[str]:
     return cuda_provider_missing()
 
 
+# the tolerance of arithmetic in a half-precision model dtype, on any runtime
+HALF_TOLERANCES = {"float16": FLOAT16, "bfloat16": BFLOAT16}
+
+
 def _ort_cpu_tolerance(dtype: str, options: RunOptions) -> Tolerance:
     """``dtype``: the model's, or the runner's ``tolerance_dtype`` "int8-activations" when its
     quantized projections really computed with int8 activations (accuracy level 4)."""
     from .ort import INT8_ACTIVATION_DTYPE
-    return {"float16": FLOAT16, INT8_ACTIVATION_DTYPE: INT8_ACTIVATIONS}.get(dtype, FP32)
+    return {**HALF_TOLERANCES, INT8_ACTIVATION_DTYPE: INT8_ACTIVATIONS}.get(dtype, FP32)
 
 
 def _ort_cuda_tolerance(dtype: str, options: RunOptions) -> Tolerance:
     """TF32 keeps a 10-bit mantissa in fp32 matmuls: --no-tf32 checks CUDA with FP32."""
-    if dtype == "float16":
-        return FLOAT16
+    if dtype in HALF_TOLERANCES:
+        return HALF_TOLERANCES[dtype]
     return FP32_TF32 if options.tf32 else FP32
 
 
@@ -98,7 +102,7 @@ def _openvino_tolerance(dtype: str, options: RunOptions) -> Tolerance:
     float16 for fp16 arithmetic, "+int8-activations" when it quantized the activations of
     compressed-weight MatMuls), else the model's: the loosest of what ran."""
     from .ort import INT8_ACTIVATION_DTYPE
-    known = {"bfloat16": BFLOAT16, "float16": FLOAT16, INT8_ACTIVATION_DTYPE: INT8_ACTIVATIONS}
+    known = {**HALF_TOLERANCES, INT8_ACTIVATION_DTYPE: INT8_ACTIVATIONS}
     return loosest([known.get(part, FP32) for part in dtype.split("+")])
 
 

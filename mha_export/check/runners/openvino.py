@@ -24,6 +24,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Optional
 
+import ml_dtypes
 import numpy as np
 
 from ...graph.nodes import all_nodes
@@ -39,6 +40,9 @@ TOLERANCE_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}  # fp32: the model's 
 COMPUTE_LAYERS = {"FullyConnected", "MatMul", "ScaledDotProductAttention", "Softmax",
                   "SoftMax", "Eltwise", "MHA"}
 DYNAMIC_QUANTIZATION = "DYNAMIC_QUANTIZATION_GROUP_SIZE"
+# element types whose Tensor.data numpy mislabels (bf16's says float16 but holds bfloat16's bits):
+# OpenVINO's name -> the numpy type really held
+BITS_OF = {"bf16": ml_dtypes.bfloat16}
 
 
 def openvino_missing() -> Optional[str]:
@@ -88,25 +92,37 @@ class OpenVinoRunner(Runner):
                                                               INT8_ACTIVATION_DTYPE)))
         self.device = (f"cpu (OpenVINO {version} CPU plugin, {self.precision}, "
                        f"{core.get_property('CPU', 'FULL_DEVICE_NAME')})")
-        self.dtypes = {n: self.compiled.input(n).get_element_type().to_dtype()
-                       for n in signature.input_names}
+        self.types = {n: self.compiled.input(n).get_element_type()
+                      for n in signature.input_names}
+        self.dtypes = {n: BITS_OF.get(t.get_type_name(), None) or t.to_dtype()
+                       for n, t in self.types.items()}
         self.request = self.compiled.create_infer_request()
 
-    def prepare(self, feeds: Feeds) -> Feeds:
-        return {n: np.ascontiguousarray(feeds[n].astype(self.dtypes[n]))
-                for n in self.signature.input_names}
+    def prepare(self, feeds: Feeds) -> dict:
+        """numpy arrays in the model's dtypes; bf16 as Tensors over their bits."""
+        import openvino as ov
+        arrays = {n: np.ascontiguousarray(feeds[n].astype(self.dtypes[n]))
+                  for n in self.signature.input_names}
+        return {n: ov.Tensor(a.view(np.uint16), a.shape, self.types[n])
+                if self.types[n].get_type_name() in BITS_OF else a for n, a in arrays.items()}
 
-    def run_prepared(self, prepared: Feeds) -> list[np.ndarray]:
+    def run_prepared(self, prepared: dict) -> list[np.ndarray]:
         try:
             self.request.infer(prepared)
         except RuntimeError as e:  # a case the plugin cannot run fails its rows, with the cause
             raise RuntimeError(message(e)) from None
-        return [self.request.get_tensor(self.compiled.output(n)).data.copy()
+        return [_array(self.request.get_tensor(self.compiled.output(n)))
                 for n in self.signature.output_names]
 
     def run(self, feeds: Feeds) -> Feeds:
         outs = self.run_prepared(self.prepare(feeds))
         return {n: o.astype(np.float32) for n, o in zip(self.signature.output_names, outs)}
+
+
+def _array(tensor) -> np.ndarray:
+    """A copy of an output Tensor's data, of the numpy type it really holds."""
+    held = BITS_OF.get(tensor.get_element_type().get_type_name())
+    return tensor.data.copy() if held is None else tensor.data.view(held).copy()
 
 
 # OpenVINO's errors are a stack of "Exception from src/...:N:" lines; the cause comes last.

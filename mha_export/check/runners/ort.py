@@ -3,6 +3,7 @@ worker measures a session with this same set-up in a torch-free process."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import io
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
+import ml_dtypes
 import numpy as np
 
 from ...graph.nodes import all_nodes
@@ -103,9 +105,11 @@ class OrtRunner(Runner):
             raise ValueError(f"the model has no input named {missing[0]!r} "
                              f"(it declares {', '.join(declared)})")
         self.dtypes = {n: _NUMPY.get(declared[n].type, np.float32) for n in declared}
-        half = any(t == np.float16 for t in self.dtypes.values())
-        self.precision = "fp16" if half else (
+        half = next((_HALF[t] for t in map(np.dtype, self.dtypes.values()) if t in _HALF), None)
+        self.precision = half or (
             "fp32, TF32 matmuls allowed" if provider == "cuda" and tf32 else "fp32")
+        # bfloat16 crosses ONNX Runtime's Python API only as OrtValues: bound, never run()
+        self.bound = any(np.dtype(t) in _BITS for t in self.dtypes.values())
         if provider != "cpu":
             self.warning = _cpu_compute_nodes(self.session.load_log)
         if self.session.quantized is not None:
@@ -134,8 +138,10 @@ class OrtRunner(Runner):
                   for n in self.signature.input_names}  # copies: the caller's feeds stay as given
         if self.graphs is not None:
             return self.graphs.call(inputs)
+        if not (self.signature.static_cache or self.bound):
+            return inputs
         return InPlaceCall(self.session, self.signature, inputs, self.provider,
-                           self.run_options) if self.signature.static_cache else inputs
+                           self.run_options, in_place=self.signature.static_cache)
 
     def run_prepared(self, prepared) -> list[np.ndarray]:
         if isinstance(prepared, InPlaceCall):
@@ -147,10 +153,10 @@ class OrtRunner(Runner):
         inputs bound once where the session runs, outputs left there, nothing read back; a
         static cache written in place (a CUDA graph replayed with ``cuda_graph``)."""
         prepared = self.prepare(feeds)
-        if isinstance(prepared, InPlaceCall):
-            return prepared.step
-        return ResidentCall(self.session, self.signature, prepared,
-                            "cpu" if self.provider == "cpu" else "cuda", self.run_options).step
+        if not isinstance(prepared, InPlaceCall):
+            prepared = InPlaceCall(self.session, self.signature, prepared, self.provider,
+                                   self.run_options, in_place=False)
+        return prepared.step
 
     def bind_cache(self, buffers: Feeds) -> Optional["BoundCache"]:
         """On CPU (base.Runner.bind_cache): the buffers bound once; a call binds x and its
@@ -163,12 +169,12 @@ class OrtRunner(Runner):
 
     def run(self, feeds: Feeds) -> Feeds:
         outs = self.run_prepared(self.prepare(feeds))
-        return {n: (o.astype(np.float32) if o.dtype == np.float16 else o)
-                for n, o in zip(self.signature.output_names, outs)}
+        return {n: widened(o) for n, o in zip(self.signature.output_names, outs)}
 
 
 class InPlaceCall:
-    """One static-cache call through an IO binding: past_key/past_value live in OrtValues that
+    """One call through an IO binding, every input an OrtValue (bfloat16 can cross the Python
+    API no other way). ``in_place`` (a static cache): past_key/past_value live in OrtValues that
     are also bound as present_key/present_value, so the model writes the app's buffer itself.
     After the run the outputs must BE those buffers (same memory): a copy is an error. Off the
     CPU every input and output is a device buffer, as an app keeps them there (the copies to
@@ -177,31 +183,29 @@ class InPlaceCall:
     CACHE = {"present_key": "past_key", "present_value": "past_value"}
 
     def __init__(self, session, signature: Signature, inputs: Feeds, device: str = "cpu",
-                 run_options=None):
-        import onnxruntime as ort
+                 run_options=None, in_place: bool = True):
         self.session, self.signature, self.inputs, self.device = session, signature, inputs, device
         self.run_options = run_options
-        self.values = {n: ort.OrtValue.ortvalue_from_numpy(a, device, 0)
-                       for n, a in inputs.items()}  # on CPU: the arrays' own memory
-        self.buffers = {n: self.values[n] for n in self.CACHE.values()}
+        self.cache = self.CACHE if in_place else {}
+        self.values = {n: ortvalue(a, device) for n, a in inputs.items()}  # CPU: a's memory
+        self.buffers = {n: self.values[n] for n in self.cache.values()}
         self.binding = session.io_binding()
-        for name, value in self.values.items():
+        for name, value in self.values.items():  # self.inputs keeps each array alive
             self.binding.bind_ortvalue_input(name, value)
         for name in signature.output_names:
-            if name in self.CACHE:
-                self.binding.bind_ortvalue_output(name, self.buffers[self.CACHE[name]])
+            if name in self.cache:
+                self.binding.bind_ortvalue_output(name, self.buffers[self.cache[name]])
             elif device == "cpu":
                 self.binding.bind_output(name, "cpu")
             else:  # a fixed device buffer: a replayed CUDA graph writes the same address
-                self.values[name] = ort.OrtValue.ortvalue_from_shape_and_type(
-                    _output_shape(session, name, inputs), _output_dtype(session, name),
-                    device, 0)
+                self.values[name] = device_buffer(_output_shape(session, name, inputs),
+                                                  _output_dtype(session, name), device)
                 self.binding.bind_ortvalue_output(name, self.values[name])
 
     def refresh(self, inputs: Feeds) -> "InPlaceCall":
         """New inputs copied into the same bound buffers (their addresses unchanged)."""
         for name, array in inputs.items():
-            self.values[name].update_inplace(array)
+            self.values[name].update_inplace(bits_of(array))
         self.inputs = inputs
         return self
 
@@ -212,36 +216,17 @@ class InPlaceCall:
     def run(self) -> list[np.ndarray]:
         self.step()
         outs = dict(zip(self.signature.output_names, self.binding.get_outputs()))
-        for name, past in self.CACHE.items():
+        for name, past in self.cache.items():
             if outs[name].data_ptr() != self.buffers[past].data_ptr():
                 raise RuntimeError(f"{name} is a copy: the model did not write the bound "
                                    f"{past} buffer in place")
-        return [outs[n].numpy() if n not in self.CACHE else self._cache(self.CACHE[n])
+        return [host_array(outs[n]) if n not in self.cache else self._cache(self.cache[n])
                 for n in self.signature.output_names]
 
     def _cache(self, past: str) -> np.ndarray:
         """The buffer after the call: the input array itself on CPU (the OrtValue shares its
         memory), a copy back from the device elsewhere."""
-        return self.inputs[past] if self.device == "cpu" else self.buffers[past].numpy()
-
-
-class ResidentCall:
-    """A call whose inputs live on the device (copied there once) and whose outputs stay there
-    (ONNX Runtime allocates them on the device each run): what the run itself costs."""
-
-    def __init__(self, session, signature: Signature, inputs: Feeds, device: str,
-                 run_options=None):
-        import onnxruntime as ort
-        self.session, self.run_options = session, run_options
-        self.values = [ort.OrtValue.ortvalue_from_numpy(a, device, 0) for a in inputs.values()]
-        self.binding = session.io_binding()
-        for name, value in zip(inputs, self.values):
-            self.binding.bind_ortvalue_input(name, value)
-        for name in signature.output_names:
-            self.binding.bind_output(name, device)
-
-    def step(self) -> None:
-        self.session.run_with_iobinding(self.binding, self.run_options)
+        return self.inputs[past] if self.device == "cpu" else host_array(self.buffers[past])
 
 
 def _output_shape(session, name: str, inputs: Feeds) -> list[int]:
@@ -251,8 +236,8 @@ def _output_shape(session, name: str, inputs: Feeds) -> list[int]:
     return [b, t, *declared[2:]]
 
 
-def _output_dtype(session, name: str):
-    return _NUMPY[next(o for o in session.get_outputs() if o.name == name).type]
+def _output_dtype(session, name: str) -> np.dtype:
+    return np.dtype(_NUMPY[next(o for o in session.get_outputs() if o.name == name).type])
 
 
 def cuda_graph_refusal(signature: Signature, provider: str) -> Optional[str]:
@@ -290,8 +275,74 @@ class GraphReplays:
         made = self.calls[shape] = InPlaceCall(self.session, self.signature, inputs,
                                                self.device, options)
         for _ in range(self.CAPTURE_RUNS):
-            made.run()
+            made.step()
         return made
+
+
+def ortvalue(a: np.ndarray, device: str = "cpu"):
+    """``a`` as an OrtValue (on CPU: sharing its memory); bfloat16 as its bits, typed."""
+    import onnxruntime as ort
+    if a.dtype not in _BITS:
+        return ort.OrtValue.ortvalue_from_numpy(a, device, 0)
+    if device == "cpu":
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits_of(a), _BITS[a.dtype][1])
+    value = device_buffer(list(a.shape), a.dtype, device)
+    value.update_inplace(bits_of(a))
+    return value
+
+
+def device_buffer(shape: list[int], dtype: np.dtype, device: str):
+    """An uninitialised OrtValue on ``device``; bfloat16 by its ONNX element type."""
+    import onnxruntime as ort
+    kind = _BITS[dtype][1] if dtype in _BITS else dtype.type
+    return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), kind, device, 0)
+
+
+def bits_of(a: np.ndarray) -> np.ndarray:
+    """What ONNX Runtime's Python API takes for ``a``: a bfloat16 array as its uint16 bits."""
+    return a.view(_BITS[a.dtype][0]) if a.dtype in _BITS else a
+
+
+def host_array(value) -> np.ndarray:
+    """An OrtValue's contents as a numpy array (a copy); bfloat16 (its ``numpy()`` says "No
+    corresponding Numpy type") read from its bytes on CPU, widened to float32 on the device
+    by a Cast there (exact)."""
+    dtype = np.dtype(_NUMPY.get(value.data_type(), np.float32))
+    if dtype not in _BITS:
+        return value.numpy()
+    if value.device_name().lower() != "cpu":
+        return _widened_on_device(value)
+    raw = (ctypes.c_char * value.tensor_size_in_bytes()).from_address(value.data_ptr())
+    return np.frombuffer(raw, _BITS[dtype][0]).reshape(value.shape()).view(dtype).copy()
+
+
+@functools.lru_cache(maxsize=None)
+def _bf16_widener(provider: str):
+    """A one-Cast session (bfloat16 -> float32) on ``provider``."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["a"], ["b"], to=TensorProto.FLOAT)], "widen",
+        [helper.make_tensor_value_info("a", TensorProto.BFLOAT16, None)],
+        [helper.make_tensor_value_info("b", TensorProto.FLOAT, None)])
+    opsets = [helper.make_opsetid("", 19)]
+    model = helper.make_model(graph, opset_imports=opsets,
+                              ir_version=helper.find_min_ir_version_for(opsets))
+    return ort.InferenceSession(model.SerializeToString(), providers=[provider])
+
+
+def _widened_on_device(value) -> np.ndarray:
+    session = _bf16_widener(ORT_PROVIDERS["cuda"])
+    binding = session.io_binding()
+    binding.bind_ortvalue_input("a", value)
+    binding.bind_output("b", "cpu")
+    session.run_with_iobinding(binding)
+    return binding.get_outputs()[0].numpy()
+
+
+def widened(a: np.ndarray) -> np.ndarray:
+    """A half-precision output as float32 (as every runner gives its outputs), else as is."""
+    return a.astype(np.float32) if a.dtype in _HALF else a
 
 
 class BoundCache:
@@ -301,7 +352,6 @@ class BoundCache:
     returns y (float32, as ``run`` gives it)."""
 
     def __init__(self, session, buffers: Feeds, dtypes: dict, run_options=None):
-        import onnxruntime as ort
         self.session, self.dtypes, self.run_options = session, dtypes, run_options
         self.binding = session.io_binding()
         y = next(o for o in session.get_outputs() if o.name == "y")
@@ -311,19 +361,19 @@ class BoundCache:
             if buffer.dtype != dtypes[past] or not buffer.flags.c_contiguous:
                 raise ValueError(f"{past}: a C-contiguous {np.dtype(dtypes[past]).name} array "
                                  f"is bound in place, got {buffer.dtype}")
-            value = ort.OrtValue.ortvalue_from_numpy(buffer)  # shares the array's memory
+            value = ortvalue(buffer)  # shares the array's memory
             self.binding.bind_ortvalue_input(past, value)
             self.binding.bind_ortvalue_output(present, value)
 
     def __call__(self, feeds: Feeds) -> np.ndarray:
-        import onnxruntime as ort
-        for name, value in feeds.items():
-            self.binding.bind_cpu_input(name, np.ascontiguousarray(value, self.dtypes[name]))
+        arrays = {n: np.ascontiguousarray(v, self.dtypes[n]) for n, v in feeds.items()}
+        for name, value in arrays.items():  # alive until the run: an OrtValue shares them
+            self.binding.bind_ortvalue_input(name, ortvalue(value))
         b, t = feeds["x"].shape[:2]
         y = np.empty((b, t, self.width), self.y_dtype)  # (B, T, D)
-        self.binding.bind_ortvalue_output("y", ort.OrtValue.ortvalue_from_numpy(y))
+        self.binding.bind_ortvalue_output("y", ortvalue(y))
         self.session.run_with_iobinding(self.binding, self.run_options)
-        return y.astype(np.float32) if y.dtype == np.float16 else y  # as run() gives it
+        return widened(y)  # as run() gives it
 
 
 # tolerance_dtype of a session whose MatMulNBits really quantized their activations (level 4)
@@ -426,7 +476,11 @@ def _probe(bits: int, block_size: int, level: int, zero_points: str
 
 
 _NUMPY = {"tensor(float)": np.float32, "tensor(float16)": np.float16,
-          "tensor(int64)": np.int64, "tensor(int8)": np.int8}
+          "tensor(bfloat16)": ml_dtypes.bfloat16, "tensor(int64)": np.int64,
+          "tensor(int8)": np.int8}
+_HALF = {np.dtype(np.float16): "fp16", np.dtype(ml_dtypes.bfloat16): "bf16"}  # -> precision
+# dtypes ONNX Runtime's Python API (1.31) cannot take from numpy: (their bits, ONNX element type)
+_BITS = {np.dtype(ml_dtypes.bfloat16): (np.uint16, 16)}  # TensorProto.BFLOAT16
 
 
 def _cpu_compute_nodes(load_log: str) -> str:
@@ -495,7 +549,9 @@ def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf
             model = path if isinstance(path, bytes) else str(path)
             session = ort.InferenceSession(model, opts, providers=providers)
         except Exception as e:
-            if provider == "cpu":  # a model the CPU provider cannot load is a broken model
+            if provider == "cpu":  # a model the CPU provider cannot load is a broken model,
+                if why := _no_cpu_kernel(path, e):  # unless it has no kernel for its dtype
+                    raise RunnerUnavailable(why) from None
                 raise
             raise RunnerUnavailable(f"{wanted} could not start: {str(e).splitlines()[0]}")
     used = session.get_providers()
@@ -512,13 +568,42 @@ def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf
     return session
 
 
+def _proto(model: str | Path | bytes):
+    """The model's ModelProto, without its external data."""
+    import onnx
+    return onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(
+        str(model), load_external_data=False)
+
+
+_MISSING_KERNEL = re.compile(r"NOT_IMPLEMENTED : Could not find an implementation for "
+                             r"(\w+)\((\d+)\) node with name '([^']*)'")
+
+
+def _no_cpu_kernel(model: str | Path | bytes, error: Exception) -> Optional[str]:
+    """Why the CPU provider cannot load a model of a dtype it has no kernels for (one line), or
+    None: any other load failure is a broken model."""
+    missing = _MISSING_KERNEL.search(str(error))
+    inputs = _proto(model).graph.input if missing else ()
+    dtype = next((_NO_CPU_KERNELS[i.type.tensor_type.elem_type] for i in inputs
+                  if i.type.tensor_type.elem_type in _NO_CPU_KERNELS), None)
+    if dtype is None:
+        return None
+    op, version, node = missing.groups()
+    return (f"{ORT_PROVIDERS['cpu']} has no {dtype} kernel for {op}({version}) (node {node!r}): "
+            f"{_NO_CPU_KERNELS_WHY}")
+
+
+# the model dtypes ONNX Runtime's CPU provider registers for few ops (1.31): by ONNX element type
+_NO_CPU_KERNELS = {16: "bfloat16"}  # TensorProto.BFLOAT16
+_NO_CPU_KERNELS_WHY = ("it registers bfloat16 for few ops (not MatMul, Add, Softmax): check "
+                       "with --runners ort-cuda or openvino-cpu")
+
+
 def _file_settings(model: str | Path | bytes) -> tuple[bool, dict[str, str]]:
     """(an mha-export model with quantized projections — its recorded export settings —,
     the session config entries the file asks for: session_options.py)."""
     import json
-    import onnx
-    proto = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(
-        str(model), load_external_data=False)
+    proto = _proto(model)
     props = {p.key: p.value for p in proto.metadata_props}
     return ("quantize" in json.loads(props.get("mha_export.export", "{}")),
             session_options.declared(proto))
