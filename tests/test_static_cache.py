@@ -221,7 +221,7 @@ def _cuda_provider_runs() -> bool:
 
 @pytest.mark.skipif(not _cuda_provider_runs(), reason="no CUDA device with ONNX Runtime's "
                                                       "CUDAExecutionProvider here")
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_the_replayed_graph_passes_and_a_stale_replay_fails_on_cuda(monkeypatch, tmp_path, dtype):
     from mha_export.check.runners import ort
     path = export_onnx(CFG, tmp_path / "a", static_cache=True, dtype=dtype,
