@@ -44,7 +44,7 @@ echo "bench rc=$?" >> "$R/bench.txt"; tail -16 "$R/bench.txt"
 pack
 
 # 4. speed.py with what is left (the call must end inside 9.5 minutes)
-left=$(( 540 - (SECONDS - T0) )); budget=$(( left > 330 ? 300 : left - 30 ))
+left=$(( 515 - (SECONDS - T0) )); budget=$(( left > 320 ? 290 : left - 30 ))
 echo "speed.py budget $budget s"
 if [ "$budget" -gt 60 ]; then
   $TO $((budget + 40)) python3 benchmarks/gpu/speed.py --out "$R/speed" --budget "$budget" \
