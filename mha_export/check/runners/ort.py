@@ -93,9 +93,10 @@ class OrtRunner(Runner):
         if cuda_graph and (why := cuda_graph_refusal(signature, provider)):
             raise RunnerUnavailable(why)
         model = _at_fp32_compute(path) if fp32_compute else path
-        self.session = _session(model, provider, threads, tf32, mem_pattern, thread_pool,
-                                cuda_graph)
-        self.graphs = GraphReplays(self.session, signature) if cuda_graph else None
+        self.session = _session(model, provider, threads, tf32, mem_pattern, thread_pool)
+        self.graphs = GraphReplays(lambda dims: _session(
+            model, provider, threads, tf32, mem_pattern, thread_pool, cuda_graph, dims),
+            self.session, signature) if cuda_graph else None
         self.provider, self.providers = provider, self.session.get_providers()
         self.run_options = _quiet_runs()
         self.device = f"{provider} ({self.providers[0]})"
@@ -251,16 +252,21 @@ def cuda_graph_refusal(signature: Signature, provider: str) -> Optional[str]:
 
 
 class GraphReplays:
-    """A static-cache step replayed as CUDA graphs, as an app steps one: one captured graph per
-    input shape (ONNX Runtime's ``gpu_graph_id``), each with its buffers bound once on the
-    device; a call copies its fresh inputs into them and replays. ONNX Runtime captures on a
-    shape's first runs and replays from then on, so a graph that read a stale or host-side
+    """A static-cache step replayed as CUDA graphs, as an app steps one: per input shape a
+    session whose symbolic dimensions are fixed at that shape (so ONNX Runtime folds every
+    shape computation away and no node is left on the CPU) and whose buffers are bound once
+    on the device; a call copies its fresh inputs into them and replays. ONNX Runtime captures
+    on a shape's first runs and replays from then on, so a graph that read a stale or host-side
     value would give the case's wrong answer, which the check catches."""
 
     CAPTURE_RUNS = 3  # ONNX Runtime runs a shape twice before it captures (1.31)
 
-    def __init__(self, session, signature: Signature, device: str = "cuda"):
-        self.session, self.signature, self.device = session, signature, device
+    def __init__(self, open_session: Callable[[dict[str, int]], object], declared,
+                 signature: Signature, device: str = "cuda"):
+        """``open_session(dims)``: a session with those symbolic dimensions fixed;
+        ``declared``: a session of the same model, whose inputs name the dimensions."""
+        self.open_session, self.signature, self.device = open_session, signature, device
+        self.dims = {i.name: i.shape for i in declared.get_inputs()}
         self.calls: dict[tuple, InPlaceCall] = {}
 
     def call(self, inputs: Feeds) -> InPlaceCall:
@@ -270,13 +276,18 @@ class GraphReplays:
         shape = tuple((n, a.shape) for n, a in sorted(inputs.items()))
         if shape in self.calls:
             return self.calls[shape].refresh(inputs)
-        options = _quiet_runs()
-        options.add_run_config_entry("gpu_graph_id", str(len(self.calls) + 1))
-        made = self.calls[shape] = InPlaceCall(self.session, self.signature, inputs,
-                                               self.device, options)
+        session = self.open_session(fixed_dims(self.dims, inputs))
+        made = self.calls[shape] = InPlaceCall(session, self.signature, inputs, self.device,
+                                               _quiet_runs())
         for _ in range(self.CAPTURE_RUNS):
             made.step()
         return made
+
+
+def fixed_dims(declared: dict[str, list], inputs: Feeds) -> dict[str, int]:
+    """{symbolic dimension name: its size in ``inputs``} (e.g. batch, seq, max_cache)."""
+    return {d: inputs[name].shape[i] for name, dims in declared.items() if name in inputs
+            for i, d in enumerate(dims) if isinstance(d, str)}
 
 
 def ortvalue(a: np.ndarray, device: str = "cpu"):
@@ -520,7 +531,7 @@ def _quiet_runs():
 
 def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf32: bool,
              mem_pattern: bool = True, thread_pool: str = DEFAULT_THREAD_POOL,
-             cuda_graph: bool = False):
+             cuda_graph: bool = False, fixed: Optional[dict[str, int]] = None):
     """An InferenceSession that really runs on ``provider`` (else RunnerUnavailable); its load
     log is kept as ``session.load_log`` (CUDA: verbose, with the node placements)."""
     import onnxruntime as ort
@@ -528,6 +539,8 @@ def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf
     opts = ort.SessionOptions()
     get_policy(thread_pool).apply(opts, threads)
     opts.enable_mem_pattern = mem_pattern
+    for name, size in (fixed or {}).items():  # shapes known: their computations fold away
+        opts.add_free_dimension_override_by_name(name, size)
     quantized, entries = _file_settings(path)
     for key, value in entries.items():  # what the file asks for (session_options.py): float8
         opts.add_session_config_entry(key, value)  # weights folded at load

@@ -164,7 +164,16 @@ def pad_axis(g: GraphBuilder, x: str, pad: str, axis: int) -> str:
     op = Ops(g)
     pads = op.Concat(g.ints("blk_pads_head", [0] * (rank + axis)), as_1d(g, pad, "blk_pad_1d"),
                      g.ints("blk_pads_tail", [0] * (rank - axis - 1)), axis=0)  # (2*rank,)
+    if g.dtype not in PAD_DTYPES:  # padded in float32 (exact both ways)
+        return op.Cast(op.Pad(op.Cast(x, to=TensorProto.FLOAT), pads, mode="constant"),
+                       to=g.elem)
     return op.Pad(x, pads, mode="constant")
+
+
+# the dtypes ONNX Runtime's Pad has kernels for on every provider (1.31's CUDA Pad has no
+# bfloat16: a bf16 Pad made the CUDA session fail to initialise, "Provider type for Pad node
+# ... is not set", H200 2026-11-27)
+PAD_DTYPES = ("float32", "float16")
 
 
 def _attention_body(b: GraphBuilder, c: MHAConfig, io: AttentionIO, qb: str, kb: str, vb: str,
