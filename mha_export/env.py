@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Mapping, Optional
@@ -44,8 +45,17 @@ def last_level_cache_bytes() -> int:
 
 
 def machine_info() -> dict:
+    gpu = gpu_name()
     return {"cpu": cpu_name(), "date": datetime.date.today().isoformat(), "versions": versions(),
-            "last_level_cache_mib": last_level_cache_bytes() / 2**20}
+            "last_level_cache_mib": last_level_cache_bytes() / 2**20, **({"gpu": gpu} if gpu else {})}
+
+
+def gpu_name() -> Optional[str]:
+    """The CUDA device torch sees (where this process has imported torch), else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(0)
 
 
 # what decides how long torch's OpenMP threads spin after each parallel region: read by the

@@ -178,7 +178,7 @@ def test_replays_take_each_calls_fresh_inputs_and_stale_ones_fail(monkeypatch, t
     def replayed() -> OrtRunner:
         runner = OrtRunner(sig, path / "model.onnx")
         runner.graphs = ort.GraphReplays(
-            lambda dims: ort._session(path / "model.onnx", "cpu", None, True, fixed=dims),
+            lambda dims, graph: ort._session(path / "model.onnx", "cpu", None, True, fixed=dims),
             runner.session, sig, "cpu")
         return runner
 
@@ -195,6 +195,33 @@ def test_replays_take_each_calls_fresh_inputs_and_stale_ones_fail(monkeypatch, t
     stale = replayed()
     stale.run(cases[0])
     assert not np.allclose(stale.run(cases[1])["y"], plain.run(cases[1])["y"], atol=1e-3)
+
+
+def test_a_shape_onnx_runtime_will_not_capture_runs_without_a_graph_and_is_said(tmp_path):
+    """As an app runs it (its prefill without a graph): never silently, the runner's line
+    names the shapes replayed and the ones not, with ONNX Runtime's reason."""
+    from mha_export.check.runners import ort
+    path = export_onnx(CFG, tmp_path / "a", static_cache=True, validate=False).path
+    sig = make_signature(CFG, "static-cache")
+    runner = OrtRunner(sig, path / "model.onnx")
+
+    def open_session(dims, graph):
+        if graph and dims["seq"] > 1:
+            raise ort.RunnerUnavailable(f"could not start: [ONNXRuntimeError] : 1 : FAIL : "
+                                        f"{ort._CAPTURE_REFUSED} as the model has control flow "
+                                        "nodes")
+        return ort._session(path / "model.onnx", "cpu", None, True, fixed=dims)
+
+    runner.graphs = ort.GraphReplays(open_session, runner.session, sig, "cpu")
+    rng = np.random.default_rng(2)
+    step, prompt = _step_feeds(rng, 3), _step_feeds(rng, 3)
+    prompt["x"] = rng.standard_normal((2, 4, 64)).astype(np.float32)
+    prompt["position_ids"] = np.array([[3, 4, 5, 6], [6, 7, 8, 9]])
+    for feeds in (step, prompt):
+        runner.run(feeds)
+    note = runner.ran_note()
+    assert note.startswith("replayed as CUDA graphs: batch=2 seq=1;") and \
+        "control flow nodes): batch=2 seq=4" in note
 
 
 def test_the_graph_runner_refuses_what_it_cannot_replay(tmp_path):

@@ -142,7 +142,8 @@ def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[st
                    "model": str(models[form]), **on_device} for form in onnx_models]
         if "auto" in onnx_models:  # ORT's memory pattern over-reserves around the block loop
             specs.append({"variant": "runner", "runner": name, "name": f"{name}-auto-nomempattern",
-                          "config": c, "model": str(models["auto"]), "mem_pattern": False})
+                          "config": c, "model": str(models["auto"]), "mem_pattern": False,
+                          **on_device})
     for name in extra:
         model_file = RUNNERS[name].model_file
         targets = onnx_models if model_file.endswith(".onnx") else ["aoti"]
@@ -362,7 +363,8 @@ def _row(name: str, c: MHAConfig, spec: dict, result: dict, cached: bool = False
                     bandwidth_gbs=read / s / 1e9 if cached else None,
                     model_mib=model.stat().st_size / 2**20 if model and model.suffix == ".onnx"
                     else None, ring=spec.get("ring", 1),
-                    timing="device-resident" if spec.get("resident") else "",
+                    timing="device-resident" if spec.get("resident") or spec.get("device") ==
+                    "cuda" else "",
                     copies_median_ms=result.get("copies_median_ms"),
                     device="cuda" if on_cuda(spec) else "cpu")
 

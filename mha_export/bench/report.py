@@ -149,9 +149,11 @@ def markdown_table(report: BenchReport, source: str = "") -> str:
     """One row per measured call, one column per variant: median ms (× the baseline), the peak
     RSS under it; then the run's machine, date, versions and ``source`` (the JSON's path)."""
     variants = list(dict.fromkeys(r.variant for r in report.rows))
+    resident = {r.variant for r in report.rows if r.timing}
     calls = list(dict.fromkeys(r.call for r in report.rows))
     cell = {(r.call, r.variant): _markdown_cell(r) for r in report.rows}
-    lines = ["| call | " + " | ".join(f"`{v}`" for v in variants) + " |",
+    lines = ["| call | " + " | ".join(f"`{v}`" + ("\\*" if v in resident else "")
+                                      for v in variants) + " |",
              "|---" * (len(variants) + 1) + "|"]
     lines += [f"| {c} | " + " | ".join(cell.get((c, v), "–") for v in variants) + " |"
               for c in calls]
@@ -176,7 +178,8 @@ def _caption(report: BenchReport, source: str) -> str:
     kv_heads = c.get("kv_heads", c["heads"])
     layer = f"{c['heads']} heads × {c['dim']}" + (
         f" ({kv_heads} kv heads)" if kv_heads != c["heads"] else "")
-    parts = [layer, f"{report.threads} threads", f"{m['cpu']}, {m['date']}", versions]
+    parts = [layer, f"{report.threads} threads", f"{m['cpu']}, {m['date']}", m.get("gpu", ""),
+             versions]
     if report.gemm_ceiling_gflops:
         parts.append(f"GEMM ceiling {report.gemm_ceiling_gflops:.0f} GFLOP/s")
     if report.copy_bandwidth_gbs:
@@ -186,6 +189,9 @@ def _caption(report: BenchReport, source: str) -> str:
     if report.stream_bandwidth_gbs:
         parts.append(f"cold (a ring of instances > 3 × the last-level cache), streaming read "
                      f"(one thread) {report.stream_bandwidth_gbs:.1f} GB/s")
+    if any(r.timing for r in report.rows):
+        parts.append("\\* device-resident: inputs, cache and outputs bound on the GPU, nothing "
+                     "copied per call")
     if report.command:
         parts.append(f"`{report.command}`")
     if source:

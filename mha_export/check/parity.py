@@ -22,7 +22,7 @@ from ..lossy.base import Cost
 from ..rope_types import switch_length
 from . import scenarios
 from .comparator import Comparison, Tolerance, compare
-from .plan import BASELINE, CheckOptions, RunnerInfo, Truth, plan_check
+from .plan import BASELINE, CheckOptions, RunnerInfo, Truth, plan_check, with_ran_notes
 from .real_inputs import RealInputs, read_real_inputs
 from .runners import Feeds, Runner
 from .runners.pytorch import EagerRunner
@@ -147,6 +147,7 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
         _real_cases(report, artifact, real, plan.real_cases, total, progress, plan.truth, seed,
                     budgets)
     progress(total, total, "")
+    report.runners = with_ran_notes(plan.runners, plan.truth.opened)
     return report
 
 

@@ -8,7 +8,8 @@ each (runner, output)'s tolerance, and the truth every case is judged by.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -173,6 +174,13 @@ def _open_runners(artifact: Artifact, kinds: Sequence[RunnerKind], options: RunO
         runners.append(runner)
         infos.append(_runner_info(runner, require_cuda and kind.device == "cuda"))
     return runners, infos
+
+
+def with_ran_notes(infos: list[RunnerInfo], opened: list[Runner]) -> list[RunnerInfo]:
+    """Each runner's line with what it could say only after the cases ran (``ran_note``)."""
+    notes = {r.name: note for r in opened if (note := r.ran_note())}
+    return [replace(i, precision=f"{i.precision}; {notes[i.name]}")
+            if i.name in notes else i for i in infos]
 
 
 def _runner_info(r: Runner, strict: bool) -> RunnerInfo:

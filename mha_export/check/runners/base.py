@@ -41,6 +41,11 @@ class Runner(ABC):
     def __init__(self, signature: Signature):
         self.signature = signature
 
+    def ran_note(self) -> str:
+        """What the runner could say only after the cases ran (e.g. which shapes a CUDA graph
+        replayed); the report appends it to the runner's line."""
+        return ""
+
     @abstractmethod
     def run(self, feeds: Feeds) -> Feeds:
         ...

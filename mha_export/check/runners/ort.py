@@ -94,8 +94,8 @@ class OrtRunner(Runner):
             raise RunnerUnavailable(why)
         model = _at_fp32_compute(path) if fp32_compute else path
         self.session = _session(model, provider, threads, tf32, mem_pattern, thread_pool)
-        self.graphs = GraphReplays(lambda dims: _session(
-            model, provider, threads, tf32, mem_pattern, thread_pool, cuda_graph, dims),
+        self.graphs = GraphReplays(lambda dims, graph: _session(
+            model, provider, threads, tf32, mem_pattern, thread_pool, graph, dims),
             self.session, signature) if cuda_graph else None
         self.provider, self.providers = provider, self.session.get_providers()
         self.run_options = _quiet_runs()
@@ -158,6 +158,9 @@ class OrtRunner(Runner):
             prepared = InPlaceCall(self.session, self.signature, prepared, self.provider,
                                    self.run_options, in_place=False)
         return prepared.step
+
+    def ran_note(self) -> str:
+        return self.graphs.describe() if self.graphs is not None else ""
 
     def bind_cache(self, buffers: Feeds) -> Optional["BoundCache"]:
         """On CPU (base.Runner.bind_cache): the buffers bound once; a call binds x and its
@@ -261,13 +264,15 @@ class GraphReplays:
 
     CAPTURE_RUNS = 3  # ONNX Runtime runs a shape twice before it captures (1.31)
 
-    def __init__(self, open_session: Callable[[dict[str, int]], object], declared,
+    def __init__(self, open_session: Callable[[dict[str, int], bool], object], declared,
                  signature: Signature, device: str = "cuda"):
-        """``open_session(dims)``: a session with those symbolic dimensions fixed;
+        """``open_session(dims, graph)``: a session with those symbolic dimensions fixed (and
+        graph capture on, or off for a shape ONNX Runtime will not capture);
         ``declared``: a session of the same model, whose inputs name the dimensions."""
         self.open_session, self.signature, self.device = open_session, signature, device
         self.dims = {i.name: i.shape for i in declared.get_inputs()}
         self.calls: dict[tuple, InPlaceCall] = {}
+        self.uncaptured: dict[str, str] = {}  # shape -> why ONNX Runtime would not capture it
 
     def call(self, inputs: Feeds) -> InPlaceCall:
         """The shape's bound call with these inputs in its buffers; a new shape is captured
@@ -276,12 +281,37 @@ class GraphReplays:
         shape = tuple((n, a.shape) for n, a in sorted(inputs.items()))
         if shape in self.calls:
             return self.calls[shape].refresh(inputs)
-        session = self.open_session(fixed_dims(self.dims, inputs))
+        dims = fixed_dims(self.dims, inputs)
+        try:
+            session = self.open_session(dims, True)
+        except RunnerUnavailable as e:  # run as an app runs it: this shape without a graph
+            if _CAPTURE_REFUSED not in str(e):
+                raise
+            self.uncaptured[_shape_label(dims)] = str(e).split(_CAPTURE_REFUSED, 1)[1].strip()
+            session = self.open_session(dims, False)
         made = self.calls[shape] = InPlaceCall(session, self.signature, inputs, self.device,
                                                _quiet_runs())
         for _ in range(self.CAPTURE_RUNS):
             made.step()
         return made
+
+    def describe(self) -> str:
+        """Which shapes were replayed as CUDA graphs and which ran without one, and why."""
+        replayed = [_shape_label(fixed_dims(self.dims, {n: np.empty(s) for n, s in shape}))
+                    for shape in self.calls]
+        captured = [s for s in replayed if s not in self.uncaptured]
+        why = sorted(set(self.uncaptured.values()))
+        return (f"replayed as CUDA graphs: {', '.join(captured) or 'none'}" + (
+            f"; without a graph (ONNX Runtime would not capture them: {'; '.join(why)}): "
+            f"{', '.join(self.uncaptured)}" if self.uncaptured else ""))
+
+
+# the words of ONNX Runtime's refusal to capture a session (1.31), before its reason
+_CAPTURE_REFUSED = "This session cannot use the graph capture feature as requested by the user"
+
+
+def _shape_label(dims: dict[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in dims.items() if k != "max_cache")
 
 
 def fixed_dims(declared: dict[str, list], inputs: Feeds) -> dict[str, int]:
