@@ -2,12 +2,32 @@
 and the interruptions (SIGINT, SIGTERM) it turns into exit codes 130 and 143."""
 from __future__ import annotations
 
+import contextlib
 import signal
-from typing import Any
+from typing import Any, Iterator
 
 
 class UsageError(Exception):
     """Bad input: a wrong flag value, a missing or corrupt file, weights that do not fit."""
+
+
+class StageFailed(UsageError):
+    """A library failed inside one stage of the work (torch.export, Inductor's compile, the
+    ONNX builder): one line naming the stage and the layer; its trace (``__cause__``) under
+    -v."""
+
+
+@contextlib.contextmanager
+def stage(name: str) -> Iterator[None]:
+    """Any failure inside ``name`` (not bad input, not an interruption) as one StageFailed."""
+    try:
+        yield
+    except (UsageError, MemoryError):
+        raise
+    except Exception as e:
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        raise StageFailed(f"{name} failed: {type(e).__name__}: "
+                          f"{(lines[0] if lines else '')[:300]} (-v shows the trace)") from e
 
 
 def require_positive(name: str, value: Any) -> None:

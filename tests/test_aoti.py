@@ -124,3 +124,20 @@ def test_a_static_package_returning_copies_fails_the_check(static_package, monke
                           past_lens=[2])
     assert not report.passed
     assert any("is a copy" in r.error for r in report.results if not r.passed)
+
+
+def test_a_single_head_static_step_exports_or_is_refused_in_one_line(tmp_path):
+    """Inductor's lowering of a single head's cache read guards on the data-dependent valid
+    length (torch 2.13: GuardOnDataDependentSymNode); whatever the compiler does, the user
+    gets a package or one line naming the stage, never a traceback."""
+    from click.testing import CliRunner
+    from mha_export.cli.commands import cli
+    result = CliRunner().invoke(cli, ["aoti", "--heads", "1", "--dim", "32", "--softcap", "5",
+                                      "--static-cache", "--max-seq-len", "64", "-o",
+                                      str(tmp_path / "a")])
+    assert "Traceback" not in result.output
+    if result.exit_code != 0:
+        errors = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.exit_code == 2 and len(errors) == 1, result.output
+        assert "AOTInductor's compile of model.pt2 failed" in errors[0]
+        assert not (tmp_path / "a").exists()

@@ -174,6 +174,27 @@ def test_an_output_under_a_file_names_the_file(tmp_path):
     assert f"{tmp_path / 'f'} is a file" in msg
 
 
+@pytest.mark.parametrize("stage, target", [("prepare", "building the ONNX graph"),
+                                            ("write", "writing model.onnx")])
+def test_a_library_failure_inside_an_export_is_one_line_naming_its_stage(tmp_path, monkeypatch,
+                                                                      stage, target):
+    from mha_export.export import targets
+    from mha_export.export.base import Prepared
+
+    def broken(*args, **kwargs):
+        if stage == "prepare":
+            raise RuntimeError("kernel exploded\nsecond line")
+        return Prepared({}, lambda path: (_ for _ in ()).throw(ValueError("disk on fire")))
+
+    monkeypatch.setitem(targets.TARGETS, "onnx", dataclasses.replace(
+        targets.TARGETS["onnx"], prepare=broken))
+    msg = one_line_error(run("onnx", *SMALL, "-o", tmp_path / "o", "--no-check"))
+    assert f"onnx export of split-h4-d64: {target} failed" in msg and "-v" in msg
+    assert not (tmp_path / "o").exists()
+    verbose = run("onnx", *SMALL, "-o", tmp_path / "o", "--no-check", "-v")
+    assert verbose.exit_code == 2 and "Traceback" in verbose.stderr
+
+
 def test_console_script_is_quiet_and_clean(tmp_path):
     """Through the real entry point: no exporter chatter, no traceback, exit codes as documented."""
     exe = [sys.executable, "-m", "mha_export"]

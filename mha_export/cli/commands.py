@@ -13,6 +13,7 @@ import logging
 import shlex
 import signal
 import sys
+import traceback
 import warnings
 from typing import Callable, Optional
 
@@ -53,6 +54,8 @@ def _guard(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except UsageError as e:
+            if verbose and e.__cause__ is not None:  # a library's failure inside a stage
+                traceback.print_exception(e.__cause__)
             raise BadInput(str(e)) from None
         except OSError as e:
             raise BadInput(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None

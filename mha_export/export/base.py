@@ -34,3 +34,4 @@ class ExportTarget:
     name: str  # config.json "format" and the default folder's suffix: models/<slug>-<name>
     model_file: str  # the file it writes into the artifact folder
     prepare: Prepare  # takes ``specs``: the lossy steps' (a step says which targets refuse it)
+    stages: tuple[str, str] = ("preparing", "writing")  # what prepare and write do, for errors

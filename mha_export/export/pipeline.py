@@ -15,6 +15,7 @@ from ..artifact import CONFIG_FILE, REPORT_FILE, WEIGHTS_FILE, default_folder, s
     write_json_atomic
 from ..config import MHAConfig
 from ..env import utc_now, versions
+from ..errors import stage
 from ..kinds.registry import FORMS
 from ..lossy import registry as lossy
 from ..signature import FLOAT, Signature, make_signature, signature_kind
@@ -61,20 +62,24 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
     source = load_source(config, weights, layer, seed, fields)
     specs = lossy.prepared(source, asked, seed, dtype)
     sig = make_signature(source.config, kind, lossy.cache_dtype(specs, FLOAT))
-    prepared = chosen.prepare(source.module, source.config, sig, specs=specs, **options)
+    what = f"{target} export of {source.config.slug()}" + (
+        f", layer {layer}" if layer is not None else "")
+    with stage(f"{what}: {chosen.stages[0]}"):
+        prepared = chosen.prepare(source.module, source.config, sig, specs=specs, **options)
     meta = _describe(source, sig, target, prepared.export)
     dest = Path(output) if output is not None else default_folder(
         source.config, target, sig.kind, specs=specs)
     report = None
-    with staged_folder(dest, force) as stage:
-        save_weights(source.module, stage / WEIGHTS_FILE)
-        prepared.write(stage / chosen.model_file)
-        write_json_atomic(stage / CONFIG_FILE, meta)
+    with staged_folder(dest, force) as folder:
+        save_weights(source.module, folder / WEIGHTS_FILE)
+        with stage(f"{what}: {chosen.stages[1]}"):
+            prepared.write(folder / chosen.model_file)
+        write_json_atomic(folder / CONFIG_FILE, meta)
         if validate:
             from ..check.parity import check_parity  # export -> check, never the other way round
-            report = check_parity(stage, **(check_options or {}))
+            report = check_parity(folder, **(check_options or {}))
             report.artifact = str(dest)
-            write_json_atomic(stage / REPORT_FILE, report.to_dict())
+            write_json_atomic(folder / REPORT_FILE, report.to_dict())
     return ExportResult(dest, report)
 
 

@@ -13,8 +13,11 @@ from .base import ExportTarget
 
 
 _TARGETS = (
-    ExportTarget("onnx", to_onnx.MODEL_FILE, to_onnx.prepare),
-    ExportTarget("torchscript", to_torchscript.MODEL_FILE, to_torchscript.prepare),
-    ExportTarget("aoti", to_aoti.MODEL_FILE, to_aoti.prepare),
+    ExportTarget("onnx", to_onnx.MODEL_FILE, to_onnx.prepare,
+                 ("building the ONNX graph", "writing model.onnx")),
+    ExportTarget("torchscript", to_torchscript.MODEL_FILE, to_torchscript.prepare,
+                 ("torch.jit.script", "saving model.pt")),
+    ExportTarget("aoti", to_aoti.MODEL_FILE, to_aoti.prepare,
+                 ("torch.export", "AOTInductor's compile of model.pt2")),
 )
 TARGETS: dict[str, ExportTarget] = {t.name: t for t in _TARGETS}
