@@ -216,6 +216,31 @@ def test_bad_input_is_one_line_exit_2(smollm2_gguf, tmp_path, extra, message):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("command, extra, message", [
+    ("capture", ["--layers", "3,31", "-o", "c.safetensors"], "--layers 31 is out of range"),
+    ("capture", ["--layers", "3", "--sequences", "2", "-o", "c.safetensors"],
+     "--tokens 512 x --sequences 2 needs 1024"),
+    ("eval", [], "--tokens 256 needs 256"),
+    ("eval", ["--layers", "40"], "the model has 30 layers"),
+])
+def test_what_the_header_and_the_text_tell_is_refused_before_the_model_loads(
+        smollm2_gguf, tmp_path, monkeypatch, command, extra, message):
+    from mha_export.model import capture, eval as evaluation, loading
+
+    def never(*args, **kwargs):
+        raise AssertionError("loaded")
+    for module, name in ((loading, "load_model"), (capture, "load_model"),
+                         (evaluation, "load_model"), (capture, "load_tokenizer"),
+                         (loading, "load_tokenizer")):
+        monkeypatch.setattr(module, name, never)
+    (tmp_path / "short.txt").write_text("a short text")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, [command, "--weights", str(smollm2_gguf), "--text",
+                                      "short.txt", *extra])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "--sequences" not in result.output or command == "capture"
+
+
 def test_exports_must_be_this_models_exports_folder(smollm2_gguf, tmp_path):
     """Refused before the model loads, every file kept: an artifact, a folder of other files,
     another model's eval folder."""

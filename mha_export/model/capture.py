@@ -11,12 +11,12 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from ..errors import UsageError
-from .loading import LoadedModel, attention_of, decoder_layers, load_model, tokenize
+from .loading import LoadedModel, attention_of, decoder_layers, load_model, load_tokenizer, tokenize
 
 
 @dataclass
@@ -37,24 +37,54 @@ def read_text(path: str | Path) -> str:
     return text
 
 
-def token_block(loaded: LoadedModel, text: str, tokens: int, sequences: int,
+def token_block(tokenizer: Any, text: str, tokens: int, sequences: int = 1,
                 where: str = "--text") -> np.ndarray:
-    """(sequences, tokens) of the text's token ids; a text too short is bad input."""
-    ids = tokenize(loaded.tokenizer, text)
+    """(sequences, tokens) of the text's token ids; a text too short is bad input (the message
+    names --sequences only where it was asked for)."""
+    ids = tokenize(tokenizer, text)
     if len(ids) < tokens * sequences:
-        raise UsageError(f"{where}: the text has {len(ids)} tokens; --tokens {tokens} x "
-                         f"--sequences {sequences} needs {tokens * sequences}")
+        raise UsageError(f"{where}: the text has {len(ids)} tokens; "
+                         f"{_asked(tokens, sequences)} needs {tokens * sequences}")
     return np.asarray(ids[:tokens * sequences], np.int64).reshape(sequences, tokens)
+
+
+# every token of a byte-level BPE or SentencePiece tokenizer covers at least one byte of the
+# text, but for the special tokens it adds (BOS, EOS, a dummy prefix): a bound on them
+TOKENS_WITHOUT_BYTES = 8
+
+
+def _asked(tokens: int, sequences: int) -> str:
+    """The options that set the length (--sequences only where capture was given it)."""
+    return f"--tokens {tokens}" + (f" x --sequences {sequences}" if sequences > 1 else "")
+
+
+def require_layers(layers: Sequence[int], count: int) -> None:
+    bad = [layer for layer in layers if not 0 <= layer < count]
+    if bad:
+        raise UsageError(f"--layers {bad[0]} is out of range: the model has {count} "
+                         f"layers (0-{count - 1})")
+
+
+def checked_before_loading(weights: str | Path, text: str, tokens: int, sequences: int,
+                           layers: Sequence[int]) -> tuple[Any, np.ndarray]:
+    """What the checkpoint's header and tokenizer can tell, before the model loads (seconds,
+    not tens of them): the layers in range, the text long enough. (tokenizer, token ids)."""
+    from ..weights.source import checkpoint_layers
+    require_layers(layers, checkpoint_layers(weights))
+    size, needed = len(text.encode()), tokens * sequences
+    if size + TOKENS_WITHOUT_BYTES < needed:  # known without the tokenizer (tens of seconds
+        raise UsageError(f"--text: the text has {size} bytes, at most "  # for a GGUF's)
+                         f"{size + TOKENS_WITHOUT_BYTES} tokens; {_asked(tokens, sequences)} "
+                         f"needs {needed}")
+    tokenizer = load_tokenizer(weights)
+    return tokenizer, token_block(tokenizer, text, tokens, sequences)
 
 
 def capture(loaded: LoadedModel, token_ids: np.ndarray, layers: Sequence[int]) -> dict:
     """layer -> its attention input (S, N, d_in) float32, one forward of the whole model."""
     import torch
     found = decoder_layers(loaded.model)
-    bad = [layer for layer in layers if not 0 <= layer < len(found)]
-    if bad:
-        raise UsageError(f"--layers {bad[0]} is out of range: the model has {len(found)} "
-                         f"layers (0-{len(found) - 1})")
+    require_layers(layers, len(found))
     seen: dict[int, np.ndarray] = {}
     hooks = []
     for layer in layers:
@@ -76,8 +106,11 @@ def capture_text(weights: str | Path, text_path: str | Path, layers: Sequence[in
                  loaded: Optional[LoadedModel] = None) -> Capture:
     """The chosen layers' inputs on the text's first ``tokens`` x ``sequences`` tokens."""
     text = read_text(text_path)
-    loaded = loaded or load_model(weights)
-    ids = token_block(loaded, text, tokens, sequences)
+    if loaded is None:
+        tokenizer, ids = checked_before_loading(weights, text, tokens, sequences, layers)
+        loaded = load_model(weights, tokenizer)
+    else:
+        ids = token_block(loaded.tokenizer, text, tokens, sequences)
     inputs = capture(loaded, ids, layers)
     meta = {"weights": str(weights), "model_type": loaded.description["model_type"],
             "text": str(text_path), "text_sha256": hashlib.sha256(text.encode()).hexdigest(),

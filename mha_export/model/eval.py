@@ -37,8 +37,8 @@ from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, get_poli
 from ..errors import UsageError
 from ..env import openmp_wait
 from ..lossy import registry as lossy
-from ..weights.source import select_layers
-from .capture import read_text, token_block
+from ..weights.source import checkpoint_layers, select_layers
+from .capture import checked_before_loading, read_text, token_block
 from .loading import LoadedModel, attention_name, attention_of, decoder_layers, load_model
 
 Progress = Callable[[int, int, str], None]
@@ -506,9 +506,14 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
     runs = lossy.attribution(options, runner) if attribute else []  # refused before any work
     mark = folder is not None and claim_exports_folder(Path(folder), weights)
     body = read_text(text)
-    loaded = loaded or load_model(weights)
-    ids = torch.from_numpy(token_block(loaded, body, tokens, 1)[0])
-    chosen = select_layers(layers, len(decoder_layers(loaded.model)))
+    if loaded is None:  # the layers and the text's length known before the model loads
+        chosen = select_layers(layers, checkpoint_layers(weights))
+        tokenizer, block = checked_before_loading(weights, body, tokens, 1, chosen)
+        loaded = load_model(weights, tokenizer)
+    else:
+        chosen = select_layers(layers, len(decoder_layers(loaded.model)))
+        block = token_block(loaded.tokenizer, body, tokens, 1)
+    ids = torch.from_numpy(block[0])
     with contextlib.ExitStack() as stack:
         where = Path(folder) if folder is not None else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="mha-eval-")))

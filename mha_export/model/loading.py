@@ -11,7 +11,7 @@ import io
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import UsageError
 
@@ -33,30 +33,52 @@ def require_transformers() -> None:
                          ) from None
 
 
-def load_model(weights: str | Path) -> LoadedModel:
-    """The checkpoint's causal LM in float32 (eval mode) and its tokenizer."""
-    require_transformers()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = Path(weights)
+def _source(path: Path) -> tuple[Path, dict]:
+    """Where transformers loads the checkpoint from, and how (a .gguf: its folder and name)."""
     if path.is_file() and path.suffix == ".gguf":
         from ..weights.gguf import open_gguf
         open_gguf(path)  # a truncated or garbled file: one line, before transformers' loader
-        where, extra = path.parent, {"gguf_file": path.name}
-    elif path.is_dir() and (path / "config.json").is_file():
-        where, extra = path, {}
-    else:
-        raise UsageError(f"--weights {path}: expected a Hugging Face checkpoint folder "
-                         "(config.json) or a .gguf file")
-    quantized = not extra and _is_quantized_folder(path)
+        return path.parent, {"gguf_file": path.name}
+    if path.is_dir() and (path / "config.json").is_file():
+        return path, {}
+    raise UsageError(f"--weights {path}: expected a Hugging Face checkpoint folder "
+                     "(config.json) or a .gguf file")
+
+
+@contextlib.contextmanager
+def _loading(path: Path) -> Iterator[None]:
     try:
         with _quiet():
-            tokenizer = AutoTokenizer.from_pretrained(where, **extra)
-            model = _dequantized_model(path) if quantized else \
-                AutoModelForCausalLM.from_pretrained(where, dtype="float32", **extra)
+            yield
     except (OSError, ValueError, KeyError, RuntimeError, ImportError) as e:
         raise UsageError(f"--weights {path}: transformers cannot load it "
                          f"({(str(e).strip().splitlines() or [type(e).__name__])[0][:200]})"
                          ) from None
+
+
+def load_tokenizer(weights: str | Path) -> Any:
+    """The checkpoint's tokenizer alone: seconds, where the model takes tens of them (what
+    needs only the text's length is checked with it first)."""
+    require_transformers()
+    from transformers import AutoTokenizer
+    path = Path(weights)
+    where, extra = _source(path)
+    with _loading(path):
+        return AutoTokenizer.from_pretrained(where, **extra)
+
+
+def load_model(weights: str | Path, tokenizer: Any = None) -> LoadedModel:
+    """The checkpoint's causal LM in float32 (eval mode) and its tokenizer (``tokenizer``:
+    one already loaded)."""
+    require_transformers()
+    from transformers import AutoModelForCausalLM
+    path = Path(weights)
+    where, extra = _source(path)
+    quantized = not extra and _is_quantized_folder(path)
+    tokenizer = tokenizer or load_tokenizer(path)
+    with _loading(path):
+        model = _dequantized_model(path) if quantized else \
+            AutoModelForCausalLM.from_pretrained(where, dtype="float32", **extra)
     model.eval()
     description = {"path": str(path), "model_type": model.config.model_type}
     if quantized:
