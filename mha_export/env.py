@@ -47,7 +47,8 @@ def last_level_cache_bytes() -> int:
 def machine_info() -> dict:
     gpu = gpu_name()
     return {"cpu": cpu_name(), "date": datetime.date.today().isoformat(), "versions": versions(),
-            "last_level_cache_mib": last_level_cache_bytes() / 2**20, **({"gpu": gpu} if gpu else {})}
+            "last_level_cache_mib": last_level_cache_bytes() / 2**20,
+            **({"gpu": gpu} if gpu else {})}
 
 
 def gpu_name() -> Optional[str]:

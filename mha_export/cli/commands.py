@@ -526,9 +526,7 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
     if cold and cpp:
         raise UsageError("--cold steps a ring of instances in Python: not with --cpp")
     quantize = bench_quantization(quantize_names, accuracy_levels)
-    chosen = None if forms is None else [f.strip() for f in forms.split(",") if f.strip()]
-    if chosen is not None and (not chosen or set(chosen) - set(ATTENTION_FORMS)):
-        raise UsageError(f"--forms: choose from {', '.join(ATTENTION_FORMS)}, got {forms!r}")
+    chosen = bench_forms(forms)
     seed = config_fields["seed"]
     if preset and (artifact or config_fields.get("weights")):
         raise UsageError("--preset names a layer's shape: not with an artifact or --weights")
@@ -566,6 +564,14 @@ def _bench_source(artifact: Optional[str], config_fields: dict, quantize: list,
         source = load_source(None, weights, layer, seed, explicit(config_fields, preset))
     return source, [kept_blocks(source, q, "float32") if q.quantizer == SOURCE else q
                     for q in quantize], int8_cache
+
+
+def bench_forms(forms: Optional[str]) -> Optional[list[str]]:
+    """--forms a,b as form names (None: the bench's default)."""
+    chosen = None if forms is None else [f.strip() for f in forms.split(",") if f.strip()]
+    if chosen is not None and (not chosen or set(chosen) - set(ATTENTION_FORMS)):
+        raise UsageError(f"--forms: choose from {', '.join(ATTENTION_FORMS)}, got {forms!r}")
+    return chosen
 
 
 def bench_quantization(names: Optional[str], levels: Optional[list[int]]) -> list:

@@ -138,8 +138,9 @@ CONFIG_OPTIONS = [
 ARTIFACT_OPTIONS = [
     click.option("-o", "--output", "output", type=click.Path(file_okay=False), default=None,
                  help="Artifact folder [default: models/<layout>-h<heads>-d<dim>-<format>]."),
-    click.option("--force", is_flag=True, help="Replace a folder mha-export wrote (an artifact or layers folder); any other "
-                 "non-empty folder is refused, its files kept."),
+    click.option("--force", is_flag=True,
+                 help="Replace a folder mha-export wrote (an artifact or layers folder); any "
+                      "other non-empty folder is refused, its files kept."),
     click.option("--check/--no-check", "validate", default=True, show_default=True,
                  help="Run the parity check on the new artifact."),
     click.option("--kv-cache", is_flag=True,

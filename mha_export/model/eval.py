@@ -440,6 +440,21 @@ class Evaluator:
         return ExportedAttention(original, runner, len(self.ids) + self.generate + 1)
 
 
+def _model_layers_tokens(weights: str | Path, body: str, tokens: int, layers: str,
+                         loaded: Optional[LoadedModel]
+                         ) -> tuple[LoadedModel, list[int], torch.Tensor]:
+    """The model, the chosen layers and the text's first ``tokens`` ids; the layers and the
+    text's length are checked before the model loads (unless it is given)."""
+    if loaded is None:
+        chosen = select_layers(layers, checkpoint_layers(weights))
+        tokenizer, block = checked_before_loading(weights, body, tokens, 1, chosen)
+        loaded = load_model(weights, tokenizer)
+    else:
+        chosen = select_layers(layers, len(decoder_layers(loaded.model)))
+        block = token_block(loaded.tokenizer, body, tokens, 1)
+    return loaded, chosen, torch.from_numpy(block[0])
+
+
 def claim_exports_folder(folder: Path, weights: str | Path) -> bool:
     """``--exports``: a new or empty folder, eval's own folder of this model, or a checked
     `--layers` folder of this model; anything else is refused before any work, every file
@@ -505,15 +520,7 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
         options["kv_cache"] = True  # generation steps run the decode artifacts
     runs = lossy.attribution(options, runner) if attribute else []  # refused before any work
     mark = folder is not None and claim_exports_folder(Path(folder), weights)
-    body = read_text(text)
-    if loaded is None:  # the layers and the text's length known before the model loads
-        chosen = select_layers(layers, checkpoint_layers(weights))
-        tokenizer, block = checked_before_loading(weights, body, tokens, 1, chosen)
-        loaded = load_model(weights, tokenizer)
-    else:
-        chosen = select_layers(layers, len(decoder_layers(loaded.model)))
-        block = token_block(loaded.tokenizer, body, tokens, 1)
-    ids = torch.from_numpy(block[0])
+    loaded, chosen, ids = _model_layers_tokens(weights, read_text(text), tokens, layers, loaded)
     with contextlib.ExitStack() as stack:
         where = Path(folder) if folder is not None else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="mha-eval-")))
