@@ -195,6 +195,15 @@ def test_a_library_failure_inside_an_export_is_one_line_naming_its_stage(tmp_pat
     assert verbose.exit_code == 2 and "Traceback" in verbose.stderr
 
 
+def test_an_export_shows_its_checks_progress(tmp_path, monkeypatch):
+    """The check at export reports each case as `check` does (on a terminal only)."""
+    from mha_export.cli import commands
+    seen = []
+    monkeypatch.setattr(commands, "_progress", lambda i, n, label: seen.append((i, n)))
+    assert run("onnx", *SMALL, "--kv-cache", "-o", tmp_path / "o").exit_code == 0
+    assert seen and seen[0][0] == 0 and seen[-1][0] == seen[-1][1] > 20
+
+
 def test_console_script_is_quiet_and_clean(tmp_path):
     """Through the real entry point: no exporter chatter, no traceback, exit codes as documented."""
     exe = [sys.executable, "-m", "mha_export"]

@@ -80,7 +80,9 @@ def _export(target: str, kw: dict) -> None:
         if resume:
             raise UsageError("--resume needs --layers")
         fanout_settings(kw, "--layers")
-        _report_export(EXPORTERS[target](**export_options(kw)))
+        options = export_options(kw)
+        options["check_options"] = {**options.get("check_options", {}), "progress": _progress}
+        _report_export(EXPORTERS[target](**options))
         return
     settings, options = fanout_settings(kw, ""), export_options(kw)
     weights, output = options.pop("weights", None), options.pop("output", None)
