@@ -195,8 +195,8 @@ def staged_folder(dest: Path, force: bool) -> Iterator[Path]:
     try:
         yield stage
         raise_if_interrupted()  # never publish what an interruption cut short
-        for f in stage.iterdir():  # some writers (safetensors) create 0600 files
-            os.chmod(f, 0o666 & ~_umask())
+        for f in stage.iterdir():
+            readable(f)
         _publish(stage, dest, in_place)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -238,6 +238,11 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def readable(path: Path) -> None:
+    """The mode a new file gets from the umask (some writers, safetensors, create 0600)."""
+    os.chmod(path, 0o666 & ~_umask())
 
 
 def _umask() -> int:

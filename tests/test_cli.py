@@ -204,6 +204,24 @@ def test_an_export_shows_its_checks_progress(tmp_path, monkeypatch):
     assert seen and seen[0][0] == 0 and seen[-1][0] == seen[-1][1] > 20
 
 
+def test_a_usage_error_through_the_console_script_is_one_line():
+    done = subprocess.run([sys.executable, "-m", "mha_export", "onnx", "--quantize", "int3"],
+                          capture_output=True, text=True)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("Error: ")
+    assert "'int3' is not one of" in lines[0] and "mha-export onnx --help" in lines[0]
+
+
+def test_messages_say_what_is_wrong(tmp_path):
+    from mha_export.lossy.base import verdict
+    assert verdict(False, 0.0001, "--max-clip-rate", percent=True) == "FAIL (budget 0.010%)"
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "model.safetensors").write_text("x")
+    msg = one_line_error(run("onnx", "--weights", tmp_path / "ck", "--layer", "0", "-o",
+                             tmp_path / "o", "--no-check"))
+    assert "a folder without a Hugging Face config.json" in msg
+
+
 def test_console_script_is_quiet_and_clean(tmp_path):
     """Through the real entry point: no exporter chatter, no traceback, exit codes as documented."""
     exe = [sys.executable, "-m", "mha_export"]

@@ -237,8 +237,8 @@ def _machine_figures(report: BenchReport, ceiling: Optional[float], threads: int
             report.device_copy_bandwidth_gbs = copy_bandwidth(budget_s, progress, "cuda")
     if cold:
         report.stream_bandwidth_gbs = stream_bandwidth(budget_s, progress)
-    for r in report.rows:
-        if r.gflops and report.gemm_ceiling_gflops:
+    for r in report.rows:  # the ceiling is the CPU's: a GPU row has none here
+        if r.gflops and report.gemm_ceiling_gflops and r.device == "cpu":
             r.ceiling_fraction = r.gflops / report.gemm_ceiling_gflops
 
 

@@ -139,6 +139,9 @@ def format_table(report: BenchReport) -> str:
     if report.device_copy_bandwidth_gbs:
         lines.append(f"GPU copy bandwidth {report.device_copy_bandwidth_gbs:.0f} GB/s (1 GiB "
                      "device-to-device torch copy, read + write, best run): CUDA rows' % floor")
+    if any(r.variant.endswith("-nomempattern") for r in report.rows):
+        lines.append("*-auto-nomempattern: auto with ONNX Runtime's memory-pattern planner off "
+                     "(it over-reserves around the blocked loop), measured beside auto")
     sizes = {r.variant: r.model_mib for r in report.rows if r.model_mib}
     if sizes:
         lines.append("model file: " + ", ".join(f"{v} {m:.2f} MiB" for v, m in sizes.items()))

@@ -617,6 +617,10 @@ def main() -> None:
     except Interrupted as e:
         click.echo("interrupted" if e.signum == signal.SIGINT else "terminated", err=True)
         sys.exit(e.exit_code)
+    except click.UsageError as e:  # one line, as every other bad input (docs/cli.md)
+        where = f" (see {e.ctx.command_path} --help)" if e.ctx is not None else ""
+        click.echo(f"Error: {e.format_message()}{where}", err=True)
+        sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)

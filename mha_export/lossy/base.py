@@ -117,10 +117,13 @@ def check_budget(name: str, value: Optional[float], applies: bool, why_not: str)
         raise UsageError(f"{name}: {why_not}")
 
 
-def verdict(passed: bool, budget: Optional[float], flag: str) -> str:
+def verdict(passed: bool, budget: Optional[float], flag: str, percent: bool = False) -> str:
+    """PASS / FAIL against a budget, in the figure's own unit (``percent``: a rate shown as
+    0.082%, its budget as 0.010%)."""
     if budget is None:
         return "FAIL (not finite)" if not passed else f"reported (no {flag})"
-    return f"{'PASS' if passed else 'FAIL'} (budget {budget:g})"
+    shown = f"{budget:.3%}" if percent else f"{budget:g}"
+    return f"{'PASS' if passed else 'FAIL'} (budget {shown})"
 
 
 class Cost:

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from ..artifact import readable
 from ..errors import UsageError
 from .loading import LoadedModel, attention_of, decoder_layers, load_model, load_tokenizer, tokenize
 
@@ -132,6 +133,7 @@ def write_capture(result: Capture, output: str | Path) -> Path:
     partial = output.with_name(f".{output.name}.partial")
     try:
         save_file(tensors, str(partial), metadata=result.meta)
+        readable(partial)
         partial.replace(output)
     finally:
         partial.unlink(missing_ok=True)

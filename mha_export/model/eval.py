@@ -70,6 +70,7 @@ class LayerDetail:
     runner: str
     rel: float = float("nan")  # max|d| / max|y|
     cosine: float = float("nan")
+    reused: bool = False  # an artifact --exports already held (made with the same options)
 
 
 @dataclass
@@ -343,6 +344,7 @@ class Evaluator:
         self.folder, self.generate, self.progress = folder, generate, progress
         self.thread_pool = thread_pool
         self.folders: dict[tuple[str, int], Path] = {}  # each stand-in's artifact folder
+        self.reused: set[tuple[str, int]] = set()  # the stand-ins found made, not exported
         self.eager_logits = logits_of(loaded.model, ids)
 
     def run(self, name: str, options: dict, layers: Sequence[int],
@@ -366,7 +368,8 @@ class Evaluator:
         kl = kl_per_position(self.eager_logits, logits)
         agree = float((self.eager_logits.argmax(-1) == logits.argmax(-1)).float().mean())
         details = [LayerDetail(layer, str(self.folders[name, layer]), s.runner.device,
-                               *(s.deviations[0] if s.deviations else (float("nan"),) * 2))
+                               *(s.deviations[0] if s.deviations else (float("nan"),) * 2),
+                               reused=(name, layer) in self.reused)
                    for layer, s in stand_ins.items()]
         return RunResult(name, options, list(layers), perplexity(logits, self.ids), agree,
                          float(kl.mean()), float(kl.max()), kl.tolist(), speed.exported_prefill,
@@ -431,6 +434,8 @@ class Evaluator:
             export_artifact(target.name, output=folder, weights=self.weights, layer=layer,
                             validate=False, force=True, **options)
             record.write_text(stamp)
+        else:
+            self.reused.add((name, layer))
         if reason := self.kind.unavailable():
             raise UsageError(f"--runner {self.kind.name}: {reason}")
         art = read_artifact(folder)

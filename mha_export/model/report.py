@@ -17,7 +17,10 @@ def _row(name: str, r: RunResult, eager_ppl: float) -> str:
 def format_evaluation(ev: Evaluation) -> str:
     head = (f"{'':44s} {'perplexity':>10s} {'vs eager':>10s} {'top-1':>8s} {'KL mean':>10s} "
             f"{'KL max':>10s} {'tokens/s':>9s}")
-    lines = [f"{ev.weights}: {len(ev.main.layers)} layer(s) exported, {ev.tokens} tokens of "
+    reused = sum(d.reused for d in ev.main.details)
+    made = f"{len(ev.main.layers) - reused} layer(s) exported" + (
+        f", {reused} reused from --exports" if reused else "")
+    lines = [f"{ev.weights}: {made}, {ev.tokens} tokens of "
              f"{ev.text}, runner {ev.runner}", head, "-" * len(head),
              f"{'eager (transformers)':44s} {ev.eager_perplexity:10.4f} {'':10s} {'':8s} "
              f"{'':10s} {'':10s} {ev.eager_tokens_per_s:9.1f}",

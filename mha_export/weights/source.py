@@ -48,6 +48,10 @@ def load_source(config: Optional[MHAConfig] = None, weights: str | Path | None =
         return _checkpoint_layer(weights, layer, fields, read_gguf_layer)
     if config is None and hf_config_path(weights):
         return _checkpoint_layer(weights, layer, fields)
+    if Path(weights).is_dir():
+        raise UsageError(f"--weights {weights}: a folder without a Hugging Face config.json "
+                         "naming its model_type (a checkpoint folder holds config.json and its "
+                         "weights; a single weights file is given by its path)")
     block = read_block(weights, layer)
     config = config or MHAConfig.from_dict({"layout": block.layout, **fields})
     return Source(config, module_from_block(config, block),

@@ -451,7 +451,7 @@ class QuantizedKernels:
     def describe(self) -> str:
         kinds = ", ".join(f"int{b} level {lvl}{'' if zp == 'default' else f', {zp} zero points'}"
                           f": {path}" for b, lvl, zp, path in self.paths)
-        return f"{self.kernels} MatMulNBits ({kinds})"
+        return f"{self.kernels} MatMulNBits nodes ({kinds})"
 
 
 INT8_PATH, FP32_PATH, DEQUANTIZE_PATH = ("int8-activation compute", "fp32 compute",

@@ -179,7 +179,8 @@ class KVCacheCost(Cost):
                      f"{d.cosine:.6f}  "
                      f"{verdict(result.error_passed, result.budget, '--max-kv-error')}")
         for name, rate in result.clip_rates.items():
-            judged = verdict(result.clip_passed(name), result.clip_budget, "--max-clip-rate")
+            judged = verdict(result.clip_passed(name), result.clip_budget, "--max-clip-rate",
+                             percent=True)
             lines.append(f"  {name:13s} clipped {rate:.3%} of the entries written in the "
                          f"sweep  {judged}")
         return lines
