@@ -209,7 +209,7 @@ def test_a_usage_error_through_the_console_script_is_one_line():
                           capture_output=True, text=True)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("Error: ")
-    assert "'int3' is not one of" in lines[0] and "mha-export onnx --help" in lines[0]
+    assert "'int3' is not one of" in lines[0] and "onnx --help)" in lines[0]
 
 
 def test_messages_say_what_is_wrong(tmp_path):
