@@ -222,6 +222,17 @@ def test_messages_say_what_is_wrong(tmp_path):
     assert "a folder without a Hugging Face config.json" in msg
 
 
+def test_an_exports_check_is_narrowed_by_the_sweep_options(tmp_path):
+    out = tmp_path / "o"
+    assert run("onnx", *SMALL, "--kv-cache", "--seq-lens", "1,3", "--batch-sizes", "1",
+               "--past-lens", "0,2", "-o", out).exit_code == 0
+    report = json.loads((out / "parity.json").read_text())
+    assert (report["seq_lens"], report["batch_sizes"], report["past_lens"]) == ([1, 3], [1],
+                                                                               [0, 2])
+    assert "--no-check" in one_line_error(run("onnx", *SMALL, "--seq-lens", "1", "--no-check",
+                                              "-o", tmp_path / "n"))
+
+
 def test_console_script_is_quiet_and_clean(tmp_path):
     """Through the real entry point: no exporter chatter, no traceback, exit codes as documented."""
     exe = [sys.executable, "-m", "mha_export"]

@@ -80,10 +80,12 @@ def _export(target: str, kw: dict) -> None:
         if resume:
             raise UsageError("--resume needs --layers")
         fanout_settings(kw, "--layers")
+        sweep = check_sweep(kw)
         options = export_options(kw)
-        options["check_options"] = {**options.get("check_options", {}), "progress": _progress}
+        options["check_options"] = {**sweep, "progress": _progress}
         _report_export(EXPORTERS[target](**options))
         return
+    sweep = check_sweep(kw)
     settings, options = fanout_settings(kw, ""), export_options(kw)
     weights, output = options.pop("weights", None), options.pop("output", None)
     if weights is None or output is None:
@@ -95,8 +97,19 @@ def _export(target: str, kw: dict) -> None:
     summary = export_layers(target, weights, layers, output, resume=resume,
                             force=options.pop("force", False),
                             validate=options.pop("validate", True), progress=_layers_progress,
-                            **settings, **options)
+                            check_options=sweep, **settings, **options)
     _report_layers(summary, output)
+
+
+def check_sweep(kw: dict) -> dict:
+    """The export commands' --seq-lens / --batch-sizes / --past-lens: the check's sweep, as
+    check takes it (only those given); with --no-check there is no sweep to narrow."""
+    sweep = {k: v for k in ("seq_lens", "batch_sizes", "past_lens")
+             if (v := kw.pop(k, None)) is not None}
+    if sweep and not kw.get("validate", True):
+        raise UsageError("--seq-lens, --batch-sizes and --past-lens narrow the check: not "
+                         "with --no-check")
+    return sweep
 
 
 def _layers_progress(summary, running: int, record) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any, Callable, Optional
 
@@ -143,6 +144,12 @@ ARTIFACT_OPTIONS = [
                       "other non-empty folder is refused, its files kept."),
     click.option("--check/--no-check", "validate", default=True, show_default=True,
                  help="Run the parity check on the new artifact."),
+    click.option("--seq-lens", callback=int_list, default=None,
+                 help="The check's T values, as check's (to narrow it) [default: check's]."),
+    click.option("--batch-sizes", callback=int_list, default=None,
+                 help="The check's batch sizes [default: check's, 1,3]."),
+    click.option("--past-lens", callback=functools.partial(int_list, lowest=0), default=None,
+                 help="The check's cache lengths [default: check's]."),
     click.option("--kv-cache", is_flag=True,
                  help="Decode-step model: x, attention_mask, past_key, past_value -> y, "
                       "present_key, present_value."),
