@@ -241,8 +241,10 @@ def aoti(**kw) -> None:
 @click.argument("artifact", type=click.Path())
 @click.option("--runners", callback=runner_list, default=None,
               help="Runners to check, by name: " + "; ".join(
-                  f"{k.name} ({k.runtime})" for k in RUNNERS.values()) + " [default: every "
-                  "runner for the folder's files; those that cannot run here are SKIPPED].")
+                  f"{k.name} ({k.runtime})" for k in RUNNERS.values()) + " [default: the "
+                  "runners of the file's own runtime (ort-cpu, ort-cuda; torchscript; aoti-*), "
+                  "SKIPPED with the reason where they cannot run here; the others (OpenVINO, "
+                  "ort-cuda-graph) run when named, or beside the runner they accompany].")
 @click.option("--providers", default=None, callback=provider_list,
               help="ONNX Runtime's shorthand: cpu,cuda = runners ort-cpu,ort-cuda.")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance for every runner.")
@@ -518,15 +520,15 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
       mha-export bench models/split-h12-d768-onnx --seq-lens 128,2048 --forms attention-op,blocked
       mha-export bench --kv-cache --seq-lens 1 --past-lens 128,1024,4096 --batch 8
       mha-export bench --static-cache --seq-lens 1 --past-lens 128,1024,4096,8000
-      mha-export bench --static-cache --seq-lens 1 --past-lens 128,1024 --forms auto \
+      mha-export bench --static-cache --seq-lens 1 --past-lens 128,1024 --forms auto \\
           --quantize int4,int8 --cold
-      mha-export bench --static-cache --seq-lens 1 --past-lens 1024,4096 --forms auto \
+      mha-export bench --static-cache --seq-lens 1 --past-lens 1024,4096 --forms auto \\
           --quantize int4 --kv-cache-dtype int8
-      mha-export bench --weights model.Q4_1.gguf --layer 5 --static-cache --seq-lens 1 \
+      mha-export bench --weights model.Q4_1.gguf --layer 5 --static-cache --seq-lens 1 \\
           --past-lens 128,1024,4096 --forms auto --quantize source,int4
-      mha-export bench --preset llama3-8b --static-cache --seq-lens 1 --past-lens 1024 \
+      mha-export bench --preset llama3-8b --static-cache --seq-lens 1 --past-lens 1024 \\
           --forms auto --quantize int4,int8 --cold
-      mha-export bench --preset llama3-8b --static-cache --seq-lens 1 --past-lens 1024,8192 \
+      mha-export bench --preset llama3-8b --static-cache --seq-lens 1 --past-lens 1024,8192 \\
           --providers cuda --dtype float16 --cuda-graph
       mha-export bench --from-json bench.json --markdown --plot bench.png
     """
