@@ -118,12 +118,22 @@ def is_artifact_folder(folder: Path) -> bool:
 
 def made_by_us(folder: Path) -> Optional[str]:
     """What mha-export wrote this folder as ("artifact", "layers": a fan-out with its summary,
-    "eval-exports": eval's kept layers), or None: the only folders --force may replace."""
-    if (folder / SUMMARY_FILE).is_file():
+    "eval-exports": eval's kept layers), or None: the only folders --force may replace. Each
+    by its record's contents, not a file's name alone."""
+    if _json_with(folder / SUMMARY_FILE, "layers", list):
         return "layers"
-    if (folder / EVAL_EXPORTS_FILE).is_file():
+    if _json_with(folder / EVAL_EXPORTS_FILE, "weights", str):
         return "eval-exports"
     return "artifact" if is_artifact_folder(folder) else None
+
+
+def _json_with(path: Path, key: str, kind: type) -> bool:
+    """``path`` is a JSON object whose ``key`` holds a ``kind``."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get(key), kind)
 
 
 def require_ours(folder: Path, force: bool, replaced: str = "replace it") -> None:
@@ -146,7 +156,11 @@ def prepare_destination(dest: Path, force: bool) -> None:
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"{dest} exists and is not a folder")
     require_ours(dest, force)
-    parent = _absolute(dest).parent
+    where = _absolute(dest)
+    if where.exists() and where.resolve() in Path.cwd().resolve().parents:
+        raise UsageError(f"the working folder is inside {dest}, which would be replaced: run "
+                         "from elsewhere")
+    parent = where if _holds_cwd(where) else where.parent  # where the staging folder goes
     if (blocker := _file_ancestor(parent)) is not None:
         raise UsageError(f"cannot create output folder {dest}: {blocker} is a file")
     try:
@@ -171,10 +185,9 @@ def _file_ancestor(folder: Path) -> Optional[Path]:
 
 
 def _holds_cwd(folder: Path) -> bool:
-    """The working folder is ``folder`` or inside it: replacing it by a rename would leave the
-    user's shell in a deleted folder, so its contents are replaced instead."""
-    cwd = Path.cwd()
-    return folder.exists() and (cwd == folder or folder in cwd.parents)
+    """The working folder is ``folder``: replacing it by a rename would leave the user's shell
+    in a deleted folder, so its contents are replaced instead."""
+    return folder.exists() and Path.cwd().resolve() == folder.resolve()
 
 
 @contextlib.contextmanager
@@ -204,13 +217,14 @@ def staged_folder(dest: Path, force: bool) -> Iterator[Path]:
 
 
 def _publish(stage: Path, dest: Path, in_place: bool) -> None:
-    if in_place:  # dest's own entries go, then the staged ones move in
-        for old in dest.iterdir():
-            if old != stage:
-                shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
-        for new in stage.iterdir():
-            new.rename(dest / new.name)
+    if in_place:  # the staged files move in (each replacing its old self), then the rest goes
+        made = {new.name for new in stage.iterdir()}
+        for name in made:
+            os.replace(stage / name, dest / name)
         stage.rmdir()
+        for old in dest.iterdir():
+            if old.name not in made:
+                shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
     elif dest.exists():
         old = dest.with_name(f".{dest.name}.old")
         shutil.rmtree(old, ignore_errors=True)

@@ -148,7 +148,9 @@ def test_force_replaces_an_artifact_and_a_layers_folder_is_one_of_ours(tmp_path)
     assert run("torchscript", *SMALL, "-o", out, "--no-check", "--force").exit_code == 0
     assert (out / "model.pt").is_file() and not (out / "model.onnx").exists()
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "layers.json").write_text("{}")
+    (tmp_path / "run" / "layers.json").write_text("{}")  # a name alone is no proof
+    assert made_by_us(tmp_path / "run") is None
+    (tmp_path / "run" / "layers.json").write_text('{"layers": []}')
     assert made_by_us(tmp_path / "run") == "layers" and made_by_us(tmp_path) is None
 
 
@@ -162,6 +164,12 @@ def test_the_working_folder_is_an_answer_only_when_empty_or_an_artifact(tmp_path
     assert (tmp_path / "model.pt").is_file() and not (tmp_path / "model.onnx").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.pt",
                                                           "weights.safetensors"]  # no staging left
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")  # inside the artifact it would replace
+    assert "working folder is inside" in one_line_error(
+        run("onnx", *SMALL, "-o", "..", "--no-check", "--force"))
+    (tmp_path / "sub").rmdir()
+    monkeypatch.chdir(tmp_path)
     (tmp_path / "config.json").unlink()
     (tmp_path / "mine.txt").write_text("mine")
     assert "kept" in one_line_error(run("onnx", *SMALL, "-o", ".", "--no-check", "--force"))

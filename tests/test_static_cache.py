@@ -222,6 +222,9 @@ def test_a_shape_onnx_runtime_will_not_capture_runs_without_a_graph_and_is_said(
     note = runner.ran_note()
     assert note.startswith("replayed as CUDA graphs: batch=2 seq=1;") and \
         "control flow nodes): batch=2 seq=4" in note
+    assert runner.ran_failure() == ""
+    runner.graphs.uncaptured["batch=2 seq=1"] = "refused"  # as if no shape were captured
+    assert "no shape was replayed" in runner.ran_failure()
 
 
 def test_the_graph_runner_refuses_what_it_cannot_replay(tmp_path):
@@ -260,5 +263,7 @@ def test_the_replayed_graph_passes_and_a_stale_replay_fails_on_cuda(monkeypatch,
     sweep = dict(seq_lens=[1, 4], batch_sizes=[1, 3], past_lens=[0, 5], require_cuda=True)
     report = check_parity(path, runners=["ort-cuda-graph"], **sweep)
     assert report.passed, [r.error for r in report.results if not r.passed][:3]
+    line = next(r for r in report.runners if r.name == "ort-cuda-graph").precision
+    assert "replayed as CUDA graphs: batch=1 seq=1" in line, line
     monkeypatch.setattr(ort.InPlaceCall, "refresh", lambda self, inputs: self)
     assert not check_parity(path, runners=["ort-cuda-graph"], **sweep).passed

@@ -14,9 +14,12 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+
 from ..config import MHAConfig
 from ..env import last_level_cache_bytes, machine_info
 from ..errors import UsageError
+from ..graph.builder import FLOAT_TYPES
 from ..kinds.registry import FORMS, build_module, forms_for, kind_of, refuse_unbuilt
 from ..lossy import registry as lossy
 from ..signature import FLOAT, INT8
@@ -187,6 +190,8 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     from ..signature import make_signature
     if cuda_graph and not static_cache:
         raise UsageError("--cuda-graph replays the static-cache step: add --static-cache")
+    if cuda_graph and "cuda" not in providers:
+        raise UsageError("--cuda-graph replays on CUDA: add cuda to --providers")
     if cold and not last_level_cache_bytes():
         raise UsageError("--cold: this machine does not say how large its CPU caches are "
                          "(/sys/devices/system/cpu/cpu0/cache)")
@@ -312,15 +317,12 @@ def stream_bandwidth(budget_s: float, progress: Callable[[str], None]) -> Option
     return rate
 
 
-FLOAT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-
-
 def step_bytes(c: MHAConfig, seq: int, batch: int, past: int,
                specs: Optional[dict] = None, dtype: str = "float32") -> float:
     """Bytes a cached step must read: the weights once (as the lossy steps' ``specs`` store
     them, else in ``dtype``), and the valid keys and values (in ``dtype``, or an int8 cache's
     codes; the kind's cache widths: an MLA layer's latents and rotated keys)."""
-    specs, width = specs or {}, FLOAT_BYTES[dtype]
+    specs, width = specs or {}, np.dtype(FLOAT_TYPES[dtype].numpy).itemsize
     heads, key_width, value_width = c.cache_shape
     return lossy.weight_bytes(c, specs, width) + lossy.cache_entry_bytes(specs, width) * (
         batch * heads * (key_width + value_width) * (past + seq))

@@ -134,8 +134,9 @@ def format_table(report: BenchReport) -> str:
                      f"thread) {report.stream_bandwidth_gbs:.1f} GB/s (best run)")
     if any(r.timing for r in report.rows):
         lines.append("* device-resident: inputs, cache and outputs bound on the GPU, nothing "
-                     "copied per call (torch's CUDA rows too); +copies ms: the same call fed "
-                     "from and read back to host arrays")
+                     "copied per call (torch's CUDA rows too); +copies ms: the call as the "
+                     "check makes it (numpy inputs copied in and outputs read back each call; a "
+                     "static cache uploaded once, its whole buffer read back each call)")
     if report.device_copy_bandwidth_gbs:
         lines.append(f"GPU copy bandwidth {report.device_copy_bandwidth_gbs:.0f} GB/s (1 GiB "
                      "device-to-device torch copy, read + write, best run): CUDA rows' % floor")

@@ -177,10 +177,19 @@ def _open_runners(artifact: Artifact, kinds: Sequence[RunnerKind], options: RunO
 
 
 def with_ran_notes(infos: list[RunnerInfo], opened: list[Runner]) -> list[RunnerInfo]:
-    """Each runner's line with what it could say only after the cases ran (``ran_note``)."""
-    notes = {r.name: note for r in opened if (note := r.ran_note())}
-    return [replace(i, precision=f"{i.precision}; {notes[i.name]}")
-            if i.name in notes else i for i in infos]
+    """Each runner's line with what it could say only after the cases ran (``ran_note``), and
+    failed where it did not do what it stands for (``ran_failure``)."""
+    by_name = {r.name: r for r in opened}
+    out = []
+    for info in infos:
+        runner = by_name.get(info.name)
+        note, failure = (runner.ran_note(), runner.ran_failure()) if runner else ("", "")
+        if note:
+            info = replace(info, precision=f"{info.precision}; {note}")
+        if failure:
+            info = replace(info, status="failed", reason=failure)
+        out.append(info)
+    return out
 
 
 def _runner_info(r: Runner, strict: bool) -> RunnerInfo:

@@ -75,7 +75,7 @@ def load_model(weights: str | Path, tokenizer: Any = None) -> LoadedModel:
     path = Path(weights)
     where, extra = _source(path)
     quantized = not extra and _is_quantized_folder(path)
-    tokenizer = tokenizer or load_tokenizer(path)
+    tokenizer = load_tokenizer(path) if tokenizer is None else tokenizer
     with _loading(path):
         model = _dequantized_model(path) if quantized else \
             AutoModelForCausalLM.from_pretrained(where, dtype="float32", **extra)

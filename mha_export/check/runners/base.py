@@ -46,6 +46,11 @@ class Runner(ABC):
         replayed); the report appends it to the runner's line."""
         return ""
 
+    def ran_failure(self) -> str:
+        """Why, after the cases ran, the runner did not do what it stands for (a graph runner
+        that replayed no graph): its line fails, whatever its outputs."""
+        return ""
+
     @abstractmethod
     def run(self, feeds: Feeds) -> Feeds:
         ...

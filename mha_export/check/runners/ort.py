@@ -162,6 +162,11 @@ class OrtRunner(Runner):
     def ran_note(self) -> str:
         return self.graphs.describe() if self.graphs is not None else ""
 
+    def ran_failure(self) -> str:
+        if self.graphs is None or not self.graphs.calls or self.graphs.captured():
+            return ""
+        return "no shape was replayed as a CUDA graph (ONNX Runtime captured none)"
+
     def bind_cache(self, buffers: Feeds) -> Optional["BoundCache"]:
         """On CPU (base.Runner.bind_cache): the buffers bound once; a call binds x and its
         positions and a fresh y (0.30 vs 0.38 ms a one-token SmolLM2 layer call through
@@ -199,18 +204,21 @@ class InPlaceCall:
         for name in signature.output_names:
             if name in self.cache:
                 self.binding.bind_ortvalue_output(name, self.buffers[self.cache[name]])
-            elif device == "cpu":
-                self.binding.bind_output(name, "cpu")
-            else:  # a fixed device buffer: a replayed CUDA graph writes the same address
-                self.values[name] = device_buffer(_output_shape(session, name, inputs),
+            elif device == "cpu" or not self.cache:  # allocated where the session runs
+                self.binding.bind_output(name, device)
+            else:  # the static step's y: a fixed device buffer (a replayed graph writes it)
+                self.values[name] = device_buffer(_static_y_shape(session, name, inputs),
                                                   _output_dtype(session, name), device)
                 self.binding.bind_ortvalue_output(name, self.values[name])
 
     def refresh(self, inputs: Feeds) -> "InPlaceCall":
-        """New inputs copied into the same bound buffers (their addresses unchanged)."""
+        """New inputs copied into the same bound buffers (their addresses unchanged; on CPU
+        the arrays those buffers share)."""
         for name, array in inputs.items():
-            self.values[name].update_inplace(bits_of(array))
-        self.inputs = inputs
+            if self.device == "cpu":
+                np.copyto(self.inputs[name], array)
+            else:
+                self.values[name].update_inplace(bits_of(array))
         return self
 
     def step(self) -> None:
@@ -233,15 +241,19 @@ class InPlaceCall:
         return self.inputs[past] if self.device == "cpu" else host_array(self.buffers[past])
 
 
-def _output_shape(session, name: str, inputs: Feeds) -> list[int]:
-    """y's shape for these inputs: (B, T) of x and the declared width, (B, T, D)."""
-    declared = next(o for o in session.get_outputs() if o.name == name).shape
+def _static_y_shape(session, name: str, inputs: Feeds) -> list[int]:
+    """A static step's y for these inputs: (B, T) of x and the declared width, (B, T, D)."""
     b, t = inputs["x"].shape[:2]
-    return [b, t, *declared[2:]]
+    return [b, t, *_declared(session, name).shape[2:]]
 
 
 def _output_dtype(session, name: str) -> np.dtype:
-    return np.dtype(_NUMPY[next(o for o in session.get_outputs() if o.name == name).type])
+    return np.dtype(_NUMPY[_declared(session, name).type])
+
+
+def _declared(session, name: str):
+    """The session's declared output of that name."""
+    return next(o for o in session.get_outputs() if o.name == name)
 
 
 def cuda_graph_refusal(signature: Signature, provider: str) -> Optional[str]:
@@ -295,11 +307,15 @@ class GraphReplays:
             made.step()
         return made
 
+    def captured(self) -> list[str]:
+        """The shapes replayed as CUDA graphs."""
+        shapes = [_shape_label(fixed_dims(self.dims, {n: np.empty(s) for n, s in shape}))
+                  for shape in self.calls]
+        return [s for s in shapes if s not in self.uncaptured]
+
     def describe(self) -> str:
         """Which shapes were replayed as CUDA graphs and which ran without one, and why."""
-        replayed = [_shape_label(fixed_dims(self.dims, {n: np.empty(s) for n, s in shape}))
-                    for shape in self.calls]
-        captured = [s for s in replayed if s not in self.uncaptured]
+        captured = self.captured()
         why = sorted(set(self.uncaptured.values()))
         return (f"replayed as CUDA graphs: {', '.join(captured) or 'none'}" + (
             f"; without a graph (ONNX Runtime would not capture them: {'; '.join(why)}): "
@@ -395,7 +411,7 @@ class BoundCache:
     def __init__(self, session, buffers: Feeds, dtypes: dict, run_options=None):
         self.session, self.dtypes, self.run_options = session, dtypes, run_options
         self.binding = session.io_binding()
-        y = next(o for o in session.get_outputs() if o.name == "y")
+        y = _declared(session, "y")
         self.width, self.y_dtype = y.shape[-1], _NUMPY.get(y.type, np.float32)  # (B, T, D)
         for present, past in InPlaceCall.CACHE.items():
             buffer = buffers[past]

@@ -14,9 +14,10 @@ refuses). Where the node cannot build the layer
 The threshold was measured (benchmarks/blocked_sweep.py, 2-core Xeon, noisy: T=128 one node
 3.8-4.2 ms vs loop 3.9-4.3; T=300 9.1 vs 10.6; T=512 23.0 vs 18.9; T=2048 176 vs 91-98).
 
-A float16 / bfloat16 model is a GPU model: its calls without a static cache take the one
-``Attention`` node at every T (no If). ONNX Runtime's CUDA kernels for it are memory-linear
-(flash / memory-efficient attention); the loop was 5-36x slower (H200, 2026-11-27, fp16
+A float16 / bfloat16 model is a GPU model: its full-sequence call without a padding mask takes
+the one ``Attention`` node (causal, no bias tensor) at every T (no If). ONNX Runtime's CUDA
+kernels for it are memory-linear (flash / memory-efficient attention); the loop was 5-36x
+slower (H200, 2026-11-27, fp16
 prefill, benchmarks/results/gpu-speed-h200-2026-11-27.json: 12 x 768 T=16384 1.95 ms vs the
 loop's 52.6; the 8B shape T=4096 1.34 vs 6.12)."""
 from __future__ import annotations
@@ -44,7 +45,7 @@ def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
               threshold: int = AUTO_THRESHOLD, block: int = BLOCK) -> AttentionOut:
     """Each branch projects q, k and v itself (io.project) from x, sharing the weights: what
     the If captures stays small, and the long branch frees k and v once it has used them."""
-    if g.dtype in GPU_DTYPES and io.past_lengths is None:  # the node at every T
+    if g.dtype in GPU_DTYPES and not (io.has_cache or io.attention_mask):  # the node, any T
         q, k, v = io.project(g)  # (B, T, N*H), 2 x (B, T, K*H)
         return attention_op_core(g, dataclasses.replace(io, q=q, k=k, v=v), c)
     op = Ops(g)
@@ -82,8 +83,8 @@ FORM = GraphForm(
     name="auto", core=auto_core, min_opset=23, memory=Memory(linear_from=AUTO_THRESHOLD),
     summary=f"an If on the runtime T: the attention-op node for T < {AUTO_THRESHOLD}, the "
             f"blocked loop for T >= {AUTO_THRESHOLD} (a static cache: GroupQueryAttention for "
-            f"its calls, the blocked loop for the rest); float16 / bfloat16: the node at "
-            f"every T (memory-linear on ONNX Runtime's CUDA kernels)",
+            f"its calls, the blocked loop for the rest); float16 / bfloat16 without a mask or "
+            f"cache: the node at every T (memory-linear on ONNX Runtime's CUDA kernels)",
     switch_seq_lens=(AUTO_THRESHOLD - 1, AUTO_THRESHOLD) + tuple(
         AUTO_THRESHOLD + e for e in BLOCK_EDGES),
     supports=ATTENTION_NODE_FEATURES | {Feature.STATIC_CACHE, Feature.INT8_CACHE},
