@@ -7,6 +7,7 @@ import torch
 from mha_export import MHAConfig, UsageError, export_onnx, export_torchscript
 from mha_export.export import to_onnx as export_mod
 from mha_export.artifact import read_artifact
+from mha_export.errors import StageFailed
 
 CFG = MHAConfig(dim=64, heads=4, max_seq_len=32)
 
@@ -64,8 +65,10 @@ def test_failed_export_leaves_nothing(tmp_path, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("disk full")
     monkeypatch.setattr(export_mod.onnx, "save_model", broken)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(StageFailed, match="writing model.onnx failed: RuntimeError: disk full"
+                       ) as failed:  # one line naming the stage, the library's error its cause
         export_onnx(CFG, tmp_path / "out", validate=False)
+    assert isinstance(failed.value.__cause__, RuntimeError)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -73,7 +76,7 @@ def test_failed_forced_export_keeps_the_old_artifact(tmp_path, monkeypatch):
     export_onnx(CFG, tmp_path / "out", validate=False)
     before = (tmp_path / "out" / "model.onnx").read_bytes()
     monkeypatch.setattr(export_mod.onnx, "save_model", lambda *a, **k: 1 / 0)
-    with pytest.raises(ZeroDivisionError):
+    with pytest.raises(StageFailed, match="ZeroDivisionError"):
         export_onnx(CFG, tmp_path / "out", validate=False, force=True, seed=5)
     assert (tmp_path / "out" / "model.onnx").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
