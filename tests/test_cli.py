@@ -241,6 +241,22 @@ def test_an_exports_check_is_narrowed_by_the_sweep_options(tmp_path):
                                               "-o", tmp_path / "n"))
 
 
+def test_an_export_checks_the_quick_sweep_and_check_the_full_one(tmp_path):
+    out = tmp_path / "o"
+    r = run("onnx", *SMALL, "--kv-cache", "--seq-lens", "1,65", "-o", out)
+    assert r.exit_code == 0 and "the quick sweep" in r.output
+    quick = json.loads((out / "parity.json").read_text())
+    assert run("check", out, "--seq-lens", "1,65", "--json", tmp_path / "f.json").exit_code == 0
+    full = json.loads((tmp_path / "f.json").read_text())
+    assert (quick["sweep"], full["sweep"]) == ("quick", "full")
+    assert len(quick["results"]) < len(full["results"])
+    assert run("onnx", *SMALL, "--kv-cache", "--seq-lens", "1,65", "--sweep", "full", "-o", out,
+               "--force").exit_code == 0
+    assert json.loads((out / "parity.json").read_text())["sweep"] == "full"
+    assert "--no-check" in one_line_error(run("onnx", *SMALL, "--sweep", "full", "--no-check",
+                                              "-o", tmp_path / "n"))
+
+
 def test_console_script_is_quiet_and_clean(tmp_path):
     """Through the real entry point: no exporter chatter, no traceback, exit codes as documented."""
     exe = [sys.executable, "-m", "mha_export"]

@@ -9,7 +9,9 @@ from mha_export import MHAConfig, check_parity, export_onnx, export_torchscript
 from mha_export.artifact import read_artifact
 from mha_export.graph.forms import Feature
 from mha_export.kinds.registry import FORMS
-from mha_export.check.sweep import default_seq_lens
+from mha_export.check.sweep import (QUICK_LONG_T, Case, default_past_lens, default_seq_lens,
+                                    make_cases)
+from mha_export.signature import make_signature
 
 import faults
 from conftest import cuda_expected
@@ -297,3 +299,53 @@ def test_a_planted_fault_fails_a_bfloat16_model(tmp_path):
     faults.remove_causal_mask(path / "model.onnx")
     report = check_parity(path, runners=["openvino-cpu"], seq_lens=[7], batch_sizes=[1])
     assert report.tested and not report.passed
+
+
+# --- the quick sweep (the export-time check's): fewer long cases, every fault still caught ----
+QUICK_CFG = MHAConfig(dim=64, heads=4, max_seq_len=128)  # lengths past QUICK_LONG_T (64)
+
+
+def test_the_quick_sweep_keeps_short_calls_everywhere_and_long_ones_at_batch_one():
+    sig = make_signature(QUICK_CFG, "kv-cache")
+    lens, pasts = default_seq_lens(128, (100,)), default_past_lens(128)
+    full = make_cases(sig, [1, 3], lens, pasts)
+    quick = make_cases(sig, [1, 3], lens, pasts, sweep="quick")
+    assert set(quick) < set(full) and len(quick) >= 20
+    assert {c for c in full if c.seq <= QUICK_LONG_T} <= set(quick)  # steps, the cache full
+    assert {c.seq for c in quick if (c.batch, c.past) == (1, 0)} == set(lens)  # every path
+    assert Case(1, 129, 1) in quick and Case(1, 128, 1) not in quick  # longest over a cache
+    long_unpadded = [c for c in quick if c.seq > QUICK_LONG_T and c.padding == "none"]
+    assert {c.batch for c in long_unpadded} == {1}
+    assert [c for c in quick if c.padding != "none"] == [c for c in full if c.padding != "none"]
+
+
+# fewer elements compared: the smallest nudge of one q_proj weight the quick sweep catches on
+# this layer is 1.5e-3 (the full sweep: 1e-3, barely; measured 2026-11-27, AMD EPYC Zen 3)
+QUICK_FAULTS = {**faults.ONNX_FAULTS, "nudged weight": lambda p, c: faults.nudge_weight(p, 2e-3)}
+
+
+@pytest.mark.parametrize("fault", sorted(QUICK_FAULTS))
+def test_the_quick_sweep_catches_every_planted_fault(tmp_path, fault):
+    path = export_onnx(QUICK_CFG, tmp_path / "a", validate=False).path
+    try:
+        QUICK_FAULTS[fault](path / "model.onnx", QUICK_CFG)
+    except faults.NotApplicable as e:
+        pytest.skip(str(e))
+    report = check_parity(path, providers=["cpu"], sweep="quick")
+    assert report.sweep == "quick" and not report.passed
+
+
+@pytest.mark.parametrize("fault", sorted(faults.CACHE_FAULTS))
+def test_the_quick_sweep_catches_every_planted_cache_fault(tmp_path, fault):
+    path = export_onnx(QUICK_CFG, tmp_path / "a", kv_cache=True, validate=False).path
+    try:
+        faults.CACHE_FAULTS[fault](path / "model.onnx")
+    except faults.NotApplicable as e:
+        pytest.skip(str(e))
+    assert not check_parity(path, providers=["cpu"], sweep="quick").passed
+
+
+def test_an_unknown_sweep_is_bad_input(onnx_artifact):
+    from mha_export.errors import UsageError
+    with pytest.raises(UsageError, match="one of full, quick"):
+        check_parity(onnx_artifact, sweep="fast")

@@ -98,38 +98,48 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
     """``valid``: a boolean mask broadcastable to the output; only those elements are compared
     (e.g. the real tokens of a padded batch). Every element must be finite regardless.
     ``written`` (with a tolerance's ``changed``): the only elements that may change at all
-    (those the call wrote; the rest must be exact), the allowance counted over them. Each
-    whole-output pass is made once (the check compares every output of every case twice)."""
-    a = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    if a.shape != expected.shape:
-        return _failed(f"shape {list(a.shape)} != expected {list(expected.shape)}")
-    nonfinite = int(a.size - np.count_nonzero(np.isfinite(a)))
-    if nonfinite or not np.isfinite(expected).all():
+    (those the call wrote; the rest must be exact), the allowance counted over them. The
+    compared elements are gathered once and every figure made from them (the check compares
+    every output of every case twice)."""
+    a, e = np.asarray(actual), np.asarray(expected)
+    if a.shape != e.shape:
+        return _failed(f"shape {list(a.shape)} != expected {list(e.shape)}")
+    nonfinite = _nonfinite(a)
+    if nonfinite or _nonfinite(e):
         where = "output" if nonfinite else "expected output"
         return _failed(f"non-finite values (NaN/Inf) in the {where}", nonfinite)
     keep = None if valid is None else np.broadcast_to(valid, a.shape)
     if keep is not None and not keep.any():
         return Comparison(True, 0.0, 0.0, 0.0, 0.0, 0, ())
-    err = np.abs(a - expected)
-    magnitude = np.abs(expected)
-    if keep is not None:
-        err[~keep] = 0.0
-    kept = err.ravel() if keep is None else err[keep]
-    scale = float(magnitude.max() if keep is None else magnitude[keep].max()) if kept.size else 0.0
+    kept_a, kept_e = (a.ravel(), e.ravel()) if keep is None else (a[keep], e[keep])
+    err = np.abs(kept_a.astype(np.float64) - kept_e)  # (K,): the compared elements
+    magnitude = np.abs(kept_e, dtype=np.float64)
+    scale = float(magnitude.max())
     excess = err - (tol.atol + tol.scaled * scale + tol.rtol * magnitude)
-    if keep is not None:
-        excess[~keep] = -np.inf
-    worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(excess)), err.shape))
+    at = int(np.argmax(excess))
+    worst = _index_of(at, keep, a.shape)
     outside = int(np.count_nonzero(excess > 0))
     passed = outside == 0
-    reason = "" if passed else (f"{outside} of {kept.size} elements outside {tol}; worst at "
+    reason = "" if passed else (f"{outside} of {err.size} elements outside {tol}; worst at "
                                 f"{worst}")
     if passed and tol.changed is not None:
-        passed, reason = _few_changed(err, keep, tol, written)
-    top = float(kept.max())
-    return Comparison(passed, top, float(kept.mean()), _p99(kept), top / max(scale, 1e-30), 0,
+        passed, reason = _few_changed(err, keep, tol, written, a.shape)
+    top = float(err.max())
+    return Comparison(passed, top, float(err.mean()), _p99(err), top / max(scale, 1e-30), 0,
                       worst, reason)
+
+
+def _nonfinite(values: np.ndarray) -> int:
+    """NaN/Inf count (integer arrays have none)."""
+    if not np.issubdtype(values.dtype, np.inexact):
+        return 0
+    return int(values.size - np.count_nonzero(np.isfinite(values)))
+
+
+def _index_of(at: int, keep: Optional[np.ndarray], shape: tuple) -> tuple:
+    """The output index of the ``at``-th compared element."""
+    flat = at if keep is None else int(np.flatnonzero(keep)[at])
+    return tuple(int(i) for i in np.unravel_index(flat, shape))
 
 
 def _p99(values: np.ndarray) -> float:
@@ -142,15 +152,17 @@ def _p99(values: np.ndarray) -> float:
 
 
 def _few_changed(err: np.ndarray, keep: Optional[np.ndarray], tol: Tolerance,
-                 written: Optional[np.ndarray]) -> tuple[bool, str]:
+                 written: Optional[np.ndarray], shape: tuple) -> tuple[bool, str]:
     """At most ``tol.changed`` of the written elements (or TIES) differ, none of the rest
-    (``keep``: the compared elements, None: all)."""
-    keep = np.ones(err.shape, bool) if keep is None else keep
-    may = keep if written is None else keep & np.broadcast_to(written, err.shape)
+    (``err``: of the compared elements, ``keep`` of the output; None: all)."""
     changed = err > 0
-    if (changed & keep & ~may).any():
-        return False, (f"{int((changed & keep & ~may).sum())} elements this call did not write "
-                       "changed")
+    if written is None:
+        may = np.ones(err.shape, bool)
+    else:
+        whole = np.broadcast_to(written, shape)
+        may = whole.ravel() if keep is None else whole[keep]
+    if (changed & ~may).any():
+        return False, f"{int((changed & ~may).sum())} elements this call did not write changed"
     n, total = int((changed & may).sum()), int(may.sum())
     if n > max(tol.changed * total, TIES):
         return False, f"{n} of {total} written elements changed ({tol})"

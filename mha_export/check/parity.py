@@ -65,6 +65,7 @@ class CheckReport:
     runners: list[RunnerInfo] = field(default_factory=list)
     results: list[OutputResult] = field(default_factory=list)
     versions: dict = field(default_factory=dict)  # of this check's environment
+    sweep: str = "full"  # sweep.SWEEPS: which cases of the batch x length x cache product ran
     export_versions: dict = field(default_factory=dict)  # recorded in the artifact at export
     real_inputs: str = ""  # --inputs FILE (its cases are labelled inputs "real")
     # what each lossy step cost (lossy/costs.py), by report field: "quantization", "kv_cache",
@@ -111,12 +112,15 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
                  require_cuda: bool = False, tf32: bool = True,
                  runners: Optional[Sequence[str]] = None,
                  inputs: Optional[str | Path] = None, threads: Optional[int] = None,
+                 sweep: str = "full",
                  progress: Callable[[int, int, str], None] = lambda i, n, s: None,
                  **budgets: Optional[float]) -> CheckReport:
     """Run the parity sweep on an artifact folder; see CheckReport.passed.
 
     ``runners``: runner names (``RUNNERS``); default: every runner for the folder's files, those
-    that cannot run here reported as skipped. ``providers``: ONNX Runtime's shorthand (cpu, cuda).
+    that cannot run here reported as skipped. ``sweep``: "full" (every batch x length x cache
+    length) or "quick" (the export-time check's: sweep.in_quick_sweep). ``providers``: ONNX
+    Runtime's shorthand (cpu, cuda).
     ``require_cuda``: a CUDA runner that cannot run, or runs compute on the CPU, fails.
     ``budgets``: of the lossy steps' costs (lossy/costs.py's BUDGETS: ``max_quant_error``,
     ``max_kv_error``, ``max_clip_rate``). ``inputs``: a file of captured layer inputs
@@ -129,12 +133,12 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
     costs = lossy.costs_of(artifact, budgets)
     plan = plan_check(artifact, real, CheckOptions(
         providers, atol, rtol, seq_lens, batch_sizes, past_lens, require_cuda, tf32, runners,
-        threads))
+        threads, sweep))
     sig = artifact.signature
     report = CheckReport(str(artifact_dir), seed, list(batch_sizes), plan.sweep.seq_lens,
                          plan.sweep.past_lens if sig.has_cache else [], sig.input_names,
                          sig.output_names, plan.runners, versions=versions(),
-                         export_versions=artifact.meta.get("versions", {}))
+                         export_versions=artifact.meta.get("versions", {}), sweep=sweep)
     total = len(plan.cases) + len(plan.multi_call) + len(plan.real_cases)
     for i, case in enumerate(plan.cases):
         progress(i, total, case.label())

@@ -27,7 +27,7 @@ from .real_inputs import RealInputs
 from .runners import (RUNNERS, Runner, RunnerKind, RunnerUnavailable, RunOptions, get_runner,
                       ort_runner_names)
 from .runners.pytorch import EagerRunner
-from .sweep import (Case, case_bytes, default_past_lens, default_seq_lens, make_cases,
+from .sweep import (SWEEPS, Case, case_bytes, default_past_lens, default_seq_lens, make_cases,
                     require_fits, window_cases)
 
 BASELINE = "eager-fp32"
@@ -47,6 +47,7 @@ class CheckOptions:
     tf32: bool = True
     runners: Optional[Sequence[str]] = None
     threads: Optional[int] = None  # intra-op threads of every runner (None: each runtime's)
+    sweep: str = "full"  # sweep.SWEEPS: "quick" drops long calls' product with batch and cache
 
 
 @dataclass
@@ -91,7 +92,7 @@ def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) 
     if o.require_cuda:
         kinds += _cuda_kinds(artifact, kinds)
     sig, config = artifact.signature, artifact.config
-    sweep = sweep_plan(config, artifact.export.get("attention"), o.seq_lens, o.past_lens)
+    sweep = sweep_plan(config, artifact.export.get("attention"), o)
     cases = _single_cases(config, sig, sweep, o.batch_sizes)
     require_fits(config, cases, sweep.scores_at, sig.has_mask)
     options = RunOptions(tf32=o.tf32, threads=o.threads)
@@ -204,18 +205,20 @@ class SweepPlan:
     switch: tuple  # the form's switch lengths (checked on both sides)
     scores_at: Callable[[int], bool]  # T -> whether the form materialises (N, T, S) scores
     static_chunks: bool  # a static cache: the form runs several tokens over a cache at B > 1
+    sweep: str = "full"  # sweep.SWEEPS
 
 
-def sweep_plan(config: MHAConfig, form_name: Optional[str], seq_lens: Optional[Sequence[int]],
-               past_lens: Optional[Sequence[int]]) -> SweepPlan:
+def sweep_plan(config: MHAConfig, form_name: Optional[str], o: CheckOptions) -> SweepPlan:
     """The sweep for a graph form (TorchScript and unknown forms: scores at every T)."""
+    if o.sweep not in SWEEPS:
+        raise UsageError(f"sweep {o.sweep!r}: one of {', '.join(SWEEPS)}")
     form = FORMS.get(form_name) if form_name else None
     switch = form.switch_seq_lens if form else ()
     return SweepPlan(
-        list(seq_lens) if seq_lens else default_seq_lens(config.max_seq_len, switch),
-        list(past_lens) if past_lens else default_past_lens(config.max_seq_len), switch,
+        list(o.seq_lens) if o.seq_lens else default_seq_lens(config.max_seq_len, switch),
+        list(o.past_lens) if o.past_lens else default_past_lens(config.max_seq_len), switch,
         form.memory.quadratic_at if form else (lambda t: True),
-        form.static_chunks if form else True)
+        form.static_chunks if form else True, o.sweep)
 
 
 def _single_cases(config: MHAConfig, sig: Signature, plan: SweepPlan,
@@ -223,7 +226,7 @@ def _single_cases(config: MHAConfig, sig: Signature, plan: SweepPlan,
     """The sweep's single calls (and a window-crossing call)."""
     cases = make_cases(sig, batch_sizes, plan.seq_lens, plan.past_lens,
                        switch_length(config.rope_scaling) if config.rotary != "none" else 0,
-                       plan.static_chunks)
+                       plan.static_chunks, plan.sweep)
     return cases + window_cases(config, sig, plan.seq_lens, plan.scores_at)
 
 
@@ -231,7 +234,7 @@ def largest_case_bytes(config: MHAConfig, sig: Signature, form_name: Optional[st
                        o: CheckOptions = CheckOptions()) -> int:
     """What the sweep's largest single call needs (sweep.case_bytes), before anything is
     exported: how much memory a check of such a layer asks for."""
-    plan = sweep_plan(config, form_name, o.seq_lens, o.past_lens)
+    plan = sweep_plan(config, form_name, o)
     return max(case_bytes(config, case, plan.scores_at, sig.has_mask)
                for case in _single_cases(config, sig, plan, o.batch_sizes))
 

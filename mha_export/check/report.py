@@ -77,7 +77,9 @@ def format_report(report: CheckReport, verbose: bool = False) -> str:
         lines.append("nothing under test ran (no model runner produced output)")
     n_pass = sum(r.passed for r in report.results)
     n_cases = len({r.case for r in report.results})
+    quick = " (the quick sweep: `mha-export check` runs the full one)" * (report.sweep == "quick")
     over = "".join(f" — {title} cost FAILED" for title in lossy.failed_titles(report.costs))
     lines.append(f"{'PASS' if report.passed else 'FAIL'}: {n_pass}/{len(report.results)} "
-                 f"comparisons within tolerance over {n_cases} cases{over} ({report.artifact})")
+                 f"comparisons within tolerance over {n_cases} cases{quick}{over} "
+                 f"({report.artifact})")
     return "\n".join(lines)

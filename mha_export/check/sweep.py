@@ -18,6 +18,8 @@ from ..errors import UsageError
 from ..signature import CACHE, FLOAT, INT8, Signature
 
 PADDINGS = ("none", "left", "right")
+SWEEPS = ("full", "quick")  # check's default; the export-time check's default
+QUICK_LONG_T = 64  # the quick sweep runs longer calls at batch 1 over an empty or short cache
 
 
 @dataclass(frozen=True)
@@ -58,13 +60,16 @@ def default_past_lens(max_seq_len: int) -> list[int]:
 
 def make_cases(sig: Signature, batch_sizes: Sequence[int], seq_lens: Sequence[int],
                past_lens: Sequence[int] = (0,), rope_switch: int = 0,
-               static_chunks: bool = True) -> list[Case]:
-    """Every (batch, seq) [x past]; models with an attention_mask also run padded batches; a
-    longrope layer also runs calls whose max(position_ids) + 1 is its switch length and one
-    more (both tables), however long its context."""
+               static_chunks: bool = True, sweep: str = "full") -> list[Case]:
+    """Every (batch, seq) [x past] (the quick sweep: those ``in_quick_sweep`` keeps); models
+    with an attention_mask also run padded batches; a longrope layer also runs calls whose
+    max(position_ids) + 1 is its switch length and one more (both tables), however long its
+    context."""
     pasts = list(past_lens) if sig.has_cache else [0]
     cases = [Case(b, t, p) for b in batch_sizes for t in seq_lens for p in pasts
              if static_chunks or not sig.static_cache or b == 1 or t == 1 or p == 0]
+    if sweep == "quick":
+        cases = [c for c in cases if in_quick_sweep(c, pasts, seq_lens)]
     if rope_switch:
         cases += [Case(b, t, pasts[0], positions_end=end) for b in batch_sizes for t in (1, 7)
                   for end in (rope_switch, rope_switch + 1)]
@@ -75,6 +80,20 @@ def make_cases(sig: Signature, batch_sizes: Sequence[int], seq_lens: Sequence[in
                 if sig.has_cache:
                     cases.append(Case(b, 1, max(pasts), pad))
     return cases
+
+
+def in_quick_sweep(case: Case, pasts: Sequence[int], seq_lens: Sequence[int]) -> bool:
+    """The export-time sweep keeps the cases that catch faults and drops the product of long
+    calls with batch 3 and long caches, where the time goes (a case costs B * T * (P + T)):
+    every call of up to QUICK_LONG_T tokens at every batch size and cache length (steps, odd
+    lengths, the cache full, past the context length); every longer length (each code path,
+    the context length and one past it) at batch 1 over an empty cache, and the longest over
+    the shortest non-empty one."""
+    if case.seq <= QUICK_LONG_T:
+        return True
+    shortest = sorted(pasts)[:2]
+    return case.batch == 1 and (case.past == shortest[0] or (
+        case.past == shortest[-1] and case.seq == max(seq_lens)))
 
 
 def padding_mask(case: Case) -> np.ndarray:

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import click
 
 from ..check.parity import check_parity
+from ..check.sweep import SWEEPS
 from ..errors import Interrupted, UsageError, interrupt, raise_if_interrupted
 from ..export.pipeline import ATTENTION_FORMS, EXPORTERS
 from ..graph.forms import DEFAULT, MAX_OPSET
@@ -104,11 +105,11 @@ def _export(target: str, kw: dict) -> None:
 def check_sweep(kw: dict) -> dict:
     """The export commands' --seq-lens / --batch-sizes / --past-lens: the check's sweep, as
     check takes it (only those given); with --no-check there is no sweep to narrow."""
-    sweep = {k: v for k in ("seq_lens", "batch_sizes", "past_lens")
+    sweep = {k: v for k in ("seq_lens", "batch_sizes", "past_lens", "sweep")
              if (v := kw.pop(k, None)) is not None}
     if sweep and not kw.get("validate", True):
-        raise UsageError("--seq-lens, --batch-sizes and --past-lens narrow the check: not "
-                         "with --no-check")
+        raise UsageError("--seq-lens, --batch-sizes, --past-lens and --sweep choose the "
+                         "check's cases: not with --no-check")
     return sweep
 
 
@@ -255,6 +256,9 @@ def aoti(**kw) -> None:
 @click.option("--past-lens", callback=functools.partial(int_list, lowest=0), default=None,
               help="Cache lengths for --kv-cache models [default: 0,1,5,max-1]. 0 is allowed.",
               )
+@click.option("--sweep", type=click.Choice(SWEEPS), default="full", show_default=True,
+              help="full: every batch size x length x cache length; quick (the export-time "
+                   "check's): lengths over 64 at batch 1 over the two shortest caches.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the report as JSON.")

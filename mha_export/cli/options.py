@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 import click
 
 from ..check.runners import RUNNERS, ort_runner_names
+from ..check.sweep import SWEEPS
 from ..config import (LAYOUTS, QK_NORMS, ROPE_LAYOUTS, ROTARY, SCALINGS, SECTIONS,
                       MHAConfig)
 from ..errors import UsageError
@@ -150,6 +151,9 @@ ARTIFACT_OPTIONS = [
                  help="The check's batch sizes [default: check's, 1,3]."),
     click.option("--past-lens", callback=functools.partial(int_list, lowest=0), default=None,
                  help="The check's cache lengths [default: check's]."),
+    click.option("--sweep", type=click.Choice(SWEEPS), default=None,
+                 help="The check's sweep: quick (lengths over 64 at batch 1 over the two "
+                      "shortest caches) or full, check's [default: quick]."),
     click.option("--kv-cache", is_flag=True,
                  help="Decode-step model: x, attention_mask, past_key, past_value -> y, "
                       "present_key, present_value."),

@@ -77,7 +77,7 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
         write_json_atomic(folder / CONFIG_FILE, meta)
         if validate:
             from ..check.parity import check_parity  # export -> check, never the other way round
-            report = check_parity(folder, **(check_options or {}))
+            report = check_parity(folder, **{"sweep": "quick", **(check_options or {})})
             report.artifact = str(dest)
             write_json_atomic(folder / REPORT_FILE, report.to_dict())
     return ExportResult(dest, report)

@@ -92,8 +92,10 @@ def _weight_bytes(module) -> int:
 
 
 def _check_opts(check_options: dict) -> CheckOptions:
-    keys = ("seq_lens", "batch_sizes", "past_lens")
-    return CheckOptions(**{k: check_options[k] for k in keys if check_options.get(k)})
+    """The export-time check's options (its quick sweep unless told)."""
+    keys = ("seq_lens", "batch_sizes", "past_lens", "sweep")
+    return CheckOptions(**{"sweep": "quick",
+                           **{k: check_options[k] for k in keys if check_options.get(k)}})
 
 
 def layer_folders(folder: str | Path) -> dict[int, Path]:

@@ -12,6 +12,7 @@ tolerance, and a wrong scale or read shows there.
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Optional
 
 import numpy as np
@@ -19,6 +20,10 @@ import torch
 
 from ...check.runners.base import Feeds, Runner
 from ...check.runners.pytorch import EagerRunner
+
+
+BUFFERS = ("present_key", "present_value")  # what a call wrote and y's truth reads
+KEPT_READS = 64  # y of this many recent (layer, call) reads, to be shared between runtimes
 
 
 class Recording(Runner):
@@ -41,6 +46,7 @@ class GivenCodes:
 
     def __init__(self, eager: EagerRunner, reference: EagerRunner):
         self.layers = {"eager": eager, "reference": reference}
+        self._read_y: dict[str, np.ndarray] = {}  # digest of a call's reads -> y (recent ones)
 
     @staticmethod
     def watch(runner: Runner) -> Recording:
@@ -53,8 +59,23 @@ class GivenCodes:
         if not recording.calls:
             return expected
         return {k: {**expected[k], "y": np.concatenate(
-            [self._read(layer, feeds, out) for feeds, out in recording.calls], axis=1)}
-            for k, layer in self.layers.items()}
+            [self._read_once(k, feeds, out) for feeds, out in recording.calls], axis=1)}
+            for k in self.layers}
+
+    def _read_once(self, layer: str, feeds: Feeds, out: Feeds) -> np.ndarray:
+        """``_read``, once per distinct call: runtimes that wrote the same codes from the same
+        inputs (most calls: a tie rounded apart is rare) share one eager forward."""
+        digest = hashlib.blake2b(layer.encode(), digest_size=16)
+        read = {**feeds, **{n: out[n] for n in BUFFERS}}
+        for name, value in sorted(read.items()):
+            digest.update(f"{name}{value.shape}{value.dtype}".encode())
+            digest.update(np.ascontiguousarray(value).data)
+        key = digest.hexdigest()
+        if key not in self._read_y:
+            if len(self._read_y) >= KEPT_READS:  # the oldest go: a case's calls come together
+                del self._read_y[next(iter(self._read_y))]
+            self._read_y[key] = self._read(self.layers[layer], feeds, out)
+        return self._read_y[key]
 
     @staticmethod
     def _read(layer: EagerRunner, feeds: Feeds, out: Feeds) -> np.ndarray:
