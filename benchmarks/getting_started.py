@@ -31,11 +31,19 @@ SHORT_TEXT = "A text of a few tokens.\n"
 
 
 def tour_lines() -> list[str]:
-    """The README quick tour's `mha-export` lines, comments dropped, in order."""
+    """The README quick tour's `mha-export` lines, comments dropped, in order; those that
+    need a downloaded checkpoint (path/to/...) and those that read what they wrote left out."""
     readme = (ROOT / "README.md").read_text()
     block = readme.split("## Quick tour", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
     lines = [re.split(r"\s{2,}#", line)[0].strip() for line in block.splitlines()]
-    return [line for line in lines if line.startswith("mha-export") and "path/to/" not in line]
+    kept, absent = [], []
+    for line in (x for x in lines if x.startswith("mha-export")):
+        words = shlex.split(line)
+        if "path/to/" in line or any(a in words for a in absent):
+            absent += [words[i + 1] for i, w in enumerate(words[:-1]) if w == "-o"]
+        else:
+            kept.append(line)
+    return kept
 
 
 def refusals(gguf: Path, text: Path) -> list[tuple[str, int]]:

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -405,3 +406,38 @@ def test_dtype_bfloat16_is_accepted_and_what_it_cannot_build_is_one_line(tmp_pat
     line = one_line_error(run("onnx", *SMALL, "--dtype", "bfloat16", "--static-cache",
                               "--kv-cache-dtype", "int8", "-o", tmp_path / "int8"))
     assert "float32" in line and "bfloat16" in line
+
+
+# --- random configurations: every target passes its check or refuses in one line --------------
+def random_export_args(rng: np.random.Generator) -> list[str]:
+    """A layer (plain or MLA), a call kind, a form and lossy steps drawn at random: many
+    combinations are refused, which is what the test wants to see done in one line."""
+    heads = int(rng.choice([1, 2, 4]))
+    args = ["--heads", str(heads), "--dim", str(heads * int(rng.choice([8, 16]))),
+            "--max-seq-len", "16", "--seq-lens", "1,5,17", "--seed", str(int(rng.integers(99)))]
+    pick = lambda *options: options[int(rng.integers(len(options)))]  # noqa: E731
+    if rng.random() < 0.2:
+        args += ["--kv-lora-rank", "16", "--qk-rope-head-dim", "4", "--qk-nope-head-dim", "8",
+                 "--v-head-dim", "8"]
+    else:
+        args += pick([], ["--kv-heads", "1"], ["--rotary", "half"], ["--qk-norm", "head"],
+                     ["--softcap", "5"], ["--sliding-window", "4"], ["--sinks"],
+                     ["--output-gate"], ["--layout", pick("fused", "stacked", "single")])
+    args += pick([], ["--kv-cache"], ["--static-cache"], ["--attention-mask"])
+    return args + pick([], [], ["--quantize", "int4"], ["--quantize", "int8"],
+                       ["--kv-cache-dtype", "int8"])
+
+
+@pytest.mark.parametrize("target, seeds", [("onnx", range(10)), ("torchscript", range(4)),
+                                           ("aoti", range(2))])
+def test_random_configurations_pass_or_are_refused_in_one_line(tmp_path, target, seeds):
+    outcomes = []
+    for seed in seeds:
+        args = random_export_args(np.random.default_rng([seed, len(target)]))
+        r = run(target, *args, "-o", tmp_path / f"{target}-{seed}")
+        outcomes.append((r.exit_code, args))
+        assert "Traceback" not in r.output, (args, r.output[-3000:])
+        assert r.exit_code in (0, 2), (args, r.output[-3000:])
+        if r.exit_code == 2:
+            assert one_line_error(r), args
+    assert any(code == 0 for code, _ in outcomes)  # not everything refused

@@ -10,6 +10,7 @@ A build failure fails these tests (it never skips them): cmake and g++ are part 
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -811,3 +812,45 @@ def test_a_bad_session_options_record_is_one_line_exit_2(binaries, artifacts, tm
     assert len(r.stderr.strip().splitlines()) == 1
     with pytest.raises(UsageError, match="flat JSON object|may not set"):
         session_options.declared(model)
+
+
+def _docs_block(language: str, containing: str) -> str:
+    text = (ROOT / "docs" / "cpp.md").read_text()
+    blocks = re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
+    return next(b for b in blocks if containing in b)
+
+
+MAIN_CPP = """#include <onnxruntime_cxx_api.h>
+#include <iostream>
+int main(int argc, char** argv) {
+    Ort::Env env(ORT_LOGGING_LEVEL_WARNING, "my_app");
+    Ort::Session session(env, argv[1], Ort::SessionOptions());
+    std::cout << session.GetInputCount() << " inputs" << std::endl;
+}
+"""
+
+
+def test_the_docs_own_project_and_case_folder_recipes_work(binaries, artifacts, tmp_path):
+    """docs/cpp.md: its CMake project links the prepared ONNX Runtime folder and runs; its
+    Python snippet writes a case folder that mha_ort runs."""
+    project = tmp_path / "my_app"
+    project.mkdir()
+    (project / "CMakeLists.txt").write_text(_docs_block("cmake", "find_library(ORT_LIBRARY"))
+    (project / "main.cpp").write_text(MAIN_CPP)
+    ort_root = BUILD / "ort"  # what `make cpp` prepared with fetch_ort_headers.sh
+    for cmd in (["cmake", "-S", ".", "-B", "build", f"-DORT_ROOT={ort_root}"],
+                ["cmake", "--build", "build"]):
+        r = subprocess.run(cmd, cwd=project, capture_output=True, text=True, env=_env())
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    r = run(project / "build" / "my_app", artifacts["kv", "onnx"] / "model.onnx")
+    assert r.returncode == 0 and r.stdout.strip() == "5 inputs", r.stdout + r.stderr
+    shutil.copytree(artifacts["kv", "onnx"], tmp_path / "out" / "kv")
+    snippet = _docs_block("python", "make_feeds")
+    r = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    case = tmp_path / "case1"
+    assert {p.stem for p in case.iterdir()} == set(signature_of(tmp_path / "out" / "kv")
+                                                   .input_names)
+    r = run(binaries["ort"], tmp_path / "out" / "kv" / "model.onnx", case)
+    assert r.returncode == 0 and (case / "y.npy").is_file(), r.stderr

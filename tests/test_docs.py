@@ -292,7 +292,52 @@ def eval_threads_table(path: str) -> str:
         f"each run's figure the median of its 5 timed runs; `{path}`</small>")
 
 
-GENERATORS = {"structure": structure_table, "forms": form_table, "signature": signature_table, "bench": bench_table,
+# The Python API: mha_export's names, then the entry points of the stages the CLI drives.
+API_MORE = ("mha_export.fanout:export_layers", "mha_export.fanout:check_layers",
+            "mha_export.model.capture:capture_text", "mha_export.model.eval:evaluate")
+
+
+def api_reference() -> str:
+    """Each public name's signature and docstring (a dataclass: its fields), from the code."""
+    import dataclasses
+    import importlib
+    import inspect
+    import mha_export
+    found = [(f"mha_export.{n}", getattr(mha_export, n)) for n in mha_export.__all__]
+    for spec in API_MORE:
+        module, name = spec.split(":")
+        found.append((f"{module}.{name}", getattr(importlib.import_module(module), name)))
+    parts = []
+    for title, obj in found:
+        parts.append(f"### `{title}`\n")
+        if inspect.isclass(obj) and issubclass(obj, Exception):
+            parts.append(f"An exception ({', '.join(b.__name__ for b in obj.__bases__)}).\n")
+        elif inspect.isclass(obj) or inspect.isfunction(obj):
+            sig = re.sub(r"(: |-> )'([^']*)'", r"\1\2", str(inspect.signature(obj)))
+            parts.append(f"```python\n{title.rsplit('.', 1)[1]}{sig}\n```\n")
+        else:
+            parts.append(f"{type(obj).__name__}: {', '.join(sorted(obj))}\n")
+        doc = inspect.getdoc(obj) if inspect.isclass(obj) or inspect.isfunction(obj) else ""
+        if doc and not doc.startswith(f"{obj.__name__}("):  # not dataclass's own placeholder
+            parts.append(doc + "\n")
+        if dataclasses.is_dataclass(obj):
+            fields = ", ".join(f"`{f.name}`" for f in dataclasses.fields(obj))
+            parts.append(f"Fields: {fields}.\n")
+    return "\n".join(parts)
+
+
+def getting_started_table(path: str) -> str:
+    """benchmarks/getting_started.py's JSON: each line's wall seconds and exit code."""
+    rows = json.loads((ROOT / path).read_text())["rows"]
+    lines = ["| command | seconds | exit |", "|---|---:|---:|"]
+    for r in rows:
+        command = re.sub(r"/\S*/(SmolLM2[^ ]*\.gguf)", r"\1", r["command"])
+        command = re.sub(r"/\S*/(short\.txt)", r"\1", command)
+        lines.append(f"| `{command}` | {r['seconds']:.1f} | {r['exit']} |")
+    return "\n".join(lines) + _sources((path,))
+
+
+GENERATORS = {"getting-started": getting_started_table, "api": api_reference, "structure": structure_table, "forms": form_table, "signature": signature_table, "bench": bench_table,
               "faults": fault_list, "runners": runner_table, "quant-error": quant_error_table,
               "kv-error": kv_error_table, "mla-step": mla_step_table, "layers": layers_table,
               "quantized": quantized_table, "eval-threads": eval_threads_table}

@@ -484,3 +484,26 @@ def test_without_the_gguf_package_a_gguf_file_is_a_one_line_error(tiny, monkeypa
     monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
     with pytest.raises(UsageError, match=r"needs the gguf package .*: pip install gguf"):
         load_source(weights=path, layer=0)
+
+
+def test_the_header_reader_agrees_with_gguf_py_and_leaves_damage_to_it(smollm2_file, tiny,
+                                                                       tmp_path):
+    """Every scalar of SmolLM2's metadata as gguf-py reads it (arrays skipped); a damaged
+    header is gguf-py's to name (gguf_layer_count falls back to it)."""
+    import gguf
+    from mha_export.weights.gguf import gguf_layer_count
+    from mha_export.weights.gguf_header import HeaderError, header_scalars
+    values = header_scalars(smollm2_file)
+    fields = gguf.GGUFReader(str(smollm2_file)).fields
+    scalars = {k: f.contents() for k, f in fields.items()
+               if not k.startswith("GGUF.") and not isinstance(f.contents(), list)}
+    assert set(values) == set(scalars)
+    assert all(values[k] == pytest.approx(v) for k, v in scalars.items())
+    assert gguf_layer_count(smollm2_file) == 30
+    _, path = tiny("llama")
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(HeaderError):
+        header_scalars(cut)
+    with pytest.raises(UsageError, match="not a readable GGUF file"):
+        gguf_layer_count(cut)

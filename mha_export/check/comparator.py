@@ -47,12 +47,18 @@ class Tolerance:
 FP32 = Tolerance(atol=1e-5, rtol=1e-4, scaled=6e-5)
 # CUDA may run fp32 MatMuls in TF32 (10-bit mantissa).
 FP32_TF32 = Tolerance(atol=2e-3, rtol=1e-2)
-# fp16: measured <= 7e-4 on CPU at 12 x 768; atol a 2.9x margin over it.
-FLOAT16 = Tolerance(atol=2e-3, rtol=2e-2)
+# fp16 and bf16: the check's truth holds the file's rounded weights and inputs (lossy/
+# half_weights: what rounding them cost is reported apart), so this is the half-precision
+# arithmetic alone, whose error follows the output's scale. fp16: <= 7e-4 at 12 x 768 (CPU); on
+# SmolLM2-135M's layer 5 (max|y| ~100) ORT CPU's y 1.2e-2 and keys 1.0e-3 of max|y| (full,
+# kv-cache, static; measured 2026-11-27, AMD EPYC Zen 3): atol and rtol as before, plus 3e-2 of
+# max|y| (a 2.6x margin).
+FLOAT16 = Tolerance(atol=2e-3, rtol=2e-2, scaled=3e-2)
 # bf16 (8-bit mantissa: eps 2^-8, 8x fp16's), a bfloat16 model or OpenVINO's bf16 arithmetic on
-# AVX512_BF16 CPUs: y measured <= 8.6e-3 at 12 x 768 (OpenVINO, full / kv / static; the caches
-# within one bf16 step of their values), atol a 3.5x margin over it, as fp16's.
-BFLOAT16 = Tolerance(atol=3e-2, rtol=5e-2)
+# AVX512_BF16 CPUs: y <= 8.6e-3 at 12 x 768 (OpenVINO, full / kv / static; the caches within one
+# bf16 step of their values); on SmolLM2's layer 5, OpenVINO's y 5.4e-3 (full) and 1.9e-2
+# (kv-cache, a 1030-token generation) of max|y|, keys 7.4e-3: plus 5e-2 of max|y| (2.7x).
+BFLOAT16 = Tolerance(atol=3e-2, rtol=5e-2, scaled=5e-2)
 # ONNX Runtime's MatMulNBits at accuracy level 4: activations quantized to int8 per block, an
 # error that follows the output's scale. Measured against the same dequantized weights in fp64
 # (int4 and int8, blocks 16-128, check inputs): max|d| / max|y| 1.1e-2 on y of 12 x 768 and a
@@ -74,6 +80,9 @@ def loosest(tolerances: list[Tolerance]) -> Tolerance:
 
 @dataclass(frozen=True)
 class Comparison:
+    """One output against one truth: the verdict, the error figures (max, mean, p99, ``rel``
+    = max / max|expected|), NaN/Inf count, the worst element's index and why it failed."""
+
     passed: bool
     max_abs: float
     mean_abs: float

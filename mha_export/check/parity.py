@@ -26,7 +26,7 @@ from .plan import BASELINE, CheckOptions, RunnerInfo, Truth, plan_check, with_ra
 from .real_inputs import RealInputs, read_real_inputs
 from .runners import Feeds, Runner
 from .runners.pytorch import EagerRunner
-from .sweep import Case, make_feeds, valid_entries, written_key
+from .sweep import Case, in_model_dtype, make_feeds, valid_entries, written_key
 
 @dataclass
 class OutputResult:
@@ -55,6 +55,10 @@ class OutputResult:
 
 @dataclass
 class CheckReport:
+    """A parity check's verdict (``passed``) and everything behind it: the sweep, which
+    runners ran where (or why not), one OutputResult per (runner, case, output), and each lossy
+    step's cost reported apart. ``to_dict`` is parity.json."""
+
     artifact: str
     seed: int
     batch_sizes: list[int]
@@ -182,6 +186,7 @@ def _single_call(truth: Truth, case: Case, seed: int, costs: list[Cost],
         if "position_ids" in feeds:
             feeds["position_ids"] = np.broadcast_to(np.arange(case.seq), (case.batch, case.seq)
                                                     ).copy()
+    feeds = in_model_dtype(feeds, truth.float_dtype)
     expected = {"eager": baseline.run(feeds), "reference": truth.reference.run(feeds)}
     valid = valid_entries(sig, feeds, case)
     for cost in costs:
@@ -202,7 +207,7 @@ def _scenario(truth: Truth, config, case: Case, split: list, seed: int, costs: l
     each call picks its frequency table from its own largest position, as transformers does,
     so one full call is legitimately another function there."""
     x, mask = scenarios.scenario_inputs(config, case, seed)
-    x = x if real_x is None else real_x
+    x = in_model_dtype({"x": x if real_x is None else real_x}, truth.float_dtype)["x"]
     stepwise = bool(switch_length(config.rope_scaling)) and config.rotary != "none"
 
     def run_truth(r: EagerRunner) -> dict:

@@ -70,6 +70,7 @@ class Truth:
     reference: EagerRunner
     given: Any  # lossy/costs.py's given_of: None, or how y's truth is read per call
     tolerances: dict
+    float_dtype: str = "float32"  # the file's: every runner is fed floats representable in it
 
 
 @dataclass
@@ -105,7 +106,8 @@ def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) 
                      sig.has_mask)
     reference = EagerRunner(sig, opened[0].source, torch.float64)
     truth = Truth(opened, reference, lossy.given_of(artifact, opened[0], reference),
-                  _tolerances(opened, artifact, options, o.atol, o.rtol))
+                  _tolerances(opened, artifact, options, o.atol, o.rtol),
+                  artifact.export.get("dtype", "float32"))
     return Plan(sweep, cases, multi_call, real_cases, infos, truth)
 
 

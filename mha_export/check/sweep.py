@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from ..config import MHAConfig
@@ -147,6 +148,18 @@ def make_feeds(sig: Signature, case: Case, seed: int) -> dict[str, np.ndarray]:
         else:
             raise ValueError(f"no sample values for input {t.name!r}")  # declare them here
     return feeds
+
+
+NUMPY_HALF = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def in_model_dtype(feeds: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+    """Float32 inputs rounded to a float16 / bfloat16 model's dtype (kept float32): such a file
+    takes its inputs in that dtype, so every runner, eager included, reads the same values."""
+    if dtype not in NUMPY_HALF:
+        return feeds
+    return {n: v.astype(NUMPY_HALF[dtype]).astype(np.float32) if v.dtype == np.float32 else v
+            for n, v in feeds.items()}
 
 
 def random_values(rng: np.random.Generator, shape: tuple, dtype: str) -> np.ndarray:

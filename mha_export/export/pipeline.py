@@ -28,6 +28,8 @@ ATTENTION_FORMS = tuple(FORMS)
 
 @dataclass
 class ExportResult:
+    """The folder written and its export-time check (``passed``: no check, or it passed)."""
+
     path: Path
     report: Optional[Any] = None  # mha_export.check.parity.CheckReport when validated
 

@@ -10,10 +10,11 @@ from typing import Any, Optional
 
 from ..errors import UsageError
 from .base import Cost
+from .half_weights.cost import HalfWeightsCost
 from .int8_cache.cost import KVCacheCost
 from .projections.cost import QuantizationCost
 
-COSTS: tuple[type[Cost], ...] = (QuantizationCost, KVCacheCost)
+COSTS: tuple[type[Cost], ...] = (QuantizationCost, KVCacheCost, HalfWeightsCost)
 BUDGETS: dict[str, str] = {name: text for c in COSTS for name, text in c.budgets.items()}
 REAL = "real_"  # the field of a cost measured on captured inputs (check --inputs)
 

@@ -10,10 +10,12 @@ from typing import Any
 
 from ..kinds.registry import kind_of
 from .base import LossyStep
+from .half_weights import step as half_weights
 from .int8_cache import step as int8_cache
 from .projections import step as projections
 
-STEPS: tuple[LossyStep, ...] = (projections.STEP, int8_cache.STEP)
+# half_weights: a float16 / bfloat16 file's rounded parameters (the export's --dtype asks)
+STEPS: tuple[LossyStep, ...] = (half_weights.STEP, projections.STEP, int8_cache.STEP)
 
 
 def recorded(export: dict) -> dict[str, Any]:
@@ -23,7 +25,8 @@ def recorded(export: dict) -> dict[str, Any]:
 
 def folder_tag(specs: dict[str, Any]) -> str:
     """The steps' part of a default folder's name, e.g. "-int4-kv8"."""
-    return "".join(f"-{s.tag(specs[s.name])}" for s in STEPS if specs.get(s.name) is not None)
+    tags = (s.tag(specs[s.name]) for s in STEPS if specs.get(s.name) is not None)
+    return "".join(f"-{tag}" for tag in tags if tag)
 
 
 def options() -> list:
@@ -91,7 +94,7 @@ def cache_entry_bytes(specs: dict[str, Any], float_bytes: int = 4) -> int:
 
 def switch_keys() -> tuple[str, ...]:
     """The keyword that asks for each step (``quantize``, ``kv_cache_dtype``)."""
-    return tuple(s.api_keys()[0] for s in STEPS)
+    return tuple(s.api_keys()[0] for s in STEPS if s.api_keys())
 
 
 def api_keys() -> tuple[str, ...]:

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .families import FAMILIES, Family
+from .gguf_header import HeaderError, header_scalars
 from .huggingface import layer_fields, require_layer
 
 MAGIC = b"GGUF"
@@ -313,6 +314,17 @@ def _opened(path: Path, mtime_ns: int, size: int) -> GGUFFile:
     """One reader per file version: opening parses the whole metadata (a 49152-token
     vocabulary: ~1.7 s), and an evaluation reads every layer of one file."""
     return GGUFFile(path)
+
+
+def gguf_layer_count(path: str | Path) -> int:
+    """``{arch}.block_count`` from the header alone (gguf_header.py: a layer range is refused
+    before the vocabulary is parsed); a header it cannot read goes to gguf-py's reader, which
+    says what is wrong."""
+    try:
+        values = header_scalars(path)
+        return int(values[f"{values['general.architecture']}.block_count"])
+    except (HeaderError, OSError, KeyError, ValueError):
+        return int(open_gguf(path).require("block_count"))
 
 
 def open_gguf(path: str | Path) -> GGUFFile:

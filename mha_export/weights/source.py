@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..kinds.registry import build_module, convert
 from ..layer.layouts import AttentionBase
 from .files import load_strict, module_from_block, read_block
-from .gguf import is_gguf, open_gguf, read_gguf_layer
+from .gguf import gguf_layer_count, is_gguf, read_gguf_layer
 from .huggingface import hf_config_path, layer_count as hf_layer_count, merge_fields, read_layer
 
 
@@ -79,7 +79,7 @@ def _checkpoint_layer(path: str | Path, layer: Optional[int], fields: dict,
 def checkpoint_layers(weights: str | Path) -> int:
     """How many layers a whole checkpoint has (a Hugging Face folder or a .gguf file)."""
     if is_gguf(weights):
-        return int(open_gguf(weights).require("block_count"))
+        return gguf_layer_count(weights)
     if hf_config_path(weights):
         return hf_layer_count(weights)
     raise UsageError(f"{weights}: every layer of a checkpoint needs a Hugging Face checkpoint "
