@@ -424,8 +424,9 @@ def random_export_args(rng: np.random.Generator) -> list[str]:
                      ["--softcap", "5"], ["--sliding-window", "4"], ["--sinks"],
                      ["--output-gate"], ["--layout", pick("fused", "stacked", "single")])
     args += pick([], ["--kv-cache"], ["--static-cache"], ["--attention-mask"])
-    return args + pick([], [], ["--quantize", "int4"], ["--quantize", "int8"],
-                       ["--kv-cache-dtype", "int8"])
+    lossy = rng.random() < 0.3  # ONNX-only (and the int8 cache static-only): often refused
+    return args + (pick(["--quantize", "int4"], ["--quantize", "int8"],
+                        ["--kv-cache-dtype", "int8"]) if lossy else [])
 
 
 @pytest.mark.parametrize("target, seeds", [("onnx", range(10)), ("torchscript", range(4)),
@@ -433,7 +434,7 @@ def random_export_args(rng: np.random.Generator) -> list[str]:
 def test_random_configurations_pass_or_are_refused_in_one_line(tmp_path, target, seeds):
     outcomes = []
     for seed in seeds:
-        args = random_export_args(np.random.default_rng([seed, len(target)]))
+        args = random_export_args(np.random.default_rng([seed, *map(ord, target)]))
         r = run(target, *args, "-o", tmp_path / f"{target}-{seed}")
         outcomes.append((r.exit_code, args))
         assert "Traceback" not in r.output, (args, r.output[-3000:])

@@ -314,6 +314,7 @@ def api_reference() -> str:
             parts.append(f"An exception ({', '.join(b.__name__ for b in obj.__bases__)}).\n")
         elif inspect.isclass(obj) or inspect.isfunction(obj):
             sig = re.sub(r"(: |-> )'([^']*)'", r"\1\2", str(inspect.signature(obj)))
+            sig = re.sub(r" at 0x[0-9a-f]+>", ">", sig)  # a default function's address
             parts.append(f"```python\n{title.rsplit('.', 1)[1]}{sig}\n```\n")
         else:
             parts.append(f"{type(obj).__name__}: {', '.join(sorted(obj))}\n")

@@ -12,9 +12,10 @@ from mha_export.weights.source import load_source
 
 
 def test_every_step_and_cost_is_registered_once_with_its_own_field():
-    assert [s.name for s in registry.STEPS] == ["quantize", "int8-cache"]
-    assert [c.field for c in costs.COSTS] == ["quantization", "kv_cache"]
-    assert set(costs.BUDGETS) == {"max_quant_error", "max_kv_error", "max_clip_rate"}
+    assert [s.name for s in registry.STEPS] == ["half-weights", "quantize", "int8-cache"]
+    assert [c.field for c in costs.COSTS] == ["quantization", "kv_cache", "half_weights"]
+    assert set(costs.BUDGETS) == {"max_quant_error", "max_kv_error", "max_clip_rate",
+                                  "max_rounding_error"}
     assert registry.api_keys() == ("quantize", "kv_cache_dtype", "calibration", "value_scale")
 
 
