@@ -192,8 +192,9 @@ def _single_call(truth: Truth, case: Case, seed: int, costs: list[Cost],
     for cost in costs:
         cost.add_case(feeds, expected["reference"], valid, case)
     # the baseline already ran: its own error is 0 (where the truth is read from what a runner
-    # wrote, e.g. an int8 cache's codes, it runs again to be recorded)
-    again = (lambda rec: rec.run(feeds)) if truth.given else (lambda rec: expected["eager"])
+    # wrote, e.g. an int8 cache's codes, its call is recorded as it ran)
+    again = ((lambda rec: rec.replay(feeds, expected["eager"])) if truth.given
+             else (lambda rec: expected["eager"]))
     results = _compared(truth, baseline, case, again, expected, valid)
     for r in truth.opened[1:]:
         results += _compared(truth, r, case, lambda rec: rec.run(feeds), expected, valid)

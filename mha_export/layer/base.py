@@ -166,10 +166,22 @@ class AttentionBase(nn.Module):
         under test wrote them): nothing is written. An int8 cache's check reads the codes the
         runtime wrote, so that a rounding tie flipped by its last bit is judged once, as a
         code (never again in y)."""
+        q = self.static_queries(x, past_lengths, position_ids)
+        return self._attend_static(x, q, past_key, past_value, past_lengths)
+
+    def static_queries(self, x: Tensor, past_lengths: Tensor,
+                       position_ids: Optional[Tensor] = None) -> Tensor:
+        """The queries (B, N, T, H) of a static-cache call (rotary default: past_lengths[b] +
+        i), for ``read_static_with``: the same for every runtime's buffers."""
         b, t = x.size(0), x.size(1)
         if position_ids is None:
             position_ids = past_lengths.view(b, 1) + torch.arange(t, device=x.device)
         q, _, _ = self._queries_keys_values(x, position_ids)  # (B, N, T, H)
+        return q
+
+    def read_static_with(self, x: Tensor, q: Tensor, past_key: Tensor, past_value: Tensor,
+                         past_lengths: Tensor) -> Tensor:
+        """``read_static`` with the call's queries already made (``static_queries``)."""
         return self._attend_static(x, q, past_key, past_value, past_lengths)
 
     def _attend_static(self, x: Tensor, q: Tensor, past_key: Tensor, past_value: Tensor,
