@@ -42,5 +42,5 @@ def test_architecture_tree_names_every_stage_folder():
                        "model", "fanout", "cli"}
     for name in folders:
         assert f"  {name}/" in section, name
-    for where in ("graph/forms/", "check/runners/", "weights/families.py", "export/targets.py"):
+    for where in ("graph/forms/", "check/runners/", "weights/families/", "export/targets.py"):
         assert where in section, where

@@ -11,7 +11,7 @@ Hugging Face model type the architecture came from (one ``GGUFArch`` record per
 ``general.architecture``), finds the layer's tensors with gguf's own name map (the inverse of the
 one the converter used), dequantizes them to float32 with ``gguf.quants``, undoes the converter's
 permutation and norm shift, and hands both to that model type's ``families.Family`` (its
-``fields`` and ``convert``): the attention math lives in families.py only. Only the chosen
+``fields`` and ``convert``): the attention math lives in families/ only. Only the chosen
 layer's tensors are read (``gguf.GGUFReader`` memory-maps the file).
 
 ``layer_raw_tensors`` gives the same tensors as stored (type, shape, blocks), for exporting the
@@ -169,7 +169,7 @@ def nothing(f: GGUFFile, layer: int) -> dict:
 class GGUFArch:
     """How llama.cpp's converter wrote one Hugging Face model type."""
 
-    model_type: str  # the families.py record its layers are read through
+    model_type: str  # the families/ record its layers are read through
     permuted: bool = False  # q/k rows permuted (LlamaModel.permute): undone
     norm_shift: float = 0.0  # added to every norm weight (Gemma's 1 + w): subtracted
     extra: Extra = nothing

@@ -3,7 +3,7 @@ with its config and where its weights came from.
 
     no weights          -> random weights (seed)
     --weights FILE      -> a plain state dict in any layout (files.py), read once
-    --weights FOLDER    -> a Hugging Face checkpoint's layer (huggingface.py, families.py)
+    --weights FOLDER    -> a Hugging Face checkpoint's layer (huggingface.py, families/)
     --weights FILE.gguf -> a GGUF file's layer (gguf.py, through the same families)
 """
 from __future__ import annotations

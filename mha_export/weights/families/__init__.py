@@ -1,0 +1,37 @@
+"""Hugging Face checkpoint families: one ``Family`` record per config.json ``model_type``.
+
+A record says where a layer's attention tensors live, what they are called in our layouts, the
+MHAConfig fields config.json gives (both transformers spellings: 4.x rope_theta, rope_scaling,
+rotary_pct, rotary_emb_base and 5.x rope_parameters, partial_rotary_factor, layer_types), and
+transformers' defaults for the keys a config.json may omit — data in the record, read through
+``Settings``. ``huggingface`` does the reading (files, shards, layer selection, errors).
+
+The records live in this package, one module per group of related model types (llama.py,
+qwen.py, gemma.py, gpt.py, deepseek.py), on shared parts: base.py (``Family``, ``Settings``),
+rope.py, layer_types.py and decoder.py (Llama-style fields, extras, conversions). Adding a model
+type is one record in its group's ``RECORDS`` (and a row in docs/checkpoints.md's table): reuse a
+fields function (``decoder_fields`` serves Llama-style decoders: its layer-type rule, biases and
+extras — q/k norms, softmax scale, softcapping, sinks, output gate, NoPE layers — are arguments)
+and write a small one, or a ``convert``, only where the new type's math differs. Multimodal
+wrappers (Gemma 3, Qwen3.5) are their text model's record with ``nested`` (config.json's
+text_config) and ``prefix`` (the language model's tensors only, never the vision tower's or a
+multi-token-prediction head's).
+
+Torch-free on purpose (``convert`` functions only call tensor methods): the CLI reads the
+registry for its help without importing torch.
+"""
+from __future__ import annotations
+
+from . import deepseek, gemma, gpt, llama, qwen
+from .base import ANY_PREFIX, Convert, Family, Fields, Settings, unchanged
+
+__all__ = ["ANY_PREFIX", "Convert", "FAMILIES", "Family", "Fields", "Settings",
+           "supported_types", "unchanged"]
+
+GROUPS = (llama, qwen, gemma, gpt, deepseek)  # the order of the help's and the docs' lists
+FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.RECORDS}
+
+
+def supported_types() -> str:
+    """The model types the registry serves, for help texts and errors: "llama, mistral, ..."."""
+    return ", ".join(FAMILIES)

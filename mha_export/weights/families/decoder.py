@@ -1,0 +1,80 @@
+"""Llama-style decoder layers: their fields (heads, biases, window, rotary) with a model
+type's extras, tensor conversions, and the names and defaults the records share."""
+from __future__ import annotations
+
+from typing import Any, Callable, Union
+
+from .base import Convert, Fields, Settings
+from .layer_types import ATTENTION_TYPES, SLIDING, LayerType, not_attention
+from .rope import rotary_fields
+
+Bias = Union[bool, str]  # fixed, or the config.json key that says
+# What a model type adds to a decoder layer: (config.json, layer, its layer type, the fields so
+# far) -> the fields it sets.
+Extra = Callable[[Settings, int, str, dict], dict]
+
+
+def decoder_fields(layer_type: LayerType, qkv_bias: Bias, out_bias: Bias,
+                   *extras: Extra) -> Fields:
+    """Fields of a Llama-style decoder layer: grouped-query heads, head_dim, rotate_half rotary,
+    the window of its layer type; the model type's biases and extras."""
+    def bias(s: Settings, rule: Bias) -> bool:
+        return s[rule] if isinstance(rule, str) else rule
+
+    def fields(s: Settings, layer: int) -> dict:
+        kind = layer_type(s, layer)
+        if kind not in ATTENTION_TYPES:
+            raise not_attention(s, layer, kind, layer_type)
+        heads = s["num_attention_heads"]
+        head_dim = s.get("head_dim") or s["hidden_size"] // heads
+        out = {"dim": s["hidden_size"], "d_in": s["hidden_size"], "heads": heads,
+               "head_dim": head_dim, "kv_heads": s.get("num_key_value_heads") or heads,
+               "causal": True, "qkv_bias": bias(s, qkv_bias), "out_bias": bias(s, out_bias),
+               "sliding_window": s.get("sliding_window") if kind == SLIDING else None,
+               **rotary_fields(s, head_dim)}
+        for extra in extras:
+            out.update(extra(s, layer, kind, out))
+        return out
+    return fields
+
+
+def fixed(**values: Any) -> Extra:
+    """Fields every layer of the model type has (sinks=True, output_gate=True)."""
+    return lambda s, layer, kind, fields: dict(values)
+
+
+def head_norm(offset: float) -> Extra:
+    """RMSNorm of q and k over each head's features, by (offset + weight): Qwen3 (0), Gemma 3 and
+    Qwen3.5 (1: their weights start at 0)."""
+    return lambda s, layer, kind, fields: {"qk_norm": "head", "norm_offset": offset,
+                                           "qk_norm_eps": float(s["rms_norm_eps"])}
+
+
+# Tensor conversions ----------------------------------------------------------------------------
+
+def per_head_split(source: str, names: tuple[str, ...]) -> Convert:
+    """`source` holds, per head, one block of rows for each of `names` ((N, len(names), H, in)
+    rows): GPT-NeoX's query_key_value [q_h; k_h; v_h], Qwen3.5's q_proj [query_h; gate_h]."""
+    def convert(fields: dict, tensors: dict) -> dict:
+        heads, head_dim = fields["heads"], fields["head_dim"]
+        out = {k: v for k, v in tensors.items() if not k.startswith(f"{source}.")}
+        for part in ("weight", "bias"):
+            t = tensors.get(f"{source}.{part}")
+            if t is None:
+                continue
+            per_head = t.reshape(heads, len(names), head_dim, *t.shape[1:])  # (N, n, H[, in])
+            for i, name in enumerate(names):
+                out[f"{name}.{part}"] = per_head[:, i].reshape(heads * head_dim, *t.shape[1:])
+        return out
+    return convert
+
+
+# Names and defaults the records share ---------------------------------------------------------
+
+ATTN = "layers.{layer}.self_attn"
+DECODER_TENSORS = {"q_proj": "W_query", "k_proj": "W_key", "v_proj": "W_value",
+                   "o_proj": "out_proj"}
+NORM_TENSORS = {**DECODER_TENSORS, "q_norm": "q_norm", "k_norm": "k_norm"}
+DECODER_DEFAULTS = {"rope_theta": 10000.0, "partial_rotary_factor": 1.0}
+# A multimodal checkpoint's language model: 5.x model.language_model., 4.x language_model.model.
+LANGUAGE_MODEL = r"^(?:model\.language_model|language_model\.model|language_model)\."

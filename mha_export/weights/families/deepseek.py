@@ -1,0 +1,50 @@
+"""Multi-head Latent Attention: DeepSeek-V2 and V3 (every layer is one)."""
+from __future__ import annotations
+
+from typing import Callable
+
+from .base import Family, Fields, Settings
+from .decoder import ATTN
+from .rope import rope
+
+# the checkpoints' names are the layer's (kinds/mla/layer.py)
+LATENT_TENSORS = {name: name for name in (
+    "q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
+    "kv_b_proj", "o_proj")}
+LATENT_DEFAULTS = {"rope_theta": 10000.0, "partial_rotary_factor": 1.0, "kv_lora_rank": 512,
+                   "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+                   "v_head_dim": 128, "attention_bias": False}
+# transformers builds q_a_layernorm / kv_a_layernorm with RMSNorm's own eps, never rms_norm_eps
+# (which only the decoder's norms read)
+LATENT_NORM_EPS = 1e-6
+
+
+def latent_fields(rope_layout: Callable[[Settings], str]) -> Fields:
+    """An MLA layer (every layer of DeepSeek-V2/V3 is one): MHAConfig's latent section, the
+    rotary layout that decides what the cache holds, yarn's mscale in the rope dict; no
+    output bias unless attention_bias."""
+    def fields(s: Settings, layer: int) -> dict:
+        r = rope(s)
+        latent = {name: s[name] for name in ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+                                             "qk_nope_head_dim", "v_head_dim")}
+        return {"dim": s["hidden_size"], "heads": s["num_attention_heads"], "causal": True,
+                "qkv_bias": s["attention_bias"], "out_bias": s["attention_bias"],
+                "rotary": rope_layout(s), "rope_theta": r["rope_theta"],
+                "rope_scaling": r["rope_scaling"],
+                "latent": {**latent, "norm_eps": LATENT_NORM_EPS}}
+    return fields
+
+
+RECORDS = (
+    Family("deepseek_v2", "latent", ATTN, LATENT_TENSORS,
+           {**LATENT_DEFAULTS, "max_position_embeddings": 2048},
+           latent_fields(lambda s: "interleaved"),  # V2's complex-number rotation: pairs
+           summary="Multi-head Latent Attention: kv_lora_rank, q_lora_rank (null: q_proj), "
+                   "qk_nope/rope_head_dim, v_head_dim, attention_bias, rope pairs (complex "
+                   "form), yarn with mscale_all_dim; the latent norms' eps is 1e-6, as "
+                   "transformers builds them (not rms_norm_eps)"),
+    Family("deepseek_v3", "latent", ATTN, LATENT_TENSORS,
+           {**LATENT_DEFAULTS, "max_position_embeddings": 4096, "rope_interleave": True},
+           latent_fields(lambda s: "deinterleaving" if s["rope_interleave"] else "half"),
+           summary="as deepseek_v2; rope_interleave (pairs in, halves out; false: halves)"),
+)

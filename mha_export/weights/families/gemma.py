@@ -1,0 +1,66 @@
+"""Gemma 2 (softcapping) and Gemma 3 (q/k norm (1 + w), a rope per layer type; its multimodal
+wrapper read from text_config)."""
+from __future__ import annotations
+
+import dataclasses
+
+from ...errors import UsageError
+from .base import Family, Settings
+from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, LANGUAGE_MODEL, NORM_TENSORS,
+                      Extra, decoder_fields, head_norm)
+from .layer_types import FULL, periodic, typed
+from .rope import rope_scaling
+
+GEMMA_DEFAULTS = {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 256,
+                  "num_key_value_heads": 4, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+                  "rms_norm_eps": 1e-6}
+
+
+def gemma_logits(softcap: bool) -> Extra:
+    """Gemma: softmax scale query_pre_attn_scalar**-0.5; Gemma 2 softcaps the scores with
+    attn_logit_softcapping (Gemma 3's config keeps the key, its attention never applies it)."""
+    def extra(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+        if s.get("use_bidirectional_attention"):
+            raise UsageError("config.json sets use_bidirectional_attention: bidirectional "
+                             "layers are not supported (causal only)")
+        out = {"softmax_scale": float(s["query_pre_attn_scalar"]) ** -0.5}
+        if softcap:
+            out["softcap"] = s.get("attn_logit_softcapping")
+        return out
+    return extra
+
+
+def typed_rope(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """Gemma 3: a rope per layer type. 5.x rope_parameters keyed by layer type; 4.x rope_theta
+    (full layers) and rope_local_base_freq (sliding ones); rope_scaling applies to full layers
+    only; a theta a dict omits comes from those keys (defaults 1M and 10k)."""
+    params = dict((s.get("rope_parameters") or {}).get(kind) or {})
+    if kind == FULL:
+        params.update(s.get("rope_scaling") or {})
+    theta = params.get("rope_theta", s["rope_theta" if kind == FULL else "rope_local_base_freq"])
+    return {"rotary": "half", "rope_theta": float(theta), "rope_scaling": rope_scaling(s, params),
+            "rotary_dim": int(fields["head_dim"] * params.get("partial_rotary_factor", 1.0))}
+
+
+GEMMA3 = Family(
+    "gemma3_text", "split", ATTN, NORM_TENSORS,
+    {**GEMMA_DEFAULTS, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+     "sliding_window_pattern": 6, "use_bidirectional_attention": False},
+    decoder_fields(typed(periodic("sliding_window_pattern")), "attention_bias",
+                   "attention_bias", head_norm(1.0), gemma_logits(softcap=False), typed_rope),
+    summary="q/k norm per head (1 + w), scale query_pre_attn_scalar**-0.5, layer_types (or "
+            "sliding_window_pattern) + sliding_window, a rope per layer type (rope_parameters "
+            "by type; 4.x rope_theta / rope_local_base_freq, rope_scaling on full layers)")
+
+RECORDS = (
+    Family("gemma2", "split", ATTN, DECODER_TENSORS,
+           {**GEMMA_DEFAULTS, "attn_logit_softcapping": 50.0,
+            "use_bidirectional_attention": None},
+           decoder_fields(typed(periodic(2)), "attention_bias", "attention_bias",
+                          gemma_logits(softcap=True)),
+           summary="scale query_pre_attn_scalar**-0.5, attn_logit_softcapping, "
+                   "layer_types (or every 2nd layer full) + sliding_window"),
+    GEMMA3,
+    dataclasses.replace(GEMMA3, model_type="gemma3", nested="text_config",
+                        prefix=LANGUAGE_MODEL, summary="gemma3_text's, from text_config"),
+)

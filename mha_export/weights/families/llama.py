@@ -1,0 +1,102 @@
+"""Llama and the decoders that are Llama's math with a twist of their own: Mistral (every layer
+slides), Phi-3 (one qkv_proj, longrope), OLMo 2 (q/k norm over the whole projection), Granite
+(attention_multiplier), Starcoder2 (biases), SmolLM3 (NoPE layers)."""
+from __future__ import annotations
+
+from ...errors import UsageError
+from .base import Family, Settings
+from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, NORM_TENSORS, decoder_fields)
+from .layer_types import FULL, SLIDING, full_layers, sliding_layers, typed
+from .rope import rotary_fields
+
+
+def whole_norm(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """OLMo 2: RMSNorm of q and k over the whole projection, before the heads split."""
+    return {"qk_norm": "full", "qk_norm_eps": float(s["rms_norm_eps"])}
+
+
+def multiplier_scale(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """Granite: the softmax scale is attention_multiplier."""
+    return {"softmax_scale": float(s["attention_multiplier"])}
+
+
+def phi3_rope(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """Phi-3: rope types "su" and "yarn" in its config.json mean longrope (transformers maps
+    them); original_max_position_embeddings is a top-level key (default 4096)."""
+    return rotary_fields(s, fields["head_dim"], aliases={"su": "longrope", "yarn": "longrope"})
+
+
+def qkv_rows_convert(fields: dict, tensors: dict) -> dict:
+    """Phi-3's qkv_proj stacks all query rows, then key rows, then value rows (by their sizes:
+    heads * head_dim, kv_heads * head_dim twice)."""
+    q = fields["heads"] * fields["head_dim"]
+    kv = fields["kv_heads"] * fields["head_dim"]
+    out = {k: v for k, v in tensors.items() if not k.startswith("qkv_proj.")}
+    for part in ("weight", "bias"):
+        t = tensors.get(f"qkv_proj.{part}")
+        if t is not None:
+            out.update({f"W_query.{part}": t[:q], f"W_key.{part}": t[q:q + kv],
+                        f"W_value.{part}": t[q + kv:]})
+    return out
+
+
+def uses_rope(s: Settings, layer: int) -> bool:
+    """SmolLM3: no_rope_layers[layer] 1 rotates, 0 is a NoPE layer; without the list, every
+    no_rope_layer_interval-th layer is NoPE."""
+    flags = s.get("no_rope_layers")
+    if flags is None:
+        return (layer + 1) % s["no_rope_layer_interval"] != 0
+    if not isinstance(flags, list) or len(flags) <= layer:
+        raise UsageError(f"config.json: no_rope_layers has no entry for layer {layer}")
+    return bool(flags[layer])
+
+
+def nope_layers(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    return {} if uses_rope(s, layer) else {"rotary": "none", "rotary_dim": None,
+                                            "rope_scaling": None}
+
+
+def smollm3_layers(s: Settings, layer: int) -> str:
+    """SmolLM3's default layer types: sliding on the NoPE layers when use_sliding_window."""
+    on = s["use_sliding_window"] and s.get("sliding_window") is not None
+    return SLIDING if on and not uses_rope(s, layer) else FULL
+
+
+RECORDS = (
+    Family("llama", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False},
+           decoder_fields(full_layers, qkv_bias="attention_bias", out_bias="attention_bias"),
+           summary="heads, num_key_value_heads, head_dim, attention_bias, rope"),
+    Family("mistral", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "sliding_window": 4096},
+           decoder_fields(sliding_layers, qkv_bias=False, out_bias=False),
+           summary="heads, num_key_value_heads, head_dim, rope, sliding_window"),
+    Family("phi3", "split", ATTN, {"qkv_proj": "qkv_proj", "o_proj": "out_proj"},
+           {**DECODER_DEFAULTS, "sliding_window": None, "max_position_embeddings": 4096,
+            "original_max_position_embeddings": 4096},
+           decoder_fields(sliding_layers, False, False, phi3_rope), qkv_rows_convert,
+           summary="qkv_proj split by sizes, partial rotary, longrope (su / yarn) with the "
+                   "top-level original_max_position_embeddings, sliding_window"),
+    Family("olmo2", "split", ATTN, NORM_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False, "rms_norm_eps": 1e-5},
+           decoder_fields(full_layers, "attention_bias", "attention_bias", whole_norm),
+           summary="q/k norm over the whole projection, attention_bias, rope"),
+    Family("granite", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False, "attention_multiplier": 1.0},
+           decoder_fields(full_layers, "attention_bias", "attention_bias",
+                          multiplier_scale),
+           summary="softmax scale attention_multiplier, attention_bias, rope"),
+    Family("starcoder2", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "use_bias": True, "num_key_value_heads": 2,
+            "sliding_window": None},
+           decoder_fields(sliding_layers, "use_bias", "use_bias"),
+           summary="use_bias (q/k/v/o), sliding_window, rope"),
+    Family("smollm3", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "rope_theta": 2_000_000.0, "attention_bias": False,
+            "num_key_value_heads": 4, "use_sliding_window": False, "sliding_window": None,
+            "no_rope_layer_interval": 4},
+           decoder_fields(typed(smollm3_layers), "attention_bias", "attention_bias",
+                          nope_layers),
+           summary="no_rope_layers (0: NoPE layer), layer_types + sliding_window, "
+                   "attention_bias, rope"),
+)

@@ -1,0 +1,51 @@
+"""Qwen2, Qwen3, Qwen3-MoE and Qwen3.5 (gated attention; its linear-attention layers refused)."""
+from __future__ import annotations
+
+import dataclasses
+
+from .base import Family
+from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, LANGUAGE_MODEL, NORM_TENSORS,
+                      decoder_fields, fixed, head_norm, per_head_split)
+from .layer_types import periodic, switched_sliding, typed, upper_layers_sliding
+
+# Qwen3.5 text checkpoints: model.layers or model.language_model.layers — not mtp.layers (the
+# multi-token-prediction head transformers ignores).
+QWEN35_TEXT = r"^(?:model\.(?:language_model\.)?)?"
+QWEN3_DEFAULTS = {**DECODER_DEFAULTS, "attention_bias": False, "rms_norm_eps": 1e-6,
+                  "use_sliding_window": False, "sliding_window": 4096}
+QWEN2_LIKE = typed(upper_layers_sliding)
+
+QWEN35 = Family(
+    "qwen3_5_text", "split", ATTN,
+    {**NORM_TENSORS, "q_proj": "q_proj"},
+    {**QWEN3_DEFAULTS, "partial_rotary_factor": 0.25, "head_dim": 256,
+     "num_key_value_heads": 4, "full_attention_interval": 4},
+    decoder_fields(typed(periodic("full_attention_interval", "linear_attention")),
+                   "attention_bias", "attention_bias", head_norm(1.0),
+                   fixed(output_gate=True)),
+    per_head_split("q_proj", ("W_query", "W_gate")), prefix=QWEN35_TEXT,
+    summary="q_proj = per head [query | gate] (output gate), q/k norm per head (1 + w), "
+            "partial rotary (0.25), full-attention layers of layer_types only")
+
+RECORDS = (
+    Family("qwen2", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "sliding_window": 4096, "use_sliding_window": False,
+            "max_window_layers": 28},
+           decoder_fields(QWEN2_LIKE, qkv_bias=True, out_bias=False),
+           summary="heads, num_key_value_heads, head_dim, rope (q/k/v biases), "
+                   "use_sliding_window + max_window_layers"),
+    Family("qwen3", "split", ATTN, NORM_TENSORS,
+           {**QWEN3_DEFAULTS, "head_dim": 128, "num_key_value_heads": 32,
+            "max_window_layers": 28},
+           decoder_fields(QWEN2_LIKE, "attention_bias", "attention_bias", head_norm(0.0)),
+           summary="q/k norm per head, head_dim, attention_bias, rope, layer_types or "
+                   "use_sliding_window + max_window_layers"),
+    Family("qwen3_moe", "split", ATTN, NORM_TENSORS,
+           {**QWEN3_DEFAULTS, "num_key_value_heads": 4},
+           decoder_fields(switched_sliding, "attention_bias", "attention_bias",
+                          head_norm(0.0)),
+           summary="as qwen3; use_sliding_window: sliding_window on every layer"),
+    QWEN35,
+    dataclasses.replace(QWEN35, model_type="qwen3_5", nested="text_config",
+                        prefix=LANGUAGE_MODEL, summary="qwen3_5_text's, from text_config"),
+)

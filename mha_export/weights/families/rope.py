@@ -1,0 +1,51 @@
+"""Rotary position embeddings as config.json spells them (5.x rope_parameters, 4.x keys)."""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from .base import Settings
+
+RopeAliases = Mapping[str, str]  # a model type's old rope type names -> ours (Phi-3: su)
+LONG_CONTEXT = ("llama3", "yarn", "longrope")  # rope types with original_max_position_embeddings
+OWN_KEYS = ("rope_theta", "rope_type", "type", "partial_rotary_factor")
+
+
+def rope_scaling(s: Settings, params: Mapping[str, Any],
+                 aliases: Optional[RopeAliases] = None) -> Optional[dict]:
+    """MHAConfig's rope_scaling from one rope dict, completed as transformers completes it:
+    original_max_position_embeddings from config.json's top level first (Phi-3 keeps it there,
+    and transformers prefers it), else the dict's, else max_position_embeddings; yarn's and
+    longrope's factor, when null or absent, max_position_embeddings / that. The type is checked
+    later (MHAConfig), so an unsupported one is an error naming it."""
+    kind = params.get("rope_type") or params.get("type") or "default"
+    kind = (aliases or {}).get(kind, kind)
+    if kind == "default":
+        return None
+    extra = {k: v for k, v in params.items() if k not in OWN_KEYS}
+    if kind in LONG_CONTEXT:
+        original = s.get("original_max_position_embeddings") or extra.get(
+            "original_max_position_embeddings") or s["max_position_embeddings"]
+        extra["original_max_position_embeddings"] = original
+        if kind != "llama3" and extra.get("factor") is None:
+            extra["factor"] = s["max_position_embeddings"] / original
+    return {"rope_type": kind, **extra}
+
+
+def rope(s: Settings, partial_key: str = "partial_rotary_factor",
+         aliases: Optional[RopeAliases] = None) -> dict:
+    """theta, rotated fraction and scaling: 5.x rope_parameters, else the 4.x keys (rope_theta or
+    rotary_emb_base, rope_scaling, partial_key)."""
+    params = {**(s.get("rope_scaling") or {}), **(s.get("rope_parameters") or {})}
+    theta = params["rope_theta"] if "rope_theta" in params else s.first(
+        "rope_theta", "rotary_emb_base")
+    partial = params.get("partial_rotary_factor", s[partial_key])
+    return {"rope_theta": float(theta), "partial": float(partial),
+            "rope_scaling": rope_scaling(s, params, aliases)}
+
+
+def rotary_fields(s: Settings, head_dim: int, partial_key: str = "partial_rotary_factor",
+                  aliases: Optional[RopeAliases] = None) -> dict:
+    """MHAConfig's rotary fields (rotate_half style) for heads of head_dim."""
+    r = rope(s, partial_key, aliases)
+    return {"rotary": "half", "rotary_dim": int(head_dim * r["partial"]),
+            "rope_theta": r["rope_theta"], "rope_scaling": r["rope_scaling"]}
