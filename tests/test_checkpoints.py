@@ -104,6 +104,28 @@ MODELS = {
     # layer 3 is NoPE (no_rope_layer_interval 4) and slides (use_sliding_window)
     "smollm3": Spec("smollm3", dict(NEW, pad_token_id=None, use_sliding_window=True,
                                     sliding_window=4), (1, 3)),
+    # transformers 5.23's decoders that map onto the layer's features (issue 49)
+    "arcee": Spec("arcee", dict(NEW, attention_bias=True), (1,)),
+    "mixtral": Spec("mixtral", dict(NEW, num_local_experts=4, num_experts_per_tok=2,
+                                sliding_window=4), (1,)),
+    "ministral": Spec("ministral", dict(NEW, head_dim=16, sliding_window=4, layer_types=[
+        "full_attention", "sliding_attention"] * 2), (0, 1)),
+    "seed_oss": Spec("seed_oss", dict(NEW, head_dim=16, attention_bias=True,
+                                  attention_out_bias=True), (1,)),
+    "solar_open": Spec("solar_open", dict(NEW, head_dim=16, attention_bias=True), (1,)),
+    "apertus": Spec("apertus", dict(NEW, attention_bias=True), (1,)),
+    "glm4": Spec("glm4", dict(NEW, head_dim=16, pad_token_id=0), (1,)),
+    "helium": Spec("helium", dict(NEW, head_dim=16, attention_bias=True), (1,)),
+    "ernie4_5": Spec("ernie4_5", dict(NEW, head_dim=16, use_bias=True), (1,)),
+    "qwen2_moe": Spec("qwen2_moe", dict(NEW, num_experts=4, num_experts_per_tok=2,
+                                    moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                                    use_sliding_window=True, sliding_window=4,
+                                    max_window_layers=3), (0, 1)),
+    "dots1": Spec("dots1", dict(NEW, head_dim=16, n_routed_experts=4, num_experts_per_tok=2,
+                            moe_intermediate_size=16, first_k_dense_replace=1, n_group=1,
+                            topk_group=1, n_shared_experts=1, sliding_window=4,
+                            max_window_layers=2), (1, 3)),
+    "vaultgemma": Spec("vaultgemma", dict(GEMMA, attn_logit_softcapping=5.0), (0, 1)),
     # V2 without q LoRA (V2-Lite), its complex-number rope; V3 with q LoRA, rope_interleave and
     # yarn's mscale; V3 rotating halves, with biases
     "deepseek_v2": Spec("deepseek_v2", dict(MLA, q_lora_rank=None), (1,)),
@@ -290,6 +312,22 @@ EXPECT = {
     "gpt_oss@1": ((4, 2, 16, None, "half", 16), dict(sinks=True, out_bias=True)),
     "smollm3@1": ((4, 2, 16, None, "half", 16), dict(rope_theta=2e6)),
     "smollm3@3": ((4, 2, 16, 4, "none", None), {}),  # NoPE
+    "arcee@1": ((4, 2, 16, None, "half", 16), dict(qkv_bias=True, out_bias=True)),
+    "mixtral@1": ((4, 2, 16, 4, "half", 16), dict(qkv_bias=False)),
+    "ministral@0": ((4, 2, 16, None, "half", 16), {}),
+    "ministral@1": ((4, 2, 16, 4, "half", 16), {}),
+    "seed_oss@1": ((4, 2, 16, None, "half", 16), dict(qkv_bias=True, out_bias=True)),
+    "solar_open@1": ((4, 2, 16, None, "half", 16), dict(qkv_bias=True, out_bias=False)),
+    "apertus@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="head", qkv_bias=True)),
+    "glm4@1": ((4, 2, 16, None, "interleaved", 8), dict(qkv_bias=True, out_bias=False)),
+    "helium@1": ((4, 2, 16, None, "interleaved", 16), dict(qkv_bias=True, out_bias=False)),
+    "ernie4_5@1": ((4, 2, 16, None, "interleaved", 16), dict(qkv_bias=True, out_bias=True)),
+    "qwen2_moe@0": ((4, 2, 16, 4, "half", 16), dict(qkv_bias=True, out_bias=False)),
+    "qwen2_moe@1": ((4, 2, 16, None, "half", 16), {}),
+    "dots1@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="head")),
+    "dots1@3": ((4, 2, 16, 4, "half", 16), dict(qk_norm="head")),
+    "vaultgemma@0": ((4, 2, 16, 4, "half", 16), dict(softmax_scale=20 ** -0.5, softcap=5.0)),
+    "vaultgemma@1": ((4, 2, 16, None, "half", 16), dict(softcap=5.0)),
     # MLA: one cache head, head_dim = qk_nope + qk_rope, the rope layout as rotary
     "deepseek_v2@1": ((4, 1, 24, None, "interleaved", 8), dict(qkv_bias=False)),
     "deepseek_v3@1": ((4, 1, 24, None, "deinterleaving", 8), dict(out_bias=False)),
@@ -306,7 +344,7 @@ def test_config_is_read_from_config_json_in_both_spellings(checkpoint, tmp_path)
     assert (c.heads, c.kv_heads, c.head_dim, c.sliding_window, c.rotary, c.rotary_dim) == shape
     assert {k: getattr(c, k) for k in options} == pytest.approx(options)
     scaling = {"llama-mqa-llama3": "llama3", "phi3": "longrope", "gpt_oss": "yarn",
-               "deepseek_v3": "yarn"}.get(name)
+               "deepseek_v3": "yarn", "apertus": "llama3"}.get(name)
     assert (c.rope_scaling or {}).get("rope_type") == scaling
     if name == "llama-mqa-llama3":
         assert c.rope_theta == 500000.0

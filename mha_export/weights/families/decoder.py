@@ -43,6 +43,12 @@ def fixed(**values: Any) -> Extra:
     return lambda s, layer, kind, fields: dict(values)
 
 
+def interleaved_rope(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """GLM-4, Helium, ERNIE 4.5: the rotated features are rotated in pairs (x0, x1), (x2, x3),
+    ... (GPT-J style), the first rotary_dim of each head (GLM-4: partial 0.5)."""
+    return {"rotary": "interleaved"}
+
+
 def head_norm(offset: float) -> Extra:
     """RMSNorm of q and k over each head's features, by (offset + weight): Qwen3 (0), Gemma 3 and
     Qwen3.5 (1: their weights start at 0)."""

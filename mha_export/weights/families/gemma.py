@@ -1,5 +1,5 @@
-"""Gemma 2 (softcapping) and Gemma 3 (q/k norm (1 + w), a rope per layer type; its multimodal
-wrapper read from text_config)."""
+"""Gemma 2 and VaultGemma (softcapping) and Gemma 3 (q/k norm (1 + w), a rope per layer
+type; its multimodal wrapper read from text_config)."""
 from __future__ import annotations
 
 import dataclasses
@@ -60,6 +60,12 @@ RECORDS = (
                           gemma_logits(softcap=True)),
            summary="scale query_pre_attn_scalar**-0.5, attn_logit_softcapping, "
                    "layer_types (or every 2nd layer full) + sliding_window"),
+    Family("vaultgemma", "split", ATTN, DECODER_TENSORS,
+           {**GEMMA_DEFAULTS, "attn_logit_softcapping": 50.0,
+            "use_bidirectional_attention": None},
+           decoder_fields(typed(periodic(2)), "attention_bias", "attention_bias",
+                          gemma_logits(softcap=True)),
+           summary="as gemma2"),
     GEMMA3,
     dataclasses.replace(GEMMA3, model_type="gemma3", nested="text_config",
                         prefix=LANGUAGE_MODEL, summary="gemma3_text's, from text_config"),

@@ -1,11 +1,14 @@
-"""Llama and the decoders that are Llama's math with a twist of their own: Mistral (every layer
-slides), Phi-3 (one qkv_proj, longrope), OLMo 2 (q/k norm over the whole projection), Granite
-(attention_multiplier), Starcoder2 (biases), SmolLM3 (NoPE layers)."""
+"""Llama and the decoders that are Llama's math with a twist of their own: Mistral and Mixtral
+(every layer slides), Ministral (layer_types), Phi-3 (one qkv_proj, longrope), OLMo 2 (q/k norm
+over the whole projection), Granite (attention_multiplier), Starcoder2 (biases), SmolLM3 (NoPE
+layers), Arcee (Llama's), Seed-OSS and Solar Open (their own output bias), Apertus (q/k norm per
+head), GLM-4, Helium and ERNIE 4.5 (rotary in pairs)."""
 from __future__ import annotations
 
 from ...errors import UsageError
 from .base import Family, Settings
-from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, NORM_TENSORS, decoder_fields)
+from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, NORM_TENSORS, decoder_fields,
+                      head_norm, interleaved_rope)
 from .layer_types import FULL, SLIDING, full_layers, sliding_layers, typed
 from .rope import rotary_fields
 
@@ -56,6 +59,11 @@ def nope_layers(s: Settings, layer: int, kind: str, fields: dict) -> dict:
                                             "rope_scaling": None}
 
 
+def sliding_when_set(s: Settings, layer: int) -> str:
+    """Ministral's default layer types: every layer slides when sliding_window is set."""
+    return SLIDING if s.get("sliding_window") is not None else FULL
+
+
 def smollm3_layers(s: Settings, layer: int) -> str:
     """SmolLM3's default layer types: sliding on the NoPE layers when use_sliding_window."""
     on = s["use_sliding_window"] and s.get("sliding_window") is not None
@@ -99,4 +107,44 @@ RECORDS = (
                           nope_layers),
            summary="no_rope_layers (0: NoPE layer), layer_types + sliding_window, "
                    "attention_bias, rope"),
+    Family("arcee", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False},
+           decoder_fields(full_layers, "attention_bias", "attention_bias"),
+           summary="as llama"),
+    Family("mixtral", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "sliding_window": None},
+           decoder_fields(sliding_layers, qkv_bias=False, out_bias=False),
+           summary="as mistral (sliding_window default none)"),
+    Family("ministral", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "sliding_window": 4096},
+           decoder_fields(typed(sliding_when_set), qkv_bias=False, out_bias=False),
+           summary="layer_types (or every layer sliding when sliding_window is set), rope"),
+    Family("seed_oss", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": True, "attention_out_bias": False,
+            "head_dim": 128},
+           decoder_fields(full_layers, "attention_bias", "attention_out_bias"),
+           summary="attention_bias (q/k/v), attention_out_bias (o), head_dim, rope"),
+    Family("solar_open", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 128},
+           decoder_fields(full_layers, "attention_bias", False),
+           summary="attention_bias (q/k/v only), head_dim, rope"),
+    Family("apertus", "split", ATTN, NORM_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False, "rms_norm_eps": 1e-5},
+           decoder_fields(full_layers, "attention_bias", "attention_bias", head_norm(0.0)),
+           summary="q/k norm per head, attention_bias, rope"),
+    Family("glm4", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": True, "head_dim": 128,
+            "partial_rotary_factor": 0.5},
+           decoder_fields(full_layers, "attention_bias", False, interleaved_rope),
+           summary="rotary in pairs on the first half of each head (partial_rotary_factor "
+                   "0.5), attention_bias (q/k/v only)"),
+    Family("helium", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "rope_theta": 100000.0, "attention_bias": False,
+            "head_dim": 128},
+           decoder_fields(full_layers, "attention_bias", False, interleaved_rope),
+           summary="rotary in pairs, attention_bias (q/k/v only), head_dim"),
+    Family("ernie4_5", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "rope_theta": 500000.0, "use_bias": False, "head_dim": 128},
+           decoder_fields(full_layers, "use_bias", "use_bias", interleaved_rope),
+           summary="rotary in pairs, use_bias (q/k/v/o), head_dim"),
 )

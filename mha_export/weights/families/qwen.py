@@ -1,12 +1,14 @@
-"""Qwen2, Qwen3, Qwen3-MoE and Qwen3.5 (gated attention; its linear-attention layers refused)."""
+"""Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, dots.llm1 (Qwen3's attention) and Qwen3.5 (gated
+attention; its linear-attention layers refused)."""
 from __future__ import annotations
 
 import dataclasses
 
-from .base import Family
+from .base import Family, Settings
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, LANGUAGE_MODEL, NORM_TENSORS,
                       decoder_fields, fixed, head_norm, per_head_split)
-from .layer_types import periodic, switched_sliding, typed, upper_layers_sliding
+from .layer_types import (FULL, SLIDING, periodic, switched_sliding, typed,
+                          upper_layers_sliding)
 
 # Qwen3.5 text checkpoints: model.layers or model.language_model.layers — not mtp.layers (the
 # multi-token-prediction head transformers ignores).
@@ -14,6 +16,21 @@ QWEN35_TEXT = r"^(?:model\.(?:language_model\.)?)?"
 QWEN3_DEFAULTS = {**DECODER_DEFAULTS, "attention_bias": False, "rms_norm_eps": 1e-6,
                   "use_sliding_window": False, "sliding_window": 4096}
 QWEN2_LIKE = typed(upper_layers_sliding)
+
+
+def qwen2_moe_layers(s: Settings, layer: int) -> str:
+    """Qwen2-MoE's default layer types: with use_sliding_window, every other layer below
+    max_window_layers slides."""
+    on = s["use_sliding_window"] and layer < s["max_window_layers"]
+    return SLIDING if on and (layer + 1) % 2 else FULL
+
+
+def dots1_layers(s: Settings, layer: int) -> str:
+    """dots.llm1's default layer types: sliding from max_window_layers on, when
+    sliding_window is set."""
+    on = s.get("sliding_window") is not None and layer >= s["max_window_layers"]
+    return SLIDING if on else FULL
+
 
 QWEN35 = Family(
     "qwen3_5_text", "split", ATTN,
@@ -45,6 +62,18 @@ RECORDS = (
            decoder_fields(switched_sliding, "attention_bias", "attention_bias",
                           head_norm(0.0)),
            summary="as qwen3; use_sliding_window: sliding_window on every layer"),
+    Family("qwen2_moe", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "qkv_bias": True, "use_sliding_window": False,
+            "sliding_window": 4096, "max_window_layers": 28},
+           decoder_fields(typed(qwen2_moe_layers), "qkv_bias", False),
+           summary="qkv_bias (q/k/v), layer_types (or use_sliding_window: every other layer "
+                   "below max_window_layers), rope"),
+    Family("dots1", "split", ATTN, NORM_TENSORS,
+           {**QWEN3_DEFAULTS, "num_key_value_heads": 32, "sliding_window": 4096,
+            "max_window_layers": 62},
+           decoder_fields(typed(dots1_layers), "attention_bias", "attention_bias",
+                          head_norm(0.0)),
+           summary="as qwen3; layer_types (or sliding from max_window_layers on)"),
     QWEN35,
     dataclasses.replace(QWEN35, model_type="qwen3_5", nested="text_config",
                         prefix=LANGUAGE_MODEL, summary="qwen3_5_text's, from text_config"),
