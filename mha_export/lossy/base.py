@@ -16,7 +16,6 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ..check.comparator import Deviation, deviation, worst
 from ..errors import UsageError
 
 
@@ -125,28 +124,6 @@ def verdict(passed: bool, budget: Optional[float], flag: str, percent: bool = Fa
         return "FAIL (not finite)" if not passed else f"reported (no {flag})"
     shown = f"{budget:.3%}" if percent else f"{budget:g}"
     return f"{'PASS' if passed else 'FAIL'} (budget {shown})"
-
-
-class OutputDeviations:
-    """Per output, how far one layer's outputs are from another's, case by case (a weight
-    step's cost: the lossy layer against the source layer); the worst over the cases."""
-
-    def __init__(self, outputs: list[str]):
-        self.found: dict[str, list[Deviation]] = {n: [] for n in outputs}
-
-    def add(self, lossy: dict, source: dict, valid: dict) -> None:
-        for n, found in self.found.items():
-            found.append(deviation(lossy[n], source[n], valid.get(n)))
-
-    def worst(self) -> dict[str, Deviation]:
-        return {n: worst(found) for n, found in self.found.items()}
-
-
-def deviation_line(output: str, d: Deviation, passed: bool, budget: Optional[float],
-                   flag: str) -> str:
-    """One output's report line of such a cost, judged against its budget ``flag``."""
-    return (f"  {output:13s} max|d| {d.max_abs:.2e}  {d.rel:.2e} of max|y|  "
-            f"cosine {d.cosine:.6f}  {verdict(passed, budget, flag)}")
 
 
 class Cost:

@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
 from ...artifact import Artifact
-from ...check.comparator import Deviation
+from ...check.comparator import Deviation, deviation, worst
 from ...check.runners.pytorch import EagerRunner
-from ..base import Cost, OutputDeviations, check_budget, deviation_line, within
+from ..base import Cost, check_budget, verdict, within
 from .step import STEP
+
+import torch
 
 
 @dataclass
@@ -39,7 +39,8 @@ class HalfWeightsCost(Cost):
         self.dtype, self.budget = artifact.spec(STEP.name), budget
         self.source = EagerRunner(artifact.signature, artifact.load_plain_module(),
                                   torch.float64)
-        self.deviations = OutputDeviations(artifact.signature.output_names)
+        self.deviations: dict[str, list[Deviation]] = {
+            n: [] for n in artifact.signature.output_names}
 
     @classmethod
     def of(cls, artifact: Artifact, budgets: dict) -> Optional["HalfWeightsCost"]:
@@ -51,11 +52,14 @@ class HalfWeightsCost(Cost):
 
     def add_case(self, feeds: dict, reference: dict, valid: dict, case) -> None:
         """``reference``: the check's fp64 reference (the rounded layer) on ``feeds``."""
-        self.deviations.add(reference, self.source.run(feeds), valid)
+        source = self.source.run(feeds)
+        for n, found in self.deviations.items():
+            found.append(deviation(reference[n], source[n], valid.get(n)))
 
     def result(self) -> list[RoundingError]:
-        return [RoundingError(n, self.dtype, d, self.budget, within(d.rel, self.budget))
-                for n, d in self.deviations.worst().items()]
+        return [RoundingError(n, self.dtype, d := worst(found), self.budget,
+                              within(d.rel, self.budget))
+                for n, found in self.deviations.items()]
 
     @staticmethod
     def lines(result: list[RoundingError], over: str) -> list[str]:
@@ -64,5 +68,9 @@ class HalfWeightsCost(Cost):
             return []
         lines = [f"weight rounding cost ({result[0].dtype}): the rounded vs the float32 "
                  f"layer, fp64, worst over {over}"]
-        return lines + [deviation_line(r.output, r.deviation, r.passed, r.budget,
-                                       "--max-rounding-error") for r in result]
+        for r in result:
+            d = r.deviation
+            lines.append(f"  {r.output:13s} max|d| {d.max_abs:.2e}  {d.rel:.2e} of max|y|  "
+                         f"cosine {d.cosine:.6f}  "
+                         f"{verdict(r.passed, r.budget, '--max-rounding-error')}")
+        return lines

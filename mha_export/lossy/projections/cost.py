@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ...artifact import Artifact
-from ...check.comparator import Deviation
-from ..base import Cost, OutputDeviations, check_budget, deviation_line, within
+from ...check.comparator import Deviation, deviation, worst
+from ..base import Cost, check_budget, verdict, within
 from ..int8_cache.cost import float_cache_feeds, float_cache_layer
 from .step import STEP
 
@@ -46,7 +46,8 @@ class QuantizationCost(Cost):
         cached = artifact.spec("int8-cache") is not None
         self.lossy = float_cache_layer(artifact, artifact.load_source_module(
             without=("int8-cache",))) if cached else None
-        self.deviations = OutputDeviations(artifact.signature.output_names)
+        self.deviations: dict[str, list[Deviation]] = {
+            n: [] for n in artifact.signature.output_names}
 
     @classmethod
     def of(cls, artifact: Artifact, budgets: dict) -> Optional["QuantizationCost"]:
@@ -62,11 +63,17 @@ class QuantizationCost(Cost):
         if self.lossy is not None:
             feeds = float_cache_feeds(self.artifact, feeds)
             reference = self.lossy.run(feeds)
-        self.deviations.add(reference, self.source.run(feeds), valid)
+        unquantized = self.source.run(feeds)
+        for n, found in self.deviations.items():
+            found.append(deviation(reference[n], unquantized[n], valid.get(n)))
 
     def result(self) -> list[QuantizationError]:
-        return [QuantizationError(n, self.spec.label(), d, self.budget, within(d.rel, self.budget))
-                for n, d in self.deviations.worst().items()]
+        out = []
+        for n, found in self.deviations.items():
+            d = worst(found)
+            out.append(QuantizationError(n, self.spec.label(), d, self.budget,
+                                         within(d.rel, self.budget)))
+        return out
 
     @staticmethod
     def lines(result: list[QuantizationError], over: str) -> list[str]:
@@ -75,5 +82,9 @@ class QuantizationCost(Cost):
             return []
         lines = [f"quantization cost ({result[0].spec}): the dequantized layer vs "
                  f"the unquantized layer, fp64, worst over {over}"]
-        return lines + [deviation_line(q.output, q.deviation, q.passed, q.budget,
-                                       "--max-quant-error") for q in result]
+        for q in result:
+            d = q.deviation
+            lines.append(f"  {q.output:13s} max|d| {d.max_abs:.2e}  {d.rel:.2e} of max|y|  "
+                         f"cosine {d.cosine:.6f}  "
+                         f"{verdict(q.passed, q.budget, '--max-quant-error')}")
+        return lines
