@@ -338,7 +338,20 @@ def getting_started_table(path: str) -> str:
     return "\n".join(lines) + _sources((path,))
 
 
-GENERATORS = {"getting-started": getting_started_table, "api": api_reference, "structure": structure_table, "forms": form_table, "signature": signature_table, "bench": bench_table,
+def families_table() -> str:
+    """The Hugging Face model types read, one row per registry record (weights/families/)."""
+    from mha_export.weights.families import FAMILIES
+    lines = ["| `model_type` | layer N's tensors | exported as | read from config.json |",
+             "|---|---|---|---|"]
+    for f in FAMILIES.values():
+        where = f"…{f.attention.replace('{layer}', 'N')}.{{{', '.join(f.tensors)}}}"
+        if f.nested:
+            where += f"; the language model's only, config from `{f.nested}`"
+        lines.append(f"| `{f.model_type}` | `{where}` | `{f.layout}` | {f.summary} |")
+    return "\n".join(lines)
+
+
+GENERATORS = {"families": families_table, "getting-started": getting_started_table, "api": api_reference, "structure": structure_table, "forms": form_table, "signature": signature_table, "bench": bench_table,
               "faults": fault_list, "runners": runner_table, "quant-error": quant_error_table,
               "kv-error": kv_error_table, "mla-step": mla_step_table, "layers": layers_table,
               "quantized": quantized_table, "eval-threads": eval_threads_table}

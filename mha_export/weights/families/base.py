@@ -33,6 +33,9 @@ class Settings:
 
 Fields = Callable[[Settings, int], dict]  # config.json (with defaults), layer -> MHAConfig fields
 Convert = Callable[[dict, dict], dict]  # (fields, {our-named tensors}) -> our state dict
+# What a model type adds to a decoder layer: (config.json, layer, its layer type, the fields so
+# far) -> the fields it sets.
+Extra = Callable[[Settings, int, str, dict], dict]
 ANY_PREFIX = r"(?:^|\.)"  # tensor names: anything (or nothing) before the attention module
 
 

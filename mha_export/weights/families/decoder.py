@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Union
 
-from .base import Convert, Fields, Settings
+from .base import Convert, Extra, Fields, Settings
 from .layer_types import ATTENTION_TYPES, SLIDING, LayerType, not_attention
 from .rope import rotary_fields
 
-Bias = Union[bool, str]  # fixed, or the config.json key that says
-# What a model type adds to a decoder layer: (config.json, layer, its layer type, the fields so
-# far) -> the fields it sets.
-Extra = Callable[[Settings, int, str, dict], dict]
+# fixed, or the config.json key that says (a tuple: its spellings, the first set wins)
+Bias = Union[bool, str, tuple[str, ...]]
+NOPE = {"rotary": "none", "rotary_dim": None, "rope_scaling": None}  # a layer without rotary
 
 
 def decoder_fields(layer_type: LayerType, qkv_bias: Bias, out_bias: Bias,
@@ -19,7 +18,9 @@ def decoder_fields(layer_type: LayerType, qkv_bias: Bias, out_bias: Bias,
     """Fields of a Llama-style decoder layer: grouped-query heads, head_dim, rotate_half rotary,
     the window of its layer type; the model type's biases and extras."""
     def bias(s: Settings, rule: Bias) -> bool:
-        return s[rule] if isinstance(rule, str) else rule
+        if isinstance(rule, bool):
+            return rule
+        return s.first(*rule) if isinstance(rule, tuple) else s[rule]
 
     def fields(s: Settings, layer: int) -> dict:
         kind = layer_type(s, layer)
@@ -49,11 +50,23 @@ def interleaved_rope(s: Settings, layer: int, kind: str, fields: dict) -> dict:
     return {"rotary": "interleaved"}
 
 
-def head_norm(offset: float) -> Extra:
+def head_norm(offset: float, eps: str = "rms_norm_eps") -> Extra:
     """RMSNorm of q and k over each head's features, by (offset + weight): Qwen3 (0), Gemma 3 and
-    Qwen3.5 (1: their weights start at 0)."""
+    Qwen3.5 (1: their weights start at 0); its epsilon is config.json's `eps` key."""
     return lambda s, layer, kind, fields: {"qk_norm": "head", "norm_offset": offset,
-                                           "qk_norm_eps": float(s["rms_norm_eps"])}
+                                           "qk_norm_eps": float(s[eps])}
+
+
+def whole_norm(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """OLMo 2 and 3, FlexOlmo, MiniMax-M2: RMSNorm of q and k over the whole projection, before
+    the heads split."""
+    return {"qk_norm": "full", "qk_norm_eps": float(s["rms_norm_eps"])}
+
+
+def rotates_when(rule: Callable[[Settings, str], bool]) -> Extra:
+    """Layers rotate only where rule(config.json, layer type) holds; the others are NoPE layers
+    (Cohere 2, AFMoE, EXAONE 4: the full-attention layers of a local/global model)."""
+    return lambda s, layer, kind, fields: {} if rule(s, kind) else dict(NOPE)
 
 
 # Tensor conversions ----------------------------------------------------------------------------

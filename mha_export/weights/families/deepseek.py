@@ -1,6 +1,8 @@
-"""Multi-head Latent Attention: DeepSeek-V2 and V3 (every layer is one)."""
+"""Multi-head Latent Attention: DeepSeek-V2 and V3, and V3's attention in GLM-4.7-Flash
+(`glm4_moe_lite`) and Youtu-LLM (every layer is one)."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 from .base import Family, Fields, Settings
@@ -47,4 +49,12 @@ RECORDS = (
            {**LATENT_DEFAULTS, "max_position_embeddings": 4096, "rope_interleave": True},
            latent_fields(lambda s: "deinterleaving" if s["rope_interleave"] else "half"),
            summary="as deepseek_v2; rope_interleave (pairs in, halves out; false: halves)"),
+)
+DEEPSEEK_V3 = RECORDS[-1]
+RECORDS += (
+    dataclasses.replace(DEEPSEEK_V3, model_type="glm4_moe_lite", defaults={
+        **DEEPSEEK_V3.defaults, "q_lora_rank": 768, "qk_nope_head_dim": 192,
+        "v_head_dim": 256, "max_position_embeddings": 202752}, summary="as deepseek_v3"),
+    dataclasses.replace(DEEPSEEK_V3, model_type="youtu", defaults={
+        **DEEPSEEK_V3.defaults, "max_position_embeddings": 131072}, summary="as deepseek_v3"),
 )

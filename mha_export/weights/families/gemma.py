@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from ...errors import UsageError
-from .base import Family, Settings
+from .base import Extra, Family, Settings
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, LANGUAGE_MODEL, NORM_TENSORS,
-                      Extra, decoder_fields, head_norm)
-from .layer_types import FULL, periodic, typed
-from .rope import rope_scaling
+                      decoder_fields, head_norm)
+from .layer_types import periodic, typed
+from .rope import rope_by_layer_type
 
 GEMMA_DEFAULTS = {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 256,
                   "num_key_value_heads": 4, "query_pre_attn_scalar": 256, "sliding_window": 4096,
@@ -30,24 +30,13 @@ def gemma_logits(softcap: bool) -> Extra:
     return extra
 
 
-def typed_rope(s: Settings, layer: int, kind: str, fields: dict) -> dict:
-    """Gemma 3: a rope per layer type. 5.x rope_parameters keyed by layer type; 4.x rope_theta
-    (full layers) and rope_local_base_freq (sliding ones); rope_scaling applies to full layers
-    only; a theta a dict omits comes from those keys (defaults 1M and 10k)."""
-    params = dict((s.get("rope_parameters") or {}).get(kind) or {})
-    if kind == FULL:
-        params.update(s.get("rope_scaling") or {})
-    theta = params.get("rope_theta", s["rope_theta" if kind == FULL else "rope_local_base_freq"])
-    return {"rotary": "half", "rope_theta": float(theta), "rope_scaling": rope_scaling(s, params),
-            "rotary_dim": int(fields["head_dim"] * params.get("partial_rotary_factor", 1.0))}
-
-
 GEMMA3 = Family(
     "gemma3_text", "split", ATTN, NORM_TENSORS,
     {**GEMMA_DEFAULTS, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
      "sliding_window_pattern": 6, "use_bidirectional_attention": False},
     decoder_fields(typed(periodic("sliding_window_pattern")), "attention_bias",
-                   "attention_bias", head_norm(1.0), gemma_logits(softcap=False), typed_rope),
+                   "attention_bias", head_norm(1.0), gemma_logits(softcap=False),
+                   rope_by_layer_type("rope_local_base_freq")),
     summary="q/k norm per head (1 + w), scale query_pre_attn_scalar**-0.5, layer_types (or "
             "sliding_window_pattern) + sliding_window, a rope per layer type (rope_parameters "
             "by type; 4.x rope_theta / rope_local_base_freq, rope_scaling on full layers)")

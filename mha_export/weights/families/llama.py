@@ -1,21 +1,16 @@
 """Llama and the decoders that are Llama's math with a twist of their own: Mistral and Mixtral
-(every layer slides), Ministral (layer_types), Phi-3 (one qkv_proj, longrope), OLMo 2 (q/k norm
-over the whole projection), Granite (attention_multiplier), Starcoder2 (biases), SmolLM3 (NoPE
-layers), Arcee (Llama's), Seed-OSS and Solar Open (their own output bias), Apertus (q/k norm per
-head), GLM-4, Helium and ERNIE 4.5 (rotary in pairs)."""
+(every layer slides), Ministral (layer_types), Phi-3 (one qkv_proj, longrope), Granite
+(attention_multiplier), Starcoder2 (biases), SmolLM3 (NoPE layers), Arcee and InternLM3
+(Llama's), Seed-OSS and Solar Open (their own output bias), Apertus and Hunyuan v3 (q/k norm per
+head), Nemotron (partial rotary), LFM2 (renamed q/k norms; its conv layers refused)."""
 from __future__ import annotations
 
 from ...errors import UsageError
 from .base import Family, Settings
-from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, NORM_TENSORS, decoder_fields,
-                      head_norm, interleaved_rope)
+from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, NOPE, NORM_TENSORS,
+                      decoder_fields, head_norm)
 from .layer_types import FULL, SLIDING, full_layers, sliding_layers, typed
 from .rope import rotary_fields
-
-
-def whole_norm(s: Settings, layer: int, kind: str, fields: dict) -> dict:
-    """OLMo 2: RMSNorm of q and k over the whole projection, before the heads split."""
-    return {"qk_norm": "full", "qk_norm_eps": float(s["rms_norm_eps"])}
 
 
 def multiplier_scale(s: Settings, layer: int, kind: str, fields: dict) -> dict:
@@ -55,8 +50,14 @@ def uses_rope(s: Settings, layer: int) -> bool:
 
 
 def nope_layers(s: Settings, layer: int, kind: str, fields: dict) -> dict:
-    return {} if uses_rope(s, layer) else {"rotary": "none", "rotary_dim": None,
-                                            "rope_scaling": None}
+    return {} if uses_rope(s, layer) else dict(NOPE)
+
+
+def lfm2_layers(s: Settings, layer: int) -> str:
+    """LFM2's default layer types: full attention on full_attn_idxs (default all), the other
+    layers short convolutions."""
+    listed = s.get("full_attn_idxs")
+    return FULL if listed is None or layer in listed else "conv"
 
 
 def sliding_when_set(s: Settings, layer: int) -> str:
@@ -69,6 +70,10 @@ def smollm3_layers(s: Settings, layer: int) -> str:
     on = s["use_sliding_window"] and s.get("sliding_window") is not None
     return SLIDING if on and not uses_rope(s, layer) else FULL
 
+
+INTERNLM3_BIAS = ("attention_bias", "qkv_bias")  # its config maps qkv_bias to attention_bias
+LFM2_TENSORS = {"q_proj": "W_query", "k_proj": "W_key", "v_proj": "W_value",
+                "out_proj": "out_proj", "q_layernorm": "q_norm", "k_layernorm": "k_norm"}
 
 RECORDS = (
     Family("llama", "split", ATTN, DECODER_TENSORS,
@@ -85,10 +90,6 @@ RECORDS = (
            decoder_fields(sliding_layers, False, False, phi3_rope), qkv_rows_convert,
            summary="qkv_proj split by sizes, partial rotary, longrope (su / yarn) with the "
                    "top-level original_max_position_embeddings, sliding_window"),
-    Family("olmo2", "split", ATTN, NORM_TENSORS,
-           {**DECODER_DEFAULTS, "attention_bias": False, "rms_norm_eps": 1e-5},
-           decoder_fields(full_layers, "attention_bias", "attention_bias", whole_norm),
-           summary="q/k norm over the whole projection, attention_bias, rope"),
     Family("granite", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "attention_bias": False, "attention_multiplier": 1.0},
            decoder_fields(full_layers, "attention_bias", "attention_bias",
@@ -132,19 +133,23 @@ RECORDS = (
            {**DECODER_DEFAULTS, "attention_bias": False, "rms_norm_eps": 1e-5},
            decoder_fields(full_layers, "attention_bias", "attention_bias", head_norm(0.0)),
            summary="q/k norm per head, attention_bias, rope"),
-    Family("glm4", "split", ATTN, DECODER_TENSORS,
-           {**DECODER_DEFAULTS, "attention_bias": True, "head_dim": 128,
-            "partial_rotary_factor": 0.5},
-           decoder_fields(full_layers, "attention_bias", False, interleaved_rope),
-           summary="rotary in pairs on the first half of each head (partial_rotary_factor "
-                   "0.5), attention_bias (q/k/v only)"),
-    Family("helium", "split", ATTN, DECODER_TENSORS,
-           {**DECODER_DEFAULTS, "rope_theta": 100000.0, "attention_bias": False,
-            "head_dim": 128},
-           decoder_fields(full_layers, "attention_bias", False, interleaved_rope),
-           summary="rotary in pairs, attention_bias (q/k/v only), head_dim"),
-    Family("ernie4_5", "split", ATTN, DECODER_TENSORS,
-           {**DECODER_DEFAULTS, "rope_theta": 500000.0, "use_bias": False, "head_dim": 128},
-           decoder_fields(full_layers, "use_bias", "use_bias", interleaved_rope),
-           summary="rotary in pairs, use_bias (q/k/v/o), head_dim"),
+    Family("hy_v3", "split", ATTN, NORM_TENSORS,
+           {**DECODER_DEFAULTS, "rope_theta": 11158840.0, "attention_bias": False,
+            "head_dim": 128, "rms_norm_eps": 1e-5},
+           decoder_fields(full_layers, "attention_bias", "attention_bias", head_norm(0.0)),
+           summary="as apertus (head_dim default 128)"),
+    Family("internlm3", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 128},
+           decoder_fields(full_layers, INTERNLM3_BIAS, INTERNLM3_BIAS),
+           summary="as llama; the bias key spelled attention_bias or qkv_bias"),
+    Family("nemotron", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False, "partial_rotary_factor": 0.5},
+           decoder_fields(full_layers, "attention_bias", "attention_bias"),
+           summary="partial rotary (default 0.5), attention_bias, head_dim"),
+    Family("lfm2", "split", ATTN, LFM2_TENSORS,
+           {**DECODER_DEFAULTS, "rope_theta": 1_000_000.0, "norm_eps": 1e-5},
+           decoder_fields(typed(lfm2_layers), False, False, head_norm(0.0, eps="norm_eps")),
+           summary="q_layernorm / k_layernorm (q/k norm per head, norm_eps), out_proj; the "
+                   "full-attention layers of layer_types (or full_attn_idxs), conv ones "
+                   "refused"),
 )

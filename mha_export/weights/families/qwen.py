@@ -1,5 +1,5 @@
-"""Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, dots.llm1 (Qwen3's attention) and Qwen3.5 (gated
-attention; its linear-attention layers refused)."""
+"""Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, dots.llm1 (Qwen3's attention), Qwen3.5 and Qwen3-Next
+(gated attention; their linear-attention layers refused)."""
 from __future__ import annotations
 
 import dataclasses
@@ -77,4 +77,7 @@ RECORDS = (
     QWEN35,
     dataclasses.replace(QWEN35, model_type="qwen3_5", nested="text_config",
                         prefix=LANGUAGE_MODEL, summary="qwen3_5_text's, from text_config"),
+    dataclasses.replace(QWEN35, model_type="qwen3_next",
+                        defaults={**QWEN35.defaults, "num_key_value_heads": 2},
+                        summary="as qwen3_5_text (Qwen3.5's gated attention came from it)"),
 )

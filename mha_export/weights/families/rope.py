@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from .base import Settings
+from .base import Extra, Settings
+from .layer_types import FULL
 
 RopeAliases = Mapping[str, str]  # a model type's old rope type names -> ours (Phi-3: su)
 LONG_CONTEXT = ("llama3", "yarn", "longrope")  # rope types with original_max_position_embeddings
@@ -49,3 +50,20 @@ def rotary_fields(s: Settings, head_dim: int, partial_key: str = "partial_rotary
     r = rope(s, partial_key, aliases)
     return {"rotary": "half", "rotary_dim": int(head_dim * r["partial"]),
             "rope_theta": r["rope_theta"], "rope_scaling": r["rope_scaling"]}
+
+
+def rope_by_layer_type(sliding_theta: Optional[str]) -> Extra:
+    """Gemma 3, OLMo 3: a rope per layer type. 5.x rope_parameters keyed by layer type; 4.x
+    rope_theta (full layers) and `sliding_theta` (sliding ones: Gemma 3's rope_local_base_freq;
+    None: the record's default theta, as transformers 5.23 gives OLMo 3's sliding layers);
+    rope_scaling applies to full layers only; a theta a dict omits comes from those keys."""
+    def extra(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+        params = dict((s.get("rope_parameters") or {}).get(kind) or {})
+        if kind == FULL:
+            params.update(s.get("rope_scaling") or {})
+        default = s["rope_theta"] if kind == FULL else (
+            s[sliding_theta] if sliding_theta else s.defaults["rope_theta"])
+        rotary_dim = int(fields["head_dim"] * params.get("partial_rotary_factor", 1.0))
+        return {"rotary": "half", "rope_theta": float(params.get("rope_theta", default)),
+                "rotary_dim": rotary_dim, "rope_scaling": rope_scaling(s, params)}
+    return extra

@@ -1,0 +1,44 @@
+"""GLM-4, Helium and ERNIE 4.5 (and its MoE): rotary in pairs (x0, x1), (x2, x3), ... (GPT-J
+style); GLM-4.5 (`glm4_moe`, GLM-4's successor) rotates halves of the first half of each head,
+with optional q/k norms per head."""
+from __future__ import annotations
+
+from .base import Family, Settings
+from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, NORM_TENSORS, decoder_fields,
+                      head_norm, interleaved_rope)
+from .layer_types import full_layers
+
+ERNIE_DEFAULTS = {**DECODER_DEFAULTS, "rope_theta": 500000.0, "use_bias": False}
+
+
+def optional_head_norm(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """GLM-4.5: q/k RMSNorm per head when use_qk_norm."""
+    return head_norm(0.0)(s, layer, kind, fields) if s["use_qk_norm"] else {}
+
+
+RECORDS = (
+    Family("glm4", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": True, "head_dim": 128,
+            "partial_rotary_factor": 0.5},
+           decoder_fields(full_layers, "attention_bias", False, interleaved_rope),
+           summary="rotary in pairs on the first half of each head (partial_rotary_factor "
+                   "0.5), attention_bias (q/k/v only)"),
+    Family("glm4_moe", "split", ATTN, NORM_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False, "partial_rotary_factor": 0.5,
+            "use_qk_norm": False, "rms_norm_eps": 1e-5},
+           decoder_fields(full_layers, "attention_bias", False, optional_head_norm),
+           summary="rotary (halves) on the first half of each head, attention_bias (q/k/v "
+                   "only), q/k norm per head when use_qk_norm"),
+    Family("helium", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "rope_theta": 100000.0, "attention_bias": False,
+            "head_dim": 128},
+           decoder_fields(full_layers, "attention_bias", False, interleaved_rope),
+           summary="rotary in pairs, attention_bias (q/k/v only), head_dim"),
+    Family("ernie4_5", "split", ATTN, DECODER_TENSORS,
+           {**ERNIE_DEFAULTS, "head_dim": 128},
+           decoder_fields(full_layers, "use_bias", "use_bias", interleaved_rope),
+           summary="rotary in pairs, use_bias (q/k/v/o), head_dim"),
+    Family("ernie4_5_moe", "split", ATTN, DECODER_TENSORS, ERNIE_DEFAULTS,
+           decoder_fields(full_layers, "use_bias", "use_bias", interleaved_rope),
+           summary="as ernie4_5"),
+)
