@@ -11,6 +11,16 @@ class UsageError(Exception):
     """Bad input: a wrong flag value, a missing or corrupt file, weights that do not fit."""
 
 
+class NotAttentionLayer(UsageError):
+    """A checkpoint layer that is not softmax attention (a hybrid model's linear-attention,
+    convolution or state-space layer): one line naming its type and the nearest attention
+    layers; a run over every layer gives it its own row instead."""
+
+    def __init__(self, message: str, layer: int, kind: str):
+        super().__init__(message)
+        self.layer, self.kind = layer, kind
+
+
 class StageFailed(UsageError):
     """A library failed inside one stage of the work (torch.export, Inductor's compile, the
     ONNX builder): one line naming the stage and the layer; its trace (``__cause__``) under

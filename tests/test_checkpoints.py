@@ -655,7 +655,7 @@ def test_a_key_config_json_omits_takes_the_records_default(kind, config, layer, 
     assert fields.get("softcap") == (50.0 if kind == "gemma2" else None)
 
 
-def test_a_linear_attention_layer_is_a_one_line_error_naming_the_full_attention_layers(
+def test_a_linear_attention_layer_is_a_one_line_error_naming_the_nearest_attention_layers(
         built, tmp_path):
     from click.testing import CliRunner
 
@@ -664,8 +664,8 @@ def test_a_linear_attention_layer_is_a_one_line_error_naming_the_full_attention_
     r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), "--layer", "2", "-o",
                                  str(tmp_path / "x")])
     assert r.exit_code == 2 and not (tmp_path / "x").exists()
-    line = ("Error: --layer 2 is a linear_attention layer, not softmax attention: pick one of "
-            "the full-attention layers (1, 3)")
+    line = ("Error: --layer 2 is a linear_attention layer, not softmax attention: the nearest "
+            "are 1 and 3 (2 of its 4 layers are)")
     assert r.stderr.splitlines() == [line]
 
 

@@ -192,6 +192,33 @@ def test_every_layer_of_a_sharded_checkpoint_folder(tmp_path):
     assert sorted(r.layer for r in summary.records) == list(range(summary.planned))
 
 
+def test_a_hybrid_models_other_layers_have_their_own_rows_and_the_run_passes(tmp_path):
+    """Qwen3-Next-shaped: --layers all exports and checks the softmax-attention layers (1, 3);
+    the gated-delta-net ones are rows of their own, and the run passes when 1 and 3 pass. A
+    selection with no attention layer is one line, exit 2, before any work."""
+    pytest.importorskip("transformers")
+    from hybrid import save_tiny_qwen3_next
+    ckpt = save_tiny_qwen3_next(tmp_path / "ckpt")
+    summary = export_layers("onnx", ckpt, "all", tmp_path / "run", jobs=2,
+                            check_options=FANOUT_CHECK)
+    got = {r.layer: r.status for r in summary.records}
+    assert got == {0: "not-attention", 1: "pass", 2: "not-attention", 3: "pass"}
+    assert summary.passed and summary.planned == 4
+    saved = json.loads((tmp_path / "run" / "layers.json").read_text())
+    assert saved["passed"] and saved["layers"][0]["message"] == (
+        "a linear_attention layer: not softmax attention, left to the model")
+    assert sorted(p.name for p in (tmp_path / "run").glob("layer-*")) == ["layer-1", "layer-3"]
+    checked = check_layers(tmp_path / "run", **FANOUT_CHECK)  # check DIR keeps their rows
+    assert {r.layer: r.status for r in checked.records} == got and checked.passed
+    resumed = export_layers("onnx", ckpt, "all", tmp_path / "run", resume=True,
+                            check_options=FANOUT_CHECK)
+    assert {r.layer: r.status for r in resumed.records} == got and resumed.passed
+    r = run("onnx", "--weights", ckpt, "--layers", "0,2", "-o", tmp_path / "none")
+    assert r.exit_code == 2 and not (tmp_path / "none").exists()
+    assert r.stderr.splitlines() == ["Error: --layers 0,2: none of them is softmax attention "
+                                     "(0: linear_attention, 2: linear_attention)"]
+
+
 @pytest.mark.parametrize("address", ["nowhere", "host:", ":6379", "host:port"])
 def test_a_malformed_ray_address_is_bad_input(address):
     from mha_export.fanout.executors.ray_tasks import probe

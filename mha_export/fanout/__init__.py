@@ -49,11 +49,12 @@ def export_layers(target: str, weights: str | Path, layers: str, output: str | P
     weights = str(Path(weights).resolve())  # the workers' own working folders differ
     options = {**options, **{k: str(Path(f).resolve()) for k, f in lossy.files(options).items()
                              if f is not None}}
-    plan = export_jobs(target, weights, layers, root, options, checking, threads, timeout,
-                       memory)
+    plan, others = export_jobs(target, weights, layers, root, options, checking, threads,
+                               timeout, memory)
     if force:
         _clear(root)
     kept = _resumable(root, plan) if resume else {}
+    kept.update({layer: LayerRecord.not_attention(layer, kind) for layer, kind in others.items()})
     summary = Summary(EXPORT, target, weights, lossy.as_json(options), checking or {}, {})
     return run_jobs(plan, chosen, summary, root, kept, progress, work)
 

@@ -19,7 +19,8 @@ from ..errors import UsageError, require_positive
 from ..graph.forms import DEFAULT
 from ..lossy import registry as lossy
 from ..signature import make_signature, signature_kind
-from ..weights.source import checkpoint_layers, load_source, select_layers
+from ..weights.source import (checkpoint_layers, load_source, non_attention_layers,
+                              select_layers)
 from .identity import CHECK, EXPORT, export_stamp
 
 LAYER_FOLDER = "layer-{layer}"
@@ -55,19 +56,25 @@ def estimate_bytes(weight_bytes: int, case_bytes: int) -> int:
 
 def export_jobs(target: str, weights: str, spec: str, output: str | Path, options: dict,
                 check_options: Optional[dict], threads: int, timeout: Optional[float],
-                memory: Optional[int]) -> list[LayerJob]:
-    """One job per chosen layer of the checkpoint: DIR/layer-{L}/. The first chosen layer is
-    loaded here, so that options the checkpoint or the target refuse are bad input before any
-    work; its memory estimate is every layer's (a checkpoint's attention layers share a shape)
-    unless given."""
+                memory: Optional[int]) -> tuple[list[LayerJob], dict[int, str]]:
+    """One job per chosen attention layer of the checkpoint: DIR/layer-{L}/; and the chosen
+    layers that are not softmax attention, by type (a hybrid model's: rows of their own). The
+    first attention layer is loaded here, so that options the checkpoint or the target refuse
+    are bad input before any work; its memory estimate is every layer's (a checkpoint's
+    attention layers share a shape) unless given."""
     _require_settings(threads, timeout, memory)
-    layers = select_layers(spec, checkpoint_layers(weights))
+    chosen = select_layers(spec, checkpoint_layers(weights))
+    others = non_attention_layers(weights, chosen)
+    layers = [layer for layer in chosen if layer not in others]
+    if not layers:
+        raise UsageError(f"--layers {spec}: none of them is softmax attention ("
+                         + ", ".join(f"{i}: {kind}" for i, kind in others.items())[:200] + ")")
     estimate = _preflight(target, weights, layers[0], options, check_options)
     root = Path(output).resolve()
     return [LayerJob(EXPORT, layer, str(root / LAYER_FOLDER.format(layer=layer)), target,
                      weights, options, check_options, threads, memory or estimate,
                      export_stamp(target, weights, options, check_options, layer), timeout)
-            for layer in layers]
+            for layer in layers], others
 
 
 def _preflight(target: str, weights: str, layer: int, options: dict,

@@ -13,10 +13,12 @@ from typing import Any, Optional
 from ..artifact import SUMMARY_FILE
 from ..errors import UsageError
 
-# what a layer's row may say; only "pass" (and "exported": --no-check) is a success
-PASS, FAIL, ERROR, OOM, CRASHED, TIMEOUT, INFEASIBLE, EXPORTED = (
-    "pass", "fail", "error", "oom", "crashed", "timeout", "infeasible", "exported")
-STATUSES = (PASS, FAIL, ERROR, OOM, CRASHED, TIMEOUT, INFEASIBLE, EXPORTED)
+# what a layer's row may say; only "pass" (and "exported": --no-check) is a success;
+# "not-attention": a hybrid model's other layers (linear attention, convolution), left to it
+PASS, FAIL, ERROR, OOM, CRASHED, TIMEOUT, INFEASIBLE, EXPORTED, NOT_ATTENTION = (
+    "pass", "fail", "error", "oom", "crashed", "timeout", "infeasible", "exported",
+    "not-attention")
+STATUSES = (PASS, FAIL, ERROR, OOM, CRASHED, TIMEOUT, INFEASIBLE, EXPORTED, NOT_ATTENTION)
 SUCCESS = (PASS, EXPORTED)
 
 
@@ -43,6 +45,12 @@ class LayerRecord:
         """The row of ``job`` (a plan.LayerJob) before or without its worker's record."""
         return cls(job.layer, status, Path(job.folder).name, message,
                    estimate_mib=round(job.memory / 2**20, 1), fingerprint=job.fingerprint)
+
+    @classmethod
+    def not_attention(cls, layer: int, kind: str) -> "LayerRecord":
+        """The row of a layer that is not softmax attention: nothing exported, nothing run."""
+        return cls(layer, NOT_ATTENTION, "", f"a {kind} layer: not softmax attention, left to "
+                                             "the model")
 
     @property
     def ok(self) -> bool:
@@ -78,7 +86,9 @@ class Summary:
 
     @property
     def passed(self) -> bool:
-        return self.complete and bool(self.records) and all(r.ok for r in self.records)
+        """Complete, and every attention layer passed (at least one)."""
+        attention = [r for r in self.records if r.status != NOT_ATTENTION]
+        return self.complete and bool(attention) and all(r.ok for r in attention)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -37,7 +37,7 @@ from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, get_poli
 from ..errors import UsageError
 from ..env import openmp_wait
 from ..lossy import registry as lossy
-from ..weights.source import checkpoint_layers, select_layers
+from ..weights.source import checkpoint_layers, non_attention_layers, select_layers
 from .capture import checked_before_loading, read_text, token_block
 from .loading import LoadedModel, attention_name, attention_of, decoder_layers, load_model
 
@@ -295,6 +295,7 @@ class Evaluation:
     transformers_perplexity: float = float("nan")  # transformers' own loss on the same tokens
     budgets: dict = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    left_to_model: dict[int, str] = field(default_factory=dict)  # layer -> its non-attention type
     machine: dict = field(default_factory=dict)
 
     @property
@@ -328,6 +329,7 @@ class Evaluation:
                 "options": lossy.as_json(self.main.options),
                 "attribution": [run(r) for r in self.attribution],
                 "per_layer": [run(r) for r in self.per_layer],
+                "left_to_model": {str(k): v for k, v in self.left_to_model.items()},
                 "budgets": self.budgets, "failures": self.failures, "passed": self.passed,
                 "machine": self.machine}
 
@@ -460,6 +462,16 @@ def _model_layers_tokens(weights: str | Path, body: str, tokens: int, layers: st
     return loaded, chosen, torch.from_numpy(block[0])
 
 
+def attention_layers(weights: str | Path, chosen: list[int], spec: str
+                     ) -> tuple[list[int], dict[int, str]]:
+    """The chosen layers that are softmax attention (exported), and the others by type (a
+    hybrid model's linear-attention or convolution layers, left to torch)."""
+    others = non_attention_layers(weights, chosen)
+    if len(others) == len(chosen):
+        raise UsageError(f"--layers {spec}: none of them is softmax attention")
+    return [layer for layer in chosen if layer not in others], others
+
+
 def claim_exports_folder(folder: Path, weights: str | Path) -> bool:
     """``--exports``: a new or empty folder, eval's own folder of this model, or a checked
     `--layers` folder of this model; anything else is refused before any work, every file
@@ -525,7 +537,9 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
         options["kv_cache"] = True  # generation steps run the decode artifacts
     runs = lossy.attribution(options, runner) if attribute else []  # refused before any work
     mark = folder is not None and claim_exports_folder(Path(folder), weights)
-    loaded, chosen, ids = _model_layers_tokens(weights, read_text(text), tokens, layers, loaded)
+    chosen, others = attention_layers(
+        weights, select_layers(layers, checkpoint_layers(weights)), layers)
+    loaded, _, ids = _model_layers_tokens(weights, read_text(text), tokens, layers, loaded)
     with contextlib.ExitStack() as stack:
         where = Path(folder) if folder is not None else Path(
             stack.enter_context(tempfile.TemporaryDirectory(prefix="mha-eval-")))
@@ -540,7 +554,7 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
         result = Evaluation(str(weights), str(text), tokens, runner,
                             perplexity(ev.eager_logits, ids), main.speed.eager_prefill, main,
                             eager_generated, transformers_perplexity=reference,
-                            machine=machine_info())
+                            left_to_model=others, machine=machine_info())
         if attribute:
             result.attribution = [ev.run(name, opts, chosen, time_generation=False)
                                   for name, opts in runs]

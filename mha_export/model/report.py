@@ -14,12 +14,21 @@ def _row(name: str, r: RunResult, eager_ppl: float) -> str:
             f"{r.kl_mean:10.3e} {r.kl_max:10.3e} {r.tokens_per_s:9.1f}")
 
 
+def _kinds(layers: dict[int, str]) -> str:
+    """{0: "conv", 2: "conv", 3: "linear_attention"} -> "conv 0, 2; linear_attention 3"."""
+    kinds = sorted(set(layers.values()))
+    return "; ".join(f"{k} " + ", ".join(str(i) for i, v in layers.items() if v == k)
+                     for k in kinds)
+
+
 def format_evaluation(ev: Evaluation) -> str:
     head = (f"{'':44s} {'perplexity':>10s} {'vs eager':>10s} {'top-1':>8s} {'KL mean':>10s} "
             f"{'KL max':>10s} {'tokens/s':>9s}")
     reused = sum(d.reused for d in ev.main.details)
     made = f"{len(ev.main.layers) - reused} layer(s) exported" + (
-        f", {reused} reused from --exports" if reused else "")
+        f", {reused} reused from --exports" if reused else "") + (
+        f", {len(ev.left_to_model)} left to the model (not softmax attention: "
+        f"{_kinds(ev.left_to_model)})" if ev.left_to_model else "")
     lines = [f"{ev.weights}: {made}, {ev.tokens} tokens of "
              f"{ev.text}, runner {ev.runner}", head, "-" * len(head),
              f"{'eager (transformers)':44s} {ev.eager_perplexity:10.4f} {'':10s} {'':8s} "

@@ -15,13 +15,13 @@ import json
 import re
 import zipfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 from torch import Tensor
 
 from ..config import SECTIONS
-from ..errors import UsageError
+from ..errors import NotAttentionLayer, UsageError
 from .families import FAMILIES, Family, Settings, supported_types
 from .quantized import Decoded, QuantFormat, checkpoint_format
 
@@ -259,6 +259,20 @@ def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict
     if fmt is not None:  # the weights are the format's own dequantization
         source["quantization"] = fmt.name
     return fields, state, source
+
+
+def non_attention_layers(path: str | Path, layers: Iterable[int]) -> dict[int, str]:
+    """Which of ``layers`` are not softmax attention (a hybrid model's linear-attention or
+    convolution layers), by their type; config.json alone."""
+    cfg_path = hf_config_path(path)
+    family, cfg = _read_config(cfg_path)
+    kinds = {}
+    for layer in layers:
+        try:
+            layer_fields(cfg_path, family, cfg, layer)
+        except NotAttentionLayer as e:
+            kinds[layer] = e.kind
+    return kinds
 
 
 def layer_count(path: str | Path) -> int:

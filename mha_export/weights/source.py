@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from ..config import MHAConfig
 from ..errors import UsageError
@@ -18,7 +18,8 @@ from ..kinds.registry import build_module, convert
 from ..layer.layouts import AttentionBase
 from .files import load_strict, module_from_block, read_block
 from .gguf import gguf_layer_count, is_gguf, read_gguf_layer
-from .huggingface import hf_config_path, layer_count as hf_layer_count, merge_fields, read_layer
+from .huggingface import (hf_config_path, layer_count as hf_layer_count, merge_fields,
+                          non_attention_layers as hf_non_attention, read_layer)
 
 
 @dataclass
@@ -84,6 +85,13 @@ def checkpoint_layers(weights: str | Path) -> int:
         return hf_layer_count(weights)
     raise UsageError(f"{weights}: every layer of a checkpoint needs a Hugging Face checkpoint "
                      "folder or a .gguf file")
+
+
+def non_attention_layers(weights: str | Path, layers: Iterable[int]) -> dict[int, str]:
+    """Which of a checkpoint's ``layers`` are not softmax attention, by type (a hybrid
+    model's linear_attention, conv, ... layers: left to the model). The GGUF archs read are
+    attention throughout."""
+    return {} if is_gguf(weights) else hf_non_attention(weights, layers)
 
 
 def weights_version(weights: str | Path | None) -> Any:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Union
 
-from ...errors import UsageError
+from ...errors import NotAttentionLayer, UsageError
 from .base import Settings
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -53,8 +53,14 @@ def typed(rule: LayerType) -> LayerType:
     return layer_type
 
 
-def not_attention(s: Settings, layer: int, kind: str, layer_type: LayerType) -> UsageError:
+def not_attention(s: Settings, layer: int, kind: str,
+                  layer_type: LayerType) -> NotAttentionLayer:
+    """`layer` is of type `kind`: an error naming the attention layers nearest it (below and
+    above) and how many the model has."""
     count = s.get("num_hidden_layers") or 0
-    ok = [str(i) for i in range(count) if layer_type(s, i) in ATTENTION_TYPES]
-    return UsageError(f"--layer {layer} is a {kind} layer, not softmax attention: pick one of "
-                      f"the full-attention layers ({', '.join(ok) or 'none'})")
+    ok = [i for i in range(count) if layer_type(s, i) in ATTENTION_TYPES]
+    near = [str(i) for i in ([i for i in ok if i < layer][-1:] + [i for i in ok if i > layer][:1])]
+    where = (f"the nearest are {' and '.join(near)} ({len(ok)} of its {count} layers are)"
+             if near else "the model has none")
+    return NotAttentionLayer(f"--layer {layer} is a {kind} layer, not softmax attention: "
+                             f"{where}", layer, kind)
