@@ -18,6 +18,9 @@ LAYOUTS = ("single", "stacked", "split", "fused", "latent")
 # RMSNorm of q and k after the projections: over each head's features (Qwen3, Gemma 3, Qwen3.5) or
 # over the whole projection before the heads split (OLMo 2).
 QK_NORMS = ("none", "head", "full")
+# the q/k norm's kind: rms = RMSNorm, layer = LayerNorm (the mean subtracted first: Phi, StableLM,
+# Cohere), the latter with an optional bias
+QK_NORM_TYPES = ("rms", "layer")
 # Rotary position embeddings (layer/rotary.py applies them); their settings are checked without
 # torch (rope_types.py), so that an ONNX Runtime benchmark worker that reads a config never
 # imports it.
@@ -51,6 +54,9 @@ class MHAConfig:
     rope_scaling: dict | None = None  # {"rope_type": "linear" | "llama3", "factor": ..., ...}
     qk_norm: str = "none"  # QK_NORMS: RMSNorm on q and k before rotary
     qk_norm_eps: float = 1e-6
+    qk_norm_type: str = "rms"  # QK_NORM_TYPES
+    qk_norm_bias: bool = False  # the norm adds a learned bias (Phi's LayerNorm)
+    qk_norm_per_head: bool = False  # one weight (and bias) per head, (N, H) (StableLM, Cohere)
     norm_offset: float = 0.0  # the norm multiplies by (norm_offset + weight): 1 for Gemma, Qwen3.5
     softmax_scale: float | None = None  # default 1/sqrt(head_dim) (Gemma, Granite set their own)
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
@@ -184,6 +190,17 @@ class MHAConfig:
         if self.qk_norm not in QK_NORMS:
             raise UsageError(f"unknown qk_norm {self.qk_norm!r}: choose one of "
                              f"{', '.join(QK_NORMS)}")
+        if self.qk_norm_type not in QK_NORM_TYPES:
+            raise UsageError(f"unknown qk_norm_type {self.qk_norm_type!r}: choose one of "
+                             f"{', '.join(QK_NORM_TYPES)}")
+        shaped = [name for name, on in (("qk_norm_type", self.qk_norm_type != "rms"),
+                                        ("qk_norm_bias", self.qk_norm_bias),
+                                        ("qk_norm_per_head", self.qk_norm_per_head)) if on]
+        if shaped and self.qk_norm == "none":
+            raise UsageError(f"{shaped[0]} shapes the q/k norm: it needs qk_norm head or full")
+        if self.qk_norm_per_head and self.qk_norm != "head":
+            raise UsageError("qk_norm_per_head gives each head its own norm weights: it needs "
+                             f"qk_norm head, got {self.qk_norm!r}")
         for name in ("qk_norm_eps", "softmax_scale", "softcap"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(
@@ -240,6 +257,8 @@ class MHAConfig:
         if self.rotary != "none":
             s += f"-rope{self.rotary_dim}"
         if self.qk_norm != "none":
-            s += f"-qkn{self.qk_norm}"
+            s += f"-qkn{self.qk_norm}" + "".join(tag for tag, on in (
+                ("-ln", self.qk_norm_type == "layer"), ("b", self.qk_norm_bias),
+                ("-ph", self.qk_norm_per_head)) if on)
         return s + "".join(f"-{tag}" for tag, on in (("cap", self.softcap), ("sinks", self.sinks),
                                                      ("gate", self.output_gate)) if on)

@@ -341,6 +341,32 @@ def full_norm_per_head(path: Path, head_dim: int) -> None:
     _edit(path, fn)
 
 
+def layer_norm_uncentered(path: Path) -> None:
+    """A LayerNorm q/k norm computed as an RMSNorm: the mean no longer subtracted."""
+    def fn(m):
+        _bypass(m, "q_norm_centered")
+        _bypass(m, "k_norm_centered")
+    _edit(path, fn)
+
+
+def zeroed(path: Path, *names: str) -> None:
+    """Initializers set to 0 (a norm's bias dropped)."""
+    def fn(m):
+        for name in names:
+            _, w = _initializer(m, name)
+            _set_initializer(m, name, np.zeros_like(w))
+    _edit(path, fn)
+
+
+def per_head_weights_shared(path: Path) -> None:
+    """StableLM's / Cohere's per-head norm weights (N, H) read as the first head's for all."""
+    def fn(m):
+        for name in ("q_norm.weight", "k_norm.weight"):
+            _, w = _initializer(m, name)
+            _set_initializer(m, name, np.broadcast_to(w[:1], w.shape).copy())
+    _edit(path, fn)
+
+
 def softcap_after_mask(path: Path) -> None:
     """cap * tanh(s / cap) applied to the masked scores: a masked score becomes -cap, not the
     lowest value, and leaks probability (the order ONNX's spec once had, onnx/onnx#7865)."""
@@ -386,6 +412,13 @@ OPTION_FAULTS = {
     "softcap after the mask": (dict(softcap=2.0), lambda p, c: softcap_after_mask(p)),
     "sinks dropped": (dict(sinks=True), lambda p, c: sinks_dropped(p)),
     "output gate skipped": (dict(output_gate=True), lambda p, c: output_gate_skipped(p)),
+    "LayerNorm q/k norm without its mean": (dict(qk_norm="head", qk_norm_type="layer"),
+                                            lambda p, c: layer_norm_uncentered(p)),
+    "q/k norm bias dropped": (dict(qk_norm="head", qk_norm_type="layer", qk_norm_bias=True),
+                              lambda p, c: zeroed(p, "q_norm.bias", "k_norm.bias")),
+    "per-head q/k norm weights shared": (dict(qk_norm="head", qk_norm_type="layer",
+                                              qk_norm_per_head=True),
+                                         lambda p, c: per_head_weights_shared(p)),
 }
 
 

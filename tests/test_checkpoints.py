@@ -151,6 +151,11 @@ MODELS = {
     "afmoe": Spec("afmoe", dict(NEW, head_dim=16, sliding_window=4, num_experts=4,
                                 num_experts_per_tok=2, moe_intermediate_size=16,
                                 num_dense_layers=1, global_attn_every_n_layers=2), (0, 1)),
+    "phi": Spec("phi", dict(NEW, qk_layernorm=True, pad_token_id=None), (1,)),
+    "phi-plain": Spec("phi", dict(NEW, pad_token_id=None, partial_rotary_factor=0.25), (1,)),
+    "stablelm": Spec("stablelm", dict(NEW, qk_layernorm=True, use_qkv_bias=True), (1,)),
+    "cohere": Spec("cohere", dict(NEW, use_qk_norm=True, attention_bias=True, pad_token_id=0),
+                   (1,)),
     "qwen3_next": Spec("qwen3_next", dict(NEW, head_dim=16, num_experts=4, num_experts_per_tok=2,
                                           moe_intermediate_size=16,
                                           shared_expert_intermediate_size=16, **LINEAR), (1, 3)),
@@ -190,7 +195,8 @@ def _build(name: str):
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for key, p in model.named_parameters():
-            if re.search(r"\.(self_attn|attention|attn)\..*(norm\.weight|sinks|bias)$", key):
+            if re.search(r"\.(self_attn|attention|attn)\..*(norms?(\.\d+)?\.weight|sinks|bias)$",
+                         key):
                 p.add_(torch.randn(p.shape, generator=g) * 0.5)
     return model
 
@@ -376,6 +382,13 @@ EXPECT = {
     "exaone4@3": ((4, 2, 16, None, "none", None), dict(qk_norm="head")),
     "afmoe@0": ((4, 2, 16, 4, "half", 16), dict(qk_norm="head", output_gate=True)),
     "afmoe@1": ((4, 2, 16, None, "none", None), dict(output_gate=True)),
+    "phi@1": ((4, 2, 16, None, "half", 8), dict(qk_norm="head", qk_norm_type="layer",
+                                                qk_norm_bias=True, qk_norm_per_head=False)),
+    "phi-plain@1": ((4, 2, 16, None, "half", 4), dict(qk_norm="none", out_bias=True)),
+    "stablelm@1": ((4, 2, 16, None, "half", 4), dict(qk_norm_type="layer", qk_norm_bias=False,
+                                                     qk_norm_per_head=True, qkv_bias=True)),
+    "cohere@1": ((4, 2, 16, None, "interleaved", 16), dict(
+        qk_norm_type="layer", qk_norm_per_head=True, qkv_bias=True, rope_theta=500000.0)),
     "qwen3_next@1": ((4, 2, 16, None, "half", 4), dict(qk_norm="head", norm_offset=1.0,
                                                        output_gate=True)),
     "qwen3_next@3": ((4, 2, 16, None, "half", 4), dict(output_gate=True)),

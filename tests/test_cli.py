@@ -421,7 +421,8 @@ def random_export_args(rng: np.random.Generator) -> list[str]:
                  "--v-head-dim", "8"]
     else:
         args += pick([], ["--kv-heads", "1"], ["--rotary", "half"], ["--qk-norm", "head"],
-                     ["--softcap", "5"], ["--sliding-window", "4"], ["--sinks"],
+                     ["--qk-norm", "head", "--qk-norm-type", "layer", "--qk-norm-bias",
+                      "--qk-norm-per-head"], ["--softcap", "5"], ["--sliding-window", "4"], ["--sinks"],
                      ["--output-gate"], ["--layout", pick("fused", "stacked", "single")])
     args += pick([], ["--kv-cache"], ["--static-cache"], ["--attention-mask"])
     lossy = rng.random() < 0.3  # ONNX-only (and the int8 cache static-only): often refused

@@ -41,6 +41,37 @@ def test_eager_matches_the_textbook_formula():
     torch.testing.assert_close(m(x), expected, atol=1e-5, rtol=1e-5)
 
 
+def test_layer_norm_qk_norms_are_torchs_layer_norm_per_head():
+    """LayerNorm q/k norms (Phi: a bias; StableLM, Cohere: a weight per head) equal
+    torch.nn.functional.layer_norm of each head."""
+    c = MHAConfig(**BASE, qk_norm="head", qk_norm_type="layer", qk_norm_bias=True,
+                  qk_norm_per_head=True, qk_norm_eps=1e-5)
+    norm = build_module(c, seed=1).q_norm
+    q = torch.randn(2, 4, 9, 16)  # (B, N, T, H)
+    want = torch.stack([torch.nn.functional.layer_norm(
+        q[:, i], (16,), norm.weight[i], norm.bias[i], 1e-5) for i in range(4)], 1)
+    torch.testing.assert_close(norm(q), want)
+
+
+@pytest.mark.parametrize("norm", [dict(qk_norm_bias=True), dict(qk_norm_per_head=True),
+                                  dict(qk_norm="full", qk_norm_bias=True)])
+def test_layer_norm_qk_norms_pass_on_every_target_and_call_kind(tmp_path, norm):
+    c = MHAConfig(**BASE, **{"qk_norm": "head", "qk_norm_type": "layer", **norm, **ROTARY})
+    for name, export, kw in (("o", export_onnx, dict(kv_cache=True)),
+                             ("s", export_onnx, dict(attention_mask=True)),
+                             ("ts", export_torchscript, dict(kv_cache=True))):
+        report = check_parity(export(c, tmp_path / name, validate=False, **kw).path, **SWEEP,
+                              past_lens=[0, 3])
+        assert report.passed, (name, [x.error for x in report.results if not x.passed][:3])
+
+
+def test_qk_norm_shapes_need_a_qk_norm():
+    with pytest.raises(UsageError, match="qk_norm_type shapes the q/k norm: it needs"):
+        MHAConfig(**BASE, qk_norm_type="layer")
+    with pytest.raises(UsageError, match="qk_norm_per_head gives each head its own"):
+        MHAConfig(**BASE, qk_norm="full", qk_norm_per_head=True)
+
+
 @pytest.mark.parametrize("form", ["decomposed", "blocked-plain"])
 @pytest.mark.parametrize("kind", ["full", "kv-cache"])
 def test_every_option_together_passes_the_check(tmp_path, form, kind):

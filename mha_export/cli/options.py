@@ -10,8 +10,8 @@ import click
 
 from ..check.runners import RUNNERS, ort_runner_names
 from ..check.sweep import SWEEPS
-from ..config import (LAYOUTS, QK_NORMS, ROPE_LAYOUTS, ROTARY, SCALINGS, SECTIONS,
-                      MHAConfig)
+from ..config import (LAYOUTS, QK_NORM_TYPES, QK_NORMS, ROPE_LAYOUTS, ROTARY, SCALINGS,
+                      SECTIONS, MHAConfig)
 from ..errors import UsageError
 from ..fanout.executors import EXECUTORS
 from ..lossy.costs import BUDGETS
@@ -111,6 +111,14 @@ CONFIG_OPTIONS = [
                  show_default=True, help="RMSNorm of q and k before rotary: head = over each "
                  "head's features (Qwen3, Gemma 3), full = over the whole projection (OLMo 2)."),
     click.option("--qk-norm-eps", type=float, default=DEFAULTS["qk_norm_eps"], show_default=True),
+    click.option("--qk-norm-type", type=click.Choice(QK_NORM_TYPES),
+                 default=DEFAULTS["qk_norm_type"], show_default=True,
+                 help="rms = RMSNorm; layer = LayerNorm, the mean subtracted first (Phi, "
+                      "StableLM, Cohere)."),
+    click.option("--qk-norm-bias", is_flag=True, default=False,
+                 help="The q/k norm adds a learned bias (Phi's LayerNorm)."),
+    click.option("--qk-norm-per-head", is_flag=True, default=False,
+                 help="One q/k norm weight per head, (heads, head_dim) (StableLM, Cohere)."),
     click.option("--norm-offset", type=float, default=DEFAULTS["norm_offset"], show_default=True,
                  help="The q/k norm multiplies by (offset + weight): 1 for Gemma 3, Qwen3.5."),
     click.option("--softmax-scale", type=float, default=None,

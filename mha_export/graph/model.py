@@ -180,13 +180,16 @@ def _project_qkv(g: GraphBuilder, c: MHAConfig, w: AttentionWeights) -> list[str
 
 def _normalize_qk(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, q: str, k: str
                   ) -> tuple[str, str]:
-    """RMSNorm of q and k over each head's features, or over the whole projection (OLMo 2)."""
-    args = dict(eps=c.qk_norm_eps, offset=c.norm_offset)
+    """The q/k norm (RMSNorm, or LayerNorm with its bias) over each head's features, or over
+    the whole projection (OLMo 2)."""
+    args = dict(eps=c.qk_norm_eps, offset=c.norm_offset, centered=c.qk_norm_type == "layer")
     if c.qk_norm == "full":
-        return (rms_norm(g, q, w.q_norm, name="q_norm", **args),
-                rms_norm(g, k, w.k_norm, name="k_norm", **args))
-    return (heads_rms_norm(g, q, c.heads, c.head_dim, w.q_norm, name="q_norm", **args),
-            heads_rms_norm(g, k, c.kv_heads, c.head_dim, w.k_norm, name="k_norm", **args))
+        return (rms_norm(g, q, w.q_norm, name="q_norm", bias=w.q_norm_bias, **args),
+                rms_norm(g, k, w.k_norm, name="k_norm", bias=w.k_norm_bias, **args))
+    return (heads_rms_norm(g, q, c.heads, c.head_dim, w.q_norm, name="q_norm",
+                           bias=w.q_norm_bias, **args),
+            heads_rms_norm(g, k, c.kv_heads, c.head_dim, w.k_norm, name="k_norm",
+                           bias=w.k_norm_bias, **args))
 
 
 def _rotate_qk(g: GraphBuilder, c: MHAConfig, q: str, k: str, opset: int) -> tuple[str, str]:

@@ -34,8 +34,8 @@ def kind_of(config: MHAConfig) -> AttentionKind:
 
 def build_module(config: MHAConfig, seed: Optional[int] = None) -> nn.Module:
     """A module of config's kind and layout in eval mode; with a seed, deterministic random
-    weights (norm weights and sinks too: their initial values — ones, zeros — would hide
-    bugs)."""
+    weights (norm weights and biases, sinks too: their initial values — ones, zeros — would
+    hide bugs)."""
     layout_class = kind_of(config).layouts[config.layout]
     if seed is None:
         return layout_class(config).eval()
@@ -43,7 +43,7 @@ def build_module(config: MHAConfig, seed: Optional[int] = None) -> nn.Module:
     module = layout_class(config).eval()
     with torch.no_grad():
         for name, t in module.named_parameters():
-            if name.endswith("norm.weight") or name == "sinks":
+            if name.endswith(("norm.weight", "norm.bias")) or name == "sinks":
                 t.normal_(mean=float(t.mean()), std=0.5)
     return module
 

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..config import MHAConfig
 from .attention import attention, merge_heads
-from .norm import RMSNorm
+from .norm import QKNorm
 from .rotary import RopeTables, cos_sin, rope_tables, rotate
 
 
@@ -27,8 +27,10 @@ class AttentionWeights:
     bv: Optional[Tensor] = None
     wo: Optional[Tensor] = None  # (dim, inner); None: no output projection
     bo: Optional[Tensor] = None  # (dim,)
-    q_norm: Optional[Tensor] = None  # (H,) per head | (N*H,) whole projection
-    k_norm: Optional[Tensor] = None  # (H,) | (K*H,)
+    q_norm: Optional[Tensor] = None  # (H,) each head | (N, H) per head | (N*H,) whole projection
+    k_norm: Optional[Tensor] = None  # (H,) | (K, H) | (K*H,)
+    q_norm_bias: Optional[Tensor] = None  # as q_norm (a LayerNorm's bias)
+    k_norm_bias: Optional[Tensor] = None
     sinks: Optional[Tensor] = None  # (N,) one logit per query head
     wg: Optional[Tensor] = None  # (inner, d_in) output gate
     bg: Optional[Tensor] = None  # (inner,)
@@ -78,13 +80,11 @@ class AttentionBase(nn.Module):
         self.softcap = c.softcap or 0.0
         self.has_sinks = c.sinks
         self.gated = c.output_gate
-        per_head = c.qk_norm == "head"
         self.q_norm: nn.Module = nn.Identity()
         self.k_norm: nn.Module = nn.Identity()
         if c.qk_norm != "none":
-            self.q_norm = RMSNorm(c.head_dim if per_head else c.inner, c.qk_norm_eps, c.norm_offset)
-            self.k_norm = RMSNorm(c.head_dim if per_head else c.kv_inner, c.qk_norm_eps,
-                                  c.norm_offset)
+            self.q_norm = qk_norm(c, c.heads, c.inner)
+            self.k_norm = qk_norm(c, c.kv_heads, c.kv_inner)
         if c.sinks:
             self.sinks = nn.Parameter(torch.zeros(c.heads))  # (N,)
         else:
@@ -230,7 +230,7 @@ class AttentionBase(nn.Module):
         return self.project_out(merged)
 
     def _normalize_qk(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor]:
-        """RMSNorm over each head's features, or over the whole projection (OLMo 2)."""
+        """The q/k norm over each head's features, or over the whole projection (OLMo 2)."""
         if self.qk_norm == "head":
             return self.q_norm(q), self.k_norm(k)
         if self.qk_norm == "full":
@@ -257,15 +257,21 @@ class AttentionBase(nn.Module):
         def weight(m: nn.Module, name: str) -> Optional[Tensor]:
             t = getattr(m, name, None)
             return None if t is None else t.detach()
+        def bias(m: nn.Module) -> Optional[Tensor]:
+            return m.bias.detach() if getattr(m, "has_bias", False) else None
         return {"q_norm": weight(self.q_norm, "weight"), "k_norm": weight(self.k_norm, "weight"),
+                "q_norm_bias": bias(self.q_norm), "k_norm_bias": bias(self.k_norm),
                 "sinks": self.sinks.detach() if self.has_sinks else None,
                 "wg": weight(self.W_gate, "weight"), "bg": weight(self.W_gate, "bias")}
 
     def load_extra_weights(self, w: AttentionWeights) -> None:
         with torch.no_grad():
-            for module, t in ((self.q_norm, w.q_norm), (self.k_norm, w.k_norm)):
-                if isinstance(module, RMSNorm):
+            for module, t, b in ((self.q_norm, w.q_norm, w.q_norm_bias),
+                                 (self.k_norm, w.k_norm, w.k_norm_bias)):
+                if isinstance(module, QKNorm):
                     module.weight.copy_(t if t is not None else 1.0 - module.offset)
+                    if module.has_bias:
+                        module.bias.copy_(b if b is not None else torch.zeros_like(module.bias))
             if self.has_sinks:
                 self.sinks.copy_(w.sinks if w.sinks is not None else torch.zeros_like(self.sinks))
             if isinstance(self.W_gate, nn.Linear) and w.wg is not None:
@@ -273,6 +279,14 @@ class AttentionBase(nn.Module):
 
     def load_weights(self, w: AttentionWeights) -> None:
         raise NotImplementedError
+
+
+def qk_norm(c: MHAConfig, heads: int, width: int) -> QKNorm:
+    """The q (heads N, width N*H) or k (K, K*H) norm the config asks for."""
+    shape = ((heads, c.head_dim) if c.qk_norm_per_head else (c.head_dim,)) \
+        if c.qk_norm == "head" else (width,)
+    return QKNorm(shape, c.qk_norm_eps, c.norm_offset, c.qk_norm_type == "layer",
+                  c.qk_norm_bias)
 
 
 def copy_linear(dst: nn.Linear, weight: Tensor, bias: Optional[Tensor]) -> None:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..config import SECTIONS
 from ..errors import NotAttentionLayer, UsageError
-from .families import FAMILIES, Family, Settings, supported_types
+from .families import FAMILIES, INDEXED, Family, Settings, supported_types
 from .quantized import Decoded, QuantFormat, checkpoint_format
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -80,7 +80,8 @@ def _layer_pattern(family: Family, layer: int, parts: tuple[str, ...] = ()) -> r
     (weight or bias, or a quantization format's ``parts``; none for a bare parameter such as
     gpt-oss's self_attn.sinks)."""
     attention = re.escape(family.attention.format(layer=layer))
-    modules = "|".join(map(re.escape, family.tensors))
+    modules = "|".join(re.escape(m[:-len(INDEXED)]) + r"\.\d+" if m.endswith(INDEXED)
+                       else re.escape(m) for m in family.tensors)
     names = "|".join(map(re.escape, sorted({"weight", "bias", *parts}, key=len, reverse=True)))
     return re.compile(rf"{family.prefix}{attention}\.(?P<module>{modules})"
                       rf"(?:\.(?P<part>{names}))?$")
@@ -169,7 +170,7 @@ def _read_tensors(path: Path, family: Family, layer: int, fmt: Optional[QuantFor
     weight as its format's own dequantization."""
     named = {}
     for module, (full, parts) in _layer_modules(path, family, layer, fmt).items():
-        ours = family.tensors[module]
+        ours = _our_name(family, module)
         if _is_quantized(parts, fmt):
             named[ours + ".weight"] = torch.from_numpy(fmt.decode(parts, qcfg, full)
                                                        .dequantized())
@@ -181,6 +182,14 @@ def _read_tensors(path: Path, family: Family, layer: int, fmt: Optional[QuantFor
             if part in ("", "weight", "bias"):
                 named[ours + (f".{part}" if part else "")] = tensor.float()
     return named
+
+
+def _our_name(family: Family, module: str) -> str:
+    """Our name of a checkpoint module: the record's; an indexed one's with its index."""
+    if module in family.tensors:
+        return family.tensors[module]
+    stem, index = module.rsplit(".", 1)
+    return f"{family.tensors[stem + INDEXED]}.{index}"
 
 
 def checkpoint_activations(path: str | Path) -> str:
@@ -201,7 +210,7 @@ def kept_weights(path: str | Path, layer: int) -> tuple[str, dict[str, Decoded]]
     if fmt is None:
         raise UsageError(f"{path} is not a quantized checkpoint (no quantization_config): "
                          "--quantize source has nothing to keep")
-    return fmt.name, {family.tensors[module] + ".weight": fmt.decode(parts, qcfg, full)
+    return fmt.name, {_our_name(family, module) + ".weight": fmt.decode(parts, qcfg, full)
                       for module, (full, parts) in _layer_modules(path, family, layer, fmt).items()
                       if _is_quantized(parts, fmt)}
 

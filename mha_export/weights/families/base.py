@@ -37,6 +37,9 @@ Convert = Callable[[dict, dict], dict]  # (fields, {our-named tensors}) -> our s
 # far) -> the fields it sets.
 Extra = Callable[[Settings, int, str, dict], dict]
 ANY_PREFIX = r"(?:^|\.)"  # tensor names: anything (or nothing) before the attention module
+# a module name ending so stands for one module per index (StableLM's q_layernorm.norms.0, .1,
+# ...), each read under our name with its index ("q_norm.0")
+INDEXED = ".N"
 
 
 def unchanged(fields: dict, tensors: dict) -> dict:
@@ -49,7 +52,8 @@ class Family:
     model_type: str  # config.json's model_type, e.g. "llama"
     layout: str  # our layout its tensors map onto: "split" | "fused" | "latent"
     attention: str  # the layer's attention module, after the prefix ("model.", "transformer.")
-    tensors: dict[str, str]  # checkpoint module (or parameter) -> ours ({"q_proj": "W_query"})
+    tensors: dict[str, str]  # checkpoint module (or parameter, or INDEXED) -> ours
+    #                        ({"q_proj": "W_query"})
     defaults: dict[str, Any]  # transformers' defaults for the config.json keys `fields` reads
     fields: Fields
     convert: Convert = unchanged

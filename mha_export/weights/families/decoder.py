@@ -2,6 +2,7 @@
 type's extras, tensor conversions, and the names and defaults the records share."""
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Union
 
 from .base import Convert, Extra, Fields, Settings
@@ -86,6 +87,37 @@ def per_head_split(source: str, names: tuple[str, ...]) -> Convert:
                 out[f"{name}.{part}"] = per_head[:, i].reshape(heads * head_dim, *t.shape[1:])
         return out
     return convert
+
+
+def stacked_heads(*names: str) -> Convert:
+    """StableLM's per-head norms: one module per head, read as `name`.{i}.weight, stacked
+    into `name`.weight (N, H) (and the biases alike)."""
+    def convert(fields: dict, tensors: dict) -> dict:
+        out = dict(tensors)
+        for name, part in ((n, p) for n in names for p in ("weight", "bias")):
+            rows = sorted((int(k.split(".")[-2]), k) for k in tensors
+                          if re.fullmatch(rf"{name}\.\d+\.{part}", k))
+            if rows:
+                first = tensors[rows[0][1]]
+                stacked = first.new_zeros((len(rows), *first.shape))  # (N, H)
+                for i, (_, key) in enumerate(rows):
+                    stacked[i] = out.pop(key)
+                out[f"{name}.{part}"] = stacked
+        return out
+    return convert
+
+
+def layer_norm(eps: str, per_head: bool = False, bias: bool = False,
+               when: str = "") -> Extra:
+    """LayerNorm of q and k over each head's features (the mean subtracted: Phi with its bias,
+    StableLM and Cohere with a weight per head), eps from config.json's `eps` key; only where
+    config.json's `when` key is true (when given)."""
+    def extra(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+        if when and not s[when]:
+            return {}
+        return {"qk_norm": "head", "qk_norm_type": "layer", "qk_norm_eps": float(s[eps]),
+                "qk_norm_per_head": per_head, "qk_norm_bias": bias}
+    return extra
 
 
 # Names and defaults the records share ---------------------------------------------------------
