@@ -57,6 +57,8 @@ class MHAConfig:
     qk_norm_type: str = "rms"  # QK_NORM_TYPES
     qk_norm_bias: bool = False  # the norm adds a learned bias (Phi's LayerNorm)
     qk_norm_per_head: bool = False  # one weight (and bias) per head, (N, H) (StableLM, Cohere)
+    qk_norm_after_rope: bool = False  # the q/k norm after rotary, not before (Hunyuan)
+    qkv_clip: float | None = None  # q, k, v clamped to [-clip, clip] before rotary (DBRX, OLMo)
     norm_offset: float = 0.0  # the norm multiplies by (norm_offset + weight): 1 for Gemma, Qwen3.5
     softmax_scale: float | None = None  # default 1/sqrt(head_dim) (Gemma, Granite set their own)
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
@@ -195,13 +197,14 @@ class MHAConfig:
                              f"{', '.join(QK_NORM_TYPES)}")
         shaped = [name for name, on in (("qk_norm_type", self.qk_norm_type != "rms"),
                                         ("qk_norm_bias", self.qk_norm_bias),
-                                        ("qk_norm_per_head", self.qk_norm_per_head)) if on]
+                                        ("qk_norm_per_head", self.qk_norm_per_head),
+                                        ("qk_norm_after_rope", self.qk_norm_after_rope)) if on]
         if shaped and self.qk_norm == "none":
             raise UsageError(f"{shaped[0]} shapes the q/k norm: it needs qk_norm head or full")
         if self.qk_norm_per_head and self.qk_norm != "head":
             raise UsageError("qk_norm_per_head gives each head its own norm weights: it needs "
                              f"qk_norm head, got {self.qk_norm!r}")
-        for name in ("qk_norm_eps", "softmax_scale", "softcap"):
+        for name in ("qk_norm_eps", "softmax_scale", "softcap", "qkv_clip"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(
                     value, bool) and math.isfinite(value) and value > 0):
@@ -259,6 +262,8 @@ class MHAConfig:
         if self.qk_norm != "none":
             s += f"-qkn{self.qk_norm}" + "".join(tag for tag, on in (
                 ("-ln", self.qk_norm_type == "layer"), ("b", self.qk_norm_bias),
-                ("-ph", self.qk_norm_per_head)) if on)
+                ("-ph", self.qk_norm_per_head), ("-post", self.qk_norm_after_rope)) if on)
+        if self.qkv_clip:
+            s += f"-clip{self.qkv_clip:g}"
         return s + "".join(f"-{tag}" for tag, on in (("cap", self.softcap), ("sinks", self.sinks),
                                                      ("gate", self.output_gate)) if on)

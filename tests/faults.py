@@ -416,6 +416,10 @@ OPTION_FAULTS = {
                                             lambda p, c: layer_norm_uncentered(p)),
     "q/k norm bias dropped": (dict(qk_norm="head", qk_norm_type="layer", qk_norm_bias=True),
                               lambda p, c: zeroed(p, "q_norm.bias", "k_norm.bias")),
+    "q/k norm after rotary skipped": (dict(qk_norm="head", qk_norm_after_rope=True),
+                                      lambda p, c: qk_norm_skipped(p)),
+    "q/k/v clamp dropped": (dict(qkv_clip=0.5), lambda p, c: _edit(p, lambda m: [
+        _bypass(m, f"qkv_clip_clipped_{i}") for i in range(3)])),
     "per-head q/k norm weights shared": (dict(qk_norm="head", qk_norm_type="layer",
                                               qk_norm_per_head=True),
                                          lambda p, c: per_head_weights_shared(p)),

@@ -156,6 +156,39 @@ MODELS = {
     "stablelm": Spec("stablelm", dict(NEW, qk_layernorm=True, use_qkv_bias=True), (1,)),
     "cohere": Spec("cohere", dict(NEW, use_qk_norm=True, attention_bias=True, pad_token_id=0),
                    (1,)),
+    "hunyuan_v1_dense": Spec("hunyuan_v1_dense", dict(NEW, head_dim=16, attention_bias=True,
+                                                      rope_parameters={
+        "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}), (1,)),
+    "hunyuan_v1_moe": Spec("hunyuan_v1_moe", dict(NEW, head_dim=16, num_experts=4, moe_topk=2),
+                           (1,)),
+    "granitemoe": Spec("granitemoe", dict(NEW, attention_multiplier=0.3, num_local_experts=4,
+                                          num_experts_per_tok=2), (1,)),
+    "granitemoeshared": Spec("granitemoeshared", dict(
+        NEW, attention_multiplier=0.3, num_local_experts=4, num_experts_per_tok=2,
+        shared_intermediate_size=16), (1,)),
+    "olmoe": Spec("olmoe", dict(NEW, clip_qkv=0.3, num_experts=4, num_experts_per_tok=2,
+                                pad_token_id=None), (1,)),
+    "olmo": Spec("olmo", dict(NEW, clip_qkv=0.3, attention_bias=True, pad_token_id=None), (1,)),
+    "dbrx": Spec("dbrx", dict(d_model=64, n_heads=4, n_layers=3, max_seq_len=64, vocab_size=60,
+                              initializer_range=0.2, attn_config={
+                                  "kv_n_heads": 2, "clip_qkv": 0.3, "rope_theta": 5e5},
+                              rope_theta=20000.0,  # transformers 5.23 reads this one
+                              ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4,
+                                          "moe_top_k": 2}), (1,)),
+    "gemma": Spec("gemma", dict(NEW, head_dim=16), (1,)),
+    "gptj": Spec("gptj", dict(n_embd=64, n_head=4, n_layer=3, rotary_dim=8, vocab_size=60,
+                              n_positions=64, initializer_range=0.2), (1,)),
+    "gpt_neo": Spec("gpt_neo", dict(hidden_size=64, num_heads=4, num_layers=2, window_size=4,
+                                    attention_types=[[["global", "local"], 1]], vocab_size=60,
+                                    max_position_embeddings=64, initializer_range=0.2), (0, 1)),
+    "opt": Spec("opt", dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=3,
+                            ffn_dim=32, vocab_size=60, max_position_embeddings=64,
+                            word_embed_proj_dim=64, init_std=0.2), (1,)),
+    "gpt_bigcode": Spec("gpt_bigcode", dict(n_embd=64, n_head=4, n_layer=3, vocab_size=60,
+                                            n_positions=64, initializer_range=0.2), (1,)),
+    "gpt_bigcode-mha": Spec("gpt_bigcode", dict(n_embd=64, n_head=4, n_layer=3, vocab_size=60,
+                                                n_positions=64, multi_query=False), (1,)),
+    "persimmon": Spec("persimmon", dict(NEW, num_key_value_heads=None), (1,)),
     "qwen3_next": Spec("qwen3_next", dict(NEW, head_dim=16, num_experts=4, num_experts_per_tok=2,
                                           moe_intermediate_size=16,
                                           shared_expert_intermediate_size=16, **LINEAR), (1, 3)),
@@ -177,10 +210,15 @@ B, L, PREFILL = 3, 11, 6
 
 
 def _attention(model, kind: str, layer: int):
-    if kind == "gpt2":
+    if kind == "dbrx":
+        return model.transformer.blocks[layer].norm_attn_norm.attn
+    if hasattr(model, "transformer"):  # gpt2, gptj, gpt_neo (its wrapper), gpt_bigcode
         return model.transformer.h[layer].attn
     if kind == "gpt_neox":
         return model.gpt_neox.layers[layer].attention
+    decoder = getattr(model.model, "decoder", None)  # OPT
+    if decoder is not None:
+        return decoder.layers[layer].self_attn
     return getattr(model.model, "language_model", model.model).layers[layer].self_attn
 
 
@@ -309,7 +347,8 @@ def test_cached_decode_equals_transformers_with_its_own_cache(checkpoint, fmt, t
         start = end
     assert start == L
     kept = theirs.keys.shape[2]
-    assert kept == (min(L, c.sliding_window - 1) if c.sliding_window else L), kept
+    full = not c.sliding_window or kind == "gpt_neo"  # GPT-Neo's local layers keep every entry
+    assert kept == (L if full else min(L, c.sliding_window - 1)), kept
     real = mask.numpy().astype(bool)[:, L - kept:]
     for ours, cached in ((present["present_key"], theirs.keys),
                          (present["present_value"], theirs.values)):
@@ -389,6 +428,22 @@ EXPECT = {
                                                      qk_norm_per_head=True, qkv_bias=True)),
     "cohere@1": ((4, 2, 16, None, "interleaved", 16), dict(
         qk_norm_type="layer", qk_norm_per_head=True, qkv_bias=True, rope_theta=500000.0)),
+    "hunyuan_v1_dense@1": ((4, 2, 16, None, "half", 16), dict(
+        qk_norm="head", qk_norm_after_rope=True, rope_theta=10000.0 * 1000.0 ** (16 / 14))),
+    "hunyuan_v1_moe@1": ((4, 2, 16, None, "half", 16), dict(qk_norm_after_rope=True)),
+    "granitemoe@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=0.3)),
+    "granitemoeshared@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=0.3)),
+    "olmoe@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="full", qkv_clip=0.3)),
+    "olmo@1": ((4, 2, 16, None, "half", 16), dict(qkv_clip=0.3, qkv_bias=True)),
+    "dbrx@1": ((4, 2, 16, None, "half", 16), dict(qkv_clip=0.3, rope_theta=20000.0)),
+    "gemma@1": ((4, 2, 16, None, "half", 16), {}),
+    "gptj@1": ((4, 4, 16, None, "interleaved", 8), dict(qkv_bias=False, out_bias=False)),
+    "gpt_neo@0": ((4, 4, 16, None, "none", None), dict(softmax_scale=1.0, out_bias=True)),
+    "gpt_neo@1": ((4, 4, 16, 4, "none", None), dict(softmax_scale=1.0, qkv_bias=False)),
+    "opt@1": ((4, 4, 16, None, "none", None), dict(qkv_bias=True, out_bias=True)),
+    "gpt_bigcode@1": ((4, 1, 16, None, "none", None), dict(qkv_bias=True)),
+    "gpt_bigcode-mha@1": ((4, 4, 16, None, "none", None), dict(out_bias=True)),
+    "persimmon@1": ((4, 4, 16, None, "half", 8), dict(qk_norm_type="layer", qk_norm_bias=True)),
     "qwen3_next@1": ((4, 2, 16, None, "half", 4), dict(qk_norm="head", norm_offset=1.0,
                                                        output_gate=True)),
     "qwen3_next@3": ((4, 2, 16, None, "half", 4), dict(output_gate=True)),
@@ -457,6 +512,9 @@ RESPELLED = {
     "exaone4@3": dict(sliding_window=None),  # no window: every layer rotates
     "afmoe@1": dict(layer_types=None),  # every global_attn_every_n_layers-th full
     "lfm2@3": dict(layer_types=None, full_attn_idxs=[1, 3]),
+    "hunyuan_v1_dense@1": dict(rope_parameters=None, rope_theta=10000.0, rope_scaling={
+        "type": "dynamic", "alpha": 1000.0, "factor": 1.0}),  # as the checkpoints write it
+    "gpt_neo@1": dict(attention_layers=None),  # attention_types expanded
 }
 
 

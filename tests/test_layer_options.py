@@ -65,6 +65,30 @@ def test_layer_norm_qk_norms_pass_on_every_target_and_call_kind(tmp_path, norm):
         assert report.passed, (name, [x.error for x in report.results if not x.passed][:3])
 
 
+@pytest.mark.parametrize("option", [dict(qk_norm="head", qk_norm_after_rope=True),
+                                    dict(qk_norm="full", qkv_clip=0.5), dict(qkv_clip=0.3)])
+def test_norm_after_rotary_and_the_qkv_clamp_equal_their_formula(option):
+    """Hunyuan: RMSNorm after rotary; DBRX / OLMo: q, k, v clamped before rotary."""
+    c = MHAConfig(**BASE, **ROTARY, **option)
+    m = build_module(c, seed=3)
+    x = torch.randn(1, 7, 64) * 3
+    pos = torch.arange(7)[None]
+    q, k, v = m.project_qkv(x)
+    if not c.qk_norm_after_rope:
+        q, k = m._normalize_qk(q, k)
+    if c.qkv_clip:
+        q, k, v = (t.clamp(-c.qkv_clip, c.qkv_clip) for t in (q, k, v))
+        assert (q.abs() == c.qkv_clip).any()  # the clamp acts
+    from mha_export.layer.rotary import cos_sin, rotate
+    cos, sin = cos_sin(pos, m.inv_freq, q.dtype, m.long_inv_freq, m.rope_switch, m.rope_factor)
+    q, k = rotate(q, cos, sin, False), rotate(k, cos, sin, False)
+    if c.qk_norm_after_rope:
+        q, k = m.q_norm(q), m.k_norm(k)
+    got = m._queries_keys_values(x, pos)
+    for a, b in zip(got, (q, k, v)):
+        torch.testing.assert_close(a, b)
+
+
 def test_qk_norm_shapes_need_a_qk_norm():
     with pytest.raises(UsageError, match="qk_norm_type shapes the q/k norm: it needs"):
         MHAConfig(**BASE, qk_norm_type="layer")

@@ -119,6 +119,11 @@ CONFIG_OPTIONS = [
                  help="The q/k norm adds a learned bias (Phi's LayerNorm)."),
     click.option("--qk-norm-per-head", is_flag=True, default=False,
                  help="One q/k norm weight per head, (heads, head_dim) (StableLM, Cohere)."),
+    click.option("--qk-norm-after-rope", is_flag=True, default=False,
+                 help="The q/k norm after rotary, not before (Hunyuan)."),
+    click.option("--qkv-clip", type=float, default=None,
+                 help="Clamp q, k and v to [-clip, clip] after the projections (and q/k norm), "
+                      "before rotary (DBRX, OLMo, OLMoE: clip_qkv)."),
     click.option("--norm-offset", type=float, default=DEFAULTS["norm_offset"], show_default=True,
                  help="The q/k norm multiplies by (offset + weight): 1 for Gemma 3, Qwen3.5."),
     click.option("--softmax-scale", type=float, default=None,

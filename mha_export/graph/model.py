@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Iterable, Mapping
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 from torch import Tensor
@@ -158,13 +159,25 @@ def _name_output(g: GraphBuilder, tensor: str, name: str) -> None:
 
 def _queries_keys_values(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, opset: int
                          ) -> tuple[str, str, str]:
-    """x -> projections -> q/k norm -> rotary: q (B, T, N*H), k and v (B, T, K*H)."""
+    """x -> projections -> q/k norm -> clamp -> rotary (-> q/k norm, where it comes after
+    rotary): q (B, T, N*H), k and v (B, T, K*H)."""
     q, k, v = _project_qkv(g, c, w)  # (B, T, N*H), 2 x (B, T, K*H)
-    if c.qk_norm != "none":  # before rotary, as transformers
+    if c.qk_norm != "none" and not c.qk_norm_after_rope:  # before rotary, as transformers
         q, k = _normalize_qk(g, c, w, q, k)
+    if c.qkv_clip:
+        q, k, v = _clamp(g, c.qkv_clip, q, k, v)
     if c.rotary != "none":  # rotate q and k by position_ids before any core
         q, k = _rotate_qk(g, c, q, k, opset)
+    if c.qk_norm != "none" and c.qk_norm_after_rope:  # Hunyuan: after rotary
+        q, k = _normalize_qk(g, c, w, q, k)
     return q, k, v
+
+
+def _clamp(g: GraphBuilder, clip: float, *tensors: str) -> list[str]:
+    """Each tensor clamped to [-clip, clip] (DBRX's, OLMo's clip_qkv)."""
+    op = Ops(g).named("qkv_clip")
+    low, high = g.const("qkv_clip.min", np.array(-clip)), g.const("qkv_clip.max", np.array(clip))
+    return [op.Clip(t, low, high, name=f"clipped_{i}") for i, t in enumerate(tensors)]
 
 
 def _project_qkv(g: GraphBuilder, c: MHAConfig, w: AttentionWeights) -> list[str]:

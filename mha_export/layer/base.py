@@ -77,6 +77,8 @@ class AttentionBase(nn.Module):
         """The weights of the newer layers' options (Identity / empty where off: TorchScript
         compiles every branch, and the state dict holds only what the layer has)."""
         self.qk_norm = c.qk_norm
+        self.norm_after_rope = c.qk_norm_after_rope
+        self.qkv_clip = float(c.qkv_clip or 0.0)  # 0: no clamp
         self.softcap = c.softcap or 0.0
         self.has_sinks = c.sinks
         self.gated = c.output_gate
@@ -211,15 +213,22 @@ class AttentionBase(nn.Module):
 
     def _queries_keys_values(self, x: Tensor, position_ids: Tensor
                              ) -> Tuple[Tensor, Tensor, Tensor]:
-        """Projections -> q/k norm -> rotary at position_ids (B, T): q (B, N, T, H), k and v
-        (B, K, T, H) (the cache holds rotated keys)."""
+        """Projections -> q/k norm -> clamp -> rotary at position_ids (B, T) (-> q/k norm, where
+        it comes after rotary): q (B, N, T, H), k and v (B, K, T, H) (the cache holds rotated
+        keys)."""
         q, k, v = self.project_qkv(x)
-        q, k = self._normalize_qk(q, k)
+        if not self.norm_after_rope:
+            q, k = self._normalize_qk(q, k)
+        if self.qkv_clip > 0.0:
+            c = self.qkv_clip
+            q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
         if self.rotary:
             cos, sin = cos_sin(position_ids, self.inv_freq, q.dtype, self.long_inv_freq,
                                self.rope_switch, self.rope_factor)  # (B, 1, T, rd/2)
             q = rotate(q, cos, sin, self.interleaved)
             k = rotate(k, cos, sin, self.interleaved)
+        if self.norm_after_rope:
+            q, k = self._normalize_qk(q, k)
         return q, k, v
 
     def _output(self, x: Tensor, ctx: Tensor) -> Tensor:

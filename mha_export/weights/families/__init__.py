@@ -7,10 +7,11 @@ transformers' defaults for the keys a config.json may omit — data in the recor
 ``Settings``. ``huggingface`` does the reading (files, shards, layer selection, errors).
 
 The records live in this package, one module per group of related model types (llama.py,
-olmo.py, pairs.py, local_global.py, layernorm.py, qwen.py, gemma.py, gpt.py, deepseek.py), on
-shared parts: base.py (``Family``, ``Settings``, ``Extra``), rope.py, layer_types.py and
-decoder.py (Llama-style fields, extras, conversions). Adding a model type is one record in its
-group's ``RECORDS`` (docs/checkpoints.md's table is generated from them) and a test spec: reuse a
+olmo.py, pairs.py, local_global.py, layernorm.py, qwen.py, gemma.py, gpt.py, classic.py,
+deepseek.py), on shared parts: base.py (``Family``, ``Settings``, ``Extra``), rope.py,
+layer_types.py and decoder.py (Llama-style fields, extras, conversions). Adding a model type
+is one record in its group's ``RECORDS`` (docs/checkpoints.md's table is generated from them)
+and a test spec: reuse a
 fields function (``decoder_fields`` serves Llama-style decoders: its layer-type rule, biases and
 extras — q/k norms, softmax scale, softcapping, sinks, output gate, NoPE layers — are arguments)
 and write a small one, or a ``convert``, only where the new type's math differs. Multimodal
@@ -23,14 +24,14 @@ registry for its help without importing torch.
 """
 from __future__ import annotations
 
-from . import deepseek, gemma, gpt, layernorm, llama, local_global, olmo, pairs, qwen
+from . import classic, deepseek, gemma, gpt, layernorm, llama, local_global, olmo, pairs, qwen
 from .base import ANY_PREFIX, INDEXED, Convert, Family, Fields, Settings, unchanged
 
 __all__ = ["ANY_PREFIX", "INDEXED", "Convert", "FAMILIES", "Family", "Fields", "Settings",
            "supported_types", "unchanged"]
 
 # the order of the help's and the docs' lists
-GROUPS = (llama, olmo, pairs, local_global, layernorm, qwen, gemma, gpt, deepseek)
+GROUPS = (llama, olmo, pairs, local_global, layernorm, qwen, gemma, gpt, classic, deepseek)
 FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.RECORDS}
 
 

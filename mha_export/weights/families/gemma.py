@@ -8,7 +8,7 @@ from ...errors import UsageError
 from .base import Extra, Family, Settings
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, LANGUAGE_MODEL, NORM_TENSORS,
                       decoder_fields, head_norm)
-from .layer_types import periodic, typed
+from .layer_types import full_layers, periodic, typed
 from .rope import rope_by_layer_type
 
 GEMMA_DEFAULTS = {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 256,
@@ -42,6 +42,10 @@ GEMMA3 = Family(
             "by type; 4.x rope_theta / rope_local_base_freq, rope_scaling on full layers)")
 
 RECORDS = (
+    Family("gemma", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 256},
+           decoder_fields(full_layers, "attention_bias", "attention_bias"),
+           summary="heads, num_key_value_heads, head_dim (default 256), attention_bias, rope"),
     Family("gemma2", "split", ATTN, DECODER_TENSORS,
            {**GEMMA_DEFAULTS, "attn_logit_softcapping": 50.0,
             "use_bidirectional_attention": None},

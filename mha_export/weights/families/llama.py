@@ -8,7 +8,7 @@ from __future__ import annotations
 from ...errors import UsageError
 from .base import Family, Settings
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, NOPE, NORM_TENSORS,
-                      decoder_fields, head_norm)
+                      decoder_fields, fixed, head_norm)
 from .layer_types import FULL, SLIDING, full_layers, sliding_layers, typed
 from .rope import rotary_fields
 
@@ -60,6 +60,17 @@ def lfm2_layers(s: Settings, layer: int) -> str:
     return FULL if listed is None or layer in listed else "conv"
 
 
+def ntk_alpha(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """Hunyuan: rope type "dynamic" with an alpha is a fixed base (transformers' ntk_alpha),
+    theta * alpha ** (H / (H - 2)), not dynamic NTK."""
+    params = {**(s.get("rope_scaling") or {}), **(s.get("rope_parameters") or {})}
+    if (params.get("rope_type") or params.get("type")) != "dynamic" or not params.get("alpha"):
+        return {}
+    h = fields["head_dim"]
+    return {"rope_theta": fields["rope_theta"] * float(params["alpha"]) ** (h / (h - 2)),
+            "rope_scaling": None}
+
+
 def sliding_when_set(s: Settings, layer: int) -> str:
     """Ministral's default layer types: every layer slides when sliding_window is set."""
     return SLIDING if s.get("sliding_window") is not None else FULL
@@ -71,6 +82,8 @@ def smollm3_layers(s: Settings, layer: int) -> str:
     return SLIDING if on and not uses_rope(s, layer) else FULL
 
 
+HUNYUAN_TENSORS = {**DECODER_TENSORS, "query_layernorm": "q_norm", "key_layernorm": "k_norm"}
+HUNYUAN_DEFAULTS = {**DECODER_DEFAULTS, "attention_bias": False, "rms_norm_eps": 1e-5}
 INTERNLM3_BIAS = ("attention_bias", "qkv_bias")  # its config maps qkv_bias to attention_bias
 LFM2_TENSORS = {"q_proj": "W_query", "k_proj": "W_key", "v_proj": "W_value",
                 "out_proj": "out_proj", "q_layernorm": "q_norm", "k_layernorm": "k_norm"}
@@ -95,6 +108,14 @@ RECORDS = (
            decoder_fields(full_layers, "attention_bias", "attention_bias",
                           multiplier_scale),
            summary="softmax scale attention_multiplier, attention_bias, rope"),
+    Family("granitemoe", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False, "attention_multiplier": 1.0},
+           decoder_fields(full_layers, "attention_bias", "attention_bias", multiplier_scale),
+           summary="as granite"),
+    Family("granitemoeshared", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False, "attention_multiplier": 1.0},
+           decoder_fields(full_layers, "attention_bias", "attention_bias", multiplier_scale),
+           summary="as granite"),
     Family("starcoder2", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "use_bias": True, "num_key_value_heads": 2,
             "sliding_window": None},
@@ -138,6 +159,16 @@ RECORDS = (
             "head_dim": 128, "rms_norm_eps": 1e-5},
            decoder_fields(full_layers, "attention_bias", "attention_bias", head_norm(0.0)),
            summary="as apertus (head_dim default 128)"),
+    Family("hunyuan_v1_dense", "split", ATTN, HUNYUAN_TENSORS, HUNYUAN_DEFAULTS,
+           decoder_fields(full_layers, "attention_bias", "attention_bias", head_norm(0.0),
+                          fixed(qk_norm_after_rope=True), ntk_alpha),
+           summary="q/k norm per head after rotary (query_layernorm, key_layernorm), "
+                   "attention_bias, rope (dynamic + alpha: a fixed base, theta * "
+                   "alpha^(H/(H-2)))"),
+    Family("hunyuan_v1_moe", "split", ATTN, HUNYUAN_TENSORS, HUNYUAN_DEFAULTS,
+           decoder_fields(full_layers, "attention_bias", "attention_bias", head_norm(0.0),
+                          fixed(qk_norm_after_rope=True), ntk_alpha),
+           summary="as hunyuan_v1_dense"),
     Family("internlm3", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 128},
            decoder_fields(full_layers, INTERNLM3_BIAS, INTERNLM3_BIAS),

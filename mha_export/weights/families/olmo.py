@@ -33,6 +33,12 @@ RECORDS = (
            summary="as olmo2; layer_types (or every 4th layer full) + sliding_window, a rope "
                    "per layer type (rope_parameters keyed by type; 4.x rope_theta and "
                    "rope_scaling on full layers, the default theta on sliding ones)"),
+    Family("olmoe", "split", ATTN, NORM_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False, "rms_norm_eps": 1e-5,
+            "clip_qkv": None},
+           decoder_fields(full_layers, "attention_bias", "attention_bias", whole_norm,
+                          lambda s, layer, kind, fields: {"qkv_clip": s.get("clip_qkv")}),
+           summary="as olmo2; clip_qkv (q, k, v clamped after the norms)"),
     Family("flex_olmo", "split", ATTN, NORM_TENSORS,
            {**OLMO_DEFAULTS, "rms_norm_eps": 1e-6},
            decoder_fields(full_layers, "attention_bias", "attention_bias", whole_norm),

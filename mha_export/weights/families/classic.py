@@ -1,0 +1,113 @@
+"""Earlier decoders, each a record of its own config.json spelling: GPT-J (rotary in pairs on
+rotary_dim), GPT-Neo (unscaled scores, local layers), OPT (no rotary), GPT-BigCode (StarCoder 1:
+one fused c_attn, multi-query), Persimmon (per-head fused QKV, LayerNorm q/k norms), OLMo (a
+q/k/v clamp) and DBRX (a fused Wqkv, its clamp and kv heads in attn_config)."""
+from __future__ import annotations
+
+from .base import Family, Settings
+from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, decoder_fields, layer_norm,
+                      per_head_split)
+from .layer_types import full_layers
+from .llama import qkv_rows_convert
+from .rope import rotary_fields
+
+
+def plain(heads: int, dim: int, kv_heads: int, bias: bool, out_bias: bool, **extra) -> dict:
+    """The fields of a layer whose head width is dim / heads (causal, no window, no rotary
+    unless `extra` says)."""
+    return {"dim": dim, "d_in": dim, "heads": heads, "head_dim": dim // heads,
+            "kv_heads": kv_heads, "causal": True, "qkv_bias": bias, "out_bias": out_bias,
+            "sliding_window": None, "rotary": "none", **extra}
+
+
+def gptj_fields(s: Settings, layer: int) -> dict:
+    """GPT-J: rotary in pairs on the first rotary_dim features (all when null), base 10000."""
+    heads, dim = s["n_head"], s["n_embd"]
+    return plain(heads, dim, heads, False, False, rotary="interleaved",
+                 rotary_dim=s.get("rotary_dim") or dim // heads, rope_theta=10000.0)
+
+
+def gpt_neo_fields(s: Settings, layer: int) -> dict:
+    """GPT-Neo: scores not scaled (scale 1); attention_layers (or attention_types expanded)
+    says global or local, a local layer sees window_size keys."""
+    kinds = s.get("attention_layers") or [kind for pattern, times in s["attention_types"]
+                                          for _ in range(times) for kind in pattern]
+    heads, dim = s["num_heads"], s["hidden_size"]
+    window = s["window_size"] if kinds[layer] == "local" else None
+    return plain(heads, dim, heads, False, True, softmax_scale=1.0, sliding_window=window)
+
+
+def opt_fields(s: Settings, layer: int) -> dict:
+    heads = s["num_attention_heads"]
+    return plain(heads, s["hidden_size"], heads, s["enable_bias"], s["enable_bias"])
+
+
+def bigcode_fields(s: Settings, layer: int) -> dict:
+    """GPT-BigCode: one key/value head with multi_query; scale 1 without scale_attn_weights."""
+    heads = s["n_head"]
+    return plain(heads, s["n_embd"], 1 if s["multi_query"] else heads, True, True,
+                 softmax_scale=None if s["scale_attn_weights"] else 1.0)
+
+
+def bigcode_convert(fields: dict, tensors: dict) -> dict:
+    """c_attn: multi-query stacks all query rows, then the key's and the value's; else per head
+    [q_h; k_h; v_h] (as GPT-NeoX)."""
+    if fields["kv_heads"] < fields["heads"]:
+        return qkv_rows_convert(fields, tensors)
+    return per_head_split("qkv_proj", ("W_query", "W_key", "W_value"))(fields, tensors)
+
+
+def dbrx_fields(s: Settings, layer: int) -> dict:
+    """DBRX: kv heads and clip_qkv in the nested attn_config; the rope as transformers 5.23
+    reads it (rope_parameters / rope_theta: it ignores 4.x's attn_config.rope_theta)."""
+    attn = s.get("attn_config") or {}
+    heads, dim = s["n_heads"], s["d_model"]
+    return plain(heads, dim, attn.get("kv_n_heads", 1), False, False,
+                 qkv_clip=attn.get("clip_qkv"), **rotary_fields(s, dim // heads))
+
+
+def olmo_clip(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """OLMo, OLMoE: q, k and v clamped to ±clip_qkv (when set)."""
+    return {"qkv_clip": s.get("clip_qkv")}
+
+
+GPT = {"layer_count": "n_layer", "context": "n_positions"}
+
+RECORDS = (
+    Family("gptj", "split", "h.{layer}.attn", {**DECODER_TENSORS, "out_proj": "out_proj"},
+           {"rotary_dim": None}, gptj_fields, **GPT,
+           summary="n_head, n_embd, rotary in pairs on rotary_dim (null: all), no biases"),
+    Family("gpt_neo", "split", "h.{layer}.attn.attention",
+           {**DECODER_TENSORS, "out_proj": "out_proj"},
+           {"window_size": 256, "attention_types": [[["global", "local"], 12]]},
+           gpt_neo_fields, layer_count="num_layers",
+           summary="num_heads, scale 1 (scores not scaled), attention_layers (or "
+                   "attention_types) + window_size, out_proj bias, no rotary"),
+    Family("opt", "split", ATTN, {**DECODER_TENSORS, "out_proj": "out_proj"},
+           {"enable_bias": True}, opt_fields,
+           summary="heads, enable_bias, no rotary (positions are the model's)"),
+    Family("gpt_bigcode", "split", "h.{layer}.attn", {"c_attn": "qkv_proj", "c_proj": "out_proj"},
+           {"multi_query": True, "scale_attn_weights": True}, bigcode_fields, bigcode_convert,
+           **GPT, summary="c_attn split (multi_query: query rows, one key and value head; "
+                          "else per head), scale_attn_weights, biases, no rotary"),
+    Family("persimmon", "split", "layers.{layer}.self_attn",
+           {"query_key_value": "query_key_value", "dense": "out_proj",
+            "q_layernorm": "q_norm", "k_layernorm": "k_norm"},
+           {**DECODER_DEFAULTS, "partial_rotary_factor": 0.5, "qk_layernorm": True,
+            "layer_norm_eps": 1e-5, "num_key_value_heads": None},
+           decoder_fields(full_layers, True, True,
+                          layer_norm("layer_norm_eps", bias=True, when="qk_layernorm")),
+           per_head_split("query_key_value", ("W_query", "W_key", "W_value")),
+           summary="query_key_value per head (as gpt_neox), dense, partial rotary (0.5), "
+                   "LayerNorm q/k norms with bias (qk_layernorm)"),
+    Family("olmo", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "attention_bias": False, "clip_qkv": None},
+           decoder_fields(full_layers, "attention_bias", "attention_bias", olmo_clip),
+           summary="clip_qkv (q, k, v clamped), attention_bias, rope"),
+    Family("dbrx", "split", "blocks.{layer}.norm_attn_norm.attn",
+           {"Wqkv": "qkv_proj", "out_proj": "out_proj"}, {**DECODER_DEFAULTS},
+           dbrx_fields, qkv_rows_convert, layer_count="n_layers", context="max_seq_len",
+           summary="n_heads, d_model, Wqkv split by sizes, attn_config's kv_n_heads and "
+                   "clip_qkv; rope_parameters (transformers 5.23 ignores attn_config's "
+                   "rope_theta)"),
+)
