@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..config import SECTIONS
 from ..errors import NotAttentionLayer, UsageError
-from .families import FAMILIES, INDEXED, Family, Settings, supported_types
+from .families import FAMILIES, INDEXED, NOT_YET, Family, Settings, supported_types
 from .quantized import Decoded, QuantFormat, checkpoint_format
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -56,6 +56,9 @@ def _read_config(cfg_path: Path) -> tuple[Family, dict]:
         raise UsageError(f"{cfg_path}: expected a JSON object")
     kind = cfg.get("model_type")
     family = FAMILIES.get(kind) if isinstance(kind, str) else None
+    if family is None and kind in NOT_YET:
+        raise UsageError(f"{cfg_path}: model type {kind!r} is not read yet: its attention "
+                         f"needs {NOT_YET[kind]}")
     if family is None:
         raise UsageError(f"{cfg_path}: unsupported model type {kind!r} (supported: "
                          f"{supported_types()})")

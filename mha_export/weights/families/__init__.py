@@ -26,9 +26,10 @@ from __future__ import annotations
 
 from . import classic, deepseek, gemma, gpt, layernorm, llama, local_global, olmo, pairs, qwen
 from .base import ANY_PREFIX, INDEXED, Convert, Family, Fields, Settings, unchanged
+from .not_yet import NOT_YET
 
-__all__ = ["ANY_PREFIX", "INDEXED", "Convert", "FAMILIES", "Family", "Fields", "Settings",
-           "supported_types", "unchanged"]
+__all__ = ["ANY_PREFIX", "INDEXED", "Convert", "FAMILIES", "Family", "Fields", "NOT_YET",
+           "Settings", "supported_types", "unchanged"]
 
 # the order of the help's and the docs' lists
 GROUPS = (llama, olmo, pairs, local_global, layernorm, qwen, gemma, gpt, classic, deepseek)

@@ -1,0 +1,39 @@
+"""Model types transformers 5.23 ships whose attention needs what the layer lacks: each is
+refused in one line naming what is missing (never "unsupported model type"), until it is built.
+The list is ../shared/notes/families-transformers-5.23.md's, less what the registry reads."""
+from __future__ import annotations
+
+CROSS_LAYER_KV = ("cross-layer KV sharing (num_kv_shared_layers: a layer attends with another "
+                  "layer's keys and values)")
+DSA = ("DeepSeek Sparse Attention (a lightning indexer picks index_topk keys per query, with "
+       "its own key cache beside the latent one)")
+LLAMA4 = ("chunked attention (attention_chunk_size) on its rotary layers, a weightless L2 q/k "
+          "norm after rotary, and temperature tuning (attn_temperature_tuning) on its NoPE "
+          "layers")
+GEMMA3N = (f"{CROSS_LAYER_KV}, a weightless value norm, and q/k norms by w (not 1 + w) with "
+           "softmax scale 1")
+GEMMA4 = (f"{CROSS_LAYER_KV}, a head width and kv heads per layer type, k_eq_v (keys as "
+          "values) and the proportional rope type")
+
+# model_type -> what its attention needs that the layer lacks
+NOT_YET: dict[str, str] = {
+    "llama4_text": LLAMA4, "llama4": LLAMA4,
+    "gemma3n_text": GEMMA3N, "gemma3n": GEMMA3N,
+    "gemma4_text": GEMMA4, "gemma4": GEMMA4,
+    "deepseek_v32": DSA,
+    "glm_moe_dsa": f"{DSA}, its indexer rotating in pairs and its top-k shared across layers",
+    "qwen4_exp_text": "block top-k sparse attention (QSA) and its GatedDeltaNet layers",
+    "qwen4_exp": "block top-k sparse attention (QSA) and its GatedDeltaNet layers",
+    "deepseek_v4": ("compressed sparse attention, one shared key = value head, sinks, inverse "
+                    "rotary on the output and a grouped low-rank output projection"),
+    "mimo_v2_flash": ("a value head width unlike the key's (v_head_dim), a value scale, and kv "
+                      "heads and sinks per layer type"),
+    "longcat_flash": ("two attention modules per layer (self_attn.0, self_attn.1) and MLA with "
+                      "constant LoRA scales (mla_scale_q_lora, mla_scale_kv_lora)"),
+    "kimi_linear": "MLA without rotary (no qk_rope_head_dim) and its KDA linear-attention layers",
+    "phimoe": "longrope's short_mscale / long_mscale (an attention factor per table)",
+    "ministral3": ("query scaling by position (rope_parameters' llama_4_scaling_beta: "
+                   "q * (1 + beta * log(1 + floor(position / original_max_position_embeddings))))"),
+    "bitnet": "an RMSNorm before the output projection (attn_sub_norm)",
+    "falcon": "its three fused query_key_value layouts and ALiBi",
+}
