@@ -6,7 +6,7 @@ from __future__ import annotations
 CROSS_LAYER_KV = ("cross-layer KV sharing (num_kv_shared_layers: a layer attends with another "
                   "layer's keys and values)")
 DSA = ("DeepSeek Sparse Attention (a lightning indexer picks index_topk keys per query, with "
-       "its own key cache beside the latent one)")
+       "its own key cache beside the compressed one)")
 LLAMA4 = ("chunked attention (attention_chunk_size) on its rotary layers, a weightless L2 q/k "
           "norm after rotary, and temperature tuning (attn_temperature_tuning) on its NoPE "
           "layers")
@@ -28,9 +28,11 @@ NOT_YET: dict[str, str] = {
                     "rotary on the output and a grouped low-rank output projection"),
     "mimo_v2_flash": ("a value head width unlike the key's (v_head_dim), a value scale, and kv "
                       "heads and sinks per layer type"),
-    "longcat_flash": ("two attention modules per layer (self_attn.0, self_attn.1) and MLA with "
-                      "constant LoRA scales (mla_scale_q_lora, mla_scale_kv_lora)"),
-    "kimi_linear": "MLA without rotary (no qk_rope_head_dim) and its KDA linear-attention layers",
+    "longcat_flash": ("two attention modules per layer (self_attn.0, self_attn.1), each "
+                      "DeepSeek-V3's with constant LoRA scales (its *_scale_q_lora, "
+                      "*_scale_kv_lora)"),
+    "kimi_linear": ("DeepSeek-V3's attention without rotary (no qk_rope_head_dim) and its KDA "
+                    "linear-attention layers"),
     "phimoe": "longrope's short_mscale / long_mscale (an attention factor per table)",
     "ministral3": ("query scaling by position (rope_parameters' llama_4_scaling_beta: "
                    "q * (1 + beta * log(1 + floor(position / original_max_position_embeddings))))"),
