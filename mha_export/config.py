@@ -64,6 +64,7 @@ class MHAConfig:
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
     sinks: bool = False  # a learned logit per head joins the softmax denominator (gpt-oss)
     output_gate: bool = False  # y = out_proj(attention * sigmoid(x @ W_gate)) (Qwen3.5)
+    out_norm_eps: float | None = None  # an RMSNorm (this eps) before out_proj (BitNet)
     layout: Optional[str] = None  # LAYOUTS (default: "latent" with a latent section, else split)
     latent: Optional[Latent] = None  # Multi-head Latent Attention (kinds/mla/), or a plain layer
 
@@ -108,7 +109,8 @@ class MHAConfig:
                              f"({self.kv_heads}): query head h uses key/value head "
                              "h // (heads / kv_heads)")
         extras = [n for n, on in (("qk_norm", self.qk_norm != "none"), ("sinks", self.sinks),
-                                  ("output_gate", self.output_gate)) if on]
+                                  ("output_gate", self.output_gate),
+                                  ("out_norm_eps", self.out_norm_eps)) if on]
         if self.layout in ("single", "stacked") and extras:
             raise UsageError(f"{extras[0]} has weights only the split and fused layouts hold "
                              f"(layout {self.layout!r})")
@@ -204,7 +206,7 @@ class MHAConfig:
         if self.qk_norm_per_head and self.qk_norm != "head":
             raise UsageError("qk_norm_per_head gives each head its own norm weights: it needs "
                              f"qk_norm head, got {self.qk_norm!r}")
-        for name in ("qk_norm_eps", "softmax_scale", "softcap", "qkv_clip"):
+        for name in ("qk_norm_eps", "softmax_scale", "softcap", "qkv_clip", "out_norm_eps"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(
                     value, bool) and math.isfinite(value) and value > 0):
@@ -266,4 +268,5 @@ class MHAConfig:
         if self.qkv_clip:
             s += f"-clip{self.qkv_clip:g}"
         return s + "".join(f"-{tag}" for tag, on in (("cap", self.softcap), ("sinks", self.sinks),
-                                                     ("gate", self.output_gate)) if on)
+                                                     ("gate", self.output_gate),
+                                                     ("onorm", self.out_norm_eps)) if on)

@@ -349,6 +349,17 @@ def layer_norm_uncentered(path: Path) -> None:
     _edit(path, fn)
 
 
+def norm_skipped(path: Path, name: str) -> None:
+    """The RMSNorm ``name`` (its nodes ``<name>_square`` ... ``<name>_scaled``) unread: its
+    consumers take its input."""
+    def fn(m):
+        first = next(n for n in all_nodes(m.graph) if n.name == f"{name}_square")
+        out = next(n for n in all_nodes(m.graph) if n.name == f"{name}_scaled").output[0]
+        for n in all_nodes(m.graph):
+            n.input[:] = [first.input[0] if i == out else i for i in n.input]
+    _edit(path, fn)
+
+
 def zeroed(path: Path, *names: str) -> None:
     """Initializers set to 0 (a norm's bias dropped)."""
     def fn(m):
@@ -418,6 +429,7 @@ OPTION_FAULTS = {
                               lambda p, c: zeroed(p, "q_norm.bias", "k_norm.bias")),
     "q/k norm after rotary skipped": (dict(qk_norm="head", qk_norm_after_rope=True),
                                       lambda p, c: qk_norm_skipped(p)),
+    "output norm skipped": (dict(out_norm_eps=1e-5), lambda p, c: norm_skipped(p, "out_norm")),
     "q/k/v clamp dropped": (dict(qkv_clip=0.5), lambda p, c: _edit(p, lambda m: [
         _bypass(m, f"qkv_clip_clipped_{i}") for i in range(3)])),
     "per-head q/k norm weights shared": (dict(qk_norm="head", qk_norm_type="layer",

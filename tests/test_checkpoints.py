@@ -161,6 +161,8 @@ MODELS = {
         "rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}), (1,)),
     "hunyuan_v1_moe": Spec("hunyuan_v1_moe", dict(NEW, head_dim=16, num_experts=4, moe_topk=2),
                            (1,)),
+    "bitnet": Spec("bitnet", dict(NEW, pad_token_id=None, bos_token_id=None, eos_token_id=None),
+                   (1,)),
     "granitemoe": Spec("granitemoe", dict(NEW, attention_multiplier=0.3, num_local_experts=4,
                                           num_experts_per_tok=2), (1,)),
     "granitemoeshared": Spec("granitemoeshared", dict(
@@ -431,6 +433,7 @@ EXPECT = {
     "hunyuan_v1_dense@1": ((4, 2, 16, None, "half", 16), dict(
         qk_norm="head", qk_norm_after_rope=True, rope_theta=10000.0 * 1000.0 ** (16 / 14))),
     "hunyuan_v1_moe@1": ((4, 2, 16, None, "half", 16), dict(qk_norm_after_rope=True)),
+    "bitnet@1": ((4, 2, 16, None, "half", 16), dict(out_norm_eps=1e-5, rope_theta=500000.0)),
     "granitemoe@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=0.3)),
     "granitemoeshared@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=0.3)),
     "olmoe@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="full", qkv_clip=0.3)),

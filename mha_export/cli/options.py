@@ -121,6 +121,9 @@ CONFIG_OPTIONS = [
                  help="One q/k norm weight per head, (heads, head_dim) (StableLM, Cohere)."),
     click.option("--qk-norm-after-rope", is_flag=True, default=False,
                  help="The q/k norm after rotary, not before (Hunyuan)."),
+    click.option("--out-norm-eps", type=float, default=None,
+                 help="An RMSNorm of the attention output before the output projection, with "
+                      "this eps (BitNet's attn_sub_norm)."),
     click.option("--qkv-clip", type=float, default=None,
                  help="Clamp q, k and v to [-clip, clip] after the projections (and q/k norm), "
                       "before rotary (DBRX, OLMo, OLMoE: clip_qkv)."),

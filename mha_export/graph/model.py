@@ -126,6 +126,8 @@ def _attention_layer(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, form: G
         op = Ops(g)  # gated_context: a test's fault bypasses it
         gate = op.Sigmoid(g.linear("x", "gate", w.wg, w.bg), name="gate")  # (B, T, N*H)
         context = op.Mul(context, gate, name="gated_context")  # (B, T, N*H)
+    if c.out_norm_eps:  # BitNet: RMSNorm of the context before the output projection
+        context = rms_norm(g, context, w.out_norm, c.out_norm_eps, 0.0, "out_norm")
     y = context if w.wo is None else g.linear(context, "out", w.wo, w.bo)  # (B, T, dim)
     return {"y": y, "present_key": out.present_key, "present_value": out.present_value}
 

@@ -34,6 +34,7 @@ class AttentionWeights:
     sinks: Optional[Tensor] = None  # (N,) one logit per query head
     wg: Optional[Tensor] = None  # (inner, d_in) output gate
     bg: Optional[Tensor] = None  # (inner,)
+    out_norm: Optional[Tensor] = None  # (inner,) the RMSNorm before the output projection
 
 
 class AttentionBase(nn.Module):
@@ -93,6 +94,8 @@ class AttentionBase(nn.Module):
             self.register_buffer("sinks", torch.zeros(0), persistent=False)
         self.W_gate: nn.Module = nn.Linear(c.d_in, c.inner, bias=c.qkv_bias) if c.output_gate \
             else nn.Identity()
+        self.out_norm: nn.Module = QKNorm((c.inner,), c.out_norm_eps) if c.out_norm_eps \
+            else nn.Identity()  # (N*H,): BitNet's attn_sub_norm
 
     def forward(self, x: Tensor) -> Tensor:
         return self.attend(x, None, None, None)[0]
@@ -232,11 +235,12 @@ class AttentionBase(nn.Module):
         return q, k, v
 
     def _output(self, x: Tensor, ctx: Tensor) -> Tensor:
-        """(B, N, T, H) context -> merged heads -> output gate -> output projection."""
+        """(B, N, T, H) context -> merged heads -> output gate -> output norm -> output
+        projection."""
         merged = merge_heads(ctx)  # (B, T, N*H)
         if self.gated:
             merged = merged * torch.sigmoid(self.W_gate(x))
-        return self.project_out(merged)
+        return self.project_out(self.out_norm(merged))
 
     def _normalize_qk(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor]:
         """The q/k norm over each head's features, or over the whole projection (OLMo 2)."""
@@ -271,7 +275,8 @@ class AttentionBase(nn.Module):
         return {"q_norm": weight(self.q_norm, "weight"), "k_norm": weight(self.k_norm, "weight"),
                 "q_norm_bias": bias(self.q_norm), "k_norm_bias": bias(self.k_norm),
                 "sinks": self.sinks.detach() if self.has_sinks else None,
-                "wg": weight(self.W_gate, "weight"), "bg": weight(self.W_gate, "bias")}
+                "wg": weight(self.W_gate, "weight"), "bg": weight(self.W_gate, "bias"),
+                "out_norm": weight(self.out_norm, "weight")}
 
     def load_extra_weights(self, w: AttentionWeights) -> None:
         with torch.no_grad():
@@ -285,6 +290,8 @@ class AttentionBase(nn.Module):
                 self.sinks.copy_(w.sinks if w.sinks is not None else torch.zeros_like(self.sinks))
             if isinstance(self.W_gate, nn.Linear) and w.wg is not None:
                 copy_linear(self.W_gate, w.wg, w.bg)
+            if isinstance(self.out_norm, QKNorm):
+                self.out_norm.weight.copy_(w.out_norm if w.out_norm is not None else 1.0)
 
     def load_weights(self, w: AttentionWeights) -> None:
         raise NotImplementedError

@@ -2,7 +2,8 @@
 (every layer slides), Ministral (layer_types), Phi-3 (one qkv_proj, longrope), Granite
 (attention_multiplier), Starcoder2 (biases), SmolLM3 (NoPE layers), Arcee and InternLM3
 (Llama's), Seed-OSS and Solar Open (their own output bias), Apertus and Hunyuan v3 (q/k norm per
-head), Nemotron (partial rotary), LFM2 (renamed q/k norms; its conv layers refused)."""
+head), Nemotron (partial rotary), LFM2 (renamed q/k norms; its conv layers refused), Hunyuan
+(q/k norm after rotary), BitNet (a norm before o_proj)."""
 from __future__ import annotations
 
 from ...errors import UsageError
@@ -169,6 +170,15 @@ RECORDS = (
            decoder_fields(full_layers, "attention_bias", "attention_bias", head_norm(0.0),
                           fixed(qk_norm_after_rope=True), ntk_alpha),
            summary="as hunyuan_v1_dense"),
+    Family("bitnet", "split", ATTN, {**DECODER_TENSORS, "attn_sub_norm": "out_norm"},
+           {**DECODER_DEFAULTS, "rope_theta": 500000.0, "attention_bias": False,
+            "rms_norm_eps": 1e-5},
+           decoder_fields(full_layers, "attention_bias", "attention_bias",
+                          lambda s, layer, kind, fields: {
+                              "out_norm_eps": float(s["rms_norm_eps"])}),
+           summary="an RMSNorm of the attention output before o_proj (attn_sub_norm, "
+                   "rms_norm_eps), attention_bias, rope (ternary-packed checkpoints: their "
+                   "quantization_config is refused)"),
     Family("internlm3", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 128},
            decoder_fields(full_layers, INTERNLM3_BIAS, INTERNLM3_BIAS),

@@ -36,6 +36,5 @@ NOT_YET: dict[str, str] = {
     "phimoe": "longrope's short_mscale / long_mscale (an attention factor per table)",
     "ministral3": ("query scaling by position (rope_parameters' llama_4_scaling_beta: "
                    "q * (1 + beta * log(1 + floor(position / original_max_position_embeddings))))"),
-    "bitnet": "an RMSNorm before the output projection (attn_sub_norm)",
     "falcon": "its three fused query_key_value layouts and ALiBi",
 }
