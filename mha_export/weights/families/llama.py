@@ -177,8 +177,8 @@ RECORDS = (
                           lambda s, layer, kind, fields: {
                               "out_norm_eps": float(s["rms_norm_eps"])}),
            summary="an RMSNorm of the attention output before o_proj (attn_sub_norm, "
-                   "rms_norm_eps), attention_bias, rope (ternary-packed checkpoints: their "
-                   "quantization_config is refused)"),
+                   "rms_norm_eps), attention_bias, rope (ternary-packed checkpoints are "
+                   "refused)"),
     Family("internlm3", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 128},
            decoder_fields(full_layers, INTERNLM3_BIAS, INTERNLM3_BIAS),
