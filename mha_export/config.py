@@ -59,6 +59,10 @@ class MHAConfig:
     qk_norm_per_head: bool = False  # one weight (and bias) per head, (N, H) (StableLM, Cohere)
     qk_norm_after_rope: bool = False  # the q/k norm after rotary, not before (Hunyuan)
     qkv_clip: float | None = None  # q, k, v clamped to [-clip, clip] before rotary (DBRX, OLMo)
+    # queries scaled by position after rotary: q * (1 + beta * log(1 + floor(pos / length)))
+    # (Ministral 3's llama_4_scaling_beta over original_max_position_embeddings)
+    query_scale_beta: float | None = None
+    query_scale_length: int | None = None
     norm_offset: float = 0.0  # the norm multiplies by (norm_offset + weight): 1 for Gemma, Qwen3.5
     softmax_scale: float | None = None  # default 1/sqrt(head_dim) (Gemma, Granite set their own)
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
@@ -203,16 +207,31 @@ class MHAConfig:
                                         ("qk_norm_after_rope", self.qk_norm_after_rope)) if on]
         if shaped and self.qk_norm == "none":
             raise UsageError(f"{shaped[0]} shapes the q/k norm: it needs qk_norm head or full")
+        self._check_query_scale()
         if self.qk_norm_per_head and self.qk_norm != "head":
             raise UsageError("qk_norm_per_head gives each head its own norm weights: it needs "
                              f"qk_norm head, got {self.qk_norm!r}")
-        for name in ("qk_norm_eps", "softmax_scale", "softcap", "qkv_clip", "out_norm_eps"):
+        for name in ("qk_norm_eps", "softmax_scale", "softcap", "qkv_clip", "out_norm_eps",
+                     "query_scale_beta"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(
                     value, bool) and math.isfinite(value) and value > 0):
                 raise UsageError(f"{name} must be a positive number, got {value!r}")
         if not (isinstance(self.norm_offset, (int, float)) and math.isfinite(self.norm_offset)):
             raise UsageError(f"norm_offset must be a finite number, got {self.norm_offset!r}")
+
+    def _check_query_scale(self) -> None:
+        """Both query_scale settings or neither; positions come with rotary's position_ids."""
+        beta, length = self.query_scale_beta, self.query_scale_length
+        if (beta is None) != (length is None):
+            raise UsageError("query_scale_beta and query_scale_length go together (q * (1 + "
+                             "beta * log(1 + floor(position / length))))")
+        if length is not None and (isinstance(length, bool) or not isinstance(length, int)
+                                   or length <= 0):
+            raise UsageError(f"query_scale_length must be a positive integer, got {length!r}")
+        if beta is not None and self.rotary == "none":
+            raise UsageError("query_scale_beta scales queries by position: it needs rotary "
+                             "(whose position_ids give the positions)")
 
     @property
     def kv_inner(self) -> int:

@@ -429,6 +429,9 @@ OPTION_FAULTS = {
                               lambda p, c: zeroed(p, "q_norm.bias", "k_norm.bias")),
     "q/k norm after rotary skipped": (dict(qk_norm="head", qk_norm_after_rope=True),
                                       lambda p, c: qk_norm_skipped(p)),
+    "query scale by position dropped": (dict(query_scale_beta=0.5, query_scale_length=4),
+                                        lambda p, c: _edit(p, lambda m: _bypass(
+                                            m, "query_scale_scaled"))),
     "output norm skipped": (dict(out_norm_eps=1e-5), lambda p, c: norm_skipped(p, "out_norm")),
     "q/k/v clamp dropped": (dict(qkv_clip=0.5), lambda p, c: _edit(p, lambda m: [
         _bypass(m, f"qkv_clip_clipped_{i}") for i in range(3)])),

@@ -163,6 +163,10 @@ MODELS = {
                            (1,)),
     "bitnet": Spec("bitnet", dict(NEW, pad_token_id=None, bos_token_id=None, eos_token_id=None),
                    (1,)),
+    "ministral3": Spec("ministral3", dict(NEW, head_dim=16, sliding_window=5, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "beta_fast": 32.0,
+        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5,
+        "original_max_position_embeddings": 4}), (1,)),
     "granitemoe": Spec("granitemoe", dict(NEW, attention_multiplier=0.3, num_local_experts=4,
                                           num_experts_per_tok=2), (1,)),
     "granitemoeshared": Spec("granitemoeshared", dict(
@@ -434,6 +438,8 @@ EXPECT = {
         qk_norm="head", qk_norm_after_rope=True, rope_theta=10000.0 * 1000.0 ** (16 / 14))),
     "hunyuan_v1_moe@1": ((4, 2, 16, None, "half", 16), dict(qk_norm_after_rope=True)),
     "bitnet@1": ((4, 2, 16, None, "half", 16), dict(out_norm_eps=1e-5, rope_theta=500000.0)),
+    "ministral3@1": ((4, 2, 16, 5, "half", 16), dict(query_scale_beta=0.5,
+                                                     query_scale_length=4)),
     "granitemoe@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=0.3)),
     "granitemoeshared@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=0.3)),
     "olmoe@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="full", qkv_clip=0.3)),
@@ -468,6 +474,7 @@ def test_config_is_read_from_config_json_in_both_spellings(checkpoint, tmp_path)
     assert (c.heads, c.kv_heads, c.head_dim, c.sliding_window, c.rotary, c.rotary_dim) == shape
     assert {k: getattr(c, k) for k in options} == pytest.approx(options)
     scaling = {"llama-mqa-llama3": "llama3", "phi3": "longrope", "gpt_oss": "yarn",
+               "ministral3": "yarn",
                "deepseek_v3": "yarn", "apertus": "llama3"}.get(name)
     assert (c.rope_scaling or {}).get("rope_type") == scaling
     if name == "llama-mqa-llama3":

@@ -121,6 +121,11 @@ CONFIG_OPTIONS = [
                  help="One q/k norm weight per head, (heads, head_dim) (StableLM, Cohere)."),
     click.option("--qk-norm-after-rope", is_flag=True, default=False,
                  help="The q/k norm after rotary, not before (Hunyuan)."),
+    click.option("--query-scale-beta", type=float, default=None,
+                 help="Queries times 1 + beta * log(1 + floor(position / length)) after rotary "
+                      "(Ministral 3's llama_4_scaling_beta); with --query-scale-length."),
+    click.option("--query-scale-length", type=int, default=None,
+                 help="The length of --query-scale-beta (original_max_position_embeddings)."),
     click.option("--out-norm-eps", type=float, default=None,
                  help="An RMSNorm of the attention output before the output projection, with "
                       "this eps (BitNet's attn_sub_norm)."),

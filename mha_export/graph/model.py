@@ -172,7 +172,25 @@ def _queries_keys_values(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, ops
         q, k = _rotate_qk(g, c, q, k, opset)
     if c.qk_norm != "none" and c.qk_norm_after_rope:  # Hunyuan: after rotary
         q, k = _normalize_qk(g, c, w, q, k)
+    if c.query_scale_beta:
+        q = _scale_queries(g, c, q)
     return q, k, v
+
+
+def _scale_queries(g: GraphBuilder, c: MHAConfig, q: str) -> str:
+    """q (B, T, N*H) times 1 + beta * log(1 + floor(position / length)) (Ministral 3), in
+    float32 as transformers computes it."""
+    op = Ops(g).named("query_scale")
+    pos = op.Cast("position_ids", to=TensorProto.FLOAT)  # (B, T)
+    steps = op.Floor(op.Div(pos, g.const("query_scale.length", np.array(
+        c.query_scale_length, np.float32), float_dtype=False)))
+    one = g.const("query_scale.one", np.array(1.0, np.float32), float_dtype=False)
+    scale = op.Add(one, op.Mul(op.Log(op.Add(one, steps)), g.const(
+        "query_scale.beta", np.array(c.query_scale_beta, np.float32), float_dtype=False)))
+    scale = op.Unsqueeze(scale, g.ints("axes_last", [2]))  # (B, T, 1)
+    if g.dtype != "float32":
+        scale = op.Cast(scale, to=g.elem)
+    return op.Mul(q, scale, name="scaled")
 
 
 def _clamp(g: GraphBuilder, clip: float, *tensors: str) -> list[str]:

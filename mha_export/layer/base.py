@@ -80,6 +80,8 @@ class AttentionBase(nn.Module):
         self.qk_norm = c.qk_norm
         self.norm_after_rope = c.qk_norm_after_rope
         self.qkv_clip = float(c.qkv_clip or 0.0)  # 0: no clamp
+        self.query_beta = float(c.query_scale_beta or 0.0)  # 0: queries not scaled by position
+        self.query_length = float(c.query_scale_length or 1)
         self.softcap = c.softcap or 0.0
         self.has_sinks = c.sinks
         self.gated = c.output_gate
@@ -232,6 +234,10 @@ class AttentionBase(nn.Module):
             k = rotate(k, cos, sin, self.interleaved)
         if self.norm_after_rope:
             q, k = self._normalize_qk(q, k)
+        if self.query_beta > 0.0:  # Ministral 3: 1 + beta * log(1 + floor(pos / length))
+            scale = 1.0 + self.query_beta * torch.log(
+                1.0 + torch.floor(position_ids.float() / self.query_length))  # (B, T)
+            q = q * scale[:, None, :, None].to(q.dtype)  # (B, N, T, H)
         return q, k, v
 
     def _output(self, x: Tensor, ctx: Tensor) -> Tensor:

@@ -72,6 +72,21 @@ def ntk_alpha(s: Settings, layer: int, kind: str, fields: dict) -> dict:
             "rope_scaling": None}
 
 
+def position_query_scale(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """Ministral 3: the rope dict's llama_4_scaling_beta scales queries by position over its
+    original_max_position_embeddings (and leaves the rope as it is)."""
+    params = {**(s.get("rope_scaling") or {}), **(s.get("rope_parameters") or {})}
+    rope = {k: v for k, v in (fields["rope_scaling"] or {}).items()
+            if k not in ("llama_4_scaling_beta", "max_position_embeddings")}
+    out = {"rope_scaling": rope or None}
+    if params.get("llama_4_scaling_beta"):
+        length = params.get("original_max_position_embeddings") or rope.get(
+            "original_max_position_embeddings")
+        out.update(query_scale_beta=float(params["llama_4_scaling_beta"]),
+                   query_scale_length=int(length))
+    return out
+
+
 def sliding_when_set(s: Settings, layer: int) -> str:
     """Ministral's default layer types: every layer slides when sliding_window is set."""
     return SLIDING if s.get("sliding_window") is not None else FULL
@@ -142,6 +157,12 @@ RECORDS = (
            {**DECODER_DEFAULTS, "sliding_window": 4096},
            decoder_fields(typed(sliding_when_set), qkv_bias=False, out_bias=False),
            summary="layer_types (or every layer sliding when sliding_window is set), rope"),
+    Family("ministral3", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "sliding_window": None, "head_dim": 128},
+           decoder_fields(sliding_layers, False, False, position_query_scale),
+           summary="as mistral; rope_parameters' llama_4_scaling_beta scales the queries by "
+                   "position (1 + beta log(1 + floor(position / "
+                   "original_max_position_embeddings))), yarn"),
     Family("seed_oss", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "attention_bias": True, "attention_out_bias": False,
             "head_dim": 128},

@@ -34,7 +34,5 @@ NOT_YET: dict[str, str] = {
     "kimi_linear": ("DeepSeek-V3's attention without rotary (no qk_rope_head_dim) and its KDA "
                     "linear-attention layers"),
     "phimoe": "longrope's short_mscale / long_mscale (an attention factor per table)",
-    "ministral3": ("query scaling by position (rope_parameters' llama_4_scaling_beta: "
-                   "q * (1 + beta * log(1 + floor(position / original_max_position_embeddings))))"),
     "falcon": "its three fused query_key_value layouts and ALiBi",
 }
