@@ -194,6 +194,13 @@ MODELS = {
                                             n_positions=64, initializer_range=0.2), (1,)),
     "gpt_bigcode-mha": Spec("gpt_bigcode", dict(n_embd=64, n_head=4, n_layer=3, vocab_size=60,
                                                 n_positions=64, multi_query=False), (1,)),
+    "falcon": Spec("falcon", dict(NEW, num_attention_heads=4, multi_query=True, bias=True,
+                                  num_hidden_layers=3), (1,)),
+    "falcon-new": Spec("falcon", dict(NEW, num_attention_heads=4, num_kv_heads=2,
+                                      new_decoder_architecture=True, num_hidden_layers=3),
+                       (1,)),
+    "falcon-mha": Spec("falcon", dict(NEW, num_attention_heads=4, multi_query=False,
+                                      num_hidden_layers=3), (1,)),
     "persimmon": Spec("persimmon", dict(NEW, num_key_value_heads=None), (1,)),
     "qwen3_next": Spec("qwen3_next", dict(NEW, head_dim=16, num_experts=4, num_experts_per_tok=2,
                                           moe_intermediate_size=16,
@@ -218,8 +225,9 @@ B, L, PREFILL = 3, 11, 6
 def _attention(model, kind: str, layer: int):
     if kind == "dbrx":
         return model.transformer.blocks[layer].norm_attn_norm.attn
-    if hasattr(model, "transformer"):  # gpt2, gptj, gpt_neo (its wrapper), gpt_bigcode
-        return model.transformer.h[layer].attn
+    if hasattr(model, "transformer"):  # gpt2, gptj, gpt_neo (its wrapper), gpt_bigcode, falcon
+        block = model.transformer.h[layer]
+        return getattr(block, "attn", None) or block.self_attention
     if kind == "gpt_neox":
         return model.gpt_neox.layers[layer].attention
     decoder = getattr(model.model, "decoder", None)  # OPT
@@ -358,6 +366,8 @@ def test_cached_decode_equals_transformers_with_its_own_cache(checkpoint, fmt, t
     real = mask.numpy().astype(bool)[:, L - kept:]
     for ours, cached in ((present["present_key"], theirs.keys),
                          (present["present_value"], theirs.values)):
+        # Falcon's new architecture caches each key head broadcast to its query heads
+        ours = np.repeat(ours, cached.shape[1] // ours.shape[1], axis=1)
         diff = np.abs(ours[:, :, L - kept:] - cached.numpy()).transpose(0, 2, 1, 3)[real]
         assert diff.max() <= 2e-5, (name, "present vs transformers' cache", float(diff.max()))
 
@@ -452,6 +462,9 @@ EXPECT = {
     "opt@1": ((4, 4, 16, None, "none", None), dict(qkv_bias=True, out_bias=True)),
     "gpt_bigcode@1": ((4, 1, 16, None, "none", None), dict(qkv_bias=True)),
     "gpt_bigcode-mha@1": ((4, 4, 16, None, "none", None), dict(out_bias=True)),
+    "falcon@1": ((4, 1, 16, None, "half", 16), dict(qkv_bias=True, out_bias=True)),
+    "falcon-new@1": ((4, 2, 16, None, "half", 16), dict(qkv_bias=False)),
+    "falcon-mha@1": ((4, 4, 16, None, "half", 16), dict(out_bias=False)),
     "persimmon@1": ((4, 4, 16, None, "half", 8), dict(qk_norm_type="layer", qk_norm_bias=True)),
     "qwen3_next@1": ((4, 2, 16, None, "half", 4), dict(qk_norm="head", norm_offset=1.0,
                                                        output_gate=True)),
@@ -791,6 +804,7 @@ def test_a_linear_attention_layer_is_a_one_line_error_naming_the_nearest_attenti
     ("qwen3", dict(hidden_size=None), "missing or malformed attention setting ('hidden_size')"),
     ("gemma3", dict(text_config=None), "no layer count (text_config.num_hidden_layers)"),
     ("gemma2", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    ("falcon", dict(alibi=True), "uses ALiBi (alibi: true): position biases on the scores"),
     ("smollm3", dict(no_rope_layers=[1]), "no_rope_layers has no entry for layer 1"),
 ])
 def test_what_cannot_be_built_is_a_one_line_error_naming_it(tmp_path, kind, change, msg):

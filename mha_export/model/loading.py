@@ -135,7 +135,7 @@ def decoder_layers(model: Any) -> list:
 
 def attention_name(layer: Any) -> str:
     """The attribute holding a decoder layer's attention module."""
-    for name in ("self_attn", "attn", "attention"):
+    for name in ("self_attn", "attn", "attention", "self_attention"):
         if hasattr(layer, name):
             return name
     raise UsageError(f"{type(layer).__name__}: no attention module (self_attn / attn)")

@@ -1,9 +1,11 @@
 """Earlier decoders, each a record of its own config.json spelling: GPT-J (rotary in pairs on
 rotary_dim), GPT-Neo (unscaled scores, local layers), OPT (no rotary), GPT-BigCode (StarCoder 1:
-one fused c_attn, multi-query), Persimmon (per-head fused QKV, LayerNorm q/k norms), OLMo (a
-q/k/v clamp) and DBRX (a fused Wqkv, its clamp and kv heads in attn_config)."""
+one fused c_attn, multi-query), Persimmon (per-head fused QKV, LayerNorm q/k norms), Falcon
+(query_key_value grouped per kv head), OLMo (a q/k/v clamp) and DBRX (a fused Wqkv, its clamp
+and kv heads in attn_config)."""
 from __future__ import annotations
 
+from ...errors import UsageError
 from .base import Family, Settings
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, decoder_fields, layer_norm,
                       per_head_split)
@@ -66,6 +68,36 @@ def dbrx_fields(s: Settings, layer: int) -> dict:
                  qkv_clip=attn.get("clip_qkv"), **rotary_fields(s, dim // heads))
 
 
+def falcon_fields(s: Settings, layer: int) -> dict:
+    """Falcon: kv heads by layout (new_decoder_architecture: num_kv_heads; multi_query: one;
+    else one per head), bias on all four, rotary unless ALiBi (refused)."""
+    if s["alibi"]:
+        raise UsageError("this falcon checkpoint uses ALiBi (alibi: true): position biases on "
+                         "the scores are not supported yet (its rotary checkpoints are)")
+    heads, dim = s["num_attention_heads"], s["hidden_size"]
+    kv = s["num_kv_heads"] if s["new_decoder_architecture"] else (
+        1 if s["multi_query"] else heads)
+    return plain(heads, dim, kv, s["bias"], s["bias"], **rotary_fields(s, dim // heads))
+
+
+def grouped_qkv(fields: dict, tensors: dict) -> dict:
+    """Falcon's query_key_value: per kv head, its query heads' rows, then its key's and its
+    value's ((K, N/K + 2, H) rows); per-head [q; k; v] (K = N) and multi-query [q...; k; v]
+    (K = 1) are its edge cases."""
+    n, kv, h = fields["heads"], fields["kv_heads"], fields["head_dim"]
+    out = {k: v for k, v in tensors.items() if not k.startswith("query_key_value.")}
+    for part in ("weight", "bias"):
+        t = tensors.get(f"query_key_value.{part}")
+        if t is None:
+            continue
+        rest = tuple(t.shape[1:])
+        groups = t.reshape(kv, n // kv + 2, h, *rest)  # (K, N/K + 2, H[, in])
+        out[f"W_query.{part}"] = groups[:, :-2].reshape(n * h, *rest)
+        out[f"W_key.{part}"] = groups[:, -2].reshape(kv * h, *rest)
+        out[f"W_value.{part}"] = groups[:, -1].reshape(kv * h, *rest)
+    return out
+
+
 def olmo_clip(s: Settings, layer: int, kind: str, fields: dict) -> dict:
     """OLMo, OLMoE: q, k and v clamped to ±clip_qkv (when set)."""
     return {"qkv_clip": s.get("clip_qkv")}
@@ -100,6 +132,13 @@ RECORDS = (
            per_head_split("query_key_value", ("W_query", "W_key", "W_value")),
            summary="query_key_value per head (as gpt_neox), dense, partial rotary (0.5), "
                    "LayerNorm q/k norms with bias (qk_layernorm)"),
+    Family("falcon", "split", "h.{layer}.self_attention",
+           {"query_key_value": "query_key_value", "dense": "out_proj"},
+           {**DECODER_DEFAULTS, "alibi": False, "bias": False, "multi_query": True,
+            "new_decoder_architecture": False, "num_kv_heads": None},
+           falcon_fields, grouped_qkv,
+           summary="query_key_value grouped per kv head (new_decoder_architecture + "
+                   "num_kv_heads; multi_query; else per head), bias, rope; ALiBi refused"),
     Family("olmo", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "attention_bias": False, "clip_qkv": None},
            decoder_fields(full_layers, "attention_bias", "attention_bias", olmo_clip),

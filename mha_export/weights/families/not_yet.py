@@ -34,5 +34,4 @@ NOT_YET: dict[str, str] = {
     "kimi_linear": ("DeepSeek-V3's attention without rotary (no qk_rope_head_dim) and its KDA "
                     "linear-attention layers"),
     "phimoe": "longrope's short_mscale / long_mscale (an attention factor per table)",
-    "falcon": "its three fused query_key_value layouts and ALiBi",
 }
