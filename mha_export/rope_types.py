@@ -36,7 +36,9 @@ SCALING_FIELDS = {
 OPTIONAL_FIELDS: dict[str, dict[str, Any]] = {
     "yarn": {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": None, "mscale_all_dim": None,
              "attention_factor": None, "truncate": True},
-    "longrope": {"factor": None, "attention_factor": None},
+    # short_mscale / long_mscale (Phi-MoE): the attention factor of each table
+    "longrope": {"factor": None, "attention_factor": None, "short_mscale": None,
+                 "long_mscale": None},
 }
 FACTOR_LISTS = ("short_factor", "long_factor")  # longrope
 
@@ -138,6 +140,8 @@ def attention_factor(scaling: Optional[dict]) -> float:
     if kind not in ("yarn", "longrope"):
         return 1.0
     given = scaling.get("attention_factor")
+    if kind == "longrope" and scaling.get("short_mscale") is not None:
+        given = scaling["short_mscale"]  # Phi-MoE: the short table's factor
     if given is not None:
         return float(given)
     factor = scaling.get("factor")
@@ -150,6 +154,12 @@ def attention_factor(scaling: Optional[dict]) -> float:
     if mscale and mscale_all_dim:
         return float(_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim))
     return _yarn_mscale(factor)
+
+
+def long_attention_factor(scaling: Optional[dict]) -> float:
+    """longrope: the factor while the long table is in use (long_mscale where given)."""
+    given = (scaling or {}).get("long_mscale")
+    return attention_factor(scaling) if given is None else float(given)
 
 
 def _yarn_mscale(scale: float, mscale: float = 1) -> float:

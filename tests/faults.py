@@ -496,6 +496,9 @@ OPTION_FAULTS.update({
         lambda p, c: rope_initializer_set(p, "rotary.attention_factor", 1.0)),
     "longrope stuck on the short factors": (dict(ROPE, rope_scaling=LONGROPE),
                                             lambda p, c: longrope_stuck_short(p)),
+    "longrope's long mscale read as the short one": (
+        dict(ROPE, rope_scaling={**LONGROPE, "short_mscale": 1.1, "long_mscale": 1.3}),
+        lambda p, c: rope_initializer_set(p, "rotary.long_attention_factor", 1.1)),
     "local and global rope bases swapped": (
         dict(ROPE, rope_theta=10000.0), lambda p, c: rope_base_swapped(p, c.rotary_dim, 1e6)),
     "rotary applied on a NoPE layer": (dict(rotary="none"),

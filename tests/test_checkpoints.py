@@ -167,6 +167,12 @@ MODELS = {
         "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "beta_fast": 32.0,
         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5,
         "original_max_position_embeddings": 4}), (1,)),
+    "phimoe": Spec("phimoe", dict(NEW, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                  sliding_window=6, attention_bias=True, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 10000.0, "short_mscale": 1.1, "long_mscale": 1.3,
+        "short_factor": [1.0, 1.3, 2.1, 3.7, 4.0, 5.0, 6.0, 7.0],
+        "long_factor": [1.5, 2.5, 4.0, 9.0, 10.0, 11.0, 12.0, 13.0],
+        "original_max_position_embeddings": 8}), (1,)),
     "granitemoe": Spec("granitemoe", dict(NEW, attention_multiplier=0.3, num_local_experts=4,
                                           num_experts_per_tok=2), (1,)),
     "granitemoeshared": Spec("granitemoeshared", dict(
@@ -450,6 +456,7 @@ EXPECT = {
     "bitnet@1": ((4, 2, 16, None, "half", 16), dict(out_norm_eps=1e-5, rope_theta=500000.0)),
     "ministral3@1": ((4, 2, 16, 5, "half", 16), dict(query_scale_beta=0.5,
                                                      query_scale_length=4)),
+    "phimoe@1": ((4, 2, 16, 6, "half", 16), dict(qkv_bias=True)),
     "granitemoe@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=0.3)),
     "granitemoeshared@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=0.3)),
     "olmoe@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="full", qkv_clip=0.3)),
@@ -487,7 +494,7 @@ def test_config_is_read_from_config_json_in_both_spellings(checkpoint, tmp_path)
     assert (c.heads, c.kv_heads, c.head_dim, c.sliding_window, c.rotary, c.rotary_dim) == shape
     assert {k: getattr(c, k) for k in options} == pytest.approx(options)
     scaling = {"llama-mqa-llama3": "llama3", "phi3": "longrope", "gpt_oss": "yarn",
-               "ministral3": "yarn",
+               "ministral3": "yarn", "phimoe": "longrope",
                "deepseek_v3": "yarn", "apertus": "llama3"}.get(name)
     assert (c.rope_scaling or {}).get("rope_type") == scaling
     if name == "llama-mqa-llama3":

@@ -29,16 +29,20 @@ def cos_sin_at(g: GraphBuilder, position_ids: str, rotary_dim: int, theta: float
     cos and sin times the attention factor (yarn, longrope) in float32, then the cast."""
     tables = rope_tables(rotary_dim, theta, scaling)
     freq = g.const("rotary.inv_freq", tables.inv_freq.numpy(), float_dtype=False)  # (rd/2,)
+    factor = None
+    if tables.attention_factor != 1.0 or tables.long_attention_factor != 1.0:
+        factor = g.const("rotary.attention_factor",
+                         np.array(tables.attention_factor, dtype=np.float32), float_dtype=False)
     if tables.long_inv_freq is not None:
-        freq = _longrope_freq(g, position_ids, freq, tables.long_inv_freq.numpy(),
-                              tables.switch_len)
+        use_long = _uses_long_table(g, position_ids, tables.switch_len)
+        long = g.const("rotary.long_inv_freq", tables.long_inv_freq.numpy(), float_dtype=False)
+        freq = Ops(g).Where(use_long, long, freq)  # (rd/2,)
+        if tables.long_attention_factor != tables.attention_factor:  # Phi-MoE's long_mscale
+            factor = Ops(g).Where(use_long, g.const("rotary.long_attention_factor", np.array(
+                tables.long_attention_factor, dtype=np.float32), float_dtype=False), factor)
     op = Ops(g)
     pos = op.Cast(position_ids, to=TensorProto.FLOAT, name="positions")  # (B, T): tests edit it
     angles = op.Mul(op.Unsqueeze(pos, g.ints("axes_last", [2])), freq)  # (B, T, rd/2) float32
-    factor = None
-    if tables.attention_factor != 1.0:
-        factor = g.const("rotary.attention_factor",
-                         np.array(tables.attention_factor, dtype=np.float32), float_dtype=False)
     out = []
     for fn in (op.Cos, op.Sin):
         v = fn(angles)
@@ -50,15 +54,12 @@ def cos_sin_at(g: GraphBuilder, position_ids: str, rotary_dim: int, theta: float
     return out[0], out[1]
 
 
-def _longrope_freq(g: GraphBuilder, position_ids: str, short: str, long: np.ndarray,
-                   switch_len: int) -> str:
-    """(rd/2,) float32: the long table when max(position_ids) + 1 > switch_len over the whole
-    call, else the short one (transformers' longrope_frequency_update)."""
+def _uses_long_table(g: GraphBuilder, position_ids: str, switch_len: int) -> str:
+    """() bool: longrope's long table is in use, max(position_ids) + 1 > switch_len over the
+    whole call (transformers' longrope_frequency_update)."""
     op = Ops(g)
-    long = g.const("rotary.long_inv_freq", long, float_dtype=False)  # (rd/2,)
     length = op.Add(op.ReduceMax(position_ids, keepdims=0), g.ints("one", 1))  # () max + 1
-    use_long = op.Greater(length, g.ints("rotary.switch_len", switch_len))  # () bool
-    return op.Where(use_long, long, short)  # (rd/2,)
+    return op.Greater(length, g.ints("rotary.switch_len", switch_len))  # () bool
 
 
 def rotary_op(g: GraphBuilder, x: str, heads: int, rotary_dim: int, interleaved: bool,

@@ -59,6 +59,7 @@ class AttentionBase(nn.Module):
                              persistent=False)  # (rd/2,) longrope's long table, else (0,)
         self.rope_switch = rope.switch_len  # longrope: long table once max(pos) + 1 > this
         self.rope_factor = rope.attention_factor  # multiplies cos and sin (yarn, longrope)
+        self.rope_long_factor = rope.long_attention_factor  # longrope's long table: its own
         self._add_extras(config)
         # an int8 cache (use_int8_cache): static scales (1,) | (1, K, 1, H); empty while off
         self.int8_cache = False
@@ -229,7 +230,8 @@ class AttentionBase(nn.Module):
             q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
         if self.rotary:
             cos, sin = cos_sin(position_ids, self.inv_freq, q.dtype, self.long_inv_freq,
-                               self.rope_switch, self.rope_factor)  # (B, 1, T, rd/2)
+                               self.rope_switch, self.rope_factor,
+                               self.rope_long_factor)  # (B, 1, T, rd/2)
             q = rotate(q, cos, sin, self.interleaved)
             k = rotate(k, cos, sin, self.interleaved)
         if self.norm_after_rope:

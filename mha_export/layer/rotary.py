@@ -30,6 +30,7 @@ class RopeTables:
     long_inv_freq: Optional[Tensor] = None  # (rd/2,) float32: longrope's long table
     switch_len: int = 0  # longrope: original_max_position_embeddings; 0: no switch
     attention_factor: float = 1.0  # multiplies cos and sin (yarn, longrope)
+    long_attention_factor: float = 1.0  # longrope: while the long table is in use
 
     def long_or_empty(self) -> Tensor:
         """The long table, or an empty (0,) tensor (a buffer TorchScript can hold)."""
@@ -48,7 +49,8 @@ def rope_tables(rotary_dim: int, theta: float, scaling: Optional[dict] = None) -
         return RopeTables(_longrope(rotary_dim, theta, scaling["short_factor"]),
                           _longrope(rotary_dim, theta, scaling["long_factor"]),
                           scaling["original_max_position_embeddings"],
-                          rope_types.attention_factor(scaling))
+                          rope_types.attention_factor(scaling),
+                          rope_types.long_attention_factor(scaling))
     return RopeTables(_scaled(rotary_dim, theta, scaling))
 
 
@@ -107,21 +109,27 @@ def _longrope(rotary_dim: int, theta: float, factors: list) -> Tensor:
 
 def cos_sin(position_ids: Tensor, inv_freq: Tensor, dtype: torch.dtype,
             long_inv_freq: Optional[Tensor] = None, switch_len: int = 0,
-            attention_factor: float = 1.0) -> Tuple[Tensor, Tensor]:
+            attention_factor: float = 1.0, long_attention_factor: Optional[float] = None
+            ) -> Tuple[Tensor, Tensor]:
     """position_ids (B, T) -> cos, sin (B, 1, T, rd/2) in dtype; angles in float32.
 
     With a (non-empty) long_inv_freq and switch_len > 0 (longrope), the whole call uses the long
     table when max(position_ids) + 1 > switch_len, the short one otherwise — transformers'
     longrope_frequency_update (a tensor condition: no host sync, traceable). cos and sin are
-    multiplied by attention_factor in float32 before the cast, as transformers does."""
+    multiplied by attention_factor in float32 before the cast, as transformers does (by
+    long_attention_factor while the long table is in use: Phi-MoE's long_mscale)."""
     freq = inv_freq.float()
+    long_factor = attention_factor if long_attention_factor is None else long_attention_factor
+    factor = torch.tensor(attention_factor, device=position_ids.device)  # () float32
     if long_inv_freq is not None and long_inv_freq.numel() > 0 and switch_len > 0:
         use_long = position_ids.max() + 1 > switch_len  # () bool
         freq = torch.where(use_long, long_inv_freq.float(), freq)  # (rd/2,)
+        factor = torch.where(use_long, torch.tensor(long_factor, device=position_ids.device),
+                             factor)
     angles = position_ids.float().unsqueeze(-1) * freq  # (B, T, rd/2)
     cos, sin = angles.cos(), angles.sin()
-    if attention_factor != 1.0:
-        cos, sin = cos * attention_factor, sin * attention_factor
+    if attention_factor != 1.0 or long_factor != 1.0:
+        cos, sin = cos * factor, sin * factor
     return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
 
 

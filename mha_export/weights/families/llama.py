@@ -25,6 +25,18 @@ def phi3_rope(s: Settings, layer: int, kind: str, fields: dict) -> dict:
     return rotary_fields(s, fields["head_dim"], aliases={"su": "longrope", "yarn": "longrope"})
 
 
+def phimoe_rope(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """Phi-MoE: longrope with short_mscale / long_mscale (the attention factor of each side of
+    the switch). transformers 5.23's Phimoe rotary rebuilds its table from config.json at every
+    call without the length, so it keeps the short factors past the switch: read so (only the
+    factor switches)."""
+    r = phi3_rope(s, layer, kind, fields)
+    scaling = r["rope_scaling"]
+    if scaling and scaling["rope_type"] == "longrope" and "short_factor" in scaling:
+        r["rope_scaling"] = {**scaling, "long_factor": scaling["short_factor"]}
+    return r
+
+
 def qkv_rows_convert(fields: dict, tensors: dict) -> dict:
     """Phi-3's qkv_proj stacks all query rows, then key rows, then value rows (by their sizes:
     heads * head_dim, kv_heads * head_dim twice)."""
@@ -119,6 +131,12 @@ RECORDS = (
            decoder_fields(sliding_layers, False, False, phi3_rope), qkv_rows_convert,
            summary="qkv_proj split by sizes, partial rotary, longrope (su / yarn) with the "
                    "top-level original_max_position_embeddings, sliding_window"),
+    Family("phimoe", "split", ATTN, DECODER_TENSORS,
+           {**DECODER_DEFAULTS, "rope_theta": 1_000_000.0, "attention_bias": False,
+            "sliding_window": None, "original_max_position_embeddings": None},
+           decoder_fields(sliding_layers, "attention_bias", "attention_bias", phimoe_rope),
+           summary="longrope with short_mscale / long_mscale (transformers 5.23 keeps the "
+                   "short factors past the switch: so do we), sliding_window, attention_bias"),
     Family("granite", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "attention_bias": False, "attention_multiplier": 1.0},
            decoder_fields(full_layers, "attention_bias", "attention_bias",

@@ -33,5 +33,4 @@ NOT_YET: dict[str, str] = {
                       "*_scale_kv_lora)"),
     "kimi_linear": ("DeepSeek-V3's attention without rotary (no qk_rope_head_dim) and its KDA "
                     "linear-attention layers"),
-    "phimoe": "longrope's short_mscale / long_mscale (an attention factor per table)",
 }
