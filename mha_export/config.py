@@ -69,6 +69,7 @@ class MHAConfig:
     sinks: bool = False  # a learned logit per head joins the softmax denominator (gpt-oss)
     output_gate: bool = False  # y = out_proj(attention * sigmoid(x @ W_gate)) (Qwen3.5)
     out_norm_eps: float | None = None  # an RMSNorm (this eps) before out_proj (BitNet)
+    v_norm_eps: float | None = None  # values RMS-normalised per head, no weight (Gemma 3n)
     layout: Optional[str] = None  # LAYOUTS (default: "latent" with a latent section, else split)
     latent: Optional[Latent] = None  # Multi-head Latent Attention (kinds/mla/), or a plain layer
 
@@ -212,7 +213,7 @@ class MHAConfig:
             raise UsageError("qk_norm_per_head gives each head its own norm weights: it needs "
                              f"qk_norm head, got {self.qk_norm!r}")
         for name in ("qk_norm_eps", "softmax_scale", "softcap", "qkv_clip", "out_norm_eps",
-                     "query_scale_beta"):
+                     "query_scale_beta", "v_norm_eps"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(
                     value, bool) and math.isfinite(value) and value > 0):
@@ -288,4 +289,5 @@ class MHAConfig:
             s += f"-clip{self.qkv_clip:g}"
         return s + "".join(f"-{tag}" for tag, on in (("cap", self.softcap), ("sinks", self.sinks),
                                                      ("gate", self.output_gate),
-                                                     ("onorm", self.out_norm_eps)) if on)
+                                                     ("onorm", self.out_norm_eps),
+                                                     ("vnorm", self.v_norm_eps)) if on)

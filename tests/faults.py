@@ -353,8 +353,10 @@ def norm_skipped(path: Path, name: str) -> None:
     """The RMSNorm ``name`` (its nodes ``<name>_square`` ... ``<name>_scaled``) unread: its
     consumers take its input."""
     def fn(m):
+        names = {n.name for n in all_nodes(m.graph)}
+        last = f"{name}_flat" if f"{name}_flat" in names else f"{name}_scaled"
         first = next(n for n in all_nodes(m.graph) if n.name == f"{name}_square")
-        out = next(n for n in all_nodes(m.graph) if n.name == f"{name}_scaled").output[0]
+        out = next(n for n in all_nodes(m.graph) if n.name == last).output[0]
         for n in all_nodes(m.graph):
             n.input[:] = [first.input[0] if i == out else i for i in n.input]
     _edit(path, fn)
@@ -432,6 +434,7 @@ OPTION_FAULTS = {
     "query scale by position dropped": (dict(query_scale_beta=0.5, query_scale_length=4),
                                         lambda p, c: _edit(p, lambda m: _bypass(
                                             m, "query_scale_scaled"))),
+    "value norm skipped": (dict(v_norm_eps=1e-6), lambda p, c: norm_skipped(p, "v_norm")),
     "output norm skipped": (dict(out_norm_eps=1e-5), lambda p, c: norm_skipped(p, "out_norm")),
     "q/k/v clamp dropped": (dict(qkv_clip=0.5), lambda p, c: _edit(p, lambda m: [
         _bypass(m, f"qkv_clip_clipped_{i}") for i in range(3)])),

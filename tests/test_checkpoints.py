@@ -125,6 +125,14 @@ MODELS = {
                             moe_intermediate_size=16, first_k_dense_replace=1, n_group=1,
                             topk_group=1, n_shared_experts=1, sliding_window=4,
                             max_window_layers=2), (1, 3)),
+    # layers 4 and 5 attend with layers 2's and 3's keys and values (refused, below)
+    "gemma3n_text": Spec("gemma3n_text", dict(
+        GEMMA, num_hidden_layers=6, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=60, laurel_rank=4, altup_num_inputs=2,
+        activation_sparsity_pattern=[0.0] * 6,
+        layer_types=["sliding_attention", "full_attention"] * 3, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6}}), (0, 1, 3)),
     "vaultgemma": Spec("vaultgemma", dict(GEMMA, attn_logit_softcapping=5.0), (0, 1)),
     "hy_v3": Spec("hy_v3", dict(NEW, head_dim=16, attention_bias=True, num_experts=4,
                                 num_experts_per_tok=2, moe_intermediate_size=16), (1,)),
@@ -423,6 +431,10 @@ EXPECT = {
     "qwen2_moe@1": ((4, 2, 16, None, "half", 16), {}),
     "dots1@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="head")),
     "dots1@3": ((4, 2, 16, 4, "half", 16), dict(qk_norm="head")),
+    "gemma3n_text@0": ((4, 2, 16, 4, "half", 16), dict(softmax_scale=1.0, norm_offset=0.0,
+                                                       v_norm_eps=1e-6, rope_theta=10000.0)),
+    "gemma3n_text@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="head", rope_theta=1e6)),
+    "gemma3n_text@3": ((4, 2, 16, None, "half", 16), dict(v_norm_eps=1e-6)),
     "vaultgemma@0": ((4, 2, 16, 4, "half", 16), dict(softmax_scale=20 ** -0.5, softcap=5.0)),
     "vaultgemma@1": ((4, 2, 16, None, "half", 16), dict(softcap=5.0)),
     "hy_v3@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="head", qkv_bias=True, out_bias=True)),
@@ -718,6 +730,39 @@ def test_either_spelling_of_the_language_model_prefix_reads_the_same_layer(built
     paths = [export_onnx(weights=f, layer=0, output=tmp_path / f"o{i}", validate=False).path
              for i, f in enumerate((folder, renamed))]
     assert len({(p / "weights.safetensors").read_bytes() for p in paths}) == 1
+
+
+def test_gemma3n_wrapper_reads_its_text_model_and_refuses_kv_shared_layers(built, tmp_path):
+    """gemma3n: the text model's record from text_config, under model.language_model. (its
+    vision tower needs timm: the wrapper's folder is the text checkpoint renamed); a layer that
+    attends with an earlier layer's keys and values is one line, exit 2, naming the nearest
+    layers that are exported, and `--layers all` gives it a row of its own."""
+    from click.testing import CliRunner
+    from safetensors.torch import load_file, save_file
+
+    from mha_export.cli.commands import cli
+    from mha_export.fanout import export_layers
+    _, folder = built("gemma3n_text")
+    wrapper = tmp_path / "wrapper"
+    wrapper.mkdir()
+    text = json.loads((folder / "config.json").read_text())
+    (wrapper / "config.json").write_text(json.dumps({"model_type": "gemma3n",
+                                                     "text_config": text}))
+    save_file({re.sub(r"^model\.", "model.language_model.", k): v for k, v in
+               load_file(str(folder / "model.safetensors")).items()},
+              str(wrapper / "model.safetensors"))
+    paths = [export_onnx(weights=f, layer=3, output=tmp_path / f"o{i}", validate=False).path
+             for i, f in enumerate((folder, wrapper))]
+    assert len({(p / "weights.safetensors").read_bytes() for p in paths}) == 1
+    r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), "--layer", "4", "-o",
+                                 str(tmp_path / "x")])
+    assert r.exit_code == 2 and r.stderr.splitlines() == [
+        "Error: --layer 4 is a kv_shared_attention layer, which attends with an earlier "
+        "layer's keys and values (cross-layer KV sharing: not supported yet): the nearest are "
+        "3 (4 of its 6 layers are)"]
+    summary = export_layers("onnx", folder, "3-5", tmp_path / "run", validate=False)
+    assert {r.layer: r.status for r in summary.records} == {
+        3: "exported", 4: "not-attention", 5: "not-attention"} and summary.passed
 
 
 HEADS_64 = {"hidden_size": 64, "num_attention_heads": 4}

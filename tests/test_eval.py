@@ -298,5 +298,5 @@ def test_a_hybrid_model_runs_with_its_attention_layers_exported(tmp_path):
     assert d["left_to_model"] == {"0": "linear_attention", "2": "linear_attention"}
     assert d["exported"]["kl_max"] < 1e-6 and d["generation"]["matched"] == 3
     assert all(x["rel"] < 1e-4 for x in d["layers"])
-    assert "2 left to the model (not softmax attention: linear_attention 0, 2)" in \
+    assert "2 left to the model (linear_attention 0, 2)" in \
         format_evaluation(ev)

@@ -206,7 +206,7 @@ def test_a_hybrid_models_other_layers_have_their_own_rows_and_the_run_passes(tmp
     assert summary.passed and summary.planned == 4
     saved = json.loads((tmp_path / "run" / "layers.json").read_text())
     assert saved["passed"] and saved["layers"][0]["message"] == (
-        "a linear_attention layer: not softmax attention, left to the model")
+        "a linear_attention layer, not softmax attention: left to the model")
     assert sorted(p.name for p in (tmp_path / "run").glob("layer-*")) == ["layer-1", "layer-3"]
     checked = check_layers(tmp_path / "run", **FANOUT_CHECK)  # check DIR keeps their rows
     assert {r.layer: r.status for r in checked.records} == got and checked.passed

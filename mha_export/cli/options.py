@@ -126,6 +126,9 @@ CONFIG_OPTIONS = [
                       "(Ministral 3's llama_4_scaling_beta); with --query-scale-length."),
     click.option("--query-scale-length", type=int, default=None,
                  help="The length of --query-scale-beta (original_max_position_embeddings)."),
+    click.option("--v-norm-eps", type=float, default=None,
+                 help="Values RMS-normalised over each head's features, without a weight, "
+                      "with this eps (Gemma 3n's v_norm)."),
     click.option("--out-norm-eps", type=float, default=None,
                  help="An RMSNorm of the attention output before the output projection, with "
                       "this eps (BitNet's attn_sub_norm)."),

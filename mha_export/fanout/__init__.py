@@ -22,6 +22,7 @@ from .plan import LAYER_FOLDER, check_jobs, export_jobs, is_layers_folder, layer
 from .records import STATUSES, SUMMARY_FILE, LayerRecord, Summary, format_summary, read_summary
 from .run import Progress, resumable as _resumable, run_jobs
 from .work import run_layer
+from ..weights.source import why_left
 
 __all__ = ["export_layers", "check_layers", "is_layers_folder", "EXECUTORS", "STATUSES",
            "Summary", "LayerRecord", "format_summary", "read_summary", "SUMMARY_FILE"]
@@ -54,7 +55,8 @@ def export_layers(target: str, weights: str | Path, layers: str, output: str | P
     if force:
         _clear(root)
     kept = _resumable(root, plan) if resume else {}
-    kept.update({layer: LayerRecord.not_attention(layer, kind) for layer, kind in others.items()})
+    kept.update({layer: LayerRecord.not_attention(layer, kind, why_left(kind))
+                 for layer, kind in others.items()})
     summary = Summary(EXPORT, target, weights, lossy.as_json(options), checking or {}, {})
     return run_jobs(plan, chosen, summary, root, kept, progress, work)
 

@@ -47,10 +47,10 @@ class LayerRecord:
                    estimate_mib=round(job.memory / 2**20, 1), fingerprint=job.fingerprint)
 
     @classmethod
-    def not_attention(cls, layer: int, kind: str) -> "LayerRecord":
-        """The row of a layer that is not softmax attention: nothing exported, nothing run."""
-        return cls(layer, NOT_ATTENTION, "", f"a {kind} layer: not softmax attention, left to "
-                                             "the model")
+    def not_attention(cls, layer: int, kind: str, why: str) -> "LayerRecord":
+        """The row of a layer that is not exported (not softmax attention, or attention that
+        reads another layer's keys and values): nothing exported, nothing run."""
+        return cls(layer, NOT_ATTENTION, "", f"a {kind} layer, {why}: left to the model")
 
     @property
     def ok(self) -> bool:

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+import torch
 from torch import Tensor
 
 from ..config import MHAConfig
@@ -164,6 +165,9 @@ def _queries_keys_values(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, ops
     """x -> projections -> q/k norm -> clamp -> rotary (-> q/k norm, where it comes after
     rotary): q (B, T, N*H), k and v (B, T, K*H)."""
     q, k, v = _project_qkv(g, c, w)  # (B, T, N*H), 2 x (B, T, K*H)
+    if c.v_norm_eps:  # Gemma 3n: values RMS-normalised per head, no weight
+        v = heads_rms_norm(g, v, c.kv_heads, c.head_dim, torch.ones(c.head_dim), c.v_norm_eps,
+                           0.0, "v_norm")
     if c.qk_norm != "none" and not c.qk_norm_after_rope:  # before rotary, as transformers
         q, k = _normalize_qk(g, c, w, q, k)
     if c.qkv_clip:

@@ -83,6 +83,8 @@ class AttentionBase(nn.Module):
         self.qkv_clip = float(c.qkv_clip or 0.0)  # 0: no clamp
         self.query_beta = float(c.query_scale_beta or 0.0)  # 0: queries not scaled by position
         self.query_length = float(c.query_scale_length or 1)
+        self.v_norm: nn.Module = QKNorm((c.head_dim,), c.v_norm_eps, learned=False) \
+            if c.v_norm_eps else nn.Identity()  # Gemma 3n: weightless
         self.softcap = c.softcap or 0.0
         self.has_sinks = c.sinks
         self.gated = c.output_gate
@@ -223,6 +225,7 @@ class AttentionBase(nn.Module):
         it comes after rotary): q (B, N, T, H), k and v (B, K, T, H) (the cache holds rotated
         keys)."""
         q, k, v = self.project_qkv(x)
+        v = self.v_norm(v)  # (B, K, T, H)
         if not self.norm_after_rope:
             q, k = self._normalize_qk(q, k)
         if self.qkv_clip > 0.0:

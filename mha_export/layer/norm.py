@@ -10,13 +10,17 @@ from torch import Tensor, nn
 
 
 class QKNorm(nn.Module):
-    """shape: (W,) shared, or (N, H) per head against (B, N, T, H) inputs."""
+    """shape: (W,) shared, or (N, H) per head against (B, N, T, H) inputs; ``learned`` False:
+    weightless (Gemma 3n's value norm: its weight a constant 1, not in the state dict)."""
 
     def __init__(self, shape: tuple[int, ...], eps: float, offset: float = 0.0,
-                 centered: bool = False, bias: bool = False):
+                 centered: bool = False, bias: bool = False, learned: bool = True):
         super().__init__()
         self.eps, self.offset, self.centered, self.has_bias = eps, offset, centered, bias
-        self.weight = nn.Parameter(torch.full(shape, 1.0 - offset))  # identity
+        if learned:
+            self.weight = nn.Parameter(torch.full(shape, 1.0 - offset))  # identity
+        else:
+            self.register_buffer("weight", torch.full(shape, 1.0 - offset), persistent=False)
         if bias:
             self.bias = nn.Parameter(torch.zeros(shape))
         else:

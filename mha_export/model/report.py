@@ -27,8 +27,8 @@ def format_evaluation(ev: Evaluation) -> str:
     reused = sum(d.reused for d in ev.main.details)
     made = f"{len(ev.main.layers) - reused} layer(s) exported" + (
         f", {reused} reused from --exports" if reused else "") + (
-        f", {len(ev.left_to_model)} left to the model (not softmax attention: "
-        f"{_kinds(ev.left_to_model)})" if ev.left_to_model else "")
+        f", {len(ev.left_to_model)} left to the model ({_kinds(ev.left_to_model)})"
+        if ev.left_to_model else "")
     lines = [f"{ev.weights}: {made}, {ev.tokens} tokens of "
              f"{ev.text}, runner {ev.runner}", head, "-" * len(head),
              f"{'eager (transformers)':44s} {ev.eager_perplexity:10.4f} {'':10s} {'':8s} "

@@ -16,6 +16,7 @@ from ..config import MHAConfig
 from ..errors import UsageError
 from ..kinds.registry import build_module, convert
 from ..layer.layouts import AttentionBase
+from .families.layer_types import why_left  # noqa: F401 (the fan-out's row text)
 from .files import load_strict, module_from_block, read_block
 from .gguf import gguf_layer_count, is_gguf, read_gguf_layer
 from .huggingface import (hf_config_path, layer_count as hf_layer_count, merge_fields,

@@ -56,7 +56,7 @@ class Latent:
         the options that do not apply to MLA refused. ``c``: the MHAConfig being built."""
         refused = {"a sliding window": c.sliding_window, "qk_norm": c.qk_norm != "none",
                    "qkv_clip": c.qkv_clip, "out_norm_eps": c.out_norm_eps,
-                   "query_scale_beta": c.query_scale_beta,
+                   "query_scale_beta": c.query_scale_beta, "v_norm_eps": c.v_norm_eps,
                    "softcap": c.softcap, "sinks": c.sinks, "output_gate": c.output_gate,
                    "softmax_scale (MLA's is (Hn + Hr)^-0.5 and yarn's mscale)": c.softmax_scale,
                    "a non-causal layer": not c.causal, "dropout": c.dropout,

@@ -1,5 +1,6 @@
-"""Gemma 2 and VaultGemma (softcapping) and Gemma 3 (q/k norm (1 + w), a rope per layer
-type; its multimodal wrapper read from text_config)."""
+"""Gemma, Gemma 2 and VaultGemma (softcapping), Gemma 3 (q/k norm (1 + w), a rope per layer
+type) and Gemma 3n (q/k norm by w, a weightless value norm; its KV-shared layers refused); the
+multimodal wrappers read from text_config."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +9,7 @@ from ...errors import UsageError
 from .base import Extra, Family, Settings
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, LANGUAGE_MODEL, NORM_TENSORS,
                       decoder_fields, head_norm)
-from .layer_types import full_layers, periodic, typed
+from .layer_types import KV_SHARED, full_layers, periodic, typed
 from .rope import rope_by_layer_type
 
 GEMMA_DEFAULTS = {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 256,
@@ -41,6 +42,31 @@ GEMMA3 = Family(
             "sliding_window_pattern) + sliding_window, a rope per layer type (rope_parameters "
             "by type; 4.x rope_theta / rope_local_base_freq, rope_scaling on full layers)")
 
+def gemma3n_layers(s: Settings, layer: int) -> str:
+    """Gemma 3n: layer_types (or every 5th layer full); the last num_kv_shared_layers attend
+    with an earlier layer's keys and values."""
+    if layer >= s["num_hidden_layers"] - s["num_kv_shared_layers"]:
+        return KV_SHARED
+    return typed(periodic(5))(s, layer)
+
+
+def gemma3n_extras(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """Gemma 3n: softmax scale 1, q/k norms by w (not 1 + w), values RMS-normalised without a
+    weight."""
+    return {"softmax_scale": 1.0, "v_norm_eps": float(s["rms_norm_eps"])}
+
+
+GEMMA3N = Family(
+    "gemma3n_text", "split", ATTN, NORM_TENSORS,
+    {**GEMMA_DEFAULTS, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+     "sliding_window": 512, "num_kv_shared_layers": 15, "head_dim": 256,
+     "num_key_value_heads": 2},
+    decoder_fields(gemma3n_layers, "attention_bias", "attention_bias", head_norm(0.0),
+                   gemma3n_extras, rope_by_layer_type("rope_local_base_freq")),
+    summary="q/k norm per head by w, a weightless value norm, scale 1, layer_types (or every "
+            "5th full) + sliding_window, a rope per layer type; the last num_kv_shared_layers "
+            "(cross-layer KV sharing) refused, each by its own row")
+
 RECORDS = (
     Family("gemma", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 256},
@@ -62,4 +88,7 @@ RECORDS = (
     GEMMA3,
     dataclasses.replace(GEMMA3, model_type="gemma3", nested="text_config",
                         prefix=LANGUAGE_MODEL, summary="gemma3_text's, from text_config"),
+    GEMMA3N,
+    dataclasses.replace(GEMMA3N, model_type="gemma3n", nested="text_config",
+                        prefix=LANGUAGE_MODEL, summary="gemma3n_text's, from text_config"),
 )

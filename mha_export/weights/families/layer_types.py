@@ -8,6 +8,10 @@ from .base import Settings
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 ATTENTION_TYPES = (FULL, SLIDING)  # softmax attention; any other type (linear_attention) is not
+# Gemma 3n / 4: a layer that attends with an earlier layer's keys and values (not exported yet)
+KV_SHARED = "kv_shared_attention"
+WHY_LEFT = {KV_SHARED: "which attends with an earlier layer's keys and values (cross-layer KV "
+                       "sharing: not supported yet)"}
 LayerType = Callable[[Settings, int], str]  # config.json, layer -> FULL | SLIDING | other
 
 
@@ -62,5 +66,10 @@ def not_attention(s: Settings, layer: int, kind: str,
     near = [str(i) for i in ([i for i in ok if i < layer][-1:] + [i for i in ok if i > layer][:1])]
     where = (f"the nearest are {' and '.join(near)} ({len(ok)} of its {count} layers are)"
              if near else "the model has none")
-    return NotAttentionLayer(f"--layer {layer} is a {kind} layer, not softmax attention: "
-                             f"{where}", layer, kind)
+    return NotAttentionLayer(f"--layer {layer} is a {kind} layer, {why_left(kind)}: {where}",
+                             layer, kind)
+
+
+def why_left(kind: str) -> str:
+    """Why a layer of this type is not exported (left to the model)."""
+    return WHY_LEFT.get(kind, "not softmax attention")

@@ -10,15 +10,12 @@ DSA = ("DeepSeek Sparse Attention (a lightning indexer picks index_topk keys per
 LLAMA4 = ("chunked attention (attention_chunk_size) on its rotary layers, a weightless L2 q/k "
           "norm after rotary, and temperature tuning (attn_temperature_tuning) on its NoPE "
           "layers")
-GEMMA3N = (f"{CROSS_LAYER_KV}, a weightless value norm, and q/k norms by w (not 1 + w) with "
-           "softmax scale 1")
 GEMMA4 = (f"{CROSS_LAYER_KV}, a head width and kv heads per layer type, k_eq_v (keys as "
           "values) and the proportional rope type")
 
 # model_type -> what its attention needs that the layer lacks
 NOT_YET: dict[str, str] = {
     "llama4_text": LLAMA4, "llama4": LLAMA4,
-    "gemma3n_text": GEMMA3N, "gemma3n": GEMMA3N,
     "gemma4_text": GEMMA4, "gemma4": GEMMA4,
     "deepseek_v32": DSA,
     "glm_moe_dsa": f"{DSA}, its indexer rotating in pairs and its top-k shared across layers",
