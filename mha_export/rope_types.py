@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from .errors import UsageError
 
-SCALINGS = ("default", "linear", "llama3", "yarn", "longrope")
+SCALINGS = ("default", "linear", "llama3", "yarn", "longrope", "proportional")
 # Required fields: numbers > 0 (yarn's and longrope's original_max_position_embeddings: integers;
 # longrope also needs short_factor and long_factor: lists of rotary_dim / 2 numbers > 0).
 SCALING_FIELDS = {
@@ -31,6 +31,9 @@ SCALING_FIELDS = {
                "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings"),
     "longrope": ("original_max_position_embeddings",),
+    # Gemma 4: the first partial_rotary_factor of the head's frequencies (over the whole head
+    # width), the rest 0 (those features pass unrotated), all divided by factor
+    "proportional": (),
 }
 # Optional fields with transformers' defaults (None: absent, the field is then left out).
 OPTIONAL_FIELDS: dict[str, dict[str, Any]] = {
@@ -39,6 +42,7 @@ OPTIONAL_FIELDS: dict[str, dict[str, Any]] = {
     # short_mscale / long_mscale (Phi-MoE): the attention factor of each table
     "longrope": {"factor": None, "attention_factor": None, "short_mscale": None,
                  "long_mscale": None},
+    "proportional": {"partial_rotary_factor": 1.0, "factor": 1.0},
 }
 FACTOR_LISTS = ("short_factor", "long_factor")  # longrope
 
@@ -68,6 +72,7 @@ def normalized_scaling(scaling: Optional[dict], rotary_dim: Optional[int] = None
     if kind in ("yarn", "longrope"):
         scaling["original_max_position_embeddings"] = _integer(
             kind, "original_max_position_embeddings", scaling["original_max_position_embeddings"])
+    if kind in OPTIONAL_FIELDS:
         _optional_fields(kind, scaling)
     if kind == "longrope":
         _longrope_fields(scaling, rotary_dim)

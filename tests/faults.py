@@ -502,6 +502,10 @@ OPTION_FAULTS.update({
     "longrope's long mscale read as the short one": (
         dict(ROPE, rope_scaling={**LONGROPE, "short_mscale": 1.1, "long_mscale": 1.3}),
         lambda p, c: rope_initializer_set(p, "rotary.long_attention_factor", 1.1)),
+    "proportional rope's zero frequencies rotating": (
+        dict(ROPE, rope_scaling={"rope_type": "proportional", "partial_rotary_factor": 0.25}),
+        lambda p, c: rope_initializer_set(p, "rotary.inv_freq", 1.0 / 10000.0 ** (
+            np.arange(0, c.rotary_dim, 2) / c.rotary_dim))),
     "local and global rope bases swapped": (
         dict(ROPE, rope_theta=10000.0), lambda p, c: rope_base_swapped(p, c.rotary_dim, 1e6)),
     "rotary applied on a NoPE layer": (dict(rotary="none"),

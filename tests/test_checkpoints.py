@@ -133,6 +133,13 @@ MODELS = {
         layer_types=["sliding_attention", "full_attention"] * 3, rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "default", "rope_theta": 1e6}}), (0, 1, 3)),
+    # full layers: head_dim 32, one kv head, values from k_proj (attention_k_eq_v), the
+    # proportional rope (a quarter of the head's frequencies); layers 4 and 5 KV-shared
+    "gemma4_text": Spec("gemma4_text", dict(
+        GEMMA, num_hidden_layers=6, num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=60, global_head_dim=32, num_global_key_value_heads=1,
+        attention_k_eq_v=True, layer_types=["sliding_attention", "full_attention"] * 3),
+        (0, 1, 3)),
     "vaultgemma": Spec("vaultgemma", dict(GEMMA, attn_logit_softcapping=5.0), (0, 1)),
     "hy_v3": Spec("hy_v3", dict(NEW, head_dim=16, attention_bias=True, num_experts=4,
                                 num_experts_per_tok=2, moe_intermediate_size=16), (1,)),
@@ -435,6 +442,10 @@ EXPECT = {
                                                        v_norm_eps=1e-6, rope_theta=10000.0)),
     "gemma3n_text@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="head", rope_theta=1e6)),
     "gemma3n_text@3": ((4, 2, 16, None, "half", 16), dict(v_norm_eps=1e-6)),
+    "gemma4_text@0": ((4, 2, 16, 4, "half", 16), dict(softmax_scale=1.0, v_norm_eps=1e-6,
+                                                      rope_theta=10000.0)),
+    "gemma4_text@1": ((4, 1, 32, None, "half", 32), dict(rope_theta=1e6, v_norm_eps=1e-6)),
+    "gemma4_text@3": ((4, 1, 32, None, "half", 32), dict(qk_norm="head", norm_offset=0.0)),
     "vaultgemma@0": ((4, 2, 16, 4, "half", 16), dict(softmax_scale=20 ** -0.5, softcap=5.0)),
     "vaultgemma@1": ((4, 2, 16, None, "half", 16), dict(softcap=5.0)),
     "hy_v3@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="head", qkv_bias=True, out_bias=True)),
@@ -498,6 +509,12 @@ EXPECT = {
 }
 
 
+# the rope type each model (or case) reads; the others none
+SCALED = {"llama-mqa-llama3": "llama3", "phi3": "longrope", "gpt_oss": "yarn",
+          "ministral3": "yarn", "phimoe": "longrope", "deepseek_v3": "yarn", "apertus": "llama3",
+          "gemma4_text@1": "proportional", "gemma4_text@3": "proportional"}
+
+
 def test_config_is_read_from_config_json_in_both_spellings(checkpoint, tmp_path):
     name, _, _, folder, layer = checkpoint
     c = read_artifact(export_onnx(weights=folder, layer=layer, output=tmp_path / "a",
@@ -505,9 +522,7 @@ def test_config_is_read_from_config_json_in_both_spellings(checkpoint, tmp_path)
     shape, options = EXPECT[f"{name}@{layer}"]
     assert (c.heads, c.kv_heads, c.head_dim, c.sliding_window, c.rotary, c.rotary_dim) == shape
     assert {k: getattr(c, k) for k in options} == pytest.approx(options)
-    scaling = {"llama-mqa-llama3": "llama3", "phi3": "longrope", "gpt_oss": "yarn",
-               "ministral3": "yarn", "phimoe": "longrope",
-               "deepseek_v3": "yarn", "apertus": "llama3"}.get(name)
+    scaling = SCALED.get(f"{name}@{layer}", SCALED.get(name))
     assert (c.rope_scaling or {}).get("rope_type") == scaling
     if name == "llama-mqa-llama3":
         assert c.rope_theta == 500000.0
@@ -732,22 +747,25 @@ def test_either_spelling_of_the_language_model_prefix_reads_the_same_layer(built
     assert len({(p / "weights.safetensors").read_bytes() for p in paths}) == 1
 
 
-def test_gemma3n_wrapper_reads_its_text_model_and_refuses_kv_shared_layers(built, tmp_path):
-    """gemma3n: the text model's record from text_config, under model.language_model. (its
-    vision tower needs timm: the wrapper's folder is the text checkpoint renamed); a layer that
-    attends with an earlier layer's keys and values is one line, exit 2, naming the nearest
-    layers that are exported, and `--layers all` gives it a row of its own."""
+@pytest.mark.parametrize("text, wrapper_type", [("gemma3n_text", "gemma3n"),
+                                                ("gemma4_text", "gemma4")])
+def test_gemma_wrappers_read_their_text_model_and_refuse_kv_shared_layers(built, tmp_path, text,
+                                                                          wrapper_type):
+    """gemma3n, gemma4: the text model's record from text_config, under model.language_model.
+    (their vision towers need timm: the wrapper's folder is the text checkpoint renamed); a
+    layer that attends with an earlier layer's keys and values is one line, exit 2, naming the
+    nearest layers that are exported, and `--layers all` gives it a row of its own."""
     from click.testing import CliRunner
     from safetensors.torch import load_file, save_file
 
     from mha_export.cli.commands import cli
     from mha_export.fanout import export_layers
-    _, folder = built("gemma3n_text")
+    _, folder = built(text)
     wrapper = tmp_path / "wrapper"
     wrapper.mkdir()
-    text = json.loads((folder / "config.json").read_text())
-    (wrapper / "config.json").write_text(json.dumps({"model_type": "gemma3n",
-                                                     "text_config": text}))
+    text_config = json.loads((folder / "config.json").read_text())
+    (wrapper / "config.json").write_text(json.dumps({"model_type": wrapper_type,
+                                                     "text_config": text_config}))
     save_file({re.sub(r"^model\.", "model.language_model.", k): v for k, v in
                load_file(str(folder / "model.safetensors")).items()},
               str(wrapper / "model.safetensors"))

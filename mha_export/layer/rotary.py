@@ -64,12 +64,24 @@ def _default(rotary_dim: int, theta: float) -> Tensor:
                             / rotary_dim))  # (rd/2,)
 
 
+def _proportional(rotary_dim: int, theta: float, scaling: dict) -> Tensor:
+    """Gemma 4's proportional rope over a whole head (rotary_dim = head_dim): its first
+    int(p * H // 2) frequencies (exponents over H), zeros for the rest, divided by factor."""
+    rotated = int(float(scaling["partial_rotary_factor"]) * rotary_dim // 2)
+    freq = 1.0 / (theta ** (torch.arange(0, 2 * rotated, 2, dtype=torch.int64).float()
+                            / rotary_dim))  # (rotated,)
+    freq = torch.cat([freq, torch.zeros(rotary_dim // 2 - rotated)])  # (H/2,)
+    return freq / float(scaling["factor"])
+
+
 def _scaled(rotary_dim: int, theta: float, scaling: Optional[dict]) -> Tensor:
-    """default, linear and llama3."""
+    """default, linear, llama3 and proportional."""
     freq = _default(rotary_dim, theta)
     kind = (scaling or {}).get("rope_type", "default")
     if kind == "default":
         return freq
+    if kind == "proportional":
+        return _proportional(rotary_dim, theta, scaling)
     if kind == "linear":
         return freq / float(scaling["factor"])
     factor = float(scaling["factor"])  # llama3

@@ -1,6 +1,7 @@
 """Gemma, Gemma 2 and VaultGemma (softcapping), Gemma 3 (q/k norm (1 + w), a rope per layer
-type) and Gemma 3n (q/k norm by w, a weightless value norm; its KV-shared layers refused); the
-multimodal wrappers read from text_config."""
+type), Gemma 3n (q/k norm by w, a weightless value norm; its KV-shared layers refused) and
+Gemma 4 (Gemma 3n's, with a shape per layer, keys as values, proportional rope); the multimodal
+wrappers read from text_config."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +10,7 @@ from ...errors import UsageError
 from .base import Extra, Family, Settings
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, LANGUAGE_MODEL, NORM_TENSORS,
                       decoder_fields, head_norm)
-from .layer_types import KV_SHARED, full_layers, periodic, typed
+from .layer_types import FULL, KV_SHARED, full_layers, periodic, typed
 from .rope import rope_by_layer_type
 
 GEMMA_DEFAULTS = {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 256,
@@ -67,6 +68,59 @@ GEMMA3N = Family(
             "5th full) + sliding_window, a rope per layer type; the last num_kv_shared_layers "
             "(cross-layer KV sharing) refused, each by its own row")
 
+def gemma4_layers(s: Settings, layer: int) -> str:
+    """Gemma 4: layer_types (or every 6th layer full), the last layer always full (transformers
+    forces it); the last num_kv_shared_layers attend with an earlier layer's keys and values."""
+    count = s["num_hidden_layers"]
+    if layer >= count - s["num_kv_shared_layers"]:
+        return KV_SHARED
+    return FULL if layer == count - 1 else typed(periodic(6))(s, layer)
+
+
+def gemma4_shape(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """Gemma 4: a layer's head width and kv heads from per_layer_config (keyed by layer); a
+    config.json without it gives full layers global_head_dim (and num_global_key_value_heads
+    with attention_k_eq_v), as transformers builds it; scale 1, a weightless value norm."""
+    if s.get("use_bidirectional_attention") == "all":
+        raise UsageError("config.json sets use_bidirectional_attention: all: bidirectional "
+                         "layers are not supported (causal only)")
+    table = s.get("per_layer_config")
+    if table is None:
+        table = {str(layer): _global_layer(s)} if kind == FULL else {}
+    own = table.get(str(layer)) or {}
+    shape = {k: own[k] for k in ("head_dim", "num_key_value_heads") if own.get(k)}
+    return {"softmax_scale": 1.0, "v_norm_eps": float(s["rms_norm_eps"]),
+            "head_dim": shape.get("head_dim", fields["head_dim"]),
+            "kv_heads": shape.get("num_key_value_heads", fields["kv_heads"])}
+
+
+def _global_layer(s: Settings) -> dict:
+    kv = s.get("num_global_key_value_heads") if s["attention_k_eq_v"] else None
+    return {"head_dim": s["global_head_dim"], "num_key_value_heads": kv}
+
+
+def keys_as_values(fields: dict, tensors: dict) -> dict:
+    """Gemma 4's full layers with attention_k_eq_v have no v_proj: the values are k_proj's
+    output (before k_norm and rotary)."""
+    if "W_value.weight" in tensors or "W_key.weight" not in tensors:
+        return tensors
+    return {**tensors, **{f"W_value.{p}": tensors[f"W_key.{p}"] for p in ("weight", "bias")
+                          if f"W_key.{p}" in tensors}}
+
+
+GEMMA4 = Family(
+    "gemma4_text", "split", ATTN, NORM_TENSORS,
+    {**GEMMA_DEFAULTS, "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 512,
+     "num_kv_shared_layers": 0, "attention_k_eq_v": False, "global_head_dim": 512,
+     "num_global_key_value_heads": None, "rope_theta": 1_000_000.0,
+     "rope_local_base_freq": 10_000.0},
+    decoder_fields(gemma4_layers, "attention_bias", "attention_bias", head_norm(0.0),
+                   gemma4_shape, rope_by_layer_type("rope_local_base_freq")),
+    keys_as_values,
+    summary="as gemma3n_text; per_layer_config's head_dim and kv heads (or global_head_dim on "
+            "full layers), attention_k_eq_v (values from k_proj), the proportional rope "
+            "type; the last layer full; KV-shared layers refused, each by its own row")
+
 RECORDS = (
     Family("gemma", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 256},
@@ -91,4 +145,7 @@ RECORDS = (
     GEMMA3N,
     dataclasses.replace(GEMMA3N, model_type="gemma3n", nested="text_config",
                         prefix=LANGUAGE_MODEL, summary="gemma3n_text's, from text_config"),
+    GEMMA4,
+    dataclasses.replace(GEMMA4, model_type="gemma4", nested="text_config",
+                        prefix=LANGUAGE_MODEL, summary="gemma4_text's, from text_config"),
 )

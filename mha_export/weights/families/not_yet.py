@@ -3,20 +3,14 @@ refused in one line naming what is missing (never "unsupported model type"), unt
 The list is ../shared/notes/families-transformers-5.23.md's, less what the registry reads."""
 from __future__ import annotations
 
-CROSS_LAYER_KV = ("cross-layer KV sharing (num_kv_shared_layers: a layer attends with another "
-                  "layer's keys and values)")
 DSA = ("DeepSeek Sparse Attention (a lightning indexer picks index_topk keys per query, with "
        "its own key cache beside the compressed one)")
 LLAMA4 = ("chunked attention (attention_chunk_size) on its rotary layers, a weightless L2 q/k "
           "norm after rotary, and temperature tuning (attn_temperature_tuning) on its NoPE "
           "layers")
-GEMMA4 = (f"{CROSS_LAYER_KV}, a head width and kv heads per layer type, k_eq_v (keys as "
-          "values) and the proportional rope type")
-
 # model_type -> what its attention needs that the layer lacks
 NOT_YET: dict[str, str] = {
     "llama4_text": LLAMA4, "llama4": LLAMA4,
-    "gemma4_text": GEMMA4, "gemma4": GEMMA4,
     "deepseek_v32": DSA,
     "glm_moe_dsa": f"{DSA}, its indexer rotating in pairs and its top-k shared across layers",
     "qwen4_exp_text": "block top-k sparse attention (QSA) and its GatedDeltaNet layers",

@@ -23,6 +23,8 @@ def rope_scaling(s: Settings, params: Mapping[str, Any],
     if kind == "default":
         return None
     extra = {k: v for k, v in params.items() if k not in OWN_KEYS}
+    if kind == "proportional":  # its fraction shapes the table itself (over the whole head)
+        extra["partial_rotary_factor"] = params.get("partial_rotary_factor", 1.0)
     if kind in LONG_CONTEXT:
         original = s.get("original_max_position_embeddings") or extra.get(
             "original_max_position_embeddings") or s["max_position_embeddings"]
@@ -63,7 +65,9 @@ def rope_by_layer_type(sliding_theta: Optional[str]) -> Extra:
             params.update(s.get("rope_scaling") or {})
         default = s["rope_theta"] if kind == FULL else (
             s[sliding_theta] if sliding_theta else s.defaults["rope_theta"])
-        rotary_dim = int(fields["head_dim"] * params.get("partial_rotary_factor", 1.0))
+        whole = params.get("rope_type") == "proportional"  # Gemma 4: zeros past its fraction
+        rotary_dim = fields["head_dim"] if whole else int(
+            fields["head_dim"] * params.get("partial_rotary_factor", 1.0))
         return {"rotary": "half", "rope_theta": float(params.get("rope_theta", default)),
                 "rotary_dim": rotary_dim, "rope_scaling": rope_scaling(s, params)}
     return extra
