@@ -160,7 +160,8 @@ def make_signature(config: MHAConfig, kind: str = "full", cache_dtype: str = FLO
         raise UsageError(f"an int8 cache needs the static-cache signature (--static-cache), "
                          f"got {kind!r}")
     ins, outs = KINDS[kind]
-    ins += ("position_ids",) if config.rotary != "none" else ()  # rotary layers: the last input
+    rotates = config.rotary not in ("none", "unrotated")  # (unrotated: NoPE MLA, Kimi Linear)
+    ins += ("position_ids",) if rotates else ()  # rotary layers: the last input
     spec = lambda n: _documented(_cached(TENSORS[n](config, kind), cache_dtype),  # noqa: E731
                                  config)
     return Signature(kind, tuple(spec(n) for n in ins), tuple(spec(n) for n in outs))

@@ -233,6 +233,11 @@ MODELS = {
                                             rope_parameters=MLA_YARN), (1,)),
     "glm4_moe_lite": Spec("glm4_moe_lite", dict(MLA, q_lora_rank=48), (1,)),
     "youtu": Spec("youtu", dict(MLA, q_lora_rank=48), (1,)),
+    "kimi_linear": Spec("kimi_linear", dict(
+        MLA, num_hidden_layers=3, q_lora_rank=None, layer_types=[
+            "linear_attention", "full_attention", "linear_attention"], linear_head_dim=8,
+        linear_num_heads=4, num_local_experts=4, moe_intermediate_size=16, pad_token_id=0,
+        bos_token_id=None, eos_token_id=None), (1,)),
     "deepseek_v3-halves-bias": Spec("deepseek_v3", dict(
         MLA, q_lora_rank=48, rope_interleave=False, attention_bias=True), (0,)),
 }
@@ -504,6 +509,7 @@ EXPECT = {
     "deepseek_v3@1": ((4, 1, 24, None, "deinterleaving", 8), dict(out_bias=False)),
     "glm4_moe_lite@1": ((4, 1, 24, None, "deinterleaving", 8), dict(out_bias=False)),
     "youtu@1": ((4, 1, 24, None, "deinterleaving", 8), dict(out_bias=False)),
+    "kimi_linear@1": ((4, 1, 24, None, "unrotated", 8), dict(out_bias=False)),
     "deepseek_v3-halves-bias@0": ((4, 1, 24, None, "half", 8), dict(qkv_bias=True,
                                                                     out_bias=True)),
 }

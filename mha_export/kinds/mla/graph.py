@@ -28,7 +28,7 @@ from ...graph.norm import rms_norm
 from ...graph.ops import Ops
 from ...graph.rotary import cos_sin_at, rotate_heads
 from ...signature import Signature
-from .settings import MLAConfig
+from .settings import UNROTATED, MLAConfig
 
 # (builder, first query's index in the call (), queries ()) -> additive bias (B|1, 1, t, S)
 MaskBuilder = Callable[[GraphBuilder, str, str], str]
@@ -54,7 +54,8 @@ def build_latent(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], form: G
                  sig: Signature, opset: int = 17, kv_cache: None = None) -> dict[str, str]:
     """The layer's nodes; returns the graph values of y (and present_key / present_value)."""
     m = MLAConfig.of(c)
-    cos, sin = cos_sin_at(g, "position_ids", m.qk_rope_head_dim, m.rope_theta, m.rope_scaling)
+    cos, sin = ("", "") if m.rope_layout == UNROTATED else cos_sin_at(
+        g, "position_ids", m.qk_rope_head_dim, m.rope_theta, m.rope_scaling)
     q_nope, q_rot = _queries(g, c, w, cos, sin)  # (B, N, T, Hn), (B, N, T, Hr)
     latent, k_rot = _cache_entries(g, c, w, cos, sin)  # (B, 1, T, R), (B, 1, T, Hr)
     seq_len = dim(g, "x", 1, "seq_len")  # () T
@@ -139,5 +140,7 @@ def _rotate(g: GraphBuilder, c: MHAConfig, x: str, heads: int, cos: str, sin: st
     """(B, T, heads*Hr) rotated in the layer's rope layout."""
     m = MLAConfig.of(c)
     hr, layout = m.qk_rope_head_dim, m.rope_layout
+    if layout == UNROTATED:  # Kimi Linear: NoPE
+        return x
     return rotate_heads(g, x, heads, hr, hr, layout != "half", cos, sin, name,
                         halves_out=layout == "deinterleaving")

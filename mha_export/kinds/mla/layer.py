@@ -38,7 +38,7 @@ from ...layer.attention import attention, lowest_value, merge_heads, score_mask
 from ...layer.base import valid_end
 from ...layer.norm import RMSNorm
 from ...layer.rotary import cos_sin, rope_tables, rotate
-from .settings import MLAConfig
+from .settings import UNROTATED, MLAConfig
 
 
 class MLAttention(nn.Module):
@@ -72,6 +72,7 @@ class MLAttention(nn.Module):
         self.heads, self.rank, self.scale = c.heads, c.kv_lora_rank, c.scale
         self.nope, self.rope, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
         self.rope_layout = c.rope_layout
+        self.rotates = c.rope_layout != UNROTATED
 
     def forward(self, x: Tensor) -> Tensor:
         return self.attend(x, None, None, None)[0]
@@ -147,6 +148,8 @@ class MLAttention(nn.Module):
 
     def _rotate(self, x: Tensor, position_ids: Tensor) -> Tensor:
         """x (B, heads, T, Hr) rotated at position_ids, in the config's rope layout."""
+        if not self.rotates:  # Kimi Linear: NoPE
+            return x
         cos, sin = cos_sin(position_ids, self.inv_freq, x.dtype,
                            attention_factor=self.rope_factor)  # (B, 1, T, Hr/2)
         if self.rope_layout != "deinterleaving":

@@ -11,7 +11,8 @@ and the graph (graph.py, forms.py) read (``MLAConfig.of(config)``).
 Rotary layouts (MHAConfig.rotary of an MLA layer, ``ROPE_LAYOUTS``), which decide what the cache
 holds: V2's complex-number form rotates pairs (2i, 2i+1) in place ("interleaved"); V3's
 ``rope_interleave`` reads those pairs and writes the halves [rotated evens | rotated odds]
-("deinterleaving"); V3 without it rotates halves ("half").
+("deinterleaving"); V3 without it rotates halves ("half"); Kimi Linear keeps the shared key's
+part as it is ("unrotated": NoPE, no position_ids).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from ...errors import UsageError, require_positive as _positive
 
 NAME = "Multi-head Latent Attention"
 LAYOUT = "latent"  # the one weight layout of its checkpoints (and the kind's name)
-ROPE_LAYOUTS = ("deinterleaving", "interleaved", "half")
+ROPE_LAYOUTS = ("deinterleaving", "interleaved", "half", "unrotated")
+UNROTATED = "unrotated"  # the rope part of queries and keys kept as is (Kimi Linear)
 LATENT_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 

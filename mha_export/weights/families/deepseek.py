@@ -1,5 +1,6 @@
 """Multi-head Latent Attention: DeepSeek-V2 and V3, and V3's attention in GLM-4.7-Flash
-(`glm4_moe_lite`) and Youtu-LLM (every layer is one)."""
+(`glm4_moe_lite`) and Youtu-LLM (every layer is one), and Kimi Linear's NoPE MLA layers (its
+KDA linear-attention layers refused)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +8,7 @@ from typing import Callable
 
 from .base import Family, Fields, Settings
 from .decoder import ATTN
+from .layer_types import ATTENTION_TYPES, FULL, not_attention, typed
 from .rope import rope
 
 # the checkpoints' names are the layer's (kinds/mla/layer.py)
@@ -50,6 +52,25 @@ RECORDS = (
            latent_fields(lambda s: "deinterleaving" if s["rope_interleave"] else "half"),
            summary="as deepseek_v2; rope_interleave (pairs in, halves out; false: halves)"),
 )
+
+
+def kimi_layers(s: Settings, layer: int) -> str:
+    """Kimi Linear's default layer types: linear_attn_config's full_attn_layers (1-indexed),
+    else every 4th layer from layer 4 full, the others KDA linear attention."""
+    listed = (s.get("linear_attn_config") or {}).get("full_attn_layers")
+    if listed is not None:
+        return FULL if layer + 1 in listed else "linear_attention"
+    return FULL if layer and layer % 4 == 0 else "linear_attention"
+
+
+def kimi_fields(s: Settings, layer: int) -> dict:
+    """Kimi Linear: MLA layers whose rope part is not rotated (NoPE); its KDA layers refused."""
+    kind = typed(kimi_layers)(s, layer)
+    if kind not in ATTENTION_TYPES:
+        raise not_attention(s, layer, kind, typed(kimi_layers))
+    return latent_fields(lambda s: "unrotated")(s, layer)
+
+
 DEEPSEEK_V3 = RECORDS[-1]
 RECORDS += (
     dataclasses.replace(DEEPSEEK_V3, model_type="glm4_moe_lite", defaults={
@@ -57,4 +78,10 @@ RECORDS += (
         "v_head_dim": 256, "max_position_embeddings": 202752}, summary="as deepseek_v3"),
     dataclasses.replace(DEEPSEEK_V3, model_type="youtu", defaults={
         **DEEPSEEK_V3.defaults, "max_position_embeddings": 131072}, summary="as deepseek_v3"),
+    Family("kimi_linear", "latent", ATTN, LATENT_TENSORS,
+           {**LATENT_DEFAULTS, "q_lora_rank": None, "max_position_embeddings": 1048576},
+           kimi_fields,
+           summary="as deepseek_v3, its rope part not rotated (NoPE: rotary unrotated, no "
+                   "position_ids); layer_types (or linear_attn_config's full_attn_layers): "
+                   "the KDA linear-attention layers refused"),
 )

@@ -22,6 +22,4 @@ NOT_YET: dict[str, str] = {
     "longcat_flash": ("two attention modules per layer (self_attn.0, self_attn.1), each "
                       "DeepSeek-V3's with constant LoRA scales (its *_scale_q_lora, "
                       "*_scale_kv_lora)"),
-    "kimi_linear": ("DeepSeek-V3's attention without rotary (no qk_rope_head_dim) and its KDA "
-                    "linear-attention layers"),
 }
