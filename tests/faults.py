@@ -309,15 +309,8 @@ def _bypass(m, node_name: str, keep_input: int = 0) -> None:
 
 def qk_norm_skipped(path: Path) -> None:
     """q and k go on un-normalised (the norms' nodes stay, unread)."""
-    def fn(m):
-        names = {n.name for n in all_nodes(m.graph)}
-        for which in ("q_norm", "k_norm"):
-            last = f"{which}_flat" if f"{which}_flat" in names else f"{which}_scaled"
-            first = next(n for n in all_nodes(m.graph) if n.name == f"{which}_square")
-            out = next(n for n in all_nodes(m.graph) if n.name == last).output[0]
-            for n in all_nodes(m.graph):
-                n.input[:] = [first.input[0] if i == out else i for i in n.input]
-    _edit(path, fn)
+    norm_skipped(path, "q_norm")
+    norm_skipped(path, "k_norm")
 
 
 def norm_offset_dropped(path: Path, offset: float) -> None:
@@ -350,8 +343,8 @@ def layer_norm_uncentered(path: Path) -> None:
 
 
 def norm_skipped(path: Path, name: str) -> None:
-    """The RMSNorm ``name`` (its nodes ``<name>_square`` ... ``<name>_scaled``) unread: its
-    consumers take its input."""
+    """The norm ``name`` (its nodes ``<name>_square`` ... ``<name>_scaled``, or
+    ``<name>_flat`` over heads) unread: its consumers take its input."""
     def fn(m):
         names = {n.name for n in all_nodes(m.graph)}
         last = f"{name}_flat" if f"{name}_flat" in names else f"{name}_scaled"

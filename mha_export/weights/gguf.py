@@ -5,14 +5,17 @@
 A GGUF file holds key-value metadata (``llama.attention.head_count``, ...) and tensors named
 ``blk.N.attn_q.weight``, ``blk.N.attn_output.weight``, ... stored as llama.cpp's converter
 (``convert_hf_to_gguf.py``) wrote them: quantized in blocks (Q4_1, Q8_0, K-quants, ...), with the
-``llama`` architecture's query/key rows permuted for llama.cpp's rotary kernel and Gemma's norm
-weights stored as ``1 + w``. This module maps the metadata onto the config.json keys of the
+``llama`` architecture's (and the converter's other LlamaModels') query/key rows permuted for
+llama.cpp's rotary kernel, Gemma's and Nemotron's norm weights stored as ``1 + w``, Falcon's
+query_key_value regrouped. This module maps the metadata onto the config.json keys of the
 Hugging Face model type the architecture came from (one ``GGUFArch`` record per
-``general.architecture``), finds the layer's tensors with gguf's own name map (the inverse of the
-one the converter used), dequantizes them to float32 with ``gguf.quants``, undoes the converter's
-permutation and norm shift, and hands both to that model type's ``families.Family`` (its
-``fields`` and ``convert``): the attention math lives in families/ only. Only the chosen
-layer's tensors are read (``gguf.GGUFReader`` memory-maps the file).
+``general.architecture``; where the file says nothing, llama.cpp's runtime rules), finds the
+layer's tensors with gguf's own name map (the inverse of the one the converter used),
+dequantizes them to float32 with ``gguf.quants``, undoes the converter's permutation and norm
+shift, and hands both to that model type's ``families.Family`` (its ``fields`` and
+``convert``): the attention math lives in families/ only. Only the chosen layer's tensors are
+read (``gguf.GGUFReader`` memory-maps the file). The records follow llama.cpp 21a4933's
+convert_hf_to_gguf.py, llama-model.cpp and src/models/.
 
 ``layer_raw_tensors`` gives the same tensors as stored (type, shape, blocks), for exporting the
 file's own quantization. The ``gguf`` package (llama.cpp's gguf-py) is needed for .gguf files only.
@@ -20,6 +23,7 @@ file's own quantization. The ``gguf`` package (llama.cpp's gguf-py) is needed fo
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -27,7 +31,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import UsageError
-from .families import FAMILIES, Family
+from .families import FAMILIES, Convert, Family
+from .families.llama import qkv_rows_convert
 from .gguf_header import HeaderError, header_scalars
 from .huggingface import layer_fields, require_layer
 
@@ -173,11 +178,49 @@ class GGUFArch:
     permuted: bool = False  # q/k rows permuted (LlamaModel.permute): undone
     norm_shift: float = 0.0  # added to every norm weight (Gemma's 1 + w): subtracted
     extra: Extra = nothing
+    bias: str = "attention_bias"  # the config.json key saying the layer has biases
+    prefix: str = "model."  # before the family's attention path in the converter's names
+    # the layer's modules under the converter's (Hugging Face) names -> ours, where they differ
+    # from the family's (a tensor the converter merged or renamed); None: the family's
+    tensors: Optional[dict[str, str]] = None
+    convert: Optional[Convert] = None  # where the stored layout is not the family's
+
+
+def _has(f: GGUFFile, layer: int, name: str) -> bool:
+    """The file holds blk.{layer}.{name} ("attn_q_norm.weight", ...)."""
+    return f"blk.{layer}.{name}" in f.tensors
+
+
+def _one_rope_base(f: GGUFFile) -> None:
+    """Families of one rope theta: a different sliding-layer base (rope.freq_base_swa) is
+    refused."""
+    swa = f.arch_value("rope.freq_base_swa")
+    if swa is not None and swa != f.arch_value("rope.freq_base", 10000.0):
+        raise UsageError(f"{f.path}: a rope base of its own for sliding layers "
+                         f"(rope.freq_base_swa {swa}) is not read for {f.arch}")
+
+
+def _swa_period(f: GGUFFile) -> int:
+    """llama.cpp's sliding pattern for Cohere 2, EXAONE 4 and OLMo 3: every n-th layer full
+    (attention.sliding_window_pattern as a number, default 4). It ignores a per-layer array
+    (the converter's): one that says otherwise is refused."""
+    pattern = f.arch_value("attention.sliding_window_pattern", 4)
+    if not isinstance(pattern, list):
+        return int(pattern)
+    if pattern != [(i + 1) % 4 != 0 for i in range(len(pattern))]:
+        raise UsageError(f"{f.path}: a per-layer sliding pattern other than every 4th layer "
+                         "full is not read (llama.cpp reads every 4th layer full)")
+    return 4
 
 
 def full_attention(f: GGUFFile, layer: int) -> dict:
     """Qwen2/Qwen3: llama.cpp attends fully on every layer (no sliding window)."""
     return {"use_sliding_window": False}
+
+
+def no_window(f: GGUFFile, layer: int) -> dict:
+    """StarCoder2, dots.llm1: llama.cpp writes and uses no window (every layer full)."""
+    return {"sliding_window": None}
 
 
 def gemma_scale(layers_27b: int) -> Callable[[GGUFFile, int], float]:
@@ -219,6 +262,113 @@ def phi3(f: GGUFFile, layer: int) -> dict:
     return {"sliding_window": f.arch_value("attention.sliding_window") or None}
 
 
+def olmo(f: GGUFFile, layer: int) -> dict:
+    """OLMo: q, k, v clamped to attention.clamp_kqv (written from clip_qkv). llama.cpp's olmo
+    has no attention biases (the converter permutes q/k weights only)."""
+    if any(_has(f, layer, f"attn_{n}.bias") for n in ("q", "k", "v", "output")):
+        raise UsageError(f"{f.path}: attention biases in an olmo file are not read (llama.cpp's "
+                         "olmo has none)")
+    return {"clip_qkv": f.arch_value("attention.clamp_kqv") or None}
+
+
+def olmo2(f: GGUFFile, layer: int) -> dict:
+    """OLMo 2: every layer full; OLMo 3 (olmo2 with a window: sliding layers, a rope of their
+    own) is refused."""
+    if f.arch_value("attention.sliding_window"):
+        raise UsageError(f"{f.path}: an olmo2 file with a sliding window (OLMo 3) is not read: "
+                         "export from the Hugging Face checkpoint")
+    return {}
+
+
+def olmoe(f: GGUFFile, layer: int) -> dict:
+    """OLMoE: llama.cpp clamps nothing (its olmoe reads no clamp_kqv)."""
+    return {"clip_qkv": None}
+
+
+def granite(f: GGUFFile, layer: int) -> dict:
+    """Granite: the softmax scale is attention.scale (attention_multiplier), else llama.cpp's
+    1 / sqrt(head_dim); rope.scaling.finetuned false turns its rope off: refused."""
+    if f.arch_value("rope.scaling.finetuned") is False:
+        raise UsageError(f"{f.path}: a granite file without rope (rope.scaling.finetuned false) "
+                         "is not read")
+    return {"attention_multiplier": f.arch_value("attention.scale")
+            or _head_dim(f, layer) ** -0.5}
+
+
+def layer_norm_qk(key: str) -> Extra:
+    """StableLM (qk_layernorm), Command R (use_qk_norm): LayerNorm q/k norms when the file has
+    them, attention.layer_norm_epsilon their epsilon."""
+    return lambda f, layer: _present(
+        **{key: _has(f, layer, "attn_q_norm.weight")},
+        layer_norm_eps=f.arch_value("attention.layer_norm_epsilon"))
+
+
+def cohere2(f: GGUFFile, layer: int) -> dict:
+    """Cohere 2: the window as written, every n-th layer full (llama.cpp's period); one rope
+    base."""
+    _one_rope_base(f)
+    return {"sliding_window": f.require("attention.sliding_window"),
+            "sliding_window_pattern": _swa_period(f)}
+
+
+def exaone4(f: GGUFFile, layer: int) -> dict:
+    """EXAONE 4: llama.cpp slides only in the 64-layer (32B) model (window 4096 unless written,
+    every n-th layer full, those NoPE); other sizes attend fully and rotate on every layer."""
+    if f.require("block_count") != 64:
+        return {"sliding_window": None}
+    _one_rope_base(f)
+    return {"sliding_window": f.arch_value("attention.sliding_window", 4096),
+            "sliding_window_pattern": _swa_period(f)}
+
+
+def glm4(f: GGUFFile, layer: int) -> dict:
+    """GLM-4: its vision models' M-RoPE (rope.dimension_sections, q/k rows moved for it) is
+    refused."""
+    if f.arch_value("rope.dimension_sections") is not None:
+        raise UsageError(f"{f.path}: GLM-4's M-RoPE (rope.dimension_sections) is not read")
+    return {}
+
+
+def seed_oss(f: GGUFFile, layer: int) -> dict:
+    """Seed-OSS: the output bias is a key of its own."""
+    return {"attention_out_bias": _has(f, layer, "attn_output.bias")}
+
+
+def smollm3(f: GGUFFile, layer: int) -> dict:
+    """SmolLM3: llama.cpp's every 4th layer NoPE (hard-coded), no window."""
+    return {"no_rope_layer_interval": 4, "use_sliding_window": False}
+
+
+def falcon(f: GGUFFile, layer: int) -> dict:
+    """Falcon: the converter stacks query_key_value's rows as query, key, value (head_count_kv
+    key heads, any layout it came from); biases on all four or none."""
+    heads = f.require("attention.head_count", layer)
+    return {"new_decoder_architecture": True, "alibi": False,
+            "num_kv_heads": f.arch_value("attention.head_count_kv", heads, layer)}
+
+
+def starcoder(f: GGUFFile, layer: int) -> dict:
+    """StarCoder (gpt_bigcode): one key/value head (the converter writes 1, llama.cpp reads
+    c_attn so), scores scaled by 1 / sqrt(head_dim)."""
+    if f.arch_value("attention.head_count_kv", 1, layer) != 1:
+        raise UsageError(f"{f.path}: a starcoder file with several key/value heads is not read")
+    return {"n_head": f.require("attention.head_count", layer), "multi_query": True,
+            "n_embd": f.require("embedding_length"), "n_layer": f.require("block_count"),
+            "n_positions": f.arch_value("context_length"), "scale_attn_weights": True}
+
+
+def dbrx(f: GGUFFile, layer: int) -> dict:
+    """DBRX: its own config.json spelling; q, k, v clamped to attention.clamp_kqv."""
+    heads = f.require("attention.head_count", layer)
+    return {"n_heads": heads, "d_model": f.require("embedding_length"),
+            "n_layers": f.require("block_count"), "max_seq_len": f.arch_value("context_length"),
+            "attn_config": {"kv_n_heads": f.arch_value("attention.head_count_kv", heads, layer),
+                            "clip_qkv": f.arch_value("attention.clamp_kqv") or None}}
+
+
+LLAMA_TENSORS = {"q_proj": "W_query", "k_proj": "W_key", "v_proj": "W_value",
+                 "o_proj": "out_proj"}
+
 ARCHITECTURES: dict[str, GGUFArch] = {
     "llama": GGUFArch("llama", permuted=True),  # Llama, SmolLM2, Mistral (the converter's)
     "qwen2": GGUFArch("qwen2", extra=full_attention),
@@ -227,6 +377,35 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "gemma2": GGUFArch("gemma2", norm_shift=1.0, extra=gemma2),
     "gemma3": GGUFArch("gemma3_text", norm_shift=1.0, extra=gemma3),
     "phi3": GGUFArch("phi3", extra=phi3),
+    "qwen2moe": GGUFArch("qwen2_moe", extra=full_attention, bias="qkv_bias"),
+    "starcoder2": GGUFArch("starcoder2", extra=no_window, bias="use_bias"),
+    "olmo": GGUFArch("olmo", permuted=True, extra=olmo),
+    "olmo2": GGUFArch("olmo2", extra=olmo2),
+    "olmoe": GGUFArch("olmoe", extra=olmoe),
+    "granite": GGUFArch("granite", permuted=True, extra=granite),
+    "arcee": GGUFArch("arcee", permuted=True),
+    "smollm3": GGUFArch("smollm3", permuted=True, extra=smollm3),
+    "apertus": GGUFArch("apertus"),  # the converter's undo_permute = False
+    "seed_oss": GGUFArch("seed_oss", extra=seed_oss),
+    "hunyuan-dense": GGUFArch("hunyuan_v1_dense"),  # rope.freq_base: alpha already applied
+    "dots1": GGUFArch("dots1", extra=no_window),
+    "gemma": GGUFArch("gemma", norm_shift=1.0),
+    "nemotron": GGUFArch("nemotron", norm_shift=1.0),  # LayerNorm1P: 1 + w (none in attention)
+    "ernie4_5": GGUFArch("ernie4_5", bias="use_bias"),
+    "glm4": GGUFArch("glm4", extra=glm4),
+    "command-r": GGUFArch("cohere", extra=layer_norm_qk("use_qk_norm")),
+    "cohere2": GGUFArch("cohere2", extra=cohere2),
+    "exaone4": GGUFArch("exaone4", extra=exaone4),
+    "stablelm": GGUFArch("stablelm", extra=layer_norm_qk("qk_layernorm"), bias="use_qkv_bias",
+                         tensors={**LLAMA_TENSORS, "q_layernorm": "q_norm",
+                                  "k_layernorm": "k_norm"}),  # per-head norms stacked (N, H)
+    "phi2": GGUFArch("phi", extra=layer_norm_qk("qk_layernorm")),
+    "bitnet": GGUFArch("bitnet", tensors={**LLAMA_TENSORS, "inner_attn_ln": "out_norm"}),
+    "falcon": GGUFArch("falcon", extra=falcon, bias="bias", prefix="transformer.",
+                       tensors={"query_key_value": "qkv_proj", "dense": "out_proj"},
+                       convert=qkv_rows_convert),
+    "starcoder": GGUFArch("gpt_bigcode", extra=starcoder, prefix="transformer."),
+    "dbrx": GGUFArch("dbrx", extra=dbrx, prefix="transformer."),
 }
 # Architectures whose layers do not map onto a family cleanly: refused, saying why.
 REFUSED = {
@@ -274,6 +453,8 @@ def _rope_scaling(f: GGUFFile) -> Optional[dict]:
     if kind == "none":
         return None
     factor = f.arch_value("rope.scaling.factor")
+    if kind == "linear" and factor == 1.0:  # BitNet's converter writes it: no scaling
+        return None
     if kind == "linear" and factor:
         return {"rope_type": "linear", "factor": factor}
     tuned = [k for k in ("yarn_attn_factor", "yarn_log_multiplier", "yarn_ext_factor")
@@ -298,11 +479,11 @@ def _config(f: GGUFFile, arch: GGUFArch, layer: int, biases: bool) -> dict:
         model_type=arch.model_type, num_hidden_layers=f.require("block_count"),
         hidden_size=f.require("embedding_length"), num_attention_heads=heads,
         num_key_value_heads=f.arch_value("attention.head_count_kv", heads, layer),
-        head_dim=head_dim, rope_theta=f.arch_value("rope.freq_base"),
+        head_dim=head_dim, rope_theta=f.arch_value("rope.freq_base", 10000.0),  # llama.cpp's
         partial_rotary_factor=f.arch_value("rope.dimension_count", head_dim) / head_dim,
         rope_scaling=_rope_scaling(f), rms_norm_eps=f.arch_value(
             "attention.layer_norm_rms_epsilon"),
-        max_position_embeddings=f.arch_value("context_length"), attention_bias=biases,
+        max_position_embeddings=f.arch_value("context_length"), **{arch.bias: biases},
         original_max_position_embeddings=f.arch_value("rope.scaling.original_context_length"))
     return {**config, **arch.extra(f, layer)}
 
@@ -363,20 +544,30 @@ def _rows(f: GGUFFile, arch: GGUFArch, module: str, tensor: Any, layer: int
     return unpermute(np.arange(int(tensor.shape[-1])), heads)
 
 
+# the attention's own tensors in llama.cpp's names; one the family does not read is refused
+ATTENTION_TENSORS = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_norm",
+                     "attn_k_norm", "attn_sub_norm", "attn_gate", "attn_sinks")
+
+
 def _layer_tensors(f: GGUFFile, arch: GGUFArch, family: Family, layer: int
                    ) -> dict[str, RawTensor]:
     """The layer's attention tensors under our module names (the family's "W_query.weight",
     "qkv_proj.weight", ...): each family module's Hugging Face name through gguf's name map."""
     names = _name_map(f, layer)
     found = {}
-    for module, ours in family.tensors.items():
-        base = names.get_name(f"model.{family.attention.format(layer=layer)}.{module}")
+    for module, ours in (arch.tensors or family.tensors).items():
+        base = names.get_name(f"{arch.prefix}{family.attention.format(layer=layer)}.{module}")
         for part in ("weight", "bias"):
             tensor = f.tensors.get(f"{base}.{part}") if base else None
             if tensor is not None:
                 found[f"{ours}.{part}"] = _raw(tensor, _rows(f, arch, module, tensor, layer))
     if not found:
         raise UsageError(f"{f.path}: no attention tensors for layer {layer}")
+    ours = re.compile(rf"blk\.{layer}\.({'|'.join(ATTENTION_TENSORS)})\.\w+")
+    unread = sorted(set(filter(ours.fullmatch, f.tensors)) - {t.name for t in found.values()})
+    if unread:  # a fused qkv where the family reads q, k, v; a per-tensor scale (BitNet's)
+        raise UsageError(f"{f.path}: {', '.join(unread)} not read for a GGUF {f.arch} layer: "
+                         "export from the Hugging Face checkpoint")
     return found
 
 
@@ -396,6 +587,7 @@ def read_gguf_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict,
     raw = _layer_tensors(f, arch, family, layer)
     config = _config(f, arch, layer, any(name.endswith(".bias") for name in raw))
     fields = layer_fields(f.path, family, config, layer)
+    _check_stacked(f, fields, raw)
     named = {}
     for name, tensor in raw.items():
         values = dequantized(tensor, f.path)
@@ -406,4 +598,14 @@ def read_gguf_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict,
               "model_type": family.model_type, "layer": layer,
               "max_position_embeddings": config.get(family.context),
               "tensor_types": {t.name.split(".", 2)[2]: t.ggml_type for t in raw.values()}}
-    return fields, family.convert(fields, named), source
+    return fields, (arch.convert or family.convert)(fields, named), source
+
+
+def _check_stacked(f: GGUFFile, fields: dict, raw: dict[str, RawTensor]) -> None:
+    """A stacked qkv_proj (query, key, value rows) has the rows the heads say (a StarCoder file
+    converted from a checkpoint with several key/value heads does not)."""
+    qkv = raw.get("qkv_proj.weight")
+    rows = (fields["heads"] + 2 * fields["kv_heads"]) * fields["head_dim"]
+    if qkv is not None and qkv.shape[0] != rows:
+        raise UsageError(f"{f.path}: {qkv.name} has {qkv.shape[0]} rows, not the {rows} of "
+                         f"{fields['heads']} query and {fields['kv_heads']} key/value heads")
