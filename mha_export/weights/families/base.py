@@ -1,6 +1,7 @@
 """A family record (``Family``) and config.json as it reads it (``Settings``)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
@@ -45,6 +46,12 @@ INDEXED = ".N"
 def unchanged(fields: dict, tensors: dict) -> dict:
     """Tensors already in our layout once renamed."""
     return tensors
+
+
+def same_as(record: "Family", model_type: str) -> "Family":
+    """Another model type whose attention and config.json keys are ``record``'s."""
+    return dataclasses.replace(record, model_type=model_type,
+                               summary=f"as {record.model_type}")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...errors import UsageError
-from .base import Extra, Family, Settings
+from .base import Extra, Family, Settings, same_as
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, LANGUAGE_MODEL, NORM_TENSORS,
                       decoder_fields, head_norm)
 from .layer_types import FULL, KV_SHARED, full_layers, periodic, typed
@@ -121,24 +121,22 @@ GEMMA4 = Family(
             "full layers), attention_k_eq_v (values from k_proj), the proportional rope "
             "type; the last layer full; KV-shared layers refused, each by its own row")
 
+GEMMA2 = Family(
+    "gemma2", "split", ATTN, DECODER_TENSORS,
+    {**GEMMA_DEFAULTS, "attn_logit_softcapping": 50.0,
+     "use_bidirectional_attention": None},
+    decoder_fields(typed(periodic(2)), "attention_bias", "attention_bias",
+                   gemma_logits(softcap=True)),
+    summary="scale query_pre_attn_scalar**-0.5, attn_logit_softcapping, "
+            "layer_types (or every 2nd layer full) + sliding_window")
+
 RECORDS = (
     Family("gemma", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 256},
            decoder_fields(full_layers, "attention_bias", "attention_bias"),
            summary="heads, num_key_value_heads, head_dim (default 256), attention_bias, rope"),
-    Family("gemma2", "split", ATTN, DECODER_TENSORS,
-           {**GEMMA_DEFAULTS, "attn_logit_softcapping": 50.0,
-            "use_bidirectional_attention": None},
-           decoder_fields(typed(periodic(2)), "attention_bias", "attention_bias",
-                          gemma_logits(softcap=True)),
-           summary="scale query_pre_attn_scalar**-0.5, attn_logit_softcapping, "
-                   "layer_types (or every 2nd layer full) + sliding_window"),
-    Family("vaultgemma", "split", ATTN, DECODER_TENSORS,
-           {**GEMMA_DEFAULTS, "attn_logit_softcapping": 50.0,
-            "use_bidirectional_attention": None},
-           decoder_fields(typed(periodic(2)), "attention_bias", "attention_bias",
-                          gemma_logits(softcap=True)),
-           summary="as gemma2"),
+    GEMMA2,
+    same_as(GEMMA2, "vaultgemma"),
     GEMMA3,
     dataclasses.replace(GEMMA3, model_type="gemma3", nested="text_config",
                         prefix=LANGUAGE_MODEL, summary="gemma3_text's, from text_config"),

@@ -7,7 +7,7 @@ head), Nemotron (partial rotary), LFM2 (renamed q/k norms; its conv layers refus
 from __future__ import annotations
 
 from ...errors import UsageError
-from .base import Family, Settings
+from .base import Family, Settings, same_as
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, NOPE, NORM_TENSORS,
                       decoder_fields, fixed, head_norm)
 from .layer_types import FULL, SLIDING, full_layers, sliding_layers, typed
@@ -116,11 +116,25 @@ INTERNLM3_BIAS = ("attention_bias", "qkv_bias")  # its config maps qkv_bias to a
 LFM2_TENSORS = {"q_proj": "W_query", "k_proj": "W_key", "v_proj": "W_value",
                 "out_proj": "out_proj", "q_layernorm": "q_norm", "k_layernorm": "k_norm"}
 
+LLAMA = Family(
+    "llama", "split", ATTN, DECODER_TENSORS,
+    {**DECODER_DEFAULTS, "attention_bias": False},
+    decoder_fields(full_layers, qkv_bias="attention_bias", out_bias="attention_bias"),
+    summary="heads, num_key_value_heads, head_dim, attention_bias, rope")
+GRANITE = Family(
+    "granite", "split", ATTN, DECODER_TENSORS,
+    {**DECODER_DEFAULTS, "attention_bias": False, "attention_multiplier": 1.0},
+    decoder_fields(full_layers, "attention_bias", "attention_bias", multiplier_scale),
+    summary="softmax scale attention_multiplier, attention_bias, rope")
+HUNYUAN = Family(
+    "hunyuan_v1_dense", "split", ATTN, HUNYUAN_TENSORS, HUNYUAN_DEFAULTS,
+    decoder_fields(full_layers, "attention_bias", "attention_bias", head_norm(0.0),
+                   fixed(qk_norm_after_rope=True), ntk_alpha),
+    summary="q/k norm per head after rotary (query_layernorm, key_layernorm), attention_bias, "
+            "rope (dynamic + alpha: a fixed base, theta * alpha^(H/(H-2)))")
+
 RECORDS = (
-    Family("llama", "split", ATTN, DECODER_TENSORS,
-           {**DECODER_DEFAULTS, "attention_bias": False},
-           decoder_fields(full_layers, qkv_bias="attention_bias", out_bias="attention_bias"),
-           summary="heads, num_key_value_heads, head_dim, attention_bias, rope"),
+    LLAMA,
     Family("mistral", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "sliding_window": 4096},
            decoder_fields(sliding_layers, qkv_bias=False, out_bias=False),
@@ -137,19 +151,9 @@ RECORDS = (
            decoder_fields(sliding_layers, "attention_bias", "attention_bias", phimoe_rope),
            summary="longrope with short_mscale / long_mscale (transformers 5.23 keeps the "
                    "short factors past the switch: so do we), sliding_window, attention_bias"),
-    Family("granite", "split", ATTN, DECODER_TENSORS,
-           {**DECODER_DEFAULTS, "attention_bias": False, "attention_multiplier": 1.0},
-           decoder_fields(full_layers, "attention_bias", "attention_bias",
-                          multiplier_scale),
-           summary="softmax scale attention_multiplier, attention_bias, rope"),
-    Family("granitemoe", "split", ATTN, DECODER_TENSORS,
-           {**DECODER_DEFAULTS, "attention_bias": False, "attention_multiplier": 1.0},
-           decoder_fields(full_layers, "attention_bias", "attention_bias", multiplier_scale),
-           summary="as granite"),
-    Family("granitemoeshared", "split", ATTN, DECODER_TENSORS,
-           {**DECODER_DEFAULTS, "attention_bias": False, "attention_multiplier": 1.0},
-           decoder_fields(full_layers, "attention_bias", "attention_bias", multiplier_scale),
-           summary="as granite"),
+    GRANITE,
+    same_as(GRANITE, "granitemoe"),
+    same_as(GRANITE, "granitemoeshared"),
     Family("starcoder2", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "use_bias": True, "num_key_value_heads": 2,
             "sliding_window": None},
@@ -163,10 +167,7 @@ RECORDS = (
                           nope_layers),
            summary="no_rope_layers (0: NoPE layer), layer_types + sliding_window, "
                    "attention_bias, rope"),
-    Family("arcee", "split", ATTN, DECODER_TENSORS,
-           {**DECODER_DEFAULTS, "attention_bias": False},
-           decoder_fields(full_layers, "attention_bias", "attention_bias"),
-           summary="as llama"),
+    same_as(LLAMA, "arcee"),
     Family("mixtral", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "sliding_window": None},
            decoder_fields(sliding_layers, qkv_bias=False, out_bias=False),
@@ -199,16 +200,8 @@ RECORDS = (
             "head_dim": 128, "rms_norm_eps": 1e-5},
            decoder_fields(full_layers, "attention_bias", "attention_bias", head_norm(0.0)),
            summary="as apertus (head_dim default 128)"),
-    Family("hunyuan_v1_dense", "split", ATTN, HUNYUAN_TENSORS, HUNYUAN_DEFAULTS,
-           decoder_fields(full_layers, "attention_bias", "attention_bias", head_norm(0.0),
-                          fixed(qk_norm_after_rope=True), ntk_alpha),
-           summary="q/k norm per head after rotary (query_layernorm, key_layernorm), "
-                   "attention_bias, rope (dynamic + alpha: a fixed base, theta * "
-                   "alpha^(H/(H-2)))"),
-    Family("hunyuan_v1_moe", "split", ATTN, HUNYUAN_TENSORS, HUNYUAN_DEFAULTS,
-           decoder_fields(full_layers, "attention_bias", "attention_bias", head_norm(0.0),
-                          fixed(qk_norm_after_rope=True), ntk_alpha),
-           summary="as hunyuan_v1_dense"),
+    HUNYUAN,
+    same_as(HUNYUAN, "hunyuan_v1_moe"),
     Family("bitnet", "split", ATTN, {**DECODER_TENSORS, "attn_sub_norm": "out_norm"},
            {**DECODER_DEFAULTS, "rope_theta": 500000.0, "attention_bias": False,
             "rms_norm_eps": 1e-5},
