@@ -21,6 +21,9 @@ QK_NORMS = ("none", "head", "full")
 # the q/k norm's kind: rms = RMSNorm, layer = LayerNorm (the mean subtracted first: Phi, StableLM,
 # Cohere), the latter with an optional bias
 QK_NORM_TYPES = ("rms", "layer")
+# what scales the queries (query_scale_beta): position = floor(position_id / length) (Ministral 3);
+# slot = floor((slot + 1) / length), slot the query's cache index (Llama 4's temperature tuning)
+QUERY_SCALE_BY = ("position", "slot")
 # Rotary position embeddings (layer/rotary.py applies them); their settings are checked without
 # torch (rope_types.py), so that an ONNX Runtime benchmark worker that reads a config never
 # imports it.
@@ -48,6 +51,9 @@ class MHAConfig:
     max_seq_len: int = 1024
     causal: bool = True
     sliding_window: int | None = None  # query i sees key j only when i - j < window (Mistral)
+    # query i sees key j <= i only in its own chunk: (j - s) // C == (i - s) // C, s the slot of
+    # its row's first token (Llama 4's attention_chunk_size)
+    attention_chunk: int | None = None
     rotary: str = "none"  # "half" (GPT-NeoX / Llama) | "interleaved" (GPT-J) position embeddings
     rotary_dim: int | None = None  # features of each head that rotate (default: head_dim)
     rope_theta: float = 10000.0
@@ -58,11 +64,13 @@ class MHAConfig:
     qk_norm_bias: bool = False  # the norm adds a learned bias (Phi's LayerNorm)
     qk_norm_per_head: bool = False  # one weight (and bias) per head, (N, H) (StableLM, Cohere)
     qk_norm_after_rope: bool = False  # the q/k norm after rotary, not before (Hunyuan)
+    qk_norm_weightless: bool = False  # an RMSNorm without weight (Llama 4's L2 norm)
     qkv_clip: float | None = None  # q, k, v clamped to [-clip, clip] before rotary (DBRX, OLMo)
     # queries scaled by position after rotary: q * (1 + beta * log(1 + floor(pos / length)))
     # (Ministral 3's llama_4_scaling_beta over original_max_position_embeddings)
     query_scale_beta: float | None = None
     query_scale_length: int | None = None
+    query_scale_by: str = "position"  # QUERY_SCALE_BY
     norm_offset: float = 0.0  # the norm multiplies by (norm_offset + weight): 1 for Gemma, Qwen3.5
     softmax_scale: float | None = None  # default 1/sqrt(head_dim) (Gemma, Granite set their own)
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
@@ -102,10 +110,7 @@ class MHAConfig:
         _positive("head_dim", self.head_dim)
         self._check_rotary()
         self._check_logits()
-        if self.sliding_window is not None:
-            _positive("sliding_window", self.sliding_window)
-            if not self.causal:
-                raise UsageError("a sliding window needs a causal layer")
+        self._check_locality()
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         _positive("kv_heads", self.kv_heads)
@@ -205,10 +210,16 @@ class MHAConfig:
         shaped = [name for name, on in (("qk_norm_type", self.qk_norm_type != "rms"),
                                         ("qk_norm_bias", self.qk_norm_bias),
                                         ("qk_norm_per_head", self.qk_norm_per_head),
-                                        ("qk_norm_after_rope", self.qk_norm_after_rope)) if on]
+                                        ("qk_norm_after_rope", self.qk_norm_after_rope),
+                                        ("qk_norm_weightless", self.qk_norm_weightless)) if on]
         if shaped and self.qk_norm == "none":
             raise UsageError(f"{shaped[0]} shapes the q/k norm: it needs qk_norm head or full")
         self._check_query_scale()
+        if self.qk_norm_weightless and (self.qk_norm != "head" or self.qk_norm_type != "rms"
+                                        or self.qk_norm_bias or self.qk_norm_per_head):
+            raise UsageError("qk_norm_weightless is an RMSNorm of each head without weights: it "
+                             "needs qk_norm head and takes no qk_norm_type layer, qk_norm_bias "
+                             "or qk_norm_per_head")
         if self.qk_norm_per_head and self.qk_norm != "head":
             raise UsageError("qk_norm_per_head gives each head its own norm weights: it needs "
                              f"qk_norm head, got {self.qk_norm!r}")
@@ -230,9 +241,23 @@ class MHAConfig:
         if length is not None and (isinstance(length, bool) or not isinstance(length, int)
                                    or length <= 0):
             raise UsageError(f"query_scale_length must be a positive integer, got {length!r}")
-        if beta is not None and self.rotary == "none":
+        if self.query_scale_by not in QUERY_SCALE_BY:
+            raise UsageError(f"unknown query_scale_by {self.query_scale_by!r}: choose one of "
+                             f"{', '.join(QUERY_SCALE_BY)}")
+        if beta is not None and self.rotary == "none" and self.query_scale_by == "position":
             raise UsageError("query_scale_beta scales queries by position: it needs rotary "
-                             "(whose position_ids give the positions)")
+                             "(whose position_ids give the positions), or query_scale_by slot")
+
+    def _check_locality(self) -> None:
+        """A sliding window or attention chunks (not both): a positive length, causal only."""
+        for name, what in (("sliding_window", "a sliding window"),
+                           ("attention_chunk", "attention chunks")):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+                if not self.causal:
+                    raise UsageError(f"{what} needs a causal layer")
+        if self.sliding_window and self.attention_chunk:
+            raise UsageError("a layer has a sliding window or attention chunks, not both")
 
     @property
     def kv_inner(self) -> int:
@@ -279,12 +304,15 @@ class MHAConfig:
             s += f"-kv{self.kv_heads}"
         if self.sliding_window:
             s += f"-w{self.sliding_window}"
+        if self.attention_chunk:
+            s += f"-chunk{self.attention_chunk}"
         if self.rotary != "none":
             s += f"-rope{self.rotary_dim}"
         if self.qk_norm != "none":
             s += f"-qkn{self.qk_norm}" + "".join(tag for tag, on in (
                 ("-ln", self.qk_norm_type == "layer"), ("b", self.qk_norm_bias),
-                ("-ph", self.qk_norm_per_head), ("-post", self.qk_norm_after_rope)) if on)
+                ("-ph", self.qk_norm_per_head), ("-post", self.qk_norm_after_rope),
+                ("-unit", self.qk_norm_weightless)) if on)
         if self.qkv_clip:
             s += f"-clip{self.qkv_clip:g}"
         return s + "".join(f"-{tag}" for tag, on in (("cap", self.softcap), ("sinks", self.sinks),

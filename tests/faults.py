@@ -434,6 +434,15 @@ OPTION_FAULTS = {
     "per-head q/k norm weights shared": (dict(qk_norm="head", qk_norm_type="layer",
                                               qk_norm_per_head=True),
                                          lambda p, c: per_head_weights_shared(p)),
+    "weightless q/k norm skipped": (dict(qk_norm="head", qk_norm_weightless=True,
+                                         qk_norm_after_rope=True),
+                                    lambda p, c: qk_norm_skipped(p)),
+    "a chunk starting one key early": (dict(attention_chunk=4),
+                                       lambda p, c: _edit(p, lambda m: _shift_output(
+                                           m, "chunk_inside"))),
+    "temperature tuning's slot without its + 1": (
+        dict(query_scale_beta=0.5, query_scale_length=4, query_scale_by="slot"),
+        lambda p, c: rope_initializer_set(p, "query_scale.one_slot", 0)),
 }
 
 

@@ -203,6 +203,12 @@ MODELS = {
                               ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4,
                                           "moe_top_k": 2}), (1,)),
     "gemma": Spec("gemma", dict(NEW, head_dim=16), (1,)),
+    # layers 0-2 rotate in pairs and attend in chunks of 4 (crossed by the 11 tokens and the
+    # left padding: chunks count from a row's first token); layer 3 is NoPE with temperature
+    # tuning by cache slot (floor_scale 2: the scale moves every second slot)
+    "llama4_text": Spec("llama4_text", dict(NEW, head_dim=16, attention_chunk_size=4,
+                                            floor_scale=2, attn_scale=0.5, num_local_experts=2,
+                                            intermediate_size_mlp=32), (1, 3)),
     "gptj": Spec("gptj", dict(n_embd=64, n_head=4, n_layer=3, rotary_dim=8, vocab_size=60,
                               n_positions=64, initializer_range=0.2), (1,)),
     "gpt_neo": Spec("gpt_neo", dict(hidden_size=64, num_heads=4, num_layers=2, window_size=4,
@@ -366,7 +372,7 @@ def _decode_in_transformers(model, kind, layer, ids, mask, pos):
 def test_cached_decode_equals_transformers_with_its_own_cache(checkpoint, fmt, tmp_path):
     """Prefill, then single-token steps, in transformers (its DynamicCache) and in the exported
     decode model (our present -> past), on a left-padded batch: y at every real position and
-    the final cache (a sliding layer's: the last window - 1 entries transformers keeps)."""
+    the final cache (a sliding or chunked layer's: the last entries transformers keeps)."""
     name, kind, model, folder, layer = checkpoint
     ids, mask, pos = _batch()
     calls, theirs = _decode_in_transformers(model, kind, layer, ids, mask, pos)
@@ -387,8 +393,10 @@ def test_cached_decode_equals_transformers_with_its_own_cache(checkpoint, fmt, t
         start = end
     assert start == L
     kept = theirs.keys.shape[2]
-    full = not c.sliding_window or kind == "gpt_neo"  # GPT-Neo's local layers keep every entry
-    assert kept == (L if full else min(L, c.sliding_window - 1)), kept
+    # transformers keeps the last window - 1 (or chunk - 1) entries of a sliding (or chunked)
+    # layer; GPT-Neo's local layers keep every entry
+    reach = None if kind == "gpt_neo" else c.sliding_window or c.attention_chunk
+    assert kept == (min(L, reach - 1) if reach else L), kept
     real = mask.numpy().astype(bool)[:, L - kept:]
     for ours, cached in ((present["present_key"], theirs.keys),
                          (present["present_value"], theirs.values)):
@@ -485,6 +493,12 @@ EXPECT = {
     "ministral3@1": ((4, 2, 16, 5, "half", 16), dict(query_scale_beta=0.5,
                                                      query_scale_length=4)),
     "phimoe@1": ((4, 2, 16, 6, "half", 16), dict(qkv_bias=True)),
+    "llama4_text@1": ((4, 2, 16, None, "interleaved", 16), dict(
+        attention_chunk=4, qk_norm="head", qk_norm_weightless=True, qk_norm_after_rope=True,
+        qk_norm_eps=1e-5, query_scale_beta=None)),
+    "llama4_text@3": ((4, 2, 16, None, "none", None), dict(
+        attention_chunk=None, qk_norm="none", query_scale_beta=0.5, query_scale_length=2,
+        query_scale_by="slot")),
     "granitemoe@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=0.3)),
     "granitemoeshared@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=0.3)),
     "olmoe@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="full", qkv_clip=0.3)),
@@ -753,6 +767,34 @@ def test_either_spelling_of_the_language_model_prefix_reads_the_same_layer(built
     assert len({(p / "weights.safetensors").read_bytes() for p in paths}) == 1
 
 
+def _assert_wrapper_reads_the_text_model(folder: Path, wrapper_type: str, layer: int,
+                                         tmp_path: Path) -> None:
+    """The text checkpoint as its multimodal wrapper saves it (text_config, tensors under
+    model.language_model.) exports the same layer: the same config and weights."""
+    from safetensors.torch import load_file, save_file
+    wrapper = tmp_path / "wrapper"
+    wrapper.mkdir()
+    text_config = json.loads((folder / "config.json").read_text())
+    (wrapper / "config.json").write_text(json.dumps({"model_type": wrapper_type,
+                                                     "text_config": text_config}))
+    save_file({re.sub(r"^model\.", "model.language_model.", k): v for k, v in
+               load_file(str(folder / "model.safetensors")).items()},
+              str(wrapper / "model.safetensors"))
+    paths = [export_onnx(weights=f, layer=layer, output=tmp_path / f"o{i}", validate=False).path
+             for i, f in enumerate((folder, wrapper))]
+    assert len({(p / "weights.safetensors").read_bytes() for p in paths}) == 1
+    configs = [read_artifact(p).config for p in paths]
+    assert configs[0] == configs[1]
+
+
+@pytest.mark.parametrize("layer", [1, 3])
+def test_llama4_wrapper_reads_its_text_model(built, tmp_path, layer):
+    """llama4: llama4_text's record from text_config (its vision tower is not built here: the
+    wrapper's folder is the text checkpoint renamed), a chunked and a NoPE layer."""
+    _, folder = built("llama4_text")
+    _assert_wrapper_reads_the_text_model(folder, "llama4", layer, tmp_path)
+
+
 @pytest.mark.parametrize("text, wrapper_type", [("gemma3n_text", "gemma3n"),
                                                 ("gemma4_text", "gemma4")])
 def test_gemma_wrappers_read_their_text_model_and_refuse_kv_shared_layers(built, tmp_path, text,
@@ -762,22 +804,11 @@ def test_gemma_wrappers_read_their_text_model_and_refuse_kv_shared_layers(built,
     layer that attends with an earlier layer's keys and values is one line, exit 2, naming the
     nearest layers that are exported, and `--layers all` gives it a row of its own."""
     from click.testing import CliRunner
-    from safetensors.torch import load_file, save_file
 
     from mha_export.cli.commands import cli
     from mha_export.fanout import export_layers
     _, folder = built(text)
-    wrapper = tmp_path / "wrapper"
-    wrapper.mkdir()
-    text_config = json.loads((folder / "config.json").read_text())
-    (wrapper / "config.json").write_text(json.dumps({"model_type": wrapper_type,
-                                                     "text_config": text_config}))
-    save_file({re.sub(r"^model\.", "model.language_model.", k): v for k, v in
-               load_file(str(folder / "model.safetensors")).items()},
-              str(wrapper / "model.safetensors"))
-    paths = [export_onnx(weights=f, layer=3, output=tmp_path / f"o{i}", validate=False).path
-             for i, f in enumerate((folder, wrapper))]
-    assert len({(p / "weights.safetensors").read_bytes() for p in paths}) == 1
+    _assert_wrapper_reads_the_text_model(folder, wrapper_type, 3, tmp_path)
     r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), "--layer", "4", "-o",
                                  str(tmp_path / "x")])
     assert r.exit_code == 2 and r.stderr.splitlines() == [

@@ -84,9 +84,63 @@ def test_norm_after_rotary_and_the_qkv_clamp_equal_their_formula(option):
     q, k = rotate(q, cos, sin, False), rotate(k, cos, sin, False)
     if c.qk_norm_after_rope:
         q, k = m.q_norm(q), m.k_norm(k)
-    got = m._queries_keys_values(x, pos)
+    got = m._queries_keys_values(x, pos, pos)
     for a, b in zip(got, (q, k, v)):
         torch.testing.assert_close(a, b)
+
+
+LLAMA4 = dict(rotary="interleaved", attention_chunk=4, qk_norm="head", qk_norm_weightless=True,
+              qk_norm_after_rope=True, query_scale_beta=0.5, query_scale_length=2,
+              query_scale_by="slot")
+
+
+def test_chunks_mask_what_their_formula_says():
+    """Query i of row b sees key j <= i when (j - s) // C == (i - s) // C, s = its row's left
+    padding (transformers' chunked mask), bottom-right aligned over a cache."""
+    from mha_export.layer.attention import score_mask
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0
+    got = score_mask(5, 9, True, mask, torch.device("cpu"), chunk=3)  # (B, 1, 5, 9)
+    for b, s in ((0, 0), (1, 3)):
+        for i in range(5):
+            q = 4 + i
+            want = [not (k <= q and (k - s) // 3 == (q - s) // 3 and mask[b, k] == 1)
+                    for k in range(9)]
+            assert got[b, 0, i].tolist() == want, (b, i)
+
+
+def test_llama4_options_pass_on_every_target_and_call_kind(tmp_path):
+    """Chunks, the weightless norm after rotary and the slot-scaled queries, together."""
+    c = MHAConfig(**BASE, **LLAMA4)
+    for name, export, kw in (("o", export_onnx, dict(kv_cache=True)),
+                             ("m", export_onnx, dict(attention_mask=True)),
+                             ("s", export_onnx, dict(static_cache=True)),
+                             ("ts", export_torchscript, dict(kv_cache=True)),
+                             ("tss", export_torchscript, dict(static_cache=True))):
+        report = check_parity(export(c, tmp_path / name, validate=False, **kw).path, **SWEEP,
+                              past_lens=[0, 3])
+        assert report.passed, (name, [x.error for x in report.results if not x.passed][:3])
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(sliding_window=4, attention_chunk=4), "a sliding window or attention chunks, not both"),
+    (dict(attention_chunk=4, causal=False), "attention chunks needs a causal layer"),
+    (dict(attention_chunk=0), "attention_chunk"),
+    (dict(qk_norm_weightless=True), "qk_norm_weightless shapes the q/k norm"),
+    (dict(qk_norm="full", qk_norm_weightless=True), "needs qk_norm head"),
+    (dict(qk_norm="head", qk_norm_type="layer", qk_norm_weightless=True), "needs qk_norm head"),
+    (dict(query_scale_beta=0.1, query_scale_length=4, query_scale_by="token"),
+     "unknown query_scale_by 'token'"),
+    (dict(query_scale_beta=0.1, query_scale_length=4), "it needs rotary"),
+])
+def test_llama4_options_refuse_what_they_cannot_mean(options, message):
+    with pytest.raises(UsageError, match=message):
+        MHAConfig(**BASE, **options)
+
+
+def test_queries_scaled_by_slot_need_no_rotary():
+    c = MHAConfig(**BASE, query_scale_beta=0.1, query_scale_length=4, query_scale_by="slot")
+    assert c.rotary == "none" and c.query_scale_by == "slot"
 
 
 def test_qk_norm_shapes_need_a_qk_norm():
@@ -200,10 +254,12 @@ def test_the_sweep_crosses_a_longrope_switch_beyond_the_context(tmp_path):
     assert failed == {65}
 
 
+@pytest.mark.parametrize("locality", [dict(sliding_window=40), dict(attention_chunk=40)])
 @pytest.mark.parametrize("kind", ["full", "kv-cache", "static-cache"])
-def test_the_sweep_crosses_a_window_longer_than_the_context(tmp_path, kind):
-    """A window of 40 over a checked context of 16: the sweep adds a call that crosses it."""
-    config = MHAConfig(**BASE, sliding_window=40)
+def test_the_sweep_crosses_a_window_longer_than_the_context(tmp_path, kind, locality):
+    """A window (or chunk) of 40 over a checked context of 16: the sweep adds a call that
+    crosses it."""
+    config = MHAConfig(**BASE, **locality)
     path = export_onnx(config, tmp_path / "a", kv_cache=kind == "kv-cache",
                        static_cache=kind == "static-cache", validate=False).path
     report = check_parity(path, seq_lens=[3], batch_sizes=[1], past_lens=[0])

@@ -35,10 +35,11 @@ WORKER = "mha_export.bench.worker"  # run with -m: the package, not its folder, 
 def effective_flops(c: MHAConfig, seq: int, batch: int, past: int = 0) -> float:
     """The FLOPs a call really needs, as its attention kind counts them (kinds/), over the
     (query, key) pairs of the call: T^2/2 for a causal prefill (T*w - w^2/2 with a sliding
-    window w), and T*P more over a cache of P. Standard attention: projections
+    window w; at most that with chunks of w), and T*P more over a cache of P. Standard
+    attention: projections
     2*T*(d_in*(inner + 2*kv_inner) + inner*dim) + 4*inner per pair; for d_in = dim = inner = d
     and P = 0 that is 8*T*d^2 + 2*T^2*d."""
-    w = c.sliding_window
+    w = c.sliding_window or c.attention_chunk
     pairs = (seq * seq / 2 if not w or w >= seq else seq * w - w * w / 2) if c.causal \
         else seq * seq
     return batch * kind_of(c).call_flops(c, seq, pairs, past)

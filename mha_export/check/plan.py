@@ -99,7 +99,8 @@ def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) 
     options = RunOptions(tf32=o.tf32, threads=o.threads)
     opened, infos = _open_runners(artifact, kinds, options, o.require_cuda)
     multi_call = (scenarios.static_scenario_cases(sweep.static_chunks) if sig.static_cache
-                  else scenarios.scenario_cases(sweep.switch) if sig.has_cache else [])
+                  else scenarios.scenario_cases(sweep.switch, scenarios.padding_sides(config))
+                  if sig.has_cache else [])
     real_cases = real.cases(sig.has_cache, sig.static_cache) if real else []
     if real_cases:
         require_fits(artifact.config, [case for case, _ in real_cases], sweep.scores_at,

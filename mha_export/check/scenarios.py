@@ -4,7 +4,8 @@
    past and growing attention_mask, equal ONE full-sequence forward of the whole sequence at
    every real position; the final present_key/present_value equal the full forward's keys/values.
 2. ``padded-vs-alone``: a left- or right-padded batch, generated the same way, equals each of its
-   sequences run alone without padding.
+   sequences run alone without padding (right-padded only where queries scale by cache slot,
+   Llama 4's temperature tuning: a left-padded row's slots are not its own, as in transformers).
 
 Static-cache models (an app-owned buffer written in place, ``past_lengths``):
 
@@ -119,16 +120,25 @@ def static_scenario_cases(static_chunks: bool = True) -> list[tuple[Case, list[i
     return cases + [(Case(3, 9, 0, "right", "static ragged 7|5|3+1+1"), [7, 1, 1])]
 
 
-def scenario_cases(switch_seq_lens: Sequence[int] = ()) -> list[tuple[Case, list[int]]]:
+def padding_sides(config: MHAConfig) -> tuple[str, ...]:
+    """The sides a padded batch equals its rows alone: not the left where queries scale by
+    cache slot (a left-padded row's slots are shifted by its padding, by design)."""
+    if config.query_scale_beta and config.query_scale_by == "slot":
+        return ("right",)
+    return ("left", "right")
+
+
+def scenario_cases(switch_seq_lens: Sequence[int] = (), padded: Sequence[str] = ("left", "right")
+                   ) -> list[tuple[Case, list[int]]]:
     """(case, call lengths): prefill, three steps, a chunk of 3, a step; one long prefill past the
-    form's last code-path switch; padded batches of both sides."""
+    form's last code-path switch; padded batches of the ``padded`` sides."""
     splits = [[5, 1, 1, 1, 3, 1]]
     if switch_seq_lens:
         splits.append([max(switch_seq_lens) + 2, 1, 2])
     cases = [(Case(b, sum(s), 0, pad, "generate " + "+".join(map(str, s))), s)
              for s in splits for b, pad in ((1, "none"), (3, "left"))]
     cases += [(Case(3, 9, 0, pad, "padded-vs-alone 7+1+1"), [7, 1, 1])
-              for pad in ("left", "right")]
+              for pad in padded]
     return cases
 
 

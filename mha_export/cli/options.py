@@ -10,8 +10,8 @@ import click
 
 from ..check.runners import RUNNERS, ort_runner_names
 from ..check.sweep import SWEEPS
-from ..config import (LAYOUTS, QK_NORM_TYPES, QK_NORMS, ROPE_LAYOUTS, ROTARY, SCALINGS,
-                      SECTIONS, MHAConfig)
+from ..config import (LAYOUTS, QK_NORM_TYPES, QK_NORMS, QUERY_SCALE_BY, ROPE_LAYOUTS, ROTARY,
+                      SCALINGS, SECTIONS, MHAConfig)
 from ..errors import UsageError
 from ..fanout.executors import EXECUTORS
 from ..lossy.costs import BUDGETS
@@ -121,11 +121,17 @@ CONFIG_OPTIONS = [
                  help="One q/k norm weight per head, (heads, head_dim) (StableLM, Cohere)."),
     click.option("--qk-norm-after-rope", is_flag=True, default=False,
                  help="The q/k norm after rotary, not before (Hunyuan)."),
+    click.option("--qk-norm-weightless", is_flag=True, default=False,
+                 help="The q/k norm without a weight: x / rms(x) (Llama 4's L2 norm)."),
     click.option("--query-scale-beta", type=float, default=None,
                  help="Queries times 1 + beta * log(1 + floor(position / length)) after rotary "
                       "(Ministral 3's llama_4_scaling_beta); with --query-scale-length."),
     click.option("--query-scale-length", type=int, default=None,
                  help="The length of --query-scale-beta (original_max_position_embeddings)."),
+    click.option("--query-scale-by", type=click.Choice(QUERY_SCALE_BY), default="position",
+                 show_default=True,
+                 help="What --query-scale-beta scales by: position (position_ids), or slot: "
+                      "floor((cache slot + 1) / length) (Llama 4's temperature tuning)."),
     click.option("--v-norm-eps", type=float, default=None,
                  help="Values RMS-normalised over each head's features, without a weight, "
                       "with this eps (Gemma 3n's v_norm)."),
@@ -148,6 +154,9 @@ CONFIG_OPTIONS = [
                  show_default=True, help="y = out_proj(attention * sigmoid(x W_gate)) (Qwen3.5)."),
     click.option("--sliding-window", type=int, default=None,
                  help="Query i sees key j only when i - j < N (Mistral) [default: no window]."),
+    click.option("--attention-chunk", type=int, default=None,
+                 help="Query i sees keys j <= i of its own chunk of N tokens, counted from its "
+                      "row's first token (Llama 4's attention_chunk_size) [default: none]."),
     click.option("--layout", type=click.Choice(LAYOUTS), default=None,
                  help="Weight layout [default: the weights file's, else split; latent with "
                       "--kv-lora-rank]."),

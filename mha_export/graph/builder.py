@@ -202,12 +202,14 @@ def merge_heads(g: GraphBuilder, x: str, width: int, name: str = "context") -> s
 # --- the attention mask: one builder for every form -------------------------------------------
 
 def masked_positions(g: GraphBuilder, t_q: str, t_k: str, start: str | None = None,
-                     name: str = "causal", window: int = 0) -> str:
+                     name: str = "causal", window: int = 0, chunk: int = 0,
+                     first: str | None = None) -> str:
     """(t_q, t_k) bool, True where query i may NOT see key j (j > i + offset): bottom-right
     alignment, query i sits at key position (t_k - t_q) + i, or at ``start`` + i when given
     (a block of queries inside a longer sequence). All int64 scalars, from the runtime shapes.
-    Nodes named ``<name>_*`` (``<name>_offset`` and ``window_behind``: a test's faults edit
-    them)."""
+    ``chunk``: keys before the query's chunk too (``chunk_behind``; (B, 1, t_q, t_k) when
+    ``first`` is given). Nodes named ``<name>_*`` (``<name>_offset`` and ``window_behind``: a
+    test's faults edit them)."""
     op = Ops(g).named(name)
     offset = start if start is not None else op.Sub(t_k, t_q, name="offset")  # ()
     zero, one = g.ints("zero", 0), g.ints("one", 1)
@@ -215,6 +217,8 @@ def masked_positions(g: GraphBuilder, t_q: str, t_k: str, start: str | None = No
     k_pos = op.Range(zero, t_k, one)  # (t_k,)
     rows = op.Unsqueeze(q_pos, g.ints("axes1", [1]))  # (t_q, 1)
     future = op.Greater(k_pos, rows)  # (t_q, t_k)
+    if chunk > 0:
+        return Ops(g).Or(future, chunk_behind(g, rows, k_pos, chunk, first))  # (B|., ., t_q, t_k)
     if window <= 0:
         return future
     win = Ops(g).named("window")
@@ -224,7 +228,7 @@ def masked_positions(g: GraphBuilder, t_q: str, t_k: str, start: str | None = No
 
 
 def row_masked_positions(g: GraphBuilder, starts: str, t_q: str, t_k: str,
-                         window: int = 0) -> str:
+                         window: int = 0, chunk: int = 0) -> str:
     """(B, 1, t_q, t_k) bool, True where row b's query i may NOT see key j: it sits at key
     position starts[b] + i (a static cache's own length per row). Nodes named ``row_*``
     (``row_query_start`` and ``row_window_behind``: a test's faults edit them)."""
@@ -234,11 +238,35 @@ def row_masked_positions(g: GraphBuilder, starts: str, t_q: str, t_k: str,
     q_pos = op.Unsqueeze(op.Add(rows, steps), g.ints("axes13", [1, 3]))  # (B, 1, Tq, 1)
     k_pos = op.Range(g.ints("zero", 0), t_k, g.ints("one", 1))  # (Tk,)
     future = op.Greater(k_pos, q_pos)  # (B, 1, Tq, Tk)
+    if chunk > 0:  # a static cache's rows start at slot 0
+        return op.Or(future, chunk_behind(g, q_pos, k_pos, chunk))  # (B, 1, Tq, Tk)
     if window <= 0:
         return future
     oldest = op.Sub(q_pos, g.ints("window", window - 1))  # (B, 1, Tq, 1)
     behind = op.Less(k_pos, oldest, name="window_behind")  # (B, 1, Tq, Tk)
     return op.Or(future, behind)  # (B, 1, Tq, Tk)
+
+
+def chunk_behind(g: GraphBuilder, q_pos: str, k_pos: str, chunk: int,
+                 first: str | None = None) -> str:
+    """True at keys k_pos (Tk,) before the chunk of queries q_pos (.., Tq, 1) (Llama 4): a
+    chunk starts at q - ((q - first[b]) mod chunk), first (B,) the slot of each row's first
+    token (0 when None). Nodes named ``chunk_*`` (``chunk_behind``: a test's fault)."""
+    op = Ops(g).named("chunk")
+    offset = q_pos
+    if first is not None:
+        offset = op.Sub(q_pos, op.Reshape(first, g.ints("first_shape", [-1, 1, 1, 1])))
+    inside = op.Mod(offset, g.ints("chunk", chunk), name="inside")  # (B|., ., Tq, 1)
+    return op.Less(k_pos, op.Sub(q_pos, inside), name="behind")  # (B|., ., Tq, Tk)
+
+
+def first_tokens(g: GraphBuilder, attention_mask: str) -> str:
+    """(B,) the slot of each row's first token: the left padding before it (transformers'
+    chunked mask counts chunks from there)."""
+    op = Ops(g).named("first_token")
+    seen = op.CumSum(attention_mask, g.ints("axis_last", -1))  # (B, S)
+    before = op.Cast(op.Equal(seen, g.ints("zero", 0)), to=TensorProto.INT64)  # (B, S)
+    return op.ReduceSum(before, g.ints("axes_last_1d", [-1]), keepdims=0)  # (B,)
 
 
 def additive(g: GraphBuilder, masked: str, name: str) -> str:
@@ -257,15 +285,20 @@ def padding_masked(g: GraphBuilder, attention_mask: str, name: str = "padding") 
 
 def score_mask(g: GraphBuilder, causal: bool, t_q: str, t_k: str,
                   attention_mask: str | None, start: str | None = None,
-                  window: int = 0) -> str | None:
+                  window: int = 0, chunk: int = 0) -> str | None:
     """bool (t_q, t_k) or (B, 1, t_q, t_k), True where a score is masked: causal (bottom-right,
-    or from ``start``) and/or padding keys; None when nothing is masked."""
+    or from ``start``), outside the window or chunk, and/or padding keys; None when nothing is
+    masked. Chunks count from each row's first token in ``attention_mask`` (its slots 0 .. t_k
+    must be the keys' own)."""
     if attention_mask is None:
-        return masked_positions(g, t_q, t_k, start, window=window) if causal else None
+        return masked_positions(g, t_q, t_k, start, window=window,
+                                chunk=chunk) if causal else None
     pad = padding_masked(g, attention_mask)  # (B, 1, 1, t_k)
     op = Ops(g).named("masked")
     if not causal:  # ORT's Attention wants the query axis spelled out: (B, 1, t_q, t_k)
         rows = op.Concat(g.ints("ones2", [1, 1]), as_1d(g, t_q, "rows_1d"),
                          g.ints("one_1d", [1]), axis=0)  # (4,) [1, 1, t_q, 1]
         return op.Expand(pad, rows)  # (B, 1, t_q, t_k)
-    return op.Or(masked_positions(g, t_q, t_k, start, window=window), pad)  # (B, 1, t_q, t_k)
+    first = first_tokens(g, attention_mask) if chunk else None  # (B,)
+    return op.Or(masked_positions(g, t_q, t_k, start, window=window, chunk=chunk, first=first),
+                 pad)  # (B, 1, t_q, t_k)

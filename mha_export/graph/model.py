@@ -24,7 +24,7 @@ from ..config import MHAConfig
 from ..errors import UsageError
 from .forms import STANDARD_FORMS, AttentionIO, GraphForm, resolve_opset
 from .forms.base import Int8Cache
-from .builder import ONNX_DTYPES, GraphBuilder, ProjectionWriter
+from .builder import ONNX_DTYPES, GraphBuilder, ProjectionWriter, dim
 from .rotary import rotary_cos_sin, rotary_op, rotate_heads
 from ..layer.layouts import AttentionWeights
 from .nodes import all_nodes
@@ -112,7 +112,7 @@ def _attention_layer(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, form: G
                      sig: Signature, opset: int, kv_cache: Any) -> dict[str, str]:
     """The layer's nodes: projections, the form's core, gate, output projection; returns the
     graph values of y (and present_key / present_value)."""
-    project = functools.partial(_queries_keys_values, c=c, w=w, opset=opset)
+    project = functools.partial(_queries_keys_values, c=c, w=w, opset=opset, sig=sig)
     q, k, v = (None, None, None) if form.projects_per_branch else project(g)
     named = set(sig.input_names)
     sinks = None if w.sinks is None else g.const("attn.sinks", w.sinks.reshape(1, -1, 1, 1))
@@ -160,10 +160,10 @@ def _name_output(g: GraphBuilder, tensor: str, name: str) -> None:
         node.output[:] = [name if o == tensor else o for o in node.output]
 
 
-def _queries_keys_values(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, opset: int
-                         ) -> tuple[str, str, str]:
+def _queries_keys_values(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, opset: int,
+                         sig: Signature) -> tuple[str, str, str]:
     """x -> projections -> q/k norm -> clamp -> rotary (-> q/k norm, where it comes after
-    rotary): q (B, T, N*H), k and v (B, T, K*H)."""
+    rotary) -> queries scaled by position or slot: q (B, T, N*H), k and v (B, T, K*H)."""
     q, k, v = _project_qkv(g, c, w)  # (B, T, N*H), 2 x (B, T, K*H)
     if c.v_norm_eps:  # Gemma 3n: values RMS-normalised per head, no weight
         v = heads_rms_norm(g, v, c.kv_heads, c.head_dim, torch.ones(c.head_dim), c.v_norm_eps,
@@ -177,24 +177,39 @@ def _queries_keys_values(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, ops
     if c.qk_norm != "none" and c.qk_norm_after_rope:  # Hunyuan: after rotary
         q, k = _normalize_qk(g, c, w, q, k)
     if c.query_scale_beta:
-        q = _scale_queries(g, c, q)
+        q = _scale_queries(g, c, q, sig)
     return q, k, v
 
 
-def _scale_queries(g: GraphBuilder, c: MHAConfig, q: str) -> str:
-    """q (B, T, N*H) times 1 + beta * log(1 + floor(position / length)) (Ministral 3), in
-    float32 as transformers computes it."""
+def _scale_queries(g: GraphBuilder, c: MHAConfig, q: str, sig: Signature) -> str:
+    """q (B, T, N*H) times 1 + beta * log(1 + floor(n / length)), n the position (Ministral 3)
+    or the query's cache slot + 1 (Llama 4's temperature tuning), in float32 as transformers
+    computes it."""
     op = Ops(g).named("query_scale")
-    pos = op.Cast("position_ids", to=TensorProto.FLOAT)  # (B, T)
+    counts = "position_ids" if c.query_scale_by == "position" else op.Add(
+        _query_slots(g, sig), g.ints("query_scale.one_slot", 1))  # (B|1, T)
+    pos = op.Cast(counts, to=TensorProto.FLOAT)  # (B|1, T)
     steps = op.Floor(op.Div(pos, g.const("query_scale.length", np.array(
         c.query_scale_length, np.float32), float_dtype=False)))
     one = g.const("query_scale.one", np.array(1.0, np.float32), float_dtype=False)
     scale = op.Add(one, op.Mul(op.Log(op.Add(one, steps)), g.const(
         "query_scale.beta", np.array(c.query_scale_beta, np.float32), float_dtype=False)))
-    scale = op.Unsqueeze(scale, g.ints("axes_last", [2]))  # (B, T, 1)
+    scale = op.Unsqueeze(scale, g.ints("axes_last", [2]))  # (B|1, T, 1)
     if g.dtype != "float32":
         scale = op.Cast(scale, to=g.elem)
     return op.Mul(q, scale, name="scaled")
+
+
+def _query_slots(g: GraphBuilder, sig: Signature) -> str:
+    """The cache slot of each query (B|1, T): past_lengths[b] + i (a static cache), P + i (a
+    growing one), i (no cache)."""
+    op = Ops(g).named("query_slot")
+    steps = op.Range(g.ints("zero", 0), dim(g, "x", 1, "query_slot_len"), g.ints("one", 1))
+    if sig.static_cache:
+        return op.Add(op.Unsqueeze("past_lengths", g.ints("axes1", [1])), steps)  # (B, T)
+    if sig.has_cache:
+        steps = op.Add(steps, dim(g, "past_key", 2, "query_slot_past"))  # (T,)
+    return op.Unsqueeze(steps, g.ints("axes0", [0]))  # (1, T)
 
 
 def _clamp(g: GraphBuilder, clip: float, *tensors: str) -> list[str]:
@@ -220,6 +235,10 @@ def _normalize_qk(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, q: str, k:
     """The q/k norm (RMSNorm, or LayerNorm with its bias) over each head's features, or over
     the whole projection (OLMo 2)."""
     args = dict(eps=c.qk_norm_eps, offset=c.norm_offset, centered=c.qk_norm_type == "layer")
+    if c.qk_norm_weightless:  # Llama 4: x / rms(x) over each head
+        unit = torch.full((c.head_dim,), 1.0 - c.norm_offset)  # (offset + w) = 1
+        return (heads_rms_norm(g, q, c.heads, c.head_dim, unit, name="q_norm", **args),
+                heads_rms_norm(g, k, c.kv_heads, c.head_dim, unit, name="k_norm", **args))
     if c.qk_norm == "full":
         return (rms_norm(g, q, w.q_norm, name="q_norm", bias=w.q_norm_bias, **args),
                 rms_norm(g, k, w.k_norm, name="k_norm", bias=w.k_norm_bias, **args))

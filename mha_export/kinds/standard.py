@@ -43,8 +43,9 @@ def map_projections(module: nn.Module, fn: WeightMap) -> nn.Module:
 
 def call_flops(c: MHAConfig, seq: int, pairs: float, past: int) -> float:
     """Projections 2*T*(d_in*(inner + 2*kv_inner) + inner*dim) + attention 4*inner per (query,
-    key) pair: the call's own pairs and T*P over a cache of P (T*min(P, w) with a window)."""
-    w = c.sliding_window
+    key) pair: the call's own pairs and T*P over a cache of P (T*min(P, w) with a window w, at
+    most that with chunks of w)."""
+    w = c.sliding_window or c.attention_chunk
     attn = 4 * pairs * c.inner + 4 * seq * (min(past, w) if w else past) * c.inner
     return 2 * seq * (c.d_in * (c.inner + 2 * c.kv_inner) + c.inner * c.dim) + attn
 

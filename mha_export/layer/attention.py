@@ -34,17 +34,45 @@ def row_causal_mask(query_start: Tensor, t_q: int, t_k: int, window: int = 0) ->
     return k_pos > q_pos
 
 
+def other_chunks(t_q: int, t_k: int, chunk: int, device: torch.device,
+                 query_start: Optional[Tensor] = None,
+                 first: Optional[Tensor] = None) -> Tensor:
+    """(B|1, 1, Tq, Tk) bool, True at keys before the query's own chunk (Llama 4): query i sits
+    at key position (t_k - t_q) + i (or query_start[b] + i); its chunk starts at
+    i - ((i - first[b]) mod chunk), first[b] the slot of row b's first token (0 when None)."""
+    steps = torch.arange(t_q, device=device)  # (Tq,)
+    if query_start is None:
+        q_pos = (steps + (t_k - t_q)).view(1, 1, t_q, 1)  # (1, 1, Tq, 1)
+    else:
+        q_pos = (query_start.view(-1, 1) + steps).view(-1, 1, t_q, 1)  # (B, 1, Tq, 1)
+    offset = q_pos
+    if first is not None:
+        offset = q_pos - first.view(-1, 1, 1, 1)  # (B, 1, Tq, 1)
+    chunk_start = q_pos - torch.remainder(offset, chunk)  # (B|1, 1, Tq, 1)
+    return torch.arange(t_k, device=device).view(1, 1, 1, t_k) < chunk_start
+
+
+def first_tokens(attention_mask: Tensor) -> Tensor:
+    """(B,) the slot of each row's first token: the left padding before it (transformers'
+    chunked mask counts chunks from there)."""
+    return (torch.cumsum(attention_mask, dim=-1) == 0).sum(dim=-1)  # (B,)
+
+
 def score_mask(t_q: int, t_k: int, causal: bool, attention_mask: Optional[Tensor],
-               device: torch.device, window: int = 0, query_start: Optional[Tensor] = None
-               ) -> Optional[Tensor]:
+               device: torch.device, window: int = 0, query_start: Optional[Tensor] = None,
+               chunk: int = 0) -> Optional[Tensor]:
     """bool (B|1, 1, Tq, Tk), True where a score is masked: bottom-right causal (or from each
-    row's ``query_start``) and/or padding keys (attention_mask (B, Tk), 1 = token); None when
-    nothing is masked."""
+    row's ``query_start``), keys outside the query's window or chunk, and/or padding keys
+    (attention_mask (B, Tk), 1 = token); None when nothing is masked."""
     masked: Optional[Tensor] = None
     if query_start is not None:
         masked = row_causal_mask(query_start, t_q, t_k, window)  # (B, 1, Tq, Tk)
     elif causal:
         masked = causal_mask(t_q, t_k, device, window).view(1, 1, t_q, t_k)
+    if chunk > 0:
+        first = None if attention_mask is None else first_tokens(attention_mask)
+        behind = other_chunks(t_q, t_k, chunk, device, query_start, first)
+        masked = behind if masked is None else masked | behind
     if attention_mask is not None:
         pad = (attention_mask == 0).view(attention_mask.size(0), 1, 1, t_k)  # (B, 1, 1, Tk)
         masked = pad if masked is None else masked | pad
@@ -65,7 +93,8 @@ def lowest_value(dtype: torch.dtype) -> float:
 def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropout_p: float,
               need_weights: bool, attention_mask: Optional[Tensor] = None, window: int = 0,
               softcap: float = 0.0, sinks: Optional[Tensor] = None,
-              query_start: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+              query_start: Optional[Tensor] = None, chunk: int = 0
+              ) -> Tuple[Tensor, Optional[Tensor]]:
     """Scaled dot-product attention: q (B, N, Tq, H), k/v (B, K, Tk, H) -> ((B, N, Tq, H), probs);
     with K < N heads, query head h reads key/value head h // (N / K) (grouped-query).
 
@@ -75,17 +104,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropo
     nothing to attend stays finite). Plain path: scores -> softcap -> mask -> softmax (with the
     sinks' column) -> dropout, when the probabilities are wanted or SDPA cannot compute the layer
     (softcapping, sinks). ``query_start`` (B,): row b's queries sit at key positions
-    query_start[b] + i (a static cache), instead of bottom-right alignment.
+    query_start[b] + i (a static cache), instead of bottom-right alignment; ``chunk``: keys of
+    the query's own chunk only (``other_chunks``).
     """
     t_q, t_k = q.size(-2), k.size(-2)
     gqa = q.size(1) != k.size(1)  # SDPA reads the shared heads in place (no copies)
     plain = need_weights or softcap > 0.0 or sinks is not None
     aligned = query_start is None and (t_q == t_k or not causal)
-    if not plain and attention_mask is None and window == 0 and aligned:
+    if not plain and attention_mask is None and window == 0 and chunk == 0 and aligned:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal,
                                               scale=scale, enable_gqa=gqa), None
     masked = score_mask(t_q, t_k, causal, attention_mask, q.device, window,
-                        query_start)  # (B|1, 1, Tq, Tk)
+                        query_start, chunk)  # (B|1, 1, Tq, Tk)
     lowest = lowest_value(q.dtype)
     if not plain:
         bias: Optional[Tensor] = None

@@ -50,6 +50,7 @@ class AttentionBase(nn.Module):
         self.dropout = config.dropout
         self.scale = config.scale
         self.window = config.sliding_window or 0
+        self.chunk = config.attention_chunk or 0
         self.rotary = config.rotary != "none"
         self.interleaved = config.rotary == "interleaved"
         rope = rope_tables(config.rotary_dim, config.rope_theta, config.rope_scaling) \
@@ -83,6 +84,7 @@ class AttentionBase(nn.Module):
         self.qkv_clip = float(c.qkv_clip or 0.0)  # 0: no clamp
         self.query_beta = float(c.query_scale_beta or 0.0)  # 0: queries not scaled by position
         self.query_length = float(c.query_scale_length or 1)
+        self.query_by_slot = c.query_scale_by == "slot"  # Llama 4: (slot + 1), not position
         self.v_norm: nn.Module = QKNorm((c.head_dim,), c.v_norm_eps, learned=False) \
             if c.v_norm_eps else nn.Identity()  # Gemma 3n: weightless
         self.softcap = c.softcap or 0.0
@@ -130,11 +132,11 @@ class AttentionBase(nn.Module):
                 past_value: Optional[Tensor], need_weights: bool,
                 position_ids: Optional[Tensor] = None
                 ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+        past = 0 if past_key is None else past_key.size(2)
+        slots = torch.arange(past, past + x.size(1), device=x.device).view(1, -1)  # (1, T)
         if position_ids is None:
-            past = 0 if past_key is None else past_key.size(2)
-            position_ids = torch.arange(past, past + x.size(1), device=x.device).expand(
-                x.size(0), x.size(1))  # (B, T)
-        q, k, v = self._queries_keys_values(x, position_ids)
+            position_ids = slots.expand(x.size(0), x.size(1))  # (B, T)
+        q, k, v = self._queries_keys_values(x, position_ids, slots)
         if self.int8_cache:  # the cache (and what this returns) holds codes
             k, v = int8_codes(k, self.k_scale), int8_codes(v, self.v_scale)
         if past_key is not None and past_value is not None:
@@ -144,7 +146,8 @@ class AttentionBase(nn.Module):
         sinks = self.sinks if self.has_sinks else None
         keys, values = self._read_cache(k, v, q.dtype)  # (B, K, S, H): K heads (the cache)
         ctx, probs = attention(q, keys, values, self.scale, self.causal, p, need_weights,
-                               attention_mask, self.window, self.softcap, sinks)
+                               attention_mask, self.window, self.softcap, sinks,
+                               chunk=self.chunk)
         return self._output(x, ctx), k, v, probs
 
     def forward_static(self, x: Tensor, past_key: Tensor, past_value: Tensor,
@@ -155,12 +158,12 @@ class AttentionBase(nn.Module):
         as present_*; query i of row b sees keys j <= past_lengths[b] + i (and its window), so
         only the prefix [0, max(past_lengths) + T) is read. Rotary default: past_lengths[b] + i."""
         b, t = x.size(0), x.size(1)
-        steps = torch.arange(t, device=x.device)
+        slots = past_lengths.view(b, 1) + torch.arange(t, device=x.device)  # (B, T): where
+        # row b's new entries go
         if position_ids is None:
-            position_ids = past_lengths.view(b, 1) + steps  # (B, T)
-        q, k, v = self._queries_keys_values(x, position_ids)  # (B, N, T, H), (B, K, T, H) x 2
+            position_ids = slots  # (B, T)
+        q, k, v = self._queries_keys_values(x, position_ids, slots)  # (B, N|K, T, H)
         rows = torch.arange(b, device=x.device).view(b, 1)  # (B, 1)
-        slots = past_lengths.view(b, 1) + steps  # (B, T): where row b's new entries go
         if self.int8_cache:  # quantized on write
             k, v = int8_codes(k, self.k_scale), int8_codes(v, self.v_scale)
         # index_put_ (gpt-fast's cache write): AOTInductor re-inplaces it into the caller's
@@ -184,9 +187,10 @@ class AttentionBase(nn.Module):
         """The queries (B, N, T, H) of a static-cache call (rotary default: past_lengths[b] +
         i), for ``read_static_with``: the same for every runtime's buffers."""
         b, t = x.size(0), x.size(1)
+        slots = past_lengths.view(b, 1) + torch.arange(t, device=x.device)  # (B, T)
         if position_ids is None:
-            position_ids = past_lengths.view(b, 1) + torch.arange(t, device=x.device)
-        q, _, _ = self._queries_keys_values(x, position_ids)  # (B, N, T, H)
+            position_ids = slots
+        q, _, _ = self._queries_keys_values(x, position_ids, slots)  # (B, N, T, H)
         return q
 
     def read_static_with(self, x: Tensor, q: Tensor, past_key: Tensor, past_value: Tensor,
@@ -201,8 +205,8 @@ class AttentionBase(nn.Module):
         sinks = self.sinks if self.has_sinks else None
         keys, values = self._read_cache(past_key[:, :, :end], past_value[:, :, :end], q.dtype)
         ctx, _ = attention(q, keys, values, self.scale, self.causal, 0.0, False, None,
-                           self.window, self.softcap, sinks,
-                           query_start=past_lengths)  # (B, N, T, H)
+                           self.window, self.softcap, sinks, query_start=past_lengths,
+                           chunk=self.chunk)  # (B, N, T, H)
         return self._output(x, ctx)
 
     def _read_cache(self, keys: Tensor, values: Tensor, dtype: torch.dtype
@@ -216,14 +220,14 @@ class AttentionBase(nn.Module):
     def keys_values(self, x: Tensor, position_ids: Tensor) -> Tuple[Tensor, Tensor]:
         """What a call writes into the cache before any quantizing: keys after q/k norm and
         rotary, values, (B, K, T, H) each (calibration and the check's clip rates read it)."""
-        _, k, v = self._queries_keys_values(x, position_ids)
+        _, k, v = self._queries_keys_values(x, position_ids, position_ids)
         return k, v
 
-    def _queries_keys_values(self, x: Tensor, position_ids: Tensor
+    def _queries_keys_values(self, x: Tensor, position_ids: Tensor, slots: Tensor
                              ) -> Tuple[Tensor, Tensor, Tensor]:
         """Projections -> q/k norm -> clamp -> rotary at position_ids (B, T) (-> q/k norm, where
-        it comes after rotary): q (B, N, T, H), k and v (B, K, T, H) (the cache holds rotated
-        keys)."""
+        it comes after rotary) -> queries scaled by position or cache slot (B|1, T): q (B, N, T,
+        H), k and v (B, K, T, H) (the cache holds rotated keys)."""
         q, k, v = self.project_qkv(x)
         v = self.v_norm(v)  # (B, K, T, H)
         if not self.norm_after_rope:
@@ -239,11 +243,16 @@ class AttentionBase(nn.Module):
             k = rotate(k, cos, sin, self.interleaved)
         if self.norm_after_rope:
             q, k = self._normalize_qk(q, k)
-        if self.query_beta > 0.0:  # Ministral 3: 1 + beta * log(1 + floor(pos / length))
-            scale = 1.0 + self.query_beta * torch.log(
-                1.0 + torch.floor(position_ids.float() / self.query_length))  # (B, T)
-            q = q * scale[:, None, :, None].to(q.dtype)  # (B, N, T, H)
+        if self.query_beta > 0.0:
+            q = q * self._query_scale(position_ids, slots).to(q.dtype)  # (B, N, T, H)
         return q, k, v
+
+    def _query_scale(self, position_ids: Tensor, slots: Tensor) -> Tensor:
+        """(B|1, 1, T, 1): 1 + beta * log(1 + floor(n / length)), n the position (Ministral 3)
+        or the cache slot + 1 (Llama 4's temperature tuning), in float32."""
+        n = (slots + 1).float() if self.query_by_slot else position_ids.float()  # (B|1, T)
+        scale = 1.0 + self.query_beta * torch.log(1.0 + torch.floor(n / self.query_length))
+        return scale[:, None, :, None]
 
     def _output(self, x: Tensor, ctx: Tensor) -> Tensor:
         """(B, N, T, H) context -> merged heads -> output gate -> output norm -> output
@@ -313,7 +322,7 @@ def qk_norm(c: MHAConfig, heads: int, width: int) -> QKNorm:
     shape = ((heads, c.head_dim) if c.qk_norm_per_head else (c.head_dim,)) \
         if c.qk_norm == "head" else (width,)
     return QKNorm(shape, c.qk_norm_eps, c.norm_offset, c.qk_norm_type == "layer",
-                  c.qk_norm_bias)
+                  c.qk_norm_bias, learned=not c.qk_norm_weightless)
 
 
 def copy_linear(dst: nn.Linear, weight: Tensor, bias: Optional[Tensor]) -> None:

@@ -19,13 +19,13 @@ def attention_op_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attenti
     heads = dict(q_num_heads=c.heads, kv_num_heads=c.kv_heads, scale=c.scale,
                  **({"softcap": float(c.softcap)} if c.softcap else {}))
     op = Ops(g)
-    if not io.has_cache and io.attention_mask is None and not c.sliding_window:
+    if not (io.has_cache or io.attention_mask or c.sliding_window or c.attention_chunk):
         return AttentionOut(op.Attention(io.q, io.k, io.v, is_causal=int(c.causal),
                                          **heads))  # (B, T, D)
     t = dim(g, io.q, 1, "seq_len")  # () T
     s = op.Add(dim(g, io.past_key, 2, "past_len"), t) if io.has_cache else t  # () S = P + T
-    masked = score_mask(g, c.causal, t, s, io.attention_mask,
-                           window=c.sliding_window or 0)  # (B|1, 1, T, S) bool
+    masked = score_mask(g, c.causal, t, s, io.attention_mask, window=c.sliding_window or 0,
+                        chunk=c.attention_chunk or 0)  # (B|1, 1, T, S) bool
     inputs = [io.q, io.k, io.v, additive(g, masked, "attn_bias") if masked else ""]
     if not io.has_cache:
         return AttentionOut(op.Attention(*inputs, **heads))  # (B, T, D)

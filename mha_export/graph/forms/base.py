@@ -27,6 +27,7 @@ class Feature(enum.Enum):
     ATTENTION_MASK = "attention-mask"
     GQA = "gqa"
     SLIDING_WINDOW = "sliding-window"
+    CHUNKED = "attention-chunks"
     SOFTCAP = "softcap"
     SINKS = "sinks"
     STATIC_CACHE = "static-cache"
@@ -51,6 +52,7 @@ def required_features(config: MHAConfig, sig: Signature) -> frozenset[Feature]:
               Feature.STATIC_CACHE: sig.static_cache, Feature.ATTENTION_MASK: sig.has_mask,
               Feature.NON_CAUSAL: not config.causal, Feature.GQA: config.kv_heads != config.heads,
               Feature.SLIDING_WINDOW: bool(config.sliding_window),
+              Feature.CHUNKED: bool(config.attention_chunk),
               Feature.SOFTCAP: bool(config.softcap), Feature.SINKS: config.sinks,
               Feature.INT8_CACHE: sig.cache_dtype == INT8}
     return frozenset(f for f, on in wanted.items() if on)

@@ -146,14 +146,15 @@ def _block_context(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operand
     if ops.codes:  # this block's keys and values dequantized, never the whole cache
         k_block, v_block = read_cache(b, io, k_block, v_block)  # (B, K, len, H)
     key_len = dim(b, k_block, ops.key_axis, "key_len")
-    window = c.sliding_window or 0
+    window, chunk = c.sliding_window or 0, c.attention_chunk or 0  # (chunks: key_start 0)
     if io.past_lengths is not None:  # row b's query i sits at first_rel[b] + i
-        masked = row_masked_positions(b, first_rel, block_size, key_len, window)  # (B,1,bs,len)
+        masked = row_masked_positions(b, first_rel, block_size, key_len, window,
+                                      chunk)  # (B, 1, bs, len)
     else:  # query i of the block sits at first_rel + i (positions relative to key_start)
         mask_block = None if io.attention_mask is None else op.Slice(
             io.attention_mask, key_start_1d, key_end_1d, b.ints("mask_axis", [1]))  # (B, len)
         masked = score_mask(b, c.causal, block_size, key_len, mask_block, start=first_rel,
-                            window=window)  # (.., bs, len) bool
+                            window=window, chunk=chunk)  # (.., bs, len) bool
     body = _attention_body if use_attention_op else _plain_body
     return body(b, c, io, q_block, k_block, v_block, masked, ops.flat)  # (B, bs, D) | (B, N, bs, H)
 

@@ -13,15 +13,15 @@ from .base import (ALL_FEATURES, QUADRATIC, AttentionIO, AttentionOut, GraphForm
 def decomposed_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
     q = split_heads(g, scale_queries(g, io.q, c.scale), c.heads, c.head_dim, "q")  # (B, N, T, H)
     seq_len = dim(g, q, 2, "seq_len")  # () T
-    window = c.sliding_window or 0
+    window, chunk = c.sliding_window or 0, c.attention_chunk or 0
     if io.past_lengths is not None:  # a static cache: written in place, read up to each row
         keys, values, *present = static_keys_values(g, io, c, seq_len)  # (B, K, S, H)
         masked = row_masked_positions(g, io.past_lengths, seq_len,
-                                      dim(g, keys, 2, "key_len"), window)  # (B, 1, T, S)
+                                      dim(g, keys, 2, "key_len"), window, chunk)  # (B,1,T,S)
     else:
         keys, values = present = keys_values(g, io, c)  # (B, K, S, H)
         masked = score_mask(g, c.causal, seq_len, dim(g, keys, 2, "key_len"),
-                            io.attention_mask, window=window)  # (B|1, 1|., T, S)
+                            io.attention_mask, window=window, chunk=chunk)  # (B|1, 1|., T, S)
     op = Ops(g)
     k_t = op.Transpose(repeat_kv(g, keys, c.groups, "k"), perm=[0, 1, 3, 2])  # (B, N, H, S)
     scores = op.MatMul(q, k_t)  # (B, N, T, S)

@@ -56,7 +56,8 @@ class Latent:
     def resolve(self, c: Any) -> Dict[str, Any]:
         """The MHAConfig fields this section decides, derived from it (a given one must agree);
         the options that do not apply to MLA refused. ``c``: the MHAConfig being built."""
-        refused = {"a sliding window": c.sliding_window, "qk_norm": c.qk_norm != "none",
+        refused = {"a sliding window": c.sliding_window, "attention chunks": c.attention_chunk,
+                   "qk_norm": c.qk_norm != "none",
                    "qkv_clip": c.qkv_clip, "out_norm_eps": c.out_norm_eps,
                    "query_scale_beta": c.query_scale_beta, "v_norm_eps": c.v_norm_eps,
                    "softcap": c.softcap, "sinks": c.sinks, "output_gate": c.output_gate,

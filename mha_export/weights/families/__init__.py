@@ -7,7 +7,7 @@ transformers' defaults for the keys a config.json may omit — data in the recor
 ``Settings``. ``huggingface`` does the reading (files, shards, layer selection, errors).
 
 The records live in this package, one module per group of related model types (llama.py,
-olmo.py, pairs.py, local_global.py, layernorm.py, qwen.py, gemma.py, gpt.py, classic.py,
+llama4.py, olmo.py, pairs.py, local_global.py, layernorm.py, qwen.py, gemma.py, gpt.py, classic.py,
 deepseek.py), on shared parts: base.py (``Family``, ``Settings``, ``Extra``), rope.py,
 layer_types.py and decoder.py (Llama-style fields, extras, conversions). Adding a model type
 is one record in its group's ``RECORDS`` (docs/checkpoints.md's table is generated from them)
@@ -24,7 +24,8 @@ registry for its help without importing torch.
 """
 from __future__ import annotations
 
-from . import classic, deepseek, gemma, gpt, layernorm, llama, local_global, olmo, pairs, qwen
+from . import (classic, deepseek, gemma, gpt, layernorm, llama, llama4, local_global, olmo,
+               pairs, qwen)
 from .base import ANY_PREFIX, INDEXED, Convert, Family, Fields, Settings, unchanged
 from .not_yet import NOT_YET
 
@@ -32,7 +33,7 @@ __all__ = ["ANY_PREFIX", "INDEXED", "Convert", "FAMILIES", "Family", "Fields", "
            "Settings", "supported_types", "unchanged"]
 
 # the order of the help's and the docs' lists
-GROUPS = (llama, olmo, pairs, local_global, layernorm, qwen, gemma, gpt, classic, deepseek)
+GROUPS = (llama, llama4, olmo, pairs, local_global, layernorm, qwen, gemma, gpt, classic, deepseek)
 FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.RECORDS}
 
 

@@ -6,7 +6,7 @@ import re
 from typing import Any, Callable, Union
 
 from .base import Convert, Extra, Fields, Settings
-from .layer_types import ATTENTION_TYPES, SLIDING, LayerType, not_attention
+from .layer_types import ATTENTION_TYPES, CHUNKED, SLIDING, LayerType, not_attention
 from .rope import rotary_fields
 
 # fixed, or the config.json key that says (a tuple: its spellings, the first set wins)
@@ -17,7 +17,7 @@ NOPE = {"rotary": "none", "rotary_dim": None, "rope_scaling": None}  # a layer w
 def decoder_fields(layer_type: LayerType, qkv_bias: Bias, out_bias: Bias,
                    *extras: Extra) -> Fields:
     """Fields of a Llama-style decoder layer: grouped-query heads, head_dim, rotate_half rotary,
-    the window of its layer type; the model type's biases and extras."""
+    the window or chunks of its layer type; the model type's biases and extras."""
     def bias(s: Settings, rule: Bias) -> bool:
         if isinstance(rule, bool):
             return rule
@@ -33,6 +33,7 @@ def decoder_fields(layer_type: LayerType, qkv_bias: Bias, out_bias: Bias,
                "head_dim": head_dim, "kv_heads": s.get("num_key_value_heads") or heads,
                "causal": True, "qkv_bias": bias(s, qkv_bias), "out_bias": bias(s, out_bias),
                "sliding_window": s.get("sliding_window") if kind == SLIDING else None,
+               "attention_chunk": s.get("attention_chunk_size") if kind == CHUNKED else None,
                **rotary_fields(s, head_dim)}
         for extra in extras:
             out.update(extra(s, layer, kind, out))

@@ -7,7 +7,8 @@ from ...errors import NotAttentionLayer, UsageError
 from .base import Settings
 
 FULL, SLIDING = "full_attention", "sliding_attention"
-ATTENTION_TYPES = (FULL, SLIDING)  # softmax attention; any other type (linear_attention) is not
+CHUNKED = "chunked_attention"  # Llama 4: keys of the query's own chunk (attention_chunk_size)
+ATTENTION_TYPES = (FULL, SLIDING, CHUNKED)  # softmax attention; another type (linear) is not
 # Gemma 3n / 4: a layer that attends with an earlier layer's keys and values (not exported yet)
 KV_SHARED = "kv_shared_attention"
 WHY_LEFT = {KV_SHARED: "which attends with an earlier layer's keys and values (cross-layer KV "

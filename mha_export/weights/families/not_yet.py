@@ -5,12 +5,8 @@ from __future__ import annotations
 
 DSA = ("DeepSeek Sparse Attention (a lightning indexer picks index_topk keys per query, with "
        "its own key cache beside the compressed one)")
-LLAMA4 = ("chunked attention (attention_chunk_size) on its rotary layers, a weightless L2 q/k "
-          "norm after rotary, and temperature tuning (attn_temperature_tuning) on its NoPE "
-          "layers")
 # model_type -> what its attention needs that the layer lacks
 NOT_YET: dict[str, str] = {
-    "llama4_text": LLAMA4, "llama4": LLAMA4,
     "deepseek_v32": DSA,
     "glm_moe_dsa": f"{DSA}, its indexer rotating in pairs and its top-k shared across layers",
     "qwen4_exp_text": "block top-k sparse attention (QSA) and its GatedDeltaNet layers",
