@@ -192,6 +192,12 @@ TINY = {
     # layer 3: llama.cpp's every 4th layer NoPE
     "smollm3": Tiny("smollm3", "smollm3", dict(NEW, num_hidden_layers=4, pad_token_id=None),
                     (1, 3)),
+    # llama.cpp's chunks (8192) and temperature length (8192) are longer than these calls:
+    # rotary in pairs and the weightless q/k norm on layer 1, the NoPE layer 3
+    "llama4": Tiny("llama4", "llama4_text", dict(NEW, head_dim=16, num_local_experts=2,
+                                                 num_hidden_layers=4,
+                                                 intermediate_size_mlp=32, pad_token_id=None),
+                   (1, 3)),
     # (its default llama3 rope: rope_freqs factors, refused)
     "apertus": Tiny("apertus", "apertus", dict(NEW, attention_bias=True, rope_parameters={
         "rope_type": "default", "rope_theta": 10000.0}), (1,)),
@@ -337,6 +343,14 @@ def _llama(w, cfg) -> None:
                                or cfg.hidden_size // cfg.num_attention_heads)
 
 
+def _llama4(w, cfg) -> None:
+    """Llama4Model: LlamaModel's keys, the experts' (TextModel's expert_count)."""
+    _llama(w, cfg)
+    w.add_expert_count(cfg.num_local_experts)
+    w.add_interleave_moe_layer_step(cfg.interleave_moe_layer_step)
+    w.add_expert_feed_forward_length(cfg.intermediate_size)
+
+
 def _granite(w, cfg) -> None:
     _llama(w, cfg)
     w.add_attention_scale(cfg.attention_multiplier)
@@ -465,7 +479,7 @@ def _dbrx(w, cfg) -> None:
 
 
 ARCH_KEYS = {
-    "llama": _llama, "arcee": _llama, "smollm3": _llama, "apertus": _llama,
+    "llama": _llama, "arcee": _llama, "smollm3": _llama, "apertus": _llama, "llama4": _llama4,
     "granite": _granite, "gemma2": _gemma2, "gemma3": _gemma2, "olmo": _olmo,
     "olmoe": lambda w, cfg: w.add_layer_norm_rms_eps(1e-5),
     "nemotron": lambda w, cfg: (_partial_rope(w, cfg),
@@ -607,7 +621,7 @@ def _attention_state(model, layer: int) -> dict:
 NOT_READ_BACK = {"qwen3moe", "qwen2moe", "starcoder2", "falcon", "falcon-quantized", "olmo",
                  "olmo2", "olmoe", "granite", "arcee", "smollm3", "apertus", "seed_oss",
                  "hunyuan-dense", "dots1", "gemma", "ernie4_5", "glm4", "command-r", "cohere2",
-                 "exaone4", "exaone4-32b", "phi2", "bitnet", "starcoder", "dbrx"}
+                 "exaone4", "exaone4-32b", "phi2", "bitnet", "starcoder", "dbrx", "llama4"}
 
 
 @pytest.mark.parametrize("name", [n for n in TINY if n not in NOT_READ_BACK])
@@ -698,6 +712,11 @@ def test_tiny_configs_of_the_converters_other_architectures(tiny):
     assert [(c.sliding_window, c.rotary) for c in exaone] == [(4, "half"), (None, "none")]
     assert _config(tiny, "exaone4").sliding_window is None
     assert [_config(tiny, "smollm3", layer).rotary for layer in (1, 3)] == ["half", "none"]
+    chunked, nope = (_config(tiny, "llama4", layer) for layer in (1, 3))
+    assert (chunked.attention_chunk, chunked.rotary, chunked.qk_norm_weightless) == (
+        8192, "interleaved", True)
+    assert (nope.attention_chunk, nope.rotary, nope.query_scale_beta, nope.query_scale_length,
+            nope.query_scale_by) == (None, "none", 0.1, 8192, "slot")
     assert (_config(tiny, "phi2").rotary_dim, _config(tiny, "stablelm").rotary_dim) == (4, 4)
     c = _config(tiny, "stablelm")
     assert (c.qk_norm_type, c.qk_norm_per_head, c.qkv_bias, c.out_bias) == (

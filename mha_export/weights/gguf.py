@@ -339,6 +339,21 @@ def smollm3(f: GGUFFile, layer: int) -> dict:
     return {"no_rope_layer_interval": 4, "use_sliding_window": False}
 
 
+def llama4(f: GGUFFile, layer: int) -> dict:
+    """Llama 4 as llama.cpp runs it (llama-model.cpp): chunks of 8192 and temperature tuning
+    (attn_scale 0.1, floor_scale 8192) hard-coded, every n-th layer (sliding_window_pattern,
+    default 4) NoPE and full, the q/k norm unless the file has 128 experts; one rope base. A
+    sliding_window of 0 (MobileLLM) is refused: llama.cpp then leaves its last layer unrotated
+    with no temperature length."""
+    if f.arch_value("attention.sliding_window") == 0:
+        raise UsageError(f"{f.path}: a llama4 file without chunks (attention.sliding_window 0) "
+                         "is not read")
+    _one_rope_base(f)
+    return {"no_rope_layer_interval": _swa_period(f), "attention_chunk_size": 8192,
+            "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1,
+            "use_qk_norm": f.arch_value("expert_count") != 128}
+
+
 def falcon(f: GGUFFile, layer: int) -> dict:
     """Falcon: the converter stacks query_key_value's rows as query, key, value (head_count_kv
     key heads, any layout it came from); biases on all four or none."""
@@ -385,6 +400,7 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "granite": GGUFArch("granite", permuted=True, extra=granite),
     "arcee": GGUFArch("arcee", permuted=True),
     "smollm3": GGUFArch("smollm3", permuted=True, extra=smollm3),
+    "llama4": GGUFArch("llama4_text", extra=llama4),  # the converter's undo_permute = False
     "apertus": GGUFArch("apertus"),  # the converter's undo_permute = False
     "seed_oss": GGUFArch("seed_oss", extra=seed_oss),
     "hunyuan-dense": GGUFArch("hunyuan_v1_dense"),  # rope.freq_base: alpha already applied
