@@ -42,6 +42,7 @@ class MHAConfig:
     heads: int = 12
     d_in: int | None = None  # default: dim
     head_dim: int | None = None  # default: dim // heads
+    v_head_dim: int | None = None  # each value head's width (default: head_dim; MiMo-V2's)
     kv_heads: int | None = None  # key/value heads (default: heads; 1 = multi-query)
     qkv_bias: bool = False
     # split / fused / latent only (single / stacked have no output projection); default True,
@@ -75,9 +76,12 @@ class MHAConfig:
     softmax_scale: float | None = None  # default 1/sqrt(head_dim) (Gemma, Granite set their own)
     softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
     sinks: bool = False  # a learned logit per head joins the softmax denominator (gpt-oss)
+    # head h's score of query i and key j gains alibi_slopes[h] * (j - i) (BLOOM, MPT, Falcon)
+    alibi: bool = False
     output_gate: bool = False  # y = out_proj(attention * sigmoid(x @ W_gate)) (Qwen3.5)
     out_norm_eps: float | None = None  # an RMSNorm (this eps) before out_proj (BitNet)
     v_norm_eps: float | None = None  # values RMS-normalised per head, no weight (Gemma 3n)
+    value_multiplier: float | None = None  # values times this after the projection (MiMo-V2)
     layout: Optional[str] = None  # LAYOUTS (default: "latent" with a latent section, else split)
     latent: Optional[Latent] = None  # Multi-head Latent Attention (kinds/mla/), or a plain layer
 
@@ -108,6 +112,8 @@ class MHAConfig:
                     "(pick another head count or give --head-dim)")
             object.__setattr__(self, "head_dim", self.dim // self.heads)
         _positive("head_dim", self.head_dim)
+        if self.v_head_dim is not None:
+            _positive("v_head_dim", self.v_head_dim)
         self._check_rotary()
         self._check_logits()
         self._check_locality()
@@ -119,6 +125,7 @@ class MHAConfig:
                              f"({self.kv_heads}): query head h uses key/value head "
                              "h // (heads / kv_heads)")
         extras = [n for n, on in (("qk_norm", self.qk_norm != "none"), ("sinks", self.sinks),
+                                  ("alibi", self.alibi),
                                   ("output_gate", self.output_gate),
                                   ("out_norm_eps", self.out_norm_eps)) if on]
         if self.layout in ("single", "stacked") and extras:
@@ -129,6 +136,9 @@ class MHAConfig:
                              "kv_heads must equal heads (use split or fused)")
         if self.layout == "single" and self.heads != 1:
             raise UsageError(f"layout 'single' has exactly one head, got heads={self.heads}")
+        if self.layout in ("single", "stacked") and self.value_dim != self.head_dim:
+            raise UsageError(f"layout {self.layout!r} has value heads as wide as its keys: "
+                             "v_head_dim must equal head_dim (use split or fused)")
         if self.layout in ("single", "stacked") and self.inner != self.dim:
             raise UsageError(
                 f"layout {self.layout!r} has no output projection, so heads*head_dim "
@@ -155,11 +165,11 @@ class MHAConfig:
 
     @property
     def cache_shape(self) -> tuple[int, int, int]:
-        """(heads, key width, value width) of the cache: (kv_heads, head_dim, head_dim), or the
+        """(heads, key width, value width) of the cache: (kv_heads, head_dim, v_head_dim), or the
         section's (an MLA layer's: latent and shared rotated key)."""
         if self.section is not None:
             return self.section.cache_shape()
-        return self.kv_heads, self.head_dim, self.head_dim
+        return self.kv_heads, self.head_dim, self.value_dim
 
     @property
     def attended_kv_width(self) -> int:
@@ -176,8 +186,24 @@ class MHAConfig:
 
     @property
     def inner(self) -> int:
-        """Width of the concatenated heads: heads * head_dim."""
+        """Width of the concatenated query (or key) heads: heads * head_dim."""
         return self.heads * self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        """Each value head's width: v_head_dim, else head_dim."""
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def v_inner(self) -> int:
+        """Width of the merged attention output: heads * value_dim (the output projection's
+        input, the output gate's and output norm's width)."""
+        return self.heads * self.value_dim
+
+    @property
+    def kv_v_inner(self) -> int:
+        """Width of the concatenated value heads: kv_heads * value_dim."""
+        return self.kv_heads * self.value_dim
 
     def _check_rotary(self) -> None:
         choices = self.section.rotary_choices if self.section else ROTARY
@@ -224,7 +250,7 @@ class MHAConfig:
             raise UsageError("qk_norm_per_head gives each head its own norm weights: it needs "
                              f"qk_norm head, got {self.qk_norm!r}")
         for name in ("qk_norm_eps", "softmax_scale", "softcap", "qkv_clip", "out_norm_eps",
-                     "query_scale_beta", "v_norm_eps"):
+                     "query_scale_beta", "v_norm_eps", "value_multiplier"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(
                     value, bool) and math.isfinite(value) and value > 0):
@@ -300,6 +326,8 @@ class MHAConfig:
             s += f"-in{self.d_in}"
         if self.head_dim * self.heads != self.dim:
             s += f"-hd{self.head_dim}"
+        if self.value_dim != self.head_dim:
+            s += f"-vd{self.value_dim}"
         if self.kv_heads != self.heads:
             s += f"-kv{self.kv_heads}"
         if self.sliding_window:
@@ -316,6 +344,7 @@ class MHAConfig:
         if self.qkv_clip:
             s += f"-clip{self.qkv_clip:g}"
         return s + "".join(f"-{tag}" for tag, on in (("cap", self.softcap), ("sinks", self.sinks),
+                                                     ("alibi", self.alibi),
                                                      ("gate", self.output_gate),
                                                      ("onorm", self.out_norm_eps),
                                                      ("vnorm", self.v_norm_eps)) if on)

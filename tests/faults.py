@@ -408,6 +408,23 @@ def output_gate_skipped(path: Path) -> None:
     _edit(path, lambda m: _bypass(m, "gated_context"))
 
 
+def alibi_reversed(path: Path) -> None:
+    """Head h takes head N-1-h's ALiBi slope (a slope table read in the wrong order)."""
+    def fn(m):
+        _, s = _initializer(m, "attn.alibi_slopes")  # (1, N, 1, 1)
+        _set_initializer(m, "attn.alibi_slopes", s[:, ::-1].copy())
+    _edit(path, fn)
+
+
+def value_heads_swapped(path: Path, config) -> None:
+    """Each value head (v_head_dim wide, unlike the keys) read as the next one: v_proj's
+    output columns rolled by one value head."""
+    def fn(m):
+        _, w = _initializer(m, "v_proj.weight")  # (d_in, K*Hv)
+        _set_initializer(m, "v_proj.weight", np.roll(w, config.value_dim, axis=1))
+    _edit(path, fn)
+
+
 # name -> (layer options, fault)
 OPTION_FAULTS = {
     "q/k norm skipped": (dict(qk_norm="head"), lambda p, c: qk_norm_skipped(p)),
@@ -440,6 +457,11 @@ OPTION_FAULTS = {
     "a chunk starting one key early": (dict(attention_chunk=4),
                                        lambda p, c: _edit(p, lambda m: _shift_output(
                                            m, "chunk_inside"))),
+    "ALiBi slopes in reverse head order": (dict(alibi=True), lambda p, c: alibi_reversed(p)),
+    "value multiplier dropped": (dict(value_multiplier=0.7), lambda p, c: _edit(
+        p, lambda m: _bypass(m, "value_multiplied"))),
+    "value heads of their own width swapped": (dict(v_head_dim=8),
+                                               lambda p, c: value_heads_swapped(p, c)),
     "temperature tuning's slot without its + 1": (
         dict(query_scale_beta=0.5, query_scale_length=4, query_scale_by="slot"),
         lambda p, c: rope_initializer_set(p, "query_scale.one_slot", 0)),

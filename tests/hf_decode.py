@@ -6,21 +6,23 @@ from __future__ import annotations
 import torch
 
 
-def capture(attn: torch.nn.Module):
+def capture(attn: torch.nn.Module, residual: bool = False):
     """A hook recording every call's (input hidden states, attention output) of ``attn``; the
-    list it fills and the hook's handle."""
+    list it fills and the hook's handle. ``residual``: the module adds its second argument to
+    what it returns (BLOOM's dropout_add), subtracted here."""
     calls = []
 
     def hook(module, args, kwargs, out):
         x = kwargs.get("hidden_states", args[0] if args else None)
-        calls.append((x.detach().clone().numpy(), out[0].detach().clone().numpy()))
+        y = out[0] - kwargs.get("residual", args[1]) if residual else out[0]
+        calls.append((x.detach().clone().numpy(), y.detach().clone().numpy()))
     return calls, attn.register_forward_hook(hook, with_kwargs=True)
 
 
-def decode(model, attn: torch.nn.Module, ids, mask, pos, prefill: int):
+def decode(model, attn: torch.nn.Module, ids, mask, pos, prefill: int, residual: bool = False):
     """Prefill ``prefill`` tokens, then single-token steps with the model's own cache: the
     layer's calls and the model's final cache."""
-    calls, handle = capture(attn)
+    calls, handle = capture(attn, residual)
     with torch.no_grad():
         cache = model(input_ids=ids[:, :prefill], attention_mask=mask[:, :prefill],
                       position_ids=pos[:, :prefill], use_cache=True).past_key_values

@@ -59,6 +59,7 @@ class Spec(NamedTuple):
     config: dict  # AutoConfig.for_model kwargs
     layers: tuple[int, ...]  # the layers exported and compared
     multimodal: bool = False  # built as ...ForConditionalGeneration (text_config nested)
+    attn: str = "eager"  # transformers' attention implementation compared against
 
 
 MODELS = {
@@ -203,6 +204,23 @@ MODELS = {
                               ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4,
                                           "moe_top_k": 2}), (1,)),
     "gemma": Spec("gemma", dict(NEW, head_dim=16), (1,)),
+    # ALiBi: BLOOM (6 heads: the slopes beyond the largest power of two), MPT (6 heads, its
+    # own slopes, a clamp), Falcon's ALiBi (against SDPA: transformers 5.23's eager Falcon adds
+    # the biases twice, once in the mask and once to the scores)
+    "bloom": Spec("bloom", dict(hidden_size=96, n_head=6, n_layer=2, vocab_size=60,
+                                initializer_range=0.2), (1,)),
+    "mpt": Spec("mpt", dict(d_model=96, n_heads=6, n_layers=2, max_seq_len=64, vocab_size=60,
+                            expansion_ratio=1, initializer_range=0.2,
+                            attn_config={"clip_qkv": 0.5}), (1,)),
+    "falcon-alibi": Spec("falcon", dict(NEW, num_attention_heads=4, multi_query=False,
+                                        alibi=True, bias=True, num_hidden_layers=3), (1,),
+                         attn="sdpa"),
+    # layer 0 full (kv heads 2), layer 1 sliding (kv heads 4, sinks; window 4); values 8 wide
+    # against keys of 24 (rotary 8 of them), scaled by 0.6
+    "mimo_v2_flash": Spec("mimo_v2_flash", dict(
+        NEW, head_dim=24, v_head_dim=8, sliding_window=4, attention_value_scale=0.6,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        attention_bias=True), (0, 1)),
     # layers 0-2 rotate in pairs and attend in chunks of 4 (crossed by the 11 tokens and the
     # left padding: chunks count from a row's first token); layer 3 is NoPE with temperature
     # tuning by cache slot (floor_scale 2: the scale moves every second slot)
@@ -257,6 +275,8 @@ B, L, PREFILL = 3, 11, 6
 def _attention(model, kind: str, layer: int):
     if kind == "dbrx":
         return model.transformer.blocks[layer].norm_attn_norm.attn
+    if kind == "mpt":
+        return model.transformer.blocks[layer].attn
     if hasattr(model, "transformer"):  # gpt2, gptj, gpt_neo (its wrapper), gpt_bigcode, falcon
         block = model.transformer.h[layer]
         return getattr(block, "attn", None) or block.self_attention
@@ -275,7 +295,7 @@ def _build(name: str):
     torch.manual_seed(0)
     auto = AutoModelForImageTextToText if spec.multimodal else AutoModelForCausalLM
     model = auto.from_config(AutoConfig.for_model(spec.kind, **spec.config),
-                             attn_implementation="eager").eval()
+                             attn_implementation=spec.attn).eval()
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
         for key, p in model.named_parameters():
@@ -308,7 +328,7 @@ def checkpoint(request, built):
 
 def _capture(model, kind, layer):
     """Hooks recording every call's (input hidden states, attention output) of the layer."""
-    return capture(_attention(model, kind, layer))
+    return capture(_attention(model, kind, layer), residual=kind == "bloom")
 
 
 def _batch():
@@ -364,7 +384,8 @@ def test_full_sequence_layer_equals_transformers(checkpoint, fmt, tmp_path):
 def _decode_in_transformers(model, kind, layer, ids, mask, pos):
     """Prefill PREFILL tokens, then single-token steps with the model's own cache: the layer's
     calls and the final cache."""
-    calls, cache = decode(model, _attention(model, kind, layer), ids, mask, pos, PREFILL)
+    calls, cache = decode(model, _attention(model, kind, layer), ids, mask, pos, PREFILL,
+                          residual=kind == "bloom")
     return calls, cache.layers[layer]
 
 
@@ -499,6 +520,16 @@ EXPECT = {
     "llama4_text@3": ((4, 2, 16, None, "none", None), dict(
         attention_chunk=None, qk_norm="none", query_scale_beta=0.5, query_scale_length=2,
         query_scale_by="slot")),
+    "mimo_v2_flash@0": ((4, 2, 24, None, "half", 8), dict(
+        v_head_dim=8, value_multiplier=0.6, sinks=False, rope_theta=5e6, qkv_bias=True,
+        out_bias=False)),
+    "mimo_v2_flash@1": ((4, 4, 24, 4, "half", 8), dict(v_head_dim=8, sinks=True,
+                                                       rope_theta=10000.0)),
+    "bloom@1": ((6, 6, 16, None, "none", None), dict(alibi=True, qkv_bias=True,
+                                                     out_bias=True)),
+    "mpt@1": ((6, 6, 16, None, "none", None), dict(alibi=True, qkv_clip=0.5, qkv_bias=False,
+                                                   out_bias=False)),
+    "falcon-alibi@1": ((4, 4, 16, None, "none", None), dict(alibi=True, qkv_bias=True)),
     "granitemoe@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=0.3)),
     "granitemoeshared@1": ((4, 2, 16, None, "half", 16), dict(softmax_scale=0.3)),
     "olmoe@1": ((4, 2, 16, None, "half", 16), dict(qk_norm="full", qkv_clip=0.3)),
@@ -911,7 +942,7 @@ def test_a_linear_attention_layer_is_a_one_line_error_naming_the_nearest_attenti
     ("qwen3", dict(hidden_size=None), "missing or malformed attention setting ('hidden_size')"),
     ("gemma3", dict(text_config=None), "no layer count (text_config.num_hidden_layers)"),
     ("gemma2", dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
-    ("falcon", dict(alibi=True), "uses ALiBi (alibi: true): position biases on the scores"),
+    ("mpt", dict(attn_config={"qk_ln": True}), "attn_config.qk_ln: transformers' MPT"),
     ("smollm3", dict(no_rope_layers=[1]), "no_rope_layers has no entry for layer 1"),
 ])
 def test_what_cannot_be_built_is_a_one_line_error_naming_it(tmp_path, kind, change, msg):

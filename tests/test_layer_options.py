@@ -138,6 +138,79 @@ def test_llama4_options_refuse_what_they_cannot_mean(options, message):
         MHAConfig(**BASE, **options)
 
 
+VALUE_WIDTH = dict(v_head_dim=24, output_gate=True, out_norm_eps=1e-5, v_norm_eps=1e-6,
+                   sinks=True, sliding_window=5)
+
+
+@pytest.mark.parametrize("layout", ["split", "fused"])
+def test_value_heads_of_their_own_width_pass_on_every_target_and_call_kind(tmp_path, layout):
+    """MiMo-V2: v_head_dim unlike head_dim, with the options whose width follows the values
+    (output gate, output norm, value norm); the default form falls to one that builds it."""
+    c = MHAConfig(**BASE, **ROTARY, **VALUE_WIDTH, layout=layout)
+    m = build_module(c, seed=1)
+    assert m.to_weights().wv.shape == (2 * 24, 64) and m.to_weights().wo.shape == (64, 4 * 24)
+    for name, export, kw in (("o", export_onnx, dict(kv_cache=True)),
+                             ("m", export_onnx, dict(attention_mask=True)),
+                             ("s", export_onnx, dict(static_cache=True)),
+                             ("ts", export_torchscript, dict(kv_cache=True))):
+        path = export(c, tmp_path / name, validate=False, **kw).path
+        report = check_parity(path, **SWEEP, past_lens=[0, 3])
+        assert report.passed, (name, [x.error for x in report.results if not x.passed][:3])
+
+
+def test_value_heads_of_their_own_width_are_refused_where_they_cannot_be_built(tmp_path):
+    with pytest.raises(UsageError, match="v_head_dim must equal head_dim"):
+        MHAConfig(dim=64, heads=4, layout="stacked", v_head_dim=8)
+    with pytest.raises(UsageError, match="does not support value-head-width"):
+        export_onnx(MHAConfig(**BASE, v_head_dim=8), tmp_path / "x", attention="auto")
+
+
+def test_alibi_adds_each_heads_slope_times_the_distance():
+    """The eager core's bias, against the formula over a cache (bottom-right) and a static
+    cache's rows; the default slopes are the paper's (BLOOM's for 4 and 6 heads)."""
+    from mha_export.alibi import geometric_slopes, mpt_slopes
+    from mha_export.layer.attention import alibi_bias
+    assert geometric_slopes(4) == [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8]
+    assert geometric_slopes(6)[4:] == pytest.approx([2 ** -1, 2 ** -3])
+    assert mpt_slopes(4) == [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8]
+    assert mpt_slopes(3) == [2 ** -4, 2 ** -8, 2 ** -2]
+    slopes = torch.tensor([0.5, 0.25])
+    got = alibi_bias(slopes, 2, 5)  # queries at 3 and 4
+    want = torch.tensor([[j - i for j in range(5)] for i in (3, 4)], dtype=torch.float32)
+    torch.testing.assert_close(got, slopes.view(1, 2, 1, 1) * want)
+    rows = alibi_bias(slopes, 1, 5, torch.tensor([0, 2]))  # (2, 2, 1, 5)
+    torch.testing.assert_close(rows[1, 0, 0], 0.5 * (torch.arange(5.0) - 2))
+    m = build_module(MHAConfig(**BASE, alibi=True), seed=0)
+    torch.testing.assert_close(m.alibi_slopes, torch.tensor(geometric_slopes(4)))
+
+
+def test_alibi_passes_on_every_target_and_call_kind(tmp_path):
+    c = MHAConfig(**BASE, alibi=True, sliding_window=5)
+    for name, export, kw in (("o", export_onnx, dict(kv_cache=True)),
+                             ("m", export_onnx, dict(attention_mask=True)),
+                             ("s", export_onnx, dict(static_cache=True)),
+                             ("ts", export_torchscript, dict(kv_cache=True))):
+        path = export(c, tmp_path / name, validate=False, **kw).path
+        report = check_parity(path, **SWEEP, past_lens=[0, 3])
+        assert report.passed, (name, [x.error for x in report.results if not x.passed][:3])
+
+
+def test_the_v_head_dim_flag_is_the_standard_layers_without_kv_lora_rank(tmp_path):
+    """--v-head-dim alone: the standard layer's value width (MiMo-V2); with --kv-lora-rank:
+    the MLA section's; another MLA option alone still needs --kv-lora-rank."""
+    import json
+    from click.testing import CliRunner
+    from mha_export.cli.commands import cli
+    base = ["onnx", "--heads", "4", "--dim", "64", "--max-seq-len", "16", "--no-check"]
+    r = CliRunner().invoke(cli, base + ["--v-head-dim", "8", "-o", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    config = json.loads((tmp_path / "a" / "config.json").read_text())["config"]
+    assert config["v_head_dim"] == 8 and config["latent"] is None
+    r = CliRunner().invoke(cli, base + ["--v-head-dim", "8", "--qk-rope-head-dim", "8", "-o",
+                                        str(tmp_path / "b")])
+    assert r.exit_code == 2 and "needs --kv-lora-rank" in r.output
+
+
 def test_queries_scaled_by_slot_need_no_rotary():
     c = MHAConfig(**BASE, query_scale_beta=0.1, query_scale_length=4, query_scale_by="slot")
     assert c.rotary == "none" and c.query_scale_by == "slot"

@@ -132,6 +132,9 @@ CONFIG_OPTIONS = [
                  show_default=True,
                  help="What --query-scale-beta scales by: position (position_ids), or slot: "
                       "floor((cache slot + 1) / length) (Llama 4's temperature tuning)."),
+    click.option("--value-multiplier", type=float, default=None,
+                 help="Values times this right after their projection (MiMo-V2's "
+                      "attention_value_scale) [default: none]."),
     click.option("--v-norm-eps", type=float, default=None,
                  help="Values RMS-normalised over each head's features, without a weight, "
                       "with this eps (Gemma 3n's v_norm)."),
@@ -150,6 +153,9 @@ CONFIG_OPTIONS = [
                  help="Logit softcapping cap*tanh(s/cap), before the mask (Gemma 2)."),
     click.option("--sinks/--no-sinks", default=DEFAULTS["sinks"], show_default=True,
                  help="A learned logit per head joins the softmax denominator (gpt-oss)."),
+    click.option("--alibi/--no-alibi", default=DEFAULTS["alibi"], show_default=True,
+                 help="ALiBi: head h's score of key j gains slope_h * (j - i); the slopes are "
+                      "weights (alibi_slopes), the paper's by default (BLOOM, MPT, Falcon)."),
     click.option("--output-gate/--no-output-gate", default=DEFAULTS["output_gate"],
                  show_default=True, help="y = out_proj(attention * sigmoid(x W_gate)) (Qwen3.5)."),
     click.option("--sliding-window", type=int, default=None,

@@ -247,6 +247,20 @@ def row_masked_positions(g: GraphBuilder, starts: str, t_q: str, t_k: str,
     return op.Or(future, behind)  # (B, 1, Tq, Tk)
 
 
+def alibi_bias(g: GraphBuilder, slopes: str, t_q: str, t_k: str, start: str | None = None
+               ) -> str:
+    """(B|1, N, t_q, t_k) float: slopes (1, N, 1, 1) * (j - i), query i at key position
+    (t_k - t_q) + i, or start + i (start: () or (B,)). Nodes named ``alibi_*``."""
+    op = Ops(g).named("alibi")
+    offset = start if start is not None else op.Sub(t_k, t_q, name="offset")  # () | (B,)
+    steps = op.Range(g.ints("zero", 0), t_q, g.ints("one", 1))  # (Tq,)
+    rows = op.Reshape(offset, g.ints("alibi_rows", [-1, 1, 1, 1]))  # (B|1, 1, 1, 1)
+    q_pos = op.Add(rows, op.Reshape(steps, g.ints("alibi_cols", [1, 1, -1, 1])))  # (B|1,1,Tq,1)
+    k_pos = op.Range(g.ints("zero", 0), t_k, g.ints("one", 1))  # (Tk,)
+    distance = op.Cast(op.Sub(k_pos, q_pos), to=g.elem)  # (B|1, 1, Tq, Tk)
+    return op.Mul(slopes, distance, name="bias")  # (B|1, N, Tq, Tk)
+
+
 def chunk_behind(g: GraphBuilder, q_pos: str, k_pos: str, chunk: int,
                  first: str | None = None) -> str:
     """True at keys k_pos (Tk,) before the chunk of queries q_pos (.., Tq, 1) (Llama 4): a

@@ -116,9 +116,11 @@ def _attention_layer(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, form: G
     q, k, v = (None, None, None) if form.projects_per_branch else project(g)
     named = set(sig.input_names)
     sinks = None if w.sinks is None else g.const("attn.sinks", w.sinks.reshape(1, -1, 1, 1))
+    alibi = None if w.alibi_slopes is None else g.const(
+        "attn.alibi_slopes", w.alibi_slopes.reshape(1, -1, 1, 1))  # (1, N, 1, 1)
     io = AttentionIO(q, k, v, *(n if n in named else None
                                 for n in ("past_key", "past_value", "attention_mask")),
-                     sinks=sinks,  # (1, N, 1, 1)
+                     sinks=sinks, alibi=alibi,  # (1, N, 1, 1) each
                      past_lengths="past_lengths" if "past_lengths" in named else None,
                      project=project, int8_cache=_int8_cache(g, c, kv_cache))
     out = form.core(g, io, c)
@@ -140,7 +142,8 @@ def _int8_cache(g: GraphBuilder, c: MHAConfig, spec: Any) -> Int8Cache | None:
         return None
     key, value = spec.key, spec.value
     if key.granularity != value.granularity:
-        key, value = (s.per_channel(c.kv_heads, c.head_dim) for s in (key, value))
+        key, value = key.per_channel(c.kv_heads, c.head_dim), value.per_channel(c.kv_heads,
+                                                                                c.value_dim)
     return Int8Cache(g.const("kv_cache.k_scale", key.scale), g.const("kv_cache.v_scale",
                                                                      value.scale),
                      key.quant_type, value.quant_type)
@@ -164,9 +167,12 @@ def _queries_keys_values(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, ops
                          sig: Signature) -> tuple[str, str, str]:
     """x -> projections -> q/k norm -> clamp -> rotary (-> q/k norm, where it comes after
     rotary) -> queries scaled by position or slot: q (B, T, N*H), k and v (B, T, K*H)."""
-    q, k, v = _project_qkv(g, c, w)  # (B, T, N*H), 2 x (B, T, K*H)
+    q, k, v = _project_qkv(g, c, w)  # (B, T, N*H), (B, T, K*H), (B, T, K*Hv)
+    if c.value_multiplier:  # MiMo-V2: values scaled right after their projection
+        v = Ops(g).Mul(v, g.const("value_multiplier", np.array(c.value_multiplier)),
+                       name="value_multiplied")
     if c.v_norm_eps:  # Gemma 3n: values RMS-normalised per head, no weight
-        v = heads_rms_norm(g, v, c.kv_heads, c.head_dim, torch.ones(c.head_dim), c.v_norm_eps,
+        v = heads_rms_norm(g, v, c.kv_heads, c.value_dim, torch.ones(c.value_dim), c.v_norm_eps,
                            0.0, "v_norm")
     if c.qk_norm != "none" and not c.qk_norm_after_rope:  # before rotary, as transformers
         q, k = _normalize_qk(g, c, w, q, k)

@@ -58,6 +58,19 @@ def first_tokens(attention_mask: Tensor) -> Tensor:
     return (torch.cumsum(attention_mask, dim=-1) == 0).sum(dim=-1)  # (B,)
 
 
+def alibi_bias(slopes: Tensor, t_q: int, t_k: int, query_start: Optional[Tensor] = None
+               ) -> Tensor:
+    """(B|1, N, Tq, Tk): slopes[h] * (j - i), query i at key position (t_k - t_q) + i (or
+    query_start[b] + i)."""
+    steps = torch.arange(t_q, device=slopes.device)  # (Tq,)
+    if query_start is None:
+        q_pos = (steps + (t_k - t_q)).view(1, 1, t_q, 1)  # (1, 1, Tq, 1)
+    else:
+        q_pos = (query_start.view(-1, 1) + steps).view(-1, 1, t_q, 1)  # (B, 1, Tq, 1)
+    k_pos = torch.arange(t_k, device=slopes.device).view(1, 1, 1, t_k)  # (1, 1, 1, Tk)
+    return slopes.view(1, -1, 1, 1) * (k_pos - q_pos).to(slopes.dtype)  # (B|1, N, Tq, Tk)
+
+
 def score_mask(t_q: int, t_k: int, causal: bool, attention_mask: Optional[Tensor],
                device: torch.device, window: int = 0, query_start: Optional[Tensor] = None,
                chunk: int = 0) -> Optional[Tensor]:
@@ -93,8 +106,8 @@ def lowest_value(dtype: torch.dtype) -> float:
 def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropout_p: float,
               need_weights: bool, attention_mask: Optional[Tensor] = None, window: int = 0,
               softcap: float = 0.0, sinks: Optional[Tensor] = None,
-              query_start: Optional[Tensor] = None, chunk: int = 0
-              ) -> Tuple[Tensor, Optional[Tensor]]:
+              query_start: Optional[Tensor] = None, chunk: int = 0,
+              alibi: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """Scaled dot-product attention: q (B, N, Tq, H), k/v (B, K, Tk, H) -> ((B, N, Tq, H), probs);
     with K < N heads, query head h reads key/value head h // (N / K) (grouped-query).
 
@@ -105,11 +118,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropo
     sinks' column) -> dropout, when the probabilities are wanted or SDPA cannot compute the layer
     (softcapping, sinks). ``query_start`` (B,): row b's queries sit at key positions
     query_start[b] + i (a static cache), instead of bottom-right alignment; ``chunk``: keys of
-    the query's own chunk only (``other_chunks``).
+    the query's own chunk only (``other_chunks``); ``alibi`` (N,): each head's slope of a linear
+    bias on the scores (``alibi_bias``, plain path).
     """
     t_q, t_k = q.size(-2), k.size(-2)
     gqa = q.size(1) != k.size(1)  # SDPA reads the shared heads in place (no copies)
-    plain = need_weights or softcap > 0.0 or sinks is not None
+    plain = need_weights or softcap > 0.0 or sinks is not None or alibi is not None
     aligned = query_start is None and (t_q == t_k or not causal)
     if not plain and attention_mask is None and window == 0 and chunk == 0 and aligned:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal,
@@ -124,7 +138,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropo
                 masked, lowest)  # (B|1, 1, Tq, Tk)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p,
                                               scale=scale, enable_gqa=gqa), None
-    probs = attention_probs(q, k, scale, masked, softcap, sinks)  # (B, N, Tq, Tk)
+    bias: Optional[Tensor] = None
+    if alibi is not None:
+        bias = alibi_bias(alibi, t_q, t_k, query_start)  # (B|1, N, Tq, Tk)
+    probs = attention_probs(q, k, scale, masked, softcap, sinks, bias)  # (B, N, Tq, Tk)
     if dropout_p > 0.0:
         probs = F.dropout(probs, p=dropout_p)
     if gqa:
@@ -133,14 +150,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropo
 
 
 def attention_probs(q: Tensor, k: Tensor, scale: float, masked: Optional[Tensor],
-                    softcap: float = 0.0, sinks: Optional[Tensor] = None) -> Tensor:
+                    softcap: float = 0.0, sinks: Optional[Tensor] = None,
+                    bias: Optional[Tensor] = None) -> Tensor:
     """The textbook path, in transformers' order: scores * scale -> cap * tanh(s / cap) ->
-    masked -> softmax over the keys and one sink logit per head (dropped afterwards)."""
+    + bias (ALiBi) -> masked -> softmax over the keys and one sink logit per head (dropped
+    afterwards)."""
     if q.size(1) != k.size(1):  # each query head gets its kv head's copy
         k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)  # (B, N, Tk, H)
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, N, Tq, Tk)
     if softcap > 0.0:
         scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
     if masked is not None:
         scores = scores.masked_fill(masked, lowest_value(q.dtype))
     if sinks is None:

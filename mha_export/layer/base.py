@@ -9,6 +9,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from ..alibi import geometric_slopes
 from ..config import MHAConfig
 from .attention import attention, merge_heads
 from .norm import QKNorm
@@ -35,6 +36,7 @@ class AttentionWeights:
     wg: Optional[Tensor] = None  # (inner, d_in) output gate
     bg: Optional[Tensor] = None  # (inner,)
     out_norm: Optional[Tensor] = None  # (inner,) the RMSNorm before the output projection
+    alibi_slopes: Optional[Tensor] = None  # (N,) ALiBi's slope per head
 
 
 class AttentionBase(nn.Module):
@@ -45,6 +47,7 @@ class AttentionBase(nn.Module):
         self.config = config
         self.n_head = config.heads
         self.head_dim = config.head_dim
+        self.value_dim = config.value_dim
         self.kv_heads = config.kv_heads
         self.causal = config.causal
         self.dropout = config.dropout
@@ -85,7 +88,8 @@ class AttentionBase(nn.Module):
         self.query_beta = float(c.query_scale_beta or 0.0)  # 0: queries not scaled by position
         self.query_length = float(c.query_scale_length or 1)
         self.query_by_slot = c.query_scale_by == "slot"  # Llama 4: (slot + 1), not position
-        self.v_norm: nn.Module = QKNorm((c.head_dim,), c.v_norm_eps, learned=False) \
+        self.value_multiplier = float(c.value_multiplier or 1.0)  # MiMo-V2: values times it
+        self.v_norm: nn.Module = QKNorm((c.value_dim,), c.v_norm_eps, learned=False) \
             if c.v_norm_eps else nn.Identity()  # Gemma 3n: weightless
         self.softcap = c.softcap or 0.0
         self.has_sinks = c.sinks
@@ -99,10 +103,13 @@ class AttentionBase(nn.Module):
             self.sinks = nn.Parameter(torch.zeros(c.heads))  # (N,)
         else:
             self.register_buffer("sinks", torch.zeros(0), persistent=False)
-        self.W_gate: nn.Module = nn.Linear(c.d_in, c.inner, bias=c.qkv_bias) if c.output_gate \
-            else nn.Identity()
-        self.out_norm: nn.Module = QKNorm((c.inner,), c.out_norm_eps) if c.out_norm_eps \
-            else nn.Identity()  # (N*H,): BitNet's attn_sub_norm
+        self.has_alibi = c.alibi  # slopes: saved with the weights, the paper's by default
+        self.register_buffer("alibi_slopes", torch.tensor(geometric_slopes(c.heads))
+                             if c.alibi else torch.zeros(0), persistent=c.alibi)  # (N,)
+        self.W_gate: nn.Module = nn.Linear(c.d_in, c.v_inner, bias=c.qkv_bias) \
+            if c.output_gate else nn.Identity()
+        self.out_norm: nn.Module = QKNorm((c.v_inner,), c.out_norm_eps) if c.out_norm_eps \
+            else nn.Identity()  # (N*Hv,): BitNet's attn_sub_norm
 
     def forward(self, x: Tensor) -> Tensor:
         return self.attend(x, None, None, None)[0]
@@ -147,7 +154,7 @@ class AttentionBase(nn.Module):
         keys, values = self._read_cache(k, v, q.dtype)  # (B, K, S, H): K heads (the cache)
         ctx, probs = attention(q, keys, values, self.scale, self.causal, p, need_weights,
                                attention_mask, self.window, self.softcap, sinks,
-                               chunk=self.chunk)
+                               chunk=self.chunk, alibi=self._alibi())
         return self._output(x, ctx), k, v, probs
 
     def forward_static(self, x: Tensor, past_key: Tensor, past_value: Tensor,
@@ -206,8 +213,11 @@ class AttentionBase(nn.Module):
         keys, values = self._read_cache(past_key[:, :, :end], past_value[:, :, :end], q.dtype)
         ctx, _ = attention(q, keys, values, self.scale, self.causal, 0.0, False, None,
                            self.window, self.softcap, sinks, query_start=past_lengths,
-                           chunk=self.chunk)  # (B, N, T, H)
+                           chunk=self.chunk, alibi=self._alibi())  # (B, N, T, H)
         return self._output(x, ctx)
+
+    def _alibi(self) -> Optional[Tensor]:
+        return self.alibi_slopes if self.has_alibi else None
 
     def _read_cache(self, keys: Tensor, values: Tensor, dtype: torch.dtype
                     ) -> Tuple[Tensor, Tensor]:
@@ -229,7 +239,9 @@ class AttentionBase(nn.Module):
         it comes after rotary) -> queries scaled by position or cache slot (B|1, T): q (B, N, T,
         H), k and v (B, K, T, H) (the cache holds rotated keys)."""
         q, k, v = self.project_qkv(x)
-        v = self.v_norm(v)  # (B, K, T, H)
+        if self.value_multiplier != 1.0:
+            v = v * self.value_multiplier  # (B, K, T, Hv)
+        v = self.v_norm(v)  # (B, K, T, Hv)
         if not self.norm_after_rope:
             q, k = self._normalize_qk(q, k)
         if self.qkv_clip > 0.0:
@@ -271,9 +283,12 @@ class AttentionBase(nn.Module):
             k = self._split_heads(self.k_norm(merge_heads(k)), self.kv_heads)  # (B, K, T, H)
         return q, k
 
-    def _split_heads(self, t: Tensor, heads: int) -> Tensor:
+    def _split_heads(self, t: Tensor, heads: int, width: int = 0) -> Tensor:
+        """(B, T, heads * width) -> (B, heads, T, width); width 0: head_dim."""
         b, n, _ = t.shape
-        return t.view(b, n, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, H)
+        if width == 0:  # (not `width or ...`: TorchScript makes that a bool)
+            width = self.head_dim
+        return t.view(b, n, heads, width).transpose(1, 2)  # (B, heads, T, W)
 
     def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         raise NotImplementedError
@@ -296,7 +311,8 @@ class AttentionBase(nn.Module):
                 "q_norm_bias": bias(self.q_norm), "k_norm_bias": bias(self.k_norm),
                 "sinks": self.sinks.detach() if self.has_sinks else None,
                 "wg": weight(self.W_gate, "weight"), "bg": weight(self.W_gate, "bias"),
-                "out_norm": weight(self.out_norm, "weight")}
+                "out_norm": weight(self.out_norm, "weight"),
+                "alibi_slopes": self.alibi_slopes.detach() if self.has_alibi else None}
 
     def load_extra_weights(self, w: AttentionWeights) -> None:
         with torch.no_grad():
@@ -312,6 +328,8 @@ class AttentionBase(nn.Module):
                 copy_linear(self.W_gate, w.wg, w.bg)
             if isinstance(self.out_norm, QKNorm):
                 self.out_norm.weight.copy_(w.out_norm if w.out_norm is not None else 1.0)
+            if self.has_alibi and w.alibi_slopes is not None:
+                self.alibi_slopes.copy_(w.alibi_slopes)
 
     def load_weights(self, w: AttentionWeights) -> None:
         raise NotImplementedError

@@ -108,13 +108,13 @@ class SplitHeadsAttention(AttentionBase):
         c = config
         self.W_query = nn.Linear(c.d_in, c.inner, bias=c.qkv_bias)
         self.W_key = nn.Linear(c.d_in, c.kv_inner, bias=c.qkv_bias)
-        self.W_value = nn.Linear(c.d_in, c.kv_inner, bias=c.qkv_bias)
-        self.out_proj = nn.Linear(c.inner, c.dim, bias=c.out_bias)
+        self.W_value = nn.Linear(c.d_in, c.kv_v_inner, bias=c.qkv_bias)
+        self.out_proj = nn.Linear(c.v_inner, c.dim, bias=c.out_bias)
 
     def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         return (self._split_heads(self.W_query(x), self.n_head),
                 self._split_heads(self.W_key(x), self.kv_heads),
-                self._split_heads(self.W_value(x), self.kv_heads))
+                self._split_heads(self.W_value(x), self.kv_heads, self.value_dim))
 
     def project_out(self, merged: Tensor) -> Tensor:
         return self.out_proj(merged)
@@ -140,14 +140,15 @@ class FusedQKVAttention(AttentionBase):
     def __init__(self, config: MHAConfig):
         super().__init__(config)
         c = config
-        self.c_attn = nn.Linear(c.d_in, c.inner + 2 * c.kv_inner, bias=c.qkv_bias)
-        self.qkv_sizes = [c.inner, c.kv_inner, c.kv_inner]
-        self.c_proj = nn.Linear(c.inner, c.dim, bias=c.out_bias)
+        self.c_attn = nn.Linear(c.d_in, c.inner + c.kv_inner + c.kv_v_inner, bias=c.qkv_bias)
+        self.qkv_sizes = [c.inner, c.kv_inner, c.kv_v_inner]
+        self.c_proj = nn.Linear(c.v_inner, c.dim, bias=c.out_bias)
 
     def project_qkv(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        q, k, v = self.c_attn(x).split(self.qkv_sizes, dim=2)  # (B, T, N*H), 2 x (B, T, K*H)
+        q, k, v = self.c_attn(x).split(self.qkv_sizes, dim=2)  # (B, T, N*H), (B, T, K*H),
+        # (B, T, K*Hv)
         return (self._split_heads(q, self.n_head), self._split_heads(k, self.kv_heads),
-                self._split_heads(v, self.kv_heads))
+                self._split_heads(v, self.kv_heads, self.value_dim))
 
     def project_out(self, merged: Tensor) -> Tensor:
         return self.c_proj(merged)

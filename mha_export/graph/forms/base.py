@@ -28,6 +28,8 @@ class Feature(enum.Enum):
     GQA = "gqa"
     SLIDING_WINDOW = "sliding-window"
     CHUNKED = "attention-chunks"
+    VALUE_WIDTH = "value-head-width"  # value heads narrower or wider than the keys'
+    ALIBI = "alibi"
     SOFTCAP = "softcap"
     SINKS = "sinks"
     STATIC_CACHE = "static-cache"
@@ -41,8 +43,10 @@ ALL_FEATURES = frozenset(Feature)  # every feature of a standard layer
 # What a core built on the standard Attention node supports: it has no sink logits. Its
 # softcap attribute is applied before the mask by ONNX Runtime 1.31 (transformers' order; proven
 # in tests/test_layer_options.py), so softcapping is built with it.
+# The value heads' own width is built with MatMuls only (decomposed, blocked-plain).
 ATTENTION_NODE_FEATURES = ALL_FEATURES - {Feature.SINKS, Feature.STATIC_CACHE,
-                                          Feature.INT8_CACHE}
+                                          Feature.INT8_CACHE, Feature.VALUE_WIDTH,
+                                          Feature.ALIBI}
 
 
 
@@ -52,7 +56,9 @@ def required_features(config: MHAConfig, sig: Signature) -> frozenset[Feature]:
               Feature.STATIC_CACHE: sig.static_cache, Feature.ATTENTION_MASK: sig.has_mask,
               Feature.NON_CAUSAL: not config.causal, Feature.GQA: config.kv_heads != config.heads,
               Feature.SLIDING_WINDOW: bool(config.sliding_window),
-              Feature.CHUNKED: bool(config.attention_chunk),
+              Feature.CHUNKED: bool(config.attention_chunk), Feature.ALIBI: config.alibi,
+              Feature.VALUE_WIDTH: (config.kind == "standard"
+                                    and config.value_dim != config.head_dim),
               Feature.SOFTCAP: bool(config.softcap), Feature.SINKS: config.sinks,
               Feature.INT8_CACHE: sig.cache_dtype == INT8}
     return frozenset(f for f, on in wanted.items() if on)
@@ -100,6 +106,7 @@ class AttentionIO:
     past_value: Optional[str] = None
     attention_mask: Optional[str] = None  # (B, S) int64, 1 = token
     sinks: Optional[str] = None  # (1, N, 1, 1): one logit per head in the softmax denominator
+    alibi: Optional[str] = None  # (1, N, 1, 1): ALiBi's slope per head
     past_lengths: Optional[str] = None  # (B,) int64: a static cache's valid entries per row
     # builds q, k, v from x in a builder (a branch of an If): for a form whose GraphForm says
     # projects_per_branch, so that no q/k/v of the whole call is captured by the If
@@ -159,9 +166,10 @@ class GraphForm:
 
 
 def keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> tuple[str, str]:
-    """(B, K, S, H) keys and values: the past concatenated with this call's (= the present)."""
+    """(B, K, S, H) keys and (B, K, S, Hv) values: the past concatenated with this call's (= the
+    present)."""
     k = split_heads(g, io.k, c.kv_heads, c.head_dim, "k")  # (B, K, T, H)
-    v = split_heads(g, io.v, c.kv_heads, c.head_dim, "v")  # (B, K, T, H)
+    v = split_heads(g, io.v, c.kv_heads, c.value_dim, "v")  # (B, K, T, Hv)
     if io.has_cache:  # all_keys / all_values: tests' faults edit them
         k = Ops(g).Concat(io.past_key, k, axis=2, name="all_keys")  # (B, K, S, H)
         v = Ops(g).Concat(io.past_value, v, axis=2, name="all_values")  # (B, K, S, H)
@@ -174,16 +182,19 @@ def cache_out(io: AttentionIO, context: str, keys: str, values: str) -> Attentio
 
 
 def probabilities(g: GraphBuilder, scores: str, masked: Optional[str], c: MHAConfig,
-                  sinks: Optional[str]) -> str:
+                  sinks: Optional[str], bias: Optional[str] = None) -> str:
     """Scores (B, N, Tq, S) of scaled queries -> probabilities, in transformers' order:
-    cap * tanh(s / cap) (softcapping) -> masked -> softmax over the keys and one sink logit per
-    head, whose column is dropped afterwards. The capped_in, capped_scores and masked_scores
-    nodes: a test's fault reorders them; the probabilities: the node ``probs``."""
+    cap * tanh(s / cap) (softcapping) -> + bias (ALiBi's, (B|1, N, Tq, S)) -> masked -> softmax
+    over the keys and one sink logit per head, whose column is dropped afterwards. The
+    capped_in, capped_scores and masked_scores nodes: a test's fault reorders them; the
+    probabilities: the node ``probs``."""
     op = Ops(g)
     if c.softcap:
         cap = g.const("softcap", np.array(c.softcap))
         scores = op.Mul(op.Tanh(op.Div(scores, cap, name="capped_in")), cap,
                         name="capped_scores")  # (B, N, Tq, S)
+    if bias is not None:
+        scores = op.Add(scores, bias, name="biased_scores")  # (B, N, Tq, S)
     if masked is not None:
         scores = op.Where(masked, g.const("mask_fill", finite_lowest(g.dtype)), scores,
                           name="masked_scores")  # (B, N, Tq, S)
@@ -208,7 +219,7 @@ def static_keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig, seq_len: 
     buffers themselves, for a core that slices its own ranges of them).
     Returns (keys, values) (B, K, S, H) and (present_key, present_value) (B, K, C, H)."""
     k = split_heads(g, io.k, c.kv_heads, c.head_dim, "k")  # (B, K, T, H)
-    v = split_heads(g, io.v, c.kv_heads, c.head_dim, "v")
+    v = split_heads(g, io.v, c.kv_heads, c.value_dim, "v")  # (B, K, T, Hv)
     if io.int8_cache:  # quantized on write
         k = int8_codes(g, k, io.int8_cache.k_scale, "key")  # (B, K, T, H) int8
         v = int8_codes(g, v, io.int8_cache.v_scale, "value")

@@ -25,7 +25,7 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from ...config import MHAConfig
-from ..builder import (GraphBuilder, additive, as_1d, ceil_div, dim, repeat_kv,
+from ..builder import (GraphBuilder, additive, alibi_bias, as_1d, ceil_div, dim, repeat_kv,
                        row_masked_positions, scale_queries, score_mask, split_heads)
 from ..ops import Ops
 from .base import (ALL_FEATURES, ATTENTION_NODE_FEATURES, LINEAR, AttentionIO, AttentionOut,
@@ -65,12 +65,12 @@ def blocked_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig, block: int = BL
     body = g.sub("blk/")
     iteration, cond = body.name("iter"), body.name("cond_in")
     context = _block_context(body, io, c, operands, iteration, block_size, use_attention_op)
-    tail = [-1, c.inner] if operands.flat else [c.heads, -1, c.head_dim]
+    tail = [-1, c.v_inner] if operands.flat else [c.heads, -1, c.value_dim]
     ctx = run_loop(g, body, n_blocks, iteration, cond, context, operands.queries,
                     tail)  # (nb, B, bs, D) | (nb, B, N, bs, H)
     perm = [1, 0, 2, 3] if operands.flat else [1, 0, 3, 2, 4]
     ctx = op.Transpose(ctx, perm=perm)  # (B, nb, bs, [N,] H|D)
-    ctx = op.Reshape(ctx, g.ints("blk_merged_shape", [0, -1, c.inner]))  # (B, nb*bs, D)
+    ctx = op.Reshape(ctx, g.ints("blk_merged_shape", [0, -1, c.v_inner]))  # (B, nb*bs, N*Hv)
     ctx = op.Slice(ctx, g.ints("blk_zero_1d", [0]), as_1d(g, seq_len, "blk_seq_len_1d"),
                    g.ints("blk_axes1_1d", [1]))  # (B, T, D): the padded rows dropped
     return cache_out(io, ctx, *present)
@@ -155,8 +155,12 @@ def _block_context(b: GraphBuilder, io: AttentionIO, c: MHAConfig, ops: _Operand
             io.attention_mask, key_start_1d, key_end_1d, b.ints("mask_axis", [1]))  # (B, len)
         masked = score_mask(b, c.causal, block_size, key_len, mask_block, start=first_rel,
                             window=window, chunk=chunk)  # (.., bs, len) bool
-    body = _attention_body if use_attention_op else _plain_body
-    return body(b, c, io, q_block, k_block, v_block, masked, ops.flat)  # (B, bs, D) | (B, N, bs, H)
+    if use_attention_op:
+        return _attention_body(b, c, io, q_block, k_block, v_block, masked,
+                               ops.flat)  # (B, bs, D) | (B, N, bs, H)
+    bias = None if io.alibi is None else alibi_bias(
+        b, io.alibi, block_size, key_len, first_rel)  # (B|1, N, bs, len)
+    return _plain_body(b, c, io, q_block, k_block, v_block, masked, bias)  # (B, N, bs, H)
 
 
 def pad_axis(g: GraphBuilder, x: str, pad: str, axis: int) -> str:
@@ -200,12 +204,12 @@ def _attention_body(b: GraphBuilder, c: MHAConfig, io: AttentionIO, qb: str, kb:
 
 
 def _plain_body(b: GraphBuilder, c: MHAConfig, io: AttentionIO, qb: str, kb: str, vb: str,
-                masked: str | None, flat: bool) -> str:
-    """q (B, N, bs, H) @ k^T (B, N, H, end) -> probabilities (softcap, mask, sinks) -> @ v
-    -> (B, N, bs, H)."""
+                masked: str | None, bias: str | None) -> str:
+    """q (B, N, bs, H) @ k^T (B, N, H, end) -> probabilities (softcap, ALiBi's bias, mask,
+    sinks) -> @ v -> (B, N, bs, H)."""
     op = Ops(b)
     scores = op.MatMul(qb, kb)  # (B, N, bs, end)
-    probs = probabilities(b, scores, masked, c, io.sinks)  # (B, N, bs, end)
+    probs = probabilities(b, scores, masked, c, io.sinks, bias)  # (B, N, bs, end)
     return op.MatMul(probs, vb)  # (B, N, bs, H)
 
 

@@ -3,8 +3,8 @@ onnx's reference evaluator runs. Memory O(N*T*S) for the scores."""
 from __future__ import annotations
 
 from ...config import MHAConfig
-from ..builder import (GraphBuilder, dim, merge_heads, repeat_kv, row_masked_positions,
-                       scale_queries, score_mask, split_heads)
+from ..builder import (GraphBuilder, alibi_bias, dim, merge_heads, repeat_kv,
+                       row_masked_positions, scale_queries, score_mask, split_heads)
 from ..ops import Ops
 from .base import (ALL_FEATURES, QUADRATIC, AttentionIO, AttentionOut, GraphForm, cache_out,
                    keys_values, probabilities, static_keys_values)
@@ -25,9 +25,11 @@ def decomposed_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> Attention
     op = Ops(g)
     k_t = op.Transpose(repeat_kv(g, keys, c.groups, "k"), perm=[0, 1, 3, 2])  # (B, N, H, S)
     scores = op.MatMul(q, k_t)  # (B, N, T, S)
-    probs = probabilities(g, scores, masked, c, io.sinks)  # (B, N, T, S)
+    bias = None if io.alibi is None else alibi_bias(
+        g, io.alibi, seq_len, dim(g, keys, 2, "key_len"), io.past_lengths)  # (B|1, N, T, S)
+    probs = probabilities(g, scores, masked, c, io.sinks, bias)  # (B, N, T, S)
     ctx = op.MatMul(probs, repeat_kv(g, values, c.groups, "v"))  # (B, N, T, H)
-    return cache_out(io, merge_heads(g, ctx, c.inner), *present)  # (B, T, D)
+    return cache_out(io, merge_heads(g, ctx, c.v_inner), *present)  # (B, T, N*Hv)
 
 
 FORM = GraphForm(

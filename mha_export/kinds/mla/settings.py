@@ -57,6 +57,8 @@ class Latent:
         """The MHAConfig fields this section decides, derived from it (a given one must agree);
         the options that do not apply to MLA refused. ``c``: the MHAConfig being built."""
         refused = {"a sliding window": c.sliding_window, "attention chunks": c.attention_chunk,
+                   "v_head_dim (the latent section's)": c.v_head_dim,
+                   "value_multiplier": c.value_multiplier, "alibi": c.alibi,
                    "qk_norm": c.qk_norm != "none",
                    "qkv_clip": c.qkv_clip, "out_norm_eps": c.out_norm_eps,
                    "query_scale_beta": c.query_scale_beta, "v_norm_eps": c.v_norm_eps,
@@ -122,13 +124,19 @@ class Latent:
                                     f"{cls.qk_nope_head_dim}].",
                 "qk_rope_head_dim": "MLA: the shared rotated key's width [default: "
                                     f"{cls.qk_rope_head_dim}].",
-                "v_head_dim": f"MLA: each head's value width [default: {cls.v_head_dim}]."}
+                "v_head_dim": "Each value head's width, unlike the keys' (MiMo-V2) [default: "
+                              f"head-dim]; MLA: each head's value width [default: "
+                              f"{cls.v_head_dim}]."}
 
     @classmethod
     def from_options(cls, kw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-        """The section's options popped from the CLI's keywords (None: none given)."""
-        given = {k: kw.pop(k) for k in cls.cli_options() if kw.get(k) is not None}
-        if given and "kv_lora_rank" not in given:
+        """The section's options popped from the CLI's keywords (None: none given); without
+        --kv-lora-rank, --v-head-dim stays the standard layer's (MHAConfig.v_head_dim)."""
+        given = {k: kw[k] for k in cls.cli_options() if kw.get(k) is not None}
+        if set(given) <= {"v_head_dim"}:
+            return None
+        given = {k: kw.pop(k) for k in given}
+        if "kv_lora_rank" not in given:
             raise UsageError(f"--{next(iter(given)).replace('_', '-')} needs --kv-lora-rank "
                              f"({NAME})")
         return given or None

@@ -5,7 +5,7 @@ one fused c_attn, multi-query), Persimmon (per-head fused QKV, LayerNorm q/k nor
 and kv heads in attn_config)."""
 from __future__ import annotations
 
-from ...errors import UsageError
+from .alibi import falcon_slopes, with_slopes
 from .base import Family, Settings
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, decoder_fields, layer_norm,
                       per_head_split)
@@ -70,14 +70,13 @@ def dbrx_fields(s: Settings, layer: int) -> dict:
 
 def falcon_fields(s: Settings, layer: int) -> dict:
     """Falcon: kv heads by layout (new_decoder_architecture: num_kv_heads; multi_query: one;
-    else one per head), bias on all four, rotary unless ALiBi (refused)."""
-    if s["alibi"]:
-        raise UsageError("this falcon checkpoint uses ALiBi (alibi: true): position biases on "
-                         "the scores are not supported yet (its rotary checkpoints are)")
+    else one per head), bias on all four, rotary, or ALiBi (alibi: its slopes from
+    alibi.py)."""
     heads, dim = s["num_attention_heads"], s["hidden_size"]
     kv = s["num_kv_heads"] if s["new_decoder_architecture"] else (
         1 if s["multi_query"] else heads)
-    return plain(heads, dim, kv, s["bias"], s["bias"], **rotary_fields(s, dim // heads))
+    position = {"alibi": True} if s["alibi"] else rotary_fields(s, dim // heads)
+    return plain(heads, dim, kv, s["bias"], s["bias"], **position)
 
 
 def grouped_qkv(fields: dict, tensors: dict) -> dict:
@@ -136,9 +135,10 @@ RECORDS = (
            {"query_key_value": "query_key_value", "dense": "out_proj"},
            {**DECODER_DEFAULTS, "alibi": False, "bias": False, "multi_query": True,
             "new_decoder_architecture": False, "num_kv_heads": None},
-           falcon_fields, grouped_qkv,
+           falcon_fields, with_slopes(falcon_slopes, grouped_qkv),
            summary="query_key_value grouped per kv head (new_decoder_architecture + "
-                   "num_kv_heads; multi_query; else per head), bias, rope; ALiBi refused"),
+                   "num_kv_heads; multi_query; else per head), bias, rope or ALiBi (alibi: "
+                   "slopes rounded to bfloat16 as transformers rounds them)"),
     Family("olmo", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "attention_bias": False, "clip_qkv": None},
            decoder_fields(full_layers, "attention_bias", "attention_bias", olmo_clip),
