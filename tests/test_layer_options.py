@@ -89,6 +89,20 @@ def test_norm_after_rotary_and_the_qkv_clamp_equal_their_formula(option):
         torch.testing.assert_close(a, b)
 
 
+# (folder, exporter, call kind): the ONNX default form's three kinds and TorchScript's cache
+CALL_KINDS = (("o", export_onnx, dict(kv_cache=True)),
+              ("m", export_onnx, dict(attention_mask=True)),
+              ("s", export_onnx, dict(static_cache=True)),
+              ("ts", export_torchscript, dict(kv_cache=True)))
+
+
+def _passes_every_call_kind(c: MHAConfig, tmp_path, kinds=CALL_KINDS) -> None:
+    for name, export, kw in kinds:
+        report = check_parity(export(c, tmp_path / name, validate=False, **kw).path, **SWEEP,
+                              past_lens=[0, 3])
+        assert report.passed, (name, [x.error for x in report.results if not x.passed][:3])
+
+
 LLAMA4 = dict(rotary="interleaved", attention_chunk=4, qk_norm="head", qk_norm_weightless=True,
               qk_norm_after_rope=True, query_scale_beta=0.5, query_scale_length=2,
               query_scale_by="slot")
@@ -111,15 +125,8 @@ def test_chunks_mask_what_their_formula_says():
 
 def test_llama4_options_pass_on_every_target_and_call_kind(tmp_path):
     """Chunks, the weightless norm after rotary and the slot-scaled queries, together."""
-    c = MHAConfig(**BASE, **LLAMA4)
-    for name, export, kw in (("o", export_onnx, dict(kv_cache=True)),
-                             ("m", export_onnx, dict(attention_mask=True)),
-                             ("s", export_onnx, dict(static_cache=True)),
-                             ("ts", export_torchscript, dict(kv_cache=True)),
-                             ("tss", export_torchscript, dict(static_cache=True))):
-        report = check_parity(export(c, tmp_path / name, validate=False, **kw).path, **SWEEP,
-                              past_lens=[0, 3])
-        assert report.passed, (name, [x.error for x in report.results if not x.passed][:3])
+    _passes_every_call_kind(MHAConfig(**BASE, **LLAMA4), tmp_path,
+                            CALL_KINDS + (("tss", export_torchscript, dict(static_cache=True)),))
 
 
 @pytest.mark.parametrize("options, message", [
@@ -149,13 +156,7 @@ def test_value_heads_of_their_own_width_pass_on_every_target_and_call_kind(tmp_p
     c = MHAConfig(**BASE, **ROTARY, **VALUE_WIDTH, layout=layout)
     m = build_module(c, seed=1)
     assert m.to_weights().wv.shape == (2 * 24, 64) and m.to_weights().wo.shape == (64, 4 * 24)
-    for name, export, kw in (("o", export_onnx, dict(kv_cache=True)),
-                             ("m", export_onnx, dict(attention_mask=True)),
-                             ("s", export_onnx, dict(static_cache=True)),
-                             ("ts", export_torchscript, dict(kv_cache=True))):
-        path = export(c, tmp_path / name, validate=False, **kw).path
-        report = check_parity(path, **SWEEP, past_lens=[0, 3])
-        assert report.passed, (name, [x.error for x in report.results if not x.passed][:3])
+    _passes_every_call_kind(c, tmp_path)
 
 
 def test_value_heads_of_their_own_width_are_refused_where_they_cannot_be_built(tmp_path):
@@ -186,13 +187,7 @@ def test_alibi_adds_each_heads_slope_times_the_distance():
 
 def test_alibi_passes_on_every_target_and_call_kind(tmp_path):
     c = MHAConfig(**BASE, alibi=True, sliding_window=5)
-    for name, export, kw in (("o", export_onnx, dict(kv_cache=True)),
-                             ("m", export_onnx, dict(attention_mask=True)),
-                             ("s", export_onnx, dict(static_cache=True)),
-                             ("ts", export_torchscript, dict(kv_cache=True))):
-        path = export(c, tmp_path / name, validate=False, **kw).path
-        report = check_parity(path, **SWEEP, past_lens=[0, 3])
-        assert report.passed, (name, [x.error for x in report.results if not x.passed][:3])
+    _passes_every_call_kind(c, tmp_path)
 
 
 def test_the_v_head_dim_flag_is_the_standard_layers_without_kv_lora_rank(tmp_path):
