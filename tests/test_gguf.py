@@ -43,7 +43,8 @@ def _ids(vocab: int) -> torch.Tensor:
 
 def _calls(model, layers, ids):
     """{layer: (input hidden states, attention output)} of one forward pass."""
-    hooks = {i: capture(_attention(model, i)) for i in layers}
+    residual = model.config.model_type == "bloom"  # its module adds its residual input
+    hooks = {i: capture(_attention(model, i), residual) for i in layers}
     with torch.no_grad():
         model(input_ids=ids)
     for _, handle in hooks.values():
@@ -198,6 +199,9 @@ TINY = {
                                                  num_hidden_layers=4,
                                                  intermediate_size_mlp=32, pad_token_id=None),
                    (1, 3)),
+    # ALiBi, 6 heads (the slopes past the largest power of two)
+    "bloom": Tiny("bloom", "bloom", dict(hidden_size=96, n_head=6, n_layer=2, vocab_size=60,
+                                         initializer_range=0.2), (1,)),
     # (its default llama3 rope: rope_freqs factors, refused)
     "apertus": Tiny("apertus", "apertus", dict(NEW, attention_bias=True, rope_parameters={
         "rope_type": "default", "rope_theta": 10000.0}), (1,)),
@@ -441,27 +445,36 @@ def _gemma(w, cfg) -> None:
     w.add_value_length(cfg.head_dim)
 
 
+def _gpt_keys(w, context: int, width: int, layers: int, heads: int, kv_heads: int,
+              eps: float) -> None:
+    """The keys BloomModel, FalconModel and StarCoderModel write themselves (4 x width MLPs,
+    LayerNorm, no rope keys)."""
+    w.add_context_length(context)
+    w.add_embedding_length(width)
+    w.add_feed_forward_length(4 * width)
+    w.add_block_count(layers)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_eps(eps)
+
+
+def _bloom(w, cfg) -> None:
+    """BloomModel: seq_length (else the width) as context; ALiBi is llama.cpp's own."""
+    _gpt_keys(w, getattr(cfg, "seq_length", cfg.hidden_size), cfg.hidden_size, cfg.n_layer,
+              cfg.n_head, cfg.n_head, cfg.layer_norm_epsilon)
+
+
 def _falcon(w, cfg) -> None:
     """FalconModel: a fixed context, no rope base, the qkv layout's name."""
-    w.add_context_length(2048)
+    _gpt_keys(w, 2048, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+              cfg.num_kv_heads, cfg.layer_norm_epsilon)
     w.add_tensor_data_layout("jploski")
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(4 * cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_kv_heads)
-    w.add_layer_norm_eps(cfg.layer_norm_epsilon)
 
 
 def _starcoder(w, cfg) -> None:
     """StarCoderModel: one key/value head."""
-    w.add_context_length(cfg.n_positions)
-    w.add_embedding_length(cfg.n_embd)
-    w.add_feed_forward_length(4 * cfg.n_embd)
-    w.add_block_count(cfg.n_layer)
-    w.add_head_count(cfg.n_head)
-    w.add_head_count_kv(1)
-    w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+    _gpt_keys(w, cfg.n_positions, cfg.n_embd, cfg.n_layer, cfg.n_head, 1,
+              cfg.layer_norm_epsilon)
 
 
 def _dbrx(w, cfg) -> None:
@@ -490,7 +503,7 @@ ARCH_KEYS = {
     "phi3": lambda w, cfg: _phi3_metadata(w, cfg, _rope(cfg)),
 }
 OWN_KEYS = {"stablelm": _stablelm, "phi2": _phi2, "gemma": _gemma, "falcon": _falcon,
-            "starcoder": _starcoder, "dbrx": _dbrx}
+            "starcoder": _starcoder, "dbrx": _dbrx, "bloom": _bloom}
 
 
 def _phi3_metadata(w, cfg, rope: dict) -> None:
@@ -529,6 +542,8 @@ def _stored(name: str, t: torch.Tensor, spec: Tiny, cfg) -> torch.Tensor:
         t = t + 1
     if spec.arch == "falcon" and "query_key_value" in name:
         t = _falcon_qkv(t, cfg)
+    if spec.arch == "bloom" and "query_key_value" in name:  # per head [q; k; v] -> stacked
+        t = t.reshape(cfg.n_head, 3, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
     return t
 
 

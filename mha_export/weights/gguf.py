@@ -32,6 +32,7 @@ import numpy as np
 
 from ..errors import UsageError
 from .families import FAMILIES, Convert, Family
+from .families.alibi import paper_slopes, with_slopes
 from .families.llama import qkv_rows_convert
 from .gguf_header import HeaderError, header_scalars
 from .huggingface import layer_fields, require_layer
@@ -354,6 +355,13 @@ def llama4(f: GGUFFile, layer: int) -> dict:
             "use_qk_norm": f.arch_value("expert_count") != 128}
 
 
+def bloom(f: GGUFFile, layer: int) -> dict:
+    """BLOOM: its own config.json spelling. llama.cpp's ALiBi (max bias 8, ggml's slopes) is
+    the paper's sequence, as transformers computes it."""
+    return {"n_head": f.require("attention.head_count", layer),
+            "n_layer": f.require("block_count")}
+
+
 def falcon(f: GGUFFile, layer: int) -> dict:
     """Falcon: the converter stacks query_key_value's rows as query, key, value (head_count_kv
     key heads, any layout it came from); biases on all four or none."""
@@ -421,6 +429,9 @@ ARCHITECTURES: dict[str, GGUFArch] = {
                        tensors={"query_key_value": "qkv_proj", "dense": "out_proj"},
                        convert=qkv_rows_convert),
     "starcoder": GGUFArch("gpt_bigcode", extra=starcoder, prefix="transformer."),
+    "bloom": GGUFArch("bloom", extra=bloom, prefix="transformer.",
+                      tensors={"query_key_value": "qkv_proj", "dense": "out_proj"},
+                      convert=with_slopes(paper_slopes, qkv_rows_convert)),  # [q; k; v]
     "dbrx": GGUFArch("dbrx", extra=dbrx, prefix="transformer."),
 }
 # Architectures whose layers do not map onto a family cleanly: refused, saying why.

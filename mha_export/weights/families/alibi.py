@@ -28,6 +28,11 @@ def with_slopes(slopes: Slopes, convert: Convert) -> Convert:
     return run
 
 
+def paper_slopes(fields: dict) -> list:
+    """The paper's slopes for the layer's heads (BLOOM's)."""
+    return geometric_slopes(fields["heads"])
+
+
 def falcon_slopes(fields: dict) -> list:
     """Falcon's build_alibi_tensor rounds the slopes to bfloat16 and its attention divides the
     biased scores by sqrt(head_dim): both folded in (the biases themselves it also rounds to
@@ -68,7 +73,7 @@ def mpt_fields(s: Settings, layer: int) -> dict:
 RECORDS = (
     Family("bloom", "split", "h.{layer}.self_attention",
            {"query_key_value": "query_key_value", "dense": "out_proj"}, {}, bloom_fields,
-           with_slopes(lambda f: geometric_slopes(f["heads"]),
+           with_slopes(paper_slopes,
                        per_head_split("query_key_value", ("W_query", "W_key", "W_value"))),
            layer_count="n_layer", context="seq_length",
            summary="n_head, query_key_value per head (as gpt_neox), dense, ALiBi (the "
