@@ -34,17 +34,23 @@ def row_causal_mask(query_start: Tensor, t_q: int, t_k: int, window: int = 0) ->
     return k_pos > q_pos
 
 
+def query_positions(t_q: int, t_k: int, device: torch.device,
+                    query_start: Optional[Tensor] = None) -> Tensor:
+    """(B|1, 1, Tq, 1): the key position of each query, (t_k - t_q) + i (bottom-right), or
+    query_start[b] + i."""
+    steps = torch.arange(t_q, device=device)  # (Tq,)
+    if query_start is None:
+        return (steps + (t_k - t_q)).view(1, 1, t_q, 1)  # (1, 1, Tq, 1)
+    return (query_start.view(-1, 1) + steps).view(-1, 1, t_q, 1)  # (B, 1, Tq, 1)
+
+
 def other_chunks(t_q: int, t_k: int, chunk: int, device: torch.device,
                  query_start: Optional[Tensor] = None,
                  first: Optional[Tensor] = None) -> Tensor:
     """(B|1, 1, Tq, Tk) bool, True at keys before the query's own chunk (Llama 4): query i sits
     at key position (t_k - t_q) + i (or query_start[b] + i); its chunk starts at
     i - ((i - first[b]) mod chunk), first[b] the slot of row b's first token (0 when None)."""
-    steps = torch.arange(t_q, device=device)  # (Tq,)
-    if query_start is None:
-        q_pos = (steps + (t_k - t_q)).view(1, 1, t_q, 1)  # (1, 1, Tq, 1)
-    else:
-        q_pos = (query_start.view(-1, 1) + steps).view(-1, 1, t_q, 1)  # (B, 1, Tq, 1)
+    q_pos = query_positions(t_q, t_k, device, query_start)  # (B|1, 1, Tq, 1)
     offset = q_pos
     if first is not None:
         offset = q_pos - first.view(-1, 1, 1, 1)  # (B, 1, Tq, 1)
@@ -62,11 +68,7 @@ def alibi_bias(slopes: Tensor, t_q: int, t_k: int, query_start: Optional[Tensor]
                ) -> Tensor:
     """(B|1, N, Tq, Tk): slopes[h] * (j - i), query i at key position (t_k - t_q) + i (or
     query_start[b] + i)."""
-    steps = torch.arange(t_q, device=slopes.device)  # (Tq,)
-    if query_start is None:
-        q_pos = (steps + (t_k - t_q)).view(1, 1, t_q, 1)  # (1, 1, Tq, 1)
-    else:
-        q_pos = (query_start.view(-1, 1) + steps).view(-1, 1, t_q, 1)  # (B, 1, Tq, 1)
+    q_pos = query_positions(t_q, t_k, slopes.device, query_start)  # (B|1, 1, Tq, 1)
     k_pos = torch.arange(t_k, device=slopes.device).view(1, 1, 1, t_k)  # (1, 1, 1, Tk)
     return slopes.view(1, -1, 1, 1) * (k_pos - q_pos).to(slopes.dtype)  # (B|1, N, Tq, Tk)
 
