@@ -7,14 +7,16 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .errors import UsageError, require_positive as _positive
+from .kinds.kv_shared.settings import SharedKV
 from .kinds.mla.settings import ROPE_LAYOUTS, Latent  # noqa: F401 (ROPE_LAYOUTS: the CLI's)
 from .rope_types import SCALING_FIELDS, SCALINGS, normalized_scaling  # noqa: F401
 
 # A kind of attention other than the standard one is a section of the config (kinds/): its field
 # -> its settings class, which derives the fields it decides, and answers the torch-free stages.
-SECTIONS = {"latent": Latent}  # Multi-head Latent Attention (kinds/mla/)
-# "latent": the layout of a config with a latent section (its checkpoints' one layout)
-LAYOUTS = ("single", "stacked", "split", "fused", "latent")
+# Multi-head Latent Attention (kinds/mla/), cross-layer KV sharing (kinds/kv_shared/)
+SECTIONS = {"latent": Latent, "kv_shared": SharedKV}
+# "latent", "shared": the layouts of a config with that section (its checkpoints' one layout)
+LAYOUTS = ("single", "stacked", "split", "fused", "latent", "shared")
 # RMSNorm of q and k after the projections: over each head's features (Qwen3, Gemma 3, Qwen3.5) or
 # over the whole projection before the heads split (OLMo 2).
 QK_NORMS = ("none", "head", "full")
@@ -84,22 +86,22 @@ class MHAConfig:
     value_multiplier: float | None = None  # values times this after the projection (MiMo-V2)
     layout: Optional[str] = None  # LAYOUTS (default: "latent" with a latent section, else split)
     latent: Optional[Latent] = None  # Multi-head Latent Attention (kinds/mla/), or a plain layer
+    kv_shared: Optional[SharedKV] = None  # attends with another layer's keys and values
 
     def __post_init__(self) -> None:
         _positive("dim", self.dim)
         _positive("heads", self.heads)
         _positive("max_seq_len", self.max_seq_len)
+        if sum(getattr(self, f) is not None for f in SECTIONS) > 1:
+            raise UsageError("a layer is of one attention kind: "
+                             + " and ".join(SECTIONS) + " do not combine")
         if self.section is not None:
             self._resolve_section()
         if self.out_bias is None:
             object.__setattr__(self, "out_bias", True)
         if self.layout is None:
             object.__setattr__(self, "layout", "split")
-        if self.layout not in LAYOUTS:
-            raise UsageError(f"unknown layout {self.layout!r}: choose one of {', '.join(LAYOUTS)}")
-        if self.layout == "latent" and self.latent is None:
-            raise UsageError("layout 'latent' is Multi-head Latent Attention: give its latent "
-                             "section (--kv-lora-rank ...)")
+        self._check_layout()
         if not 0.0 <= self.dropout < 1.0:
             raise UsageError(f"dropout must be in [0, 1), got {self.dropout}")
         if self.d_in is None:
@@ -144,6 +146,17 @@ class MHAConfig:
                 f"layout {self.layout!r} has no output projection, so heads*head_dim "
                 f"({self.heads}*{self.head_dim}={self.inner}) must equal dim ({self.dim})")
 
+    def _check_layout(self) -> None:
+        """A known layout; a kind's own layout only with its section, one section at most."""
+        if self.layout not in LAYOUTS:
+            raise UsageError(f"unknown layout {self.layout!r}: choose one of {', '.join(LAYOUTS)}")
+        if self.layout == "latent" and self.latent is None:
+            raise UsageError("layout 'latent' is Multi-head Latent Attention: give its latent "
+                             "section (--kv-lora-rank ...)")
+        if self.layout == "shared" and self.kv_shared is None:
+            raise UsageError("layout 'shared' is a KV-shared layer: give the layer it shares "
+                             "with (--kv-shared-layer N)")
+
     @property
     def section(self) -> Any:
         """The settings of the layer's attention kind (config.SECTIONS), or None: standard
@@ -168,7 +181,7 @@ class MHAConfig:
         """(heads, key width, value width) of the cache: (kv_heads, head_dim, v_head_dim), or the
         section's (an MLA layer's: latent and shared rotated key)."""
         if self.section is not None:
-            return self.section.cache_shape()
+            return self.section.cache_shape(self)
         return self.kv_heads, self.head_dim, self.value_dim
 
     @property

@@ -16,6 +16,15 @@ read a ``Signature``: names, dtypes, shapes with symbolic (dynamic) axes, in cal
     (an int8 static cache: past/present hold int8 codes, value = code * scale, with the scales
     of config.json export.kv_cache)
 
+A KV-shared layer (kinds/kv_shared/) reads another layer's keys and values and writes nothing:
+each kind above becomes its shared counterpart (SHARED_KINDS), the cache replaced by inputs
+
+    shared            x, shared_key, shared_value                 -> y   (keys of this call)
+    shared-masked     x, attention_mask, shared_key, shared_value -> y
+    shared-kv-cache   x, attention_mask, shared_key, shared_value -> y   (past_seq + seq keys)
+    shared-static-cache  x, shared_key, shared_value, past_lengths -> y  (the source layer's
+              buffer [batch, kv_heads, max_cache, head_dim] after its write of this call)
+
 Adding an input or output: one entry in ``TENSORS`` and its name in the ``KINDS`` that take it.
 """
 from __future__ import annotations
@@ -65,9 +74,9 @@ def _cache(c: MHAConfig, kind: str, growing: str, width: int) -> tuple:
 TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
     "x": lambda c, kind: TensorSpec("x", FLOAT, (BATCH, SEQ, c.d_in), "this call's tokens"),
     "attention_mask": lambda c, kind: TensorSpec(
-        "attention_mask", "int64", (BATCH, TOTAL if kind == "kv-cache" else SEQ),
+        "attention_mask", "int64", (BATCH, TOTAL if kind in CACHED else SEQ),
         "1 = real token, 0 = padding" + (", over the cache and this call"
-                                         if kind == "kv-cache" else "")),
+                                         if kind in CACHED else "")),
     "past_key": lambda c, kind: TensorSpec(
         "past_key", FLOAT, _cache(c, kind, PAST, 1),
         "the key buffer: entries [0, past_lengths[b]) of row b are valid" if kind == STATIC
@@ -80,6 +89,12 @@ TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
         "valid cache entries of each row before this call; this call writes the next seq"),
     "position_ids": lambda c, kind: TensorSpec(
         "position_ids", "int64", (BATCH, SEQ), "rotary position of each token of this call"),
+    "shared_key": lambda c, kind: TensorSpec(
+        "shared_key", FLOAT, (BATCH, c.kv_heads, SHARED_LENGTH[kind], c.head_dim),
+        "the keys this call attends with" + SHARED_DOCS[kind]),
+    "shared_value": lambda c, kind: TensorSpec(
+        "shared_value", FLOAT, (BATCH, c.kv_heads, SHARED_LENGTH[kind], c.value_dim),
+        "the values this call attends with" + SHARED_DOCS[kind]),
     "y": lambda c, kind: TensorSpec("y", FLOAT, (BATCH, SEQ, c.dim), "output"),
     "present_key": lambda c, kind: TensorSpec(
         "present_key", FLOAT, _cache(c, kind, TOTAL, 1),
@@ -98,8 +113,28 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                  ("y", "present_key", "present_value")),
     "static-cache": (("x", "past_key", "past_value", "past_lengths"),
                      ("y", "present_key", "present_value")),
+    "shared": (("x", "shared_key", "shared_value"), ("y",)),
+    "shared-masked": (("x", "attention_mask", "shared_key", "shared_value"), ("y",)),
+    "shared-kv-cache": (("x", "attention_mask", "shared_key", "shared_value"), ("y",)),
+    "shared-static-cache": (("x", "shared_key", "shared_value", "past_lengths"), ("y",)),
 }
-
+# a KV-shared layer's counterpart of each kind (the CLI's flags name the left ones)
+SHARED_KINDS = {"full": "shared", "masked": "shared-masked", "kv-cache": "shared-kv-cache",
+                "static-cache": "shared-static-cache"}
+CACHED = ("kv-cache", "shared-kv-cache")  # attention_mask covers past_seq + seq
+# the shared keys' length, and what they hold, per shared kind
+SHARED_LENGTH = {"shared": SEQ, "shared-masked": SEQ, "shared-kv-cache": TOTAL,
+                 "shared-static-cache": CACHE}
+SHARED_DOCS = {"shared": ": the source layer's of this call's tokens",
+               "shared-masked": ": the source layer's of this call's tokens",
+               "shared-kv-cache": ": the source layer's present, its cache and this call's "
+                                  "(a sliding source's last window - 1 and this call's will "
+                                  "do); the queries sit at its last seq entries",
+               "shared-static-cache": ": the source layer's buffer after its write of this "
+                                      "call; entries [0, past_lengths[b] + seq) of row b are "
+                                      "valid"}
+# the kinds whose calls follow earlier ones (a past length P: the sweep runs several)
+WITH_PAST = ("kv-cache", STATIC, "shared-kv-cache", "shared-static-cache")
 
 @dataclass(frozen=True)
 class Signature:
@@ -123,6 +158,16 @@ class Signature:
     def static_cache(self) -> bool:
         """An app-owned buffer written in place (past_lengths), not a growing cache."""
         return self.kind == STATIC
+
+    @property
+    def follows_past(self) -> bool:
+        """A call after earlier ones (a cache, or a KV-shared layer's keys of past_seq + seq)."""
+        return self.kind in WITH_PAST
+
+    @property
+    def shared_kv(self) -> bool:
+        """A KV-shared layer's: keys and values are inputs, nothing is written."""
+        return self.kind in SHARED_LENGTH
 
     @property
     def has_mask(self) -> bool:
@@ -159,12 +204,25 @@ def make_signature(config: MHAConfig, kind: str = "full", cache_dtype: str = FLO
     if cache_dtype == INT8 and kind != STATIC:
         raise UsageError(f"an int8 cache needs the static-cache signature (--static-cache), "
                          f"got {kind!r}")
+    kind = _layer_kind(config, kind)
     ins, outs = KINDS[kind]
     rotates = config.rotary not in ("none", "unrotated")  # (unrotated: NoPE MLA, Kimi Linear)
     ins += ("position_ids",) if rotates else ()  # rotary layers: the last input
     spec = lambda n: _documented(_cached(TENSORS[n](config, kind), cache_dtype),  # noqa: E731
                                  config)
     return Signature(kind, tuple(spec(n) for n in ins), tuple(spec(n) for n in outs))
+
+
+def _layer_kind(config: MHAConfig, kind: str) -> str:
+    """A KV-shared layer's counterpart of a kind (its own names pass); a shared kind is a
+    KV-shared layer's only."""
+    if config.kind == "kv_shared":
+        if kind not in SHARED_KINDS and kind not in SHARED_LENGTH:
+            raise UsageError(f"signature {kind!r} is not a KV-shared layer's")
+        return SHARED_KINDS.get(kind, kind)
+    if kind in SHARED_LENGTH:
+        raise UsageError(f"signature {kind!r} is a KV-shared layer's (--kv-shared-layer)")
+    return kind
 
 
 def _documented(t: TensorSpec, config: MHAConfig) -> TensorSpec:

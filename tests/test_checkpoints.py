@@ -828,27 +828,76 @@ def test_llama4_wrapper_reads_its_text_model(built, tmp_path, layer):
 
 @pytest.mark.parametrize("text, wrapper_type", [("gemma3n_text", "gemma3n"),
                                                 ("gemma4_text", "gemma4")])
-def test_gemma_wrappers_read_their_text_model_and_refuse_kv_shared_layers(built, tmp_path, text,
-                                                                          wrapper_type):
+def test_gemma_wrappers_read_their_text_model_and_its_kv_shared_layers(built, tmp_path, text,
+                                                                       wrapper_type):
     """gemma3n, gemma4: the text model's record from text_config, under model.language_model.
     (their vision towers need timm: the wrapper's folder is the text checkpoint renamed); a
-    layer that attends with an earlier layer's keys and values is one line, exit 2, naming the
-    nearest layers that are exported, and `--layers all` gives it a row of its own."""
-    from click.testing import CliRunner
-
-    from mha_export.cli.commands import cli
+    layer that attends with an earlier layer's keys and values is exported as a KV-shared
+    layer naming its source, by `--layers all` too."""
     from mha_export.fanout import export_layers
     _, folder = built(text)
     _assert_wrapper_reads_the_text_model(folder, wrapper_type, 3, tmp_path)
-    r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), "--layer", "4", "-o",
-                                 str(tmp_path / "x")])
-    assert r.exit_code == 2 and r.stderr.splitlines() == [
-        "Error: --layer 4 is a kv_shared_attention layer, which attends with an earlier "
-        "layer's keys and values (cross-layer KV sharing: not supported yet): the nearest are "
-        "3 (4 of its 6 layers are)"]
+    art = export_onnx(weights=folder, layer=4, output=tmp_path / "x", validate=False).path
+    config = read_artifact(art).config
+    assert (config.layout, config.kv_shared.kv_shared_layer, config.sliding_window) == (
+        "shared", 2, 4)
     summary = export_layers("onnx", folder, "3-5", tmp_path / "run", validate=False)
     assert {r.layer: r.status for r in summary.records} == {
-        3: "exported", 4: "not-attention", 5: "not-attention"} and summary.passed
+        3: "exported", 4: "exported", 5: "exported"} and summary.passed
+
+
+SHARED_CASES = ["gemma3n_text@4", "gemma3n_text@5", "gemma4_text@4", "gemma4_text@5"]
+
+
+def _capture_shared(attn):
+    """Every call's (input hidden states, attention output, the keys and values it attended
+    with: transformers' shared_kv_states of its layer type)."""
+    calls = []
+
+    def hook(module, args, kwargs, out):
+        k, v = kwargs["shared_kv_states"][module.layer_type]
+        calls.append(tuple(t.detach().clone().numpy() for t in (
+            kwargs["hidden_states"], out[0], k, v)))
+    return calls, attn.register_forward_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])  # (its one form: standard ops)
+@pytest.mark.parametrize("case", SHARED_CASES)
+def test_kv_shared_layer_equals_transformers(built, case, fmt, tmp_path):
+    """Gemma 3n / 4's KV-shared layers (a sliding one and a full one) given the keys and values
+    their source layer stored: a left-padded full forward (masked), and a prefill + single-token
+    steps (kv-cache: the source's present each call, a sliding one's last window - 1 entries
+    and this call's), y at every real position."""
+    name, layer = case.split("@")
+    model, folder = built(name)
+    ids, mask, pos = _batch()
+    attn = _attention(model, name, int(layer))
+    calls, handle = _capture_shared(attn)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=pos)
+    handle.remove()
+    art, runner = _export(fmt, folder, int(layer), tmp_path / "a", attention_mask=True)
+    x, want, k, v = calls[0]
+    got = runner.run(_feeds(read_artifact(art).signature, x=x, attention_mask=mask.numpy(),
+                            shared_key=k, shared_value=v, position_ids=pos.numpy()))
+    _close(got["y"], want, mask.numpy().astype(bool), f"{case} {fmt}")
+    calls, handle = _capture_shared(attn)
+    decode(model, torch.nn.Identity(), ids, mask, pos, PREFILL)
+    handle.remove()
+    art, runner = _export(fmt, folder, int(layer), tmp_path / "kv", kv_cache=True)
+    sig, start = read_artifact(art).signature, 0
+    for x, want, k, v in calls:
+        end, keys = start + x.shape[1], k.shape[2]
+        # the source's cache and this call's: a sliding source keeps its last window - 1
+        window = read_artifact(art).config.sliding_window
+        assert keys == (min(end, window - 1 + x.shape[1]) if window else end)
+        got = runner.run(_feeds(sig, x=x, attention_mask=mask[:, end - keys:end].numpy(),
+                                shared_key=k,
+                                shared_value=v, position_ids=pos[:, start:end].numpy()))
+        _close(got["y"], want, mask[:, start:end].numpy().astype(bool),
+               f"{case} {fmt} tokens {start}-{end}")
+        start = end
+    assert start == L
 
 
 HEADS_64 = {"hidden_size": 64, "num_attention_heads": 4}

@@ -129,8 +129,8 @@ def signature_table(kind: str) -> str:
     """The inputs and outputs of a call kind, in call order, with symbolic sizes."""
     from types import SimpleNamespace
     from mha_export.signature import KINDS, TENSORS
-    sizes = SimpleNamespace(d_in="d_in", dim="dim",
-                            cache_shape=("kv_heads", "head_dim", "head_dim"))
+    sizes = SimpleNamespace(d_in="d_in", dim="dim", kv_heads="kv_heads", head_dim="head_dim",
+                            value_dim="head_dim", cache_shape=("kv_heads", "head_dim", "head_dim"))
     ins, outs = KINDS[kind]
     rows = [("input", n) for n in ins] + [("input, rotary layers", "position_ids")] + \
            [("output", n) for n in outs]

@@ -119,10 +119,12 @@ def test_reference_evaluator_runs_the_portable_forms(form: str, kind: str) -> No
     """Standard ops only, rotary (in plain ops at opset 17) and grouped-query included."""
     config = MHAConfig(dim=32, heads=4, kv_heads=2, qkv_bias=True, rotary="interleaved",
                        rotary_dim=4)
-    if FORMS[form].kind == "latent":  # Multi-head Latent Attention's forms
-        config = MLA
+    # Multi-head Latent Attention's forms, a KV-shared layer's
+    if FORMS[form].kind != "standard":
+        config = {"latent": MLA, "kv_shared": config.replace(
+            kv_shared={"kv_shared_layer": 0}, layout="shared")}[FORMS[form].kind]
     args = {"block": 3} if form == "blocked-plain" else {}
-    if form == "decomposed" or config is MLA:
+    if form == "decomposed" or config.kind != "standard":
         module = build_module(config, seed=0)
         sig = make_signature(config, kind)
         model = build_model(config, module.to_weights(), FORMS[form], signature=sig)

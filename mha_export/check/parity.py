@@ -140,7 +140,7 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
         threads, sweep))
     sig = artifact.signature
     report = CheckReport(str(artifact_dir), seed, list(batch_sizes), plan.sweep.seq_lens,
-                         plan.sweep.past_lens if sig.has_cache else [], sig.input_names,
+                         plan.sweep.past_lens if sig.follows_past else [], sig.input_names,
                          sig.output_names, plan.runners, versions=versions(),
                          export_versions=artifact.meta.get("versions", {}), sweep=sweep)
     total = len(plan.cases) + len(plan.multi_call) + len(plan.real_cases)

@@ -66,7 +66,7 @@ def make_cases(sig: Signature, batch_sizes: Sequence[int], seq_lens: Sequence[in
     with an attention_mask also run padded batches; a longrope layer also runs calls whose
     max(position_ids) + 1 is its switch length and one more (both tables), however long its
     context."""
-    pasts = list(past_lens) if sig.has_cache else [0]
+    pasts = list(past_lens) if sig.follows_past else [0]
     cases = [Case(b, t, p) for b in batch_sizes for t in seq_lens for p in pasts
              if static_chunks or not sig.static_cache or b == 1 or t == 1 or p == 0]
     if sweep == "quick":
@@ -78,7 +78,7 @@ def make_cases(sig: Signature, batch_sizes: Sequence[int], seq_lens: Sequence[in
         for b in sorted({max(batch_sizes), 3}):
             for pad in ("left", "right"):
                 cases.append(Case(b, max(seq_lens), pasts[0], pad))
-                if sig.has_cache:
+                if sig.follows_past:
                     cases.append(Case(b, 1, max(pasts), pad))
     return cases
 
@@ -234,7 +234,7 @@ def window_cases(config: MHAConfig, sig: Signature, seq_lens: Sequence[int],
     w = config.sliding_window or config.attention_chunk
     if not w or w + 1 <= max(seq_lens):
         return []
-    if sig.has_cache:
+    if sig.follows_past:
         return [Case(1, 2, w)]
     case = Case(1, w + 1)
     return [case] if case_bytes(config, case, scores_at, sig.has_mask) < WINDOW_CASE_BYTES else []

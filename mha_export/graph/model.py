@@ -124,15 +124,19 @@ def _attention_layer(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, form: G
                      past_lengths="past_lengths" if "past_lengths" in named else None,
                      project=project, int8_cache=_int8_cache(g, c, kv_cache))
     out = form.core(g, io, c)
-    context = out.context  # (B, T, N*H)
+    y = layer_output(g, c, w, out.context)  # (B, T, dim)
+    return {"y": y, "present_key": out.present_key, "present_value": out.present_value}
+
+
+def layer_output(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, context: str) -> str:
+    """context (B, T, N*Hv) -> output gate -> output norm -> output projection: y (B, T, dim)."""
     if w.wg is not None:  # output gate: context * sigmoid(x @ W_gate^T + b)
         op = Ops(g)  # gated_context: a test's fault bypasses it
         gate = op.Sigmoid(g.linear("x", "gate", w.wg, w.bg), name="gate")  # (B, T, N*H)
         context = op.Mul(context, gate, name="gated_context")  # (B, T, N*H)
     if c.out_norm_eps:  # BitNet: RMSNorm of the context before the output projection
         context = rms_norm(g, context, w.out_norm, c.out_norm_eps, 0.0, "out_norm")
-    y = context if w.wo is None else g.linear(context, "out", w.wo, w.bo)  # (B, T, dim)
-    return {"y": y, "present_key": out.present_key, "present_value": out.present_value}
+    return context if w.wo is None else g.linear(context, "out", w.wo, w.bo)  # (B, T, dim)
 
 
 def _int8_cache(g: GraphBuilder, c: MHAConfig, spec: Any) -> Int8Cache | None:
@@ -238,29 +242,35 @@ def _project_qkv(g: GraphBuilder, c: MHAConfig, w: AttentionWeights) -> list[str
 
 def _normalize_qk(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, q: str, k: str
                   ) -> tuple[str, str]:
-    """The q/k norm (RMSNorm, or LayerNorm with its bias) over each head's features, or over
-    the whole projection (OLMo 2)."""
+    return (normalize_heads(g, c, q, c.heads, w.q_norm, w.q_norm_bias, "q_norm"),
+            normalize_heads(g, c, k, c.kv_heads, w.k_norm, w.k_norm_bias, "k_norm"))
+
+
+def normalize_heads(g: GraphBuilder, c: MHAConfig, x: str, heads: int, weight: Tensor | None,
+                    bias: Tensor | None, name: str) -> str:
+    """x (B, T, heads*H) through the q (or k) norm: RMSNorm, or LayerNorm with its bias, over
+    each head's features, or over the whole projection (OLMo 2); weightless (Llama 4): x /
+    rms(x) over each head."""
     args = dict(eps=c.qk_norm_eps, offset=c.norm_offset, centered=c.qk_norm_type == "layer")
-    if c.qk_norm_weightless:  # Llama 4: x / rms(x) over each head
+    if c.qk_norm_weightless:
         unit = torch.full((c.head_dim,), 1.0 - c.norm_offset)  # (offset + w) = 1
-        return (heads_rms_norm(g, q, c.heads, c.head_dim, unit, name="q_norm", **args),
-                heads_rms_norm(g, k, c.kv_heads, c.head_dim, unit, name="k_norm", **args))
+        return heads_rms_norm(g, x, heads, c.head_dim, unit, name=name, **args)
     if c.qk_norm == "full":
-        return (rms_norm(g, q, w.q_norm, name="q_norm", bias=w.q_norm_bias, **args),
-                rms_norm(g, k, w.k_norm, name="k_norm", bias=w.k_norm_bias, **args))
-    return (heads_rms_norm(g, q, c.heads, c.head_dim, w.q_norm, name="q_norm",
-                           bias=w.q_norm_bias, **args),
-            heads_rms_norm(g, k, c.kv_heads, c.head_dim, w.k_norm, name="k_norm",
-                           bias=w.k_norm_bias, **args))
+        return rms_norm(g, x, weight, name=name, bias=bias, **args)
+    return heads_rms_norm(g, x, heads, c.head_dim, weight, name=name, bias=bias, **args)
 
 
 def _rotate_qk(g: GraphBuilder, c: MHAConfig, q: str, k: str, opset: int) -> tuple[str, str]:
-    """q, k rotated by position_ids: the standard RotaryEmbedding node from opset 23, the same
-    rotation in plain ops (Split / Mul / Sub / Add / Concat) below."""
     cos, sin = rotary_cos_sin(g, "position_ids", c)  # (B, T, rd/2)
+    return (rotate(g, c, q, c.heads, cos, sin, opset, "q"),
+            rotate(g, c, k, c.kv_heads, cos, sin, opset, "k"))
+
+
+def rotate(g: GraphBuilder, c: MHAConfig, x: str, heads: int, cos: str, sin: str, opset: int,
+           name: str) -> str:
+    """x (B, T, heads*H) rotated by cos / sin (B, T, rd/2): the standard RotaryEmbedding node
+    from opset 23, the same rotation in plain ops (Split / Mul / Sub / Add / Concat) below."""
     interleaved = c.rotary == "interleaved"
     if opset >= 23:
-        return (rotary_op(g, q, c.heads, c.rotary_dim, interleaved, cos, sin, "q"),
-                rotary_op(g, k, c.kv_heads, c.rotary_dim, interleaved, cos, sin, "k"))
-    return (rotate_heads(g, q, c.heads, c.head_dim, c.rotary_dim, interleaved, cos, sin, "q"),
-            rotate_heads(g, k, c.kv_heads, c.head_dim, c.rotary_dim, interleaved, cos, sin, "k"))
+        return rotary_op(g, x, heads, c.rotary_dim, interleaved, cos, sin, name)
+    return rotate_heads(g, x, heads, c.head_dim, c.rotary_dim, interleaved, cos, sin, name)

@@ -21,8 +21,8 @@ class AttentionWeights:
     """Layout-neutral weights in nn.Linear orientation ([out, in])."""
 
     wq: Tensor  # (inner, d_in)
-    wk: Tensor
-    wv: Tensor
+    wk: Optional[Tensor]  # (kv_inner, d_in); None: a KV-shared layer's (kinds/kv_shared/)
+    wv: Optional[Tensor]
     bq: Optional[Tensor] = None  # (inner,)
     bk: Optional[Tensor] = None
     bv: Optional[Tensor] = None

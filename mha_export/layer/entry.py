@@ -41,8 +41,30 @@ class StaticCacheStep(EntryPoint):
         return self.inner.forward_static(x, past_key, past_value, past_lengths, position_ids)
 
 
+class SharedKeys(EntryPoint):
+    """A KV-shared layer's call (kinds/kv_shared/): the keys and values are inputs."""
+
+    def forward(self, x: Tensor, shared_key: Tensor, shared_value: Tensor,
+                position_ids: Optional[Tensor] = None) -> Tensor:
+        return self.inner.read(x, None, shared_key, shared_value, position_ids)
+
+
+class SharedKeysMasked(EntryPoint):
+    def forward(self, x: Tensor, attention_mask: Tensor, shared_key: Tensor,
+                shared_value: Tensor, position_ids: Optional[Tensor] = None) -> Tensor:
+        return self.inner.read(x, attention_mask, shared_key, shared_value, position_ids)
+
+
+class SharedStaticStep(EntryPoint):
+    def forward(self, x: Tensor, shared_key: Tensor, shared_value: Tensor, past_lengths: Tensor,
+                position_ids: Optional[Tensor] = None) -> Tensor:
+        return self.inner.read_static(x, shared_key, shared_value, past_lengths, position_ids)
+
+
 ENTRY_POINTS = {"full": FullSequence, "masked": MaskedSequence, "kv-cache": CachedStep,
-                "static-cache": StaticCacheStep}
+                "static-cache": StaticCacheStep, "shared": SharedKeys,
+                "shared-masked": SharedKeysMasked, "shared-kv-cache": SharedKeysMasked,
+                "shared-static-cache": SharedStaticStep}
 
 
 def entry_module(module: AttentionBase, kind: str, input_names: List[str],

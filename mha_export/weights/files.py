@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..config import MHAConfig
 from ..errors import UsageError
-from ..kinds.registry import ANCHORS, build_module, convert
+from ..kinds.registry import ANCHORS, build_module, convert, kind_of
 from ..layer.layouts import AttentionBase
 
 # Buffers that checkpoints carry and the module rebuilds from the runtime shape.
@@ -120,14 +120,18 @@ def module_from_block(config: MHAConfig, block: Block) -> AttentionBase:
     if block.layout == "fused" and _is_conv1d(tensors, config, gpt2_prefix):
         tensors = {k: (v.t().contiguous() if k in ("c_attn.weight", "c_proj.weight") else v)
                    for k, v in tensors.items()}
+    # the file's names in a layout of config's kind; else read as config's own layout (a
+    # KV-shared layer's file holds the split layout's names less its keys'; strict loading
+    # refuses what does not fit)
+    layout = block.layout if block.layout in kind_of(config).layouts else config.layout
     try:
-        source_config = config.replace(layout=block.layout)
+        source_config = config.replace(layout=layout)
     except UsageError as e:
         raise UsageError(f"weights are in layout {block.layout!r}, which does not fit: {e}"
                          ) from None
     module = build_module(source_config)
     load_strict(module, tensors, block.prefix)
-    return module if block.layout == config.layout else convert(module, config.layout)
+    return module if layout == config.layout else convert(module, config.layout)
 
 
 def load_module(config: MHAConfig, path: str | Path, layer: Optional[int] = None

@@ -126,10 +126,11 @@ def _layer_tensors(file: Path, pattern: re.Pattern) -> dict[str, Tensor]:
 
 
 def layer_fields(cfg_path: Path, family: Family, cfg: dict, layer: int) -> dict:
-    """MHAConfig fields of the layer: the family's, its layout, and the checked context."""
+    """MHAConfig fields of the layer: the family's, its layout (a layer's own where its fields
+    say: a KV-shared layer's), and the checked context."""
     settings = Settings(cfg, family.defaults)
     try:
-        return {**family.fields(settings, layer), "layout": family.layout,
+        return {"layout": family.layout, **family.fields(settings, layer),
                 "max_seq_len": min(settings.get(family.context, CHECKED_CONTEXT),
                                    CHECKED_CONTEXT)}
     except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:

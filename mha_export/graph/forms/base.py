@@ -100,7 +100,7 @@ class AttentionIO:
     """Graph values a core reads (names in the builder's scope)."""
 
     q: Optional[str]  # (B, T, D), not yet scaled; None for a form that projects per branch
-    k: Optional[str]  # (B, T, K*H): this call's keys
+    k: Optional[str]  # (B, T, K*H): this call's keys (None: the past holds them, KV-shared)
     v: Optional[str]  # (B, T, K*H)
     past_key: Optional[str] = None  # (B, K, P, H)
     past_value: Optional[str] = None
@@ -167,7 +167,10 @@ class GraphForm:
 
 def keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> tuple[str, str]:
     """(B, K, S, H) keys and (B, K, S, Hv) values: the past concatenated with this call's (= the
-    present)."""
+    present); the past itself where this call has none of its own (io.k None: a KV-shared
+    layer's keys and values, given whole)."""
+    if io.k is None:
+        return io.past_key, io.past_value  # (B, K, S, H)
     k = split_heads(g, io.k, c.kv_heads, c.head_dim, "k")  # (B, K, T, H)
     v = split_heads(g, io.v, c.kv_heads, c.value_dim, "v")  # (B, K, T, Hv)
     if io.has_cache:  # all_keys / all_values: tests' faults edit them
@@ -217,7 +220,12 @@ def static_keys_values(g: GraphBuilder, io: AttentionIO, c: MHAConfig, seq_len: 
     past_lengths[b] + i (ScatterND: in place when the caller binds present to past), and the
     valid prefix [0, max(past_lengths) + T) that attention reads (``valid_prefix=False``: the
     buffers themselves, for a core that slices its own ranges of them).
-    Returns (keys, values) (B, K, S, H) and (present_key, present_value) (B, K, C, H)."""
+    Returns (keys, values) (B, K, S, H) and (present_key, present_value) (B, K, C, H).
+    A KV-shared layer's (io.k None) buffers are read as given: written by their source layer."""
+    if io.k is None:
+        keys, values = valid_prefixes(g, io.past_lengths, seq_len, (io.past_key, "valid_keys"),
+                                      (io.past_value, "valid_values"))  # (B, K, S, H)
+        return keys, values, io.past_key, io.past_value
     k = split_heads(g, io.k, c.kv_heads, c.head_dim, "k")  # (B, K, T, H)
     v = split_heads(g, io.v, c.kv_heads, c.value_dim, "v")  # (B, K, T, Hv)
     if io.int8_cache:  # quantized on write

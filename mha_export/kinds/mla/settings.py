@@ -90,7 +90,7 @@ class Latent:
         if (scaling or {}).get("rope_type") == "longrope":
             raise UsageError(f"longrope does not apply to {NAME}")
 
-    def cache_shape(self) -> Tuple[int, int, int]:
+    def cache_shape(self, c: Any) -> Tuple[int, int, int]:
         """(heads, key width, value width) of the cache: one head of the latent and the shared
         rotated key."""
         return 1, self.kv_lora_rank, self.qk_rope_head_dim

@@ -1,7 +1,7 @@
 """Gemma, Gemma 2 and VaultGemma (softcapping), Gemma 3 (q/k norm (1 + w), a rope per layer
-type), Gemma 3n (q/k norm by w, a weightless value norm; its KV-shared layers refused) and
-Gemma 4 (Gemma 3n's, with a shape per layer, keys as values, proportional rope); the multimodal
-wrappers read from text_config."""
+type), Gemma 3n (q/k norm by w, a weightless value norm; its last layers KV-shared) and Gemma 4
+(Gemma 3n's, with a shape per layer, keys as values, proportional rope); the multimodal wrappers
+read from text_config."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ from ...errors import UsageError
 from .base import Extra, Family, Settings, same_as
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, LANGUAGE_MODEL, NORM_TENSORS,
                       decoder_fields, head_norm)
-from .layer_types import FULL, KV_SHARED, full_layers, periodic, typed
+from .layer_types import FULL, LayerType, full_layers, periodic, typed
 from .rope import rope_by_layer_type
 
 GEMMA_DEFAULTS = {**DECODER_DEFAULTS, "attention_bias": False, "head_dim": 256,
@@ -43,12 +43,33 @@ GEMMA3 = Family(
             "sliding_window_pattern) + sliding_window, a rope per layer type (rope_parameters "
             "by type; 4.x rope_theta / rope_local_base_freq, rope_scaling on full layers)")
 
-def gemma3n_layers(s: Settings, layer: int) -> str:
-    """Gemma 3n: layer_types (or every 5th layer full); the last num_kv_shared_layers attend
-    with an earlier layer's keys and values."""
-    if layer >= s["num_hidden_layers"] - s["num_kv_shared_layers"]:
-        return KV_SHARED
-    return typed(periodic(5))(s, layer)
+GEMMA3N_LAYERS = typed(periodic(5))  # layer_types, or every 5th layer full
+
+
+def shared_kv(layer_type: LayerType) -> Extra:
+    """Gemma 3n / 4: each of the last num_kv_shared_layers attends with the keys and values of
+    the last earlier layer of its type (transformers' kv_sharing_modes 'store' layer): a
+    KV-shared layer (kinds/kv_shared/), without the value norm (its source layer's)."""
+    def extra(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+        first = s["num_hidden_layers"] - s["num_kv_shared_layers"]
+        if layer < first:
+            return {}
+        source = next((i for i in range(first - 1, -1, -1) if layer_type(s, i) == kind), None)
+        if source is None:
+            raise UsageError(f"KV-shared layer {layer} ({kind}) has no earlier {kind} layer "
+                             "to share with")
+        return {"layout": "shared", "kv_shared": {"kv_shared_layer": source},
+                "v_norm_eps": None}
+    return extra
+
+
+def without_own_keys(fields: dict, tensors: dict) -> dict:
+    """A KV-shared layer's key / value projections and norms, where a checkpoint keeps them,
+    are left out: transformers ignores them on load (the source layer's are used)."""
+    if not fields.get("kv_shared"):
+        return tensors
+    return {k: v for k, v in tensors.items()
+            if not k.startswith(("W_key.", "W_value.", "k_norm."))}
 
 
 def gemma3n_extras(s: Settings, layer: int, kind: str, fields: dict) -> dict:
@@ -62,19 +83,18 @@ GEMMA3N = Family(
     {**GEMMA_DEFAULTS, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
      "sliding_window": 512, "num_kv_shared_layers": 15, "head_dim": 256,
      "num_key_value_heads": 2},
-    decoder_fields(gemma3n_layers, "attention_bias", "attention_bias", head_norm(0.0),
-                   gemma3n_extras, rope_by_layer_type("rope_local_base_freq")),
+    decoder_fields(GEMMA3N_LAYERS, "attention_bias", "attention_bias", head_norm(0.0),
+                   gemma3n_extras, rope_by_layer_type("rope_local_base_freq"),
+                   shared_kv(GEMMA3N_LAYERS)),
+    without_own_keys,
     summary="q/k norm per head by w, a weightless value norm, scale 1, layer_types (or every "
             "5th full) + sliding_window, a rope per layer type; the last num_kv_shared_layers "
-            "(cross-layer KV sharing) refused, each by its own row")
+            "attend with the last earlier layer of their type's keys and values (KV-shared)")
 
 def gemma4_layers(s: Settings, layer: int) -> str:
     """Gemma 4: layer_types (or every 6th layer full), the last layer always full (transformers
-    forces it); the last num_kv_shared_layers attend with an earlier layer's keys and values."""
-    count = s["num_hidden_layers"]
-    if layer >= count - s["num_kv_shared_layers"]:
-        return KV_SHARED
-    return FULL if layer == count - 1 else typed(periodic(6))(s, layer)
+    forces it)."""
+    return FULL if layer == s["num_hidden_layers"] - 1 else typed(periodic(6))(s, layer)
 
 
 def gemma4_shape(s: Settings, layer: int, kind: str, fields: dict) -> dict:
@@ -108,6 +128,10 @@ def keys_as_values(fields: dict, tensors: dict) -> dict:
                           if f"W_key.{p}" in tensors}}
 
 
+def gemma4_tensors(fields: dict, tensors: dict) -> dict:
+    return without_own_keys(fields, keys_as_values(fields, tensors))
+
+
 GEMMA4 = Family(
     "gemma4_text", "split", ATTN, NORM_TENSORS,
     {**GEMMA_DEFAULTS, "num_key_value_heads": 4, "head_dim": 256, "sliding_window": 512,
@@ -115,11 +139,12 @@ GEMMA4 = Family(
      "num_global_key_value_heads": None, "rope_theta": 1_000_000.0,
      "rope_local_base_freq": 10_000.0},
     decoder_fields(gemma4_layers, "attention_bias", "attention_bias", head_norm(0.0),
-                   gemma4_shape, rope_by_layer_type("rope_local_base_freq")),
-    keys_as_values,
+                   gemma4_shape, rope_by_layer_type("rope_local_base_freq"),
+                   shared_kv(gemma4_layers)),
+    gemma4_tensors,
     summary="as gemma3n_text; per_layer_config's head_dim and kv heads (or global_head_dim on "
             "full layers), attention_k_eq_v (values from k_proj), the proportional rope "
-            "type; the last layer full; KV-shared layers refused, each by its own row")
+            "type; the last layer full; KV-shared layers as gemma3n_text's")
 
 GEMMA2 = Family(
     "gemma2", "split", ATTN, DECODER_TENSORS,

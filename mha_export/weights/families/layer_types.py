@@ -9,10 +9,6 @@ from .base import Settings
 FULL, SLIDING = "full_attention", "sliding_attention"
 CHUNKED = "chunked_attention"  # Llama 4: keys of the query's own chunk (attention_chunk_size)
 ATTENTION_TYPES = (FULL, SLIDING, CHUNKED)  # softmax attention; another type (linear) is not
-# Gemma 3n / 4: a layer that attends with an earlier layer's keys and values (not exported yet)
-KV_SHARED = "kv_shared_attention"
-WHY_LEFT = {KV_SHARED: "which attends with an earlier layer's keys and values (cross-layer KV "
-                       "sharing: not supported yet)"}
 LayerType = Callable[[Settings, int], str]  # config.json, layer -> FULL | SLIDING | other
 
 
@@ -73,4 +69,4 @@ def not_attention(s: Settings, layer: int, kind: str,
 
 def why_left(kind: str) -> str:
     """Why a layer of this type is not exported (left to the model)."""
-    return WHY_LEFT.get(kind, "not softmax attention")
+    return "not softmax attention"
