@@ -835,6 +835,7 @@ def test_gemma_wrappers_read_their_text_model_and_its_kv_shared_layers(built, tm
     layer that attends with an earlier layer's keys and values is exported as a KV-shared
     layer naming its source, by `--layers all` too."""
     from mha_export.fanout import export_layers
+    from mha_export.weights.source import non_attention_layers
     _, folder = built(text)
     _assert_wrapper_reads_the_text_model(folder, wrapper_type, 3, tmp_path)
     art = export_onnx(weights=folder, layer=4, output=tmp_path / "x", validate=False).path
@@ -844,6 +845,10 @@ def test_gemma_wrappers_read_their_text_model_and_its_kv_shared_layers(built, tm
     summary = export_layers("onnx", folder, "3-5", tmp_path / "run", validate=False)
     assert {r.layer: r.status for r in summary.records} == {
         3: "exported", 4: "exported", 5: "exported"} and summary.passed
+    # eval leaves them to torch (their keys come from another layer), saying which
+    assert non_attention_layers(folder, range(6), kv_shared=True) == {
+        4: "kv_shared_attention (layer 2's keys and values)",
+        5: "kv_shared_attention (layer 3's keys and values)"}
 
 
 SHARED_CASES = ["gemma3n_text@4", "gemma3n_text@5", "gemma4_text@4", "gemma4_text@5"]

@@ -101,6 +101,10 @@ def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) 
     multi_call = (scenarios.static_scenario_cases(sweep.static_chunks) if sig.static_cache
                   else scenarios.scenario_cases(sweep.switch, scenarios.padding_sides(config))
                   if sig.has_cache else [])
+    if real and sig.shared_kv:
+        raise UsageError("--inputs: capture records a layer's hidden states, not the keys and "
+                         "values a KV-shared layer reads from its source layer: check it with "
+                         "random inputs")
     real_cases = real.cases(sig.has_cache, sig.static_cache) if real else []
     if real_cases:
         require_fits(artifact.config, [case for case, _ in real_cases], sweep.scores_at,

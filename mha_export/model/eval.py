@@ -465,8 +465,9 @@ def _model_layers_tokens(weights: str | Path, body: str, tokens: int, layers: st
 def attention_layers(weights: str | Path, chosen: list[int], spec: str
                      ) -> tuple[list[int], dict[int, str]]:
     """The chosen layers that are softmax attention (exported), and the others by type (a
-    hybrid model's linear-attention or convolution layers, left to torch)."""
-    others = non_attention_layers(weights, chosen)
+    hybrid model's linear-attention or convolution layers, and KV-shared layers, whose keys
+    come from another layer: left to torch)."""
+    others = non_attention_layers(weights, chosen, kv_shared=True)
     if len(others) == len(chosen):
         raise UsageError(f"--layers {spec}: none of them is softmax attention")
     return [layer for layer in chosen if layer not in others], others

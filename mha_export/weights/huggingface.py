@@ -274,17 +274,23 @@ def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict
     return fields, state, source
 
 
-def non_attention_layers(path: str | Path, layers: Iterable[int]) -> dict[int, str]:
+def non_attention_layers(path: str | Path, layers: Iterable[int],
+                         kv_shared: bool = False) -> dict[int, str]:
     """Which of ``layers`` are not softmax attention (a hybrid model's linear-attention or
-    convolution layers), by their type; config.json alone."""
+    convolution layers), by their type; with ``kv_shared``, the KV-shared layers too (what
+    ``eval`` leaves to the model: their keys come from another layer); config.json alone."""
     cfg_path = hf_config_path(path)
     family, cfg = _read_config(cfg_path)
     kinds = {}
     for layer in layers:
         try:
-            layer_fields(cfg_path, family, cfg, layer)
+            fields = layer_fields(cfg_path, family, cfg, layer)
         except NotAttentionLayer as e:
             kinds[layer] = e.kind
+            continue
+        if kv_shared and fields.get("kv_shared"):
+            source = fields["kv_shared"]["kv_shared_layer"]
+            kinds[layer] = f"kv_shared_attention (layer {source}'s keys and values)"
     return kinds
 
 

@@ -88,11 +88,12 @@ def checkpoint_layers(weights: str | Path) -> int:
                      "folder or a .gguf file")
 
 
-def non_attention_layers(weights: str | Path, layers: Iterable[int]) -> dict[int, str]:
+def non_attention_layers(weights: str | Path, layers: Iterable[int],
+                         kv_shared: bool = False) -> dict[int, str]:
     """Which of a checkpoint's ``layers`` are not softmax attention, by type (a hybrid
-    model's linear_attention, conv, ... layers: left to the model). The GGUF archs read are
-    attention throughout."""
-    return {} if is_gguf(weights) else hf_non_attention(weights, layers)
+    model's linear_attention, conv, ... layers: left to the model); with ``kv_shared``, the
+    KV-shared layers too. The GGUF archs read are attention throughout."""
+    return {} if is_gguf(weights) else hf_non_attention(weights, layers, kv_shared)
 
 
 def weights_version(weights: str | Path | None) -> Any:
