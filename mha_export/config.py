@@ -185,6 +185,13 @@ class MHAConfig:
         return self.kv_heads, self.head_dim, self.value_dim
 
     @property
+    def reach(self) -> int:
+        """How many keys a query can attend at most (0: all): the sliding window or chunk, or
+        the section's (a sparse layer's top-k); the check's calls cross it."""
+        own = getattr(self.section, "reach", 0)
+        return self.sliding_window or self.attention_chunk or own
+
+    @property
     def attended_kv_width(self) -> int:
         """Numbers per key position once attention reads it (keys: kv_heads * head_dim; an MLA
         layer: every head's expanded key and value)."""

@@ -48,6 +48,7 @@ MLA = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hid
            kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=24,
            n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
            moe_intermediate_size=16, first_k_dense_replace=1)
+DSA = dict(index_topk=4, index_n_heads=8, index_head_dim=16)
 MLA_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.9,
             "mscale_all_dim": 0.8, "original_max_position_embeddings": 16}
 LONGROPE = {"type": "longrope", "short_factor": [1.0, 1.3, 2.1, 3.7],
@@ -264,6 +265,9 @@ MODELS = {
         bos_token_id=None, eos_token_id=None), (1,)),
     "deepseek_v3-halves-bias": Spec("deepseek_v3", dict(
         MLA, q_lora_rank=48, rope_interleave=False, attention_bias=True), (0,)),
+    # DeepSeek Sparse Attention: each query keeps its top 4 keys (B, L = 3, 11: it acts)
+    "deepseek_v32": Spec("deepseek_v32", dict(MLA, q_lora_rank=48, **DSA), (1,)),
+    "glm_moe_dsa": Spec("glm_moe_dsa", dict(MLA, q_lora_rank=48, **DSA), (1,)),
 }
 CASES = [f"{name}@{layer}" for name, spec in MODELS.items() for layer in spec.layers]
 # onnx: the default form; onnx-standard: a standard-ops one (decomposed; MLA: latent-expanded,
@@ -419,10 +423,13 @@ def test_cached_decode_equals_transformers_with_its_own_cache(checkpoint, fmt, t
     reach = None if kind == "gpt_neo" else c.sliding_window or c.attention_chunk
     assert kept == (min(L, reach - 1) if reach else L), kept
     real = mask.numpy().astype(bool)[:, L - kept:]
-    for ours, cached in ((present["present_key"], theirs.keys),
-                         (present["present_value"], theirs.values)):
+    pairs = [(present["present_key"], theirs.keys), (present["present_value"], theirs.values)]
+    if getattr(theirs, "indexer_keys", None) is not None:  # DSA: values [k_rot | index key]
+        pairs.append((present["present_value"][..., theirs.values.shape[-1]:],
+                      theirs.indexer_keys[:, None]))
+    for ours, cached in pairs:
         # Falcon's new architecture caches each key head broadcast to its query heads
-        ours = np.repeat(ours, cached.shape[1] // ours.shape[1], axis=1)
+        ours = np.repeat(ours, cached.shape[1] // ours.shape[1], axis=1)[..., :cached.shape[-1]]
         diff = np.abs(ours[:, :, L - kept:] - cached.numpy()).transpose(0, 2, 1, 3)[real]
         assert diff.max() <= 2e-5, (name, "present vs transformers' cache", float(diff.max()))
 
@@ -555,6 +562,8 @@ EXPECT = {
     "glm4_moe_lite@1": ((4, 1, 24, None, "deinterleaving", 8), dict(out_bias=False)),
     "youtu@1": ((4, 1, 24, None, "deinterleaving", 8), dict(out_bias=False)),
     "kimi_linear@1": ((4, 1, 24, None, "unrotated", 8), dict(out_bias=False)),
+    "deepseek_v32@1": ((4, 1, 24, None, "deinterleaving", 8), dict(out_bias=False)),
+    "glm_moe_dsa@1": ((4, 1, 24, None, "deinterleaving", 8), dict(out_bias=False)),
     "deepseek_v3-halves-bias@0": ((4, 1, 24, None, "half", 8), dict(qkv_bias=True,
                                                                     out_bias=True)),
 }

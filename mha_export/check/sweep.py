@@ -228,10 +228,11 @@ WINDOW_CASE_BYTES = 2**31  # a window-crossing full call is added when it needs 
 
 def window_cases(config: MHAConfig, sig: Signature, seq_lens: Sequence[int],
                  scores_at: ScoresAt) -> list[Case]:
-    """Calls that cross a sliding window (or a chunk) longer than the sweep's lengths (a
-    checkpoint's 4096 window over a 1024 context, Llama 4's 8192-token chunks): a cached step
-    past the window, or one full call of window + 1 tokens where it needs less than 2 GiB."""
-    w = config.sliding_window or config.attention_chunk
+    """Calls that cross a sliding window (or a chunk, or a sparse layer's top-k) longer than
+    the sweep's lengths (a checkpoint's 4096 window over a 1024 context, Llama 4's 8192-token
+    chunks, DeepSeek-V3.2's top 2048 keys): a cached step past it, or one full call of
+    window + 1 tokens where it needs less than 2 GiB."""
+    w = config.reach
     if not w or w + 1 <= max(seq_lens):
         return []
     if sig.follows_past:

@@ -7,6 +7,8 @@ kind; the attention core is a graph form's (forms.py: absorbed, expanded, or an 
       kv-cache        past_key / past_value (latents, rotated keys) + this call's = present_*
       static-cache    written into the app's buffers at past_lengths (ScatterND: in place when
                       bound), each row's valid prefix read
+    DSA (kinds/dsa/): the value cache holds [k_rot | the indexer's key]; each block's mask
+      also hides the keys outside its queries' top-k by index score
     the form's core -> context (B, N, T, Hv) -> o_proj -> y
 
 Standard ops only (opset 17). Shape legend: B = batch, T = this call, S = keys read, C = buffer
@@ -28,6 +30,7 @@ from ...graph.norm import rms_norm
 from ...graph.ops import Ops
 from ...graph.rotary import cos_sin_at, rotate_heads
 from ...signature import Signature
+from ..dsa.graph import dropped_keys, index_keys, index_queries
 from .settings import UNROTATED, MLAConfig
 
 # (builder, first query's index in the call (), queries ()) -> additive bias (B|1, 1, t, S)
@@ -56,33 +59,53 @@ def build_latent(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], form: G
     m = MLAConfig.of(c)
     cos, sin = ("", "") if m.rope_layout == UNROTATED else cos_sin_at(
         g, "position_ids", m.qk_rope_head_dim, m.rope_theta, m.rope_scaling)
-    q_nope, q_rot = _queries(g, c, w, cos, sin)  # (B, N, T, Hn), (B, N, T, Hr)
-    latent, k_rot = _cache_entries(g, c, w, cos, sin)  # (B, 1, T, R), (B, 1, T, Hr)
+    q_nope, q_rot, q_resid = _queries(g, c, w, cos, sin)  # (B, N, T, Hn), (B, N, T, Hr)
+    latent, k_rot = _cache_entries(g, c, w, cos, sin)  # (B, 1, T, R), (B, 1, T, Hr[+Di])
     seq_len = dim(g, "x", 1, "seq_len")  # () T
     if sig.static_cache:
         latents, rope, present = _static_cache(g, latent, k_rot, seq_len)
 
-        def mask(b: GraphBuilder, start: str, t: str) -> str:  # row b's query i: lengths[b] + i
+        def masked(b: GraphBuilder, start: str, t: str) -> str:  # row b's query i: lengths[b]+i
             first = Ops(b).Add("past_lengths", start, name="rows_first_query")  # (B,)
-            return additive(b, row_masked_positions(b, first, t, dim(b, latents, 2, "key_len")),
-                            "bias")  # (B, 1, t, S)
+            return row_masked_positions(b, first, t, dim(b, latents, 2, "key_len"))  # (B,1,t,S)
     else:
         latents, rope = latent, k_rot
         if sig.has_cache:  # [past | this call's] (names a test's fault looks up)
             op = Ops(g)
             latents = op.Concat("past_key", latent, axis=2, name="all_latents")  # (B, 1, S, R)
-            rope = op.Concat("past_value", k_rot, axis=2, name="all_rope")  # (B, 1, S, Hr)
+            rope = op.Concat("past_value", k_rot, axis=2, name="all_rope")  # (B, 1, S, Hr[+Di])
         present = {"present_key": latents, "present_value": rope} if sig.has_cache else {}
 
-        def mask(b: GraphBuilder, start: str, t: str) -> str:  # query i at P + start + i
+        def masked(b: GraphBuilder, start: str, t: str) -> str:  # query i at P + start + i
             keys, op = dim(b, latents, 2, "key_len"), Ops(b)  # () S
             first = op.Add(op.Sub(keys, seq_len), start, name="first_query")  # () P + start
-            return additive(b, score_mask(b, True, t, keys, "attention_mask" if sig.has_mask
-                                          else None, start=first), "bias")  # (.., t, S)
+            return score_mask(b, True, t, keys, "attention_mask" if sig.has_mask else None,
+                              start=first)  # (.., t, S)
+    rope, mask = _sparse(g, m, w, q_resid, rope, masked, cos, sin)
     ctx = form.core(g, LatentIO(q_nope, q_rot, latents, rope, mask, w), c)  # (B, N, T, Hv)
     y = g.linear(merge_heads(g, ctx, m.heads * m.v_head_dim), "o_proj", w["o_proj.weight"],
                  w.get("o_proj.bias"))  # (B, T, dim)
     return {"y": y, **present}
+
+
+def _sparse(g: GraphBuilder, m: MLAConfig, w: Mapping[str, Tensor], q_resid: str, values: str,
+            masked: Callable[[GraphBuilder, str, str], str], cos: str, sin: str
+            ) -> tuple[str, MaskBuilder]:
+    """The rotated keys (B, 1, S, Hr) the cores read, and the mask builder: a block's causal
+    and padding mask; DeepSeek Sparse Attention's (the value cache [k_rot | index key]): each
+    query's keys outside its top-k too (kinds/dsa/graph.py)."""
+    if m.index is None:
+        return values, lambda b, start, t: additive(b, masked(b, start, t), "bias")
+    op, hr = Ops(g), m.qk_rope_head_dim
+    k_rot, keys = op.Split(values, g.ints("index_split", [hr, m.index.head_dim]), n_out=2,
+                           axis=3)  # (B, 1, S, Hr), (B, 1, S, Di)
+    iq = index_queries(g, m.index, w, q_resid, keys, hr, cos, sin)
+
+    def mask(b: GraphBuilder, start: str, t: str) -> str:
+        hidden = masked(b, start, t)  # (.., t, S)
+        dropped = dropped_keys(b, iq, start, t, hidden)  # (B, 1, t, S)
+        return additive(b, Ops(b).Or(hidden, dropped), "bias")  # (B, 1, t, S)
+    return k_rot, mask
 
 
 def _static_cache(g: GraphBuilder, latent: str, k_rot: str, seq_len: str
@@ -100,15 +123,17 @@ def _static_cache(g: GraphBuilder, latent: str, k_rot: str, seq_len: str
 
 
 def _queries(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], cos: str, sin: str
-             ) -> tuple[str, str]:
-    """q_nope (B, N, T, Hn) and the rotated q_rot (B, N, T, Hr)."""
+             ) -> tuple[str, str, str]:
+    """q_nope (B, N, T, Hn), the rotated q_rot (B, N, T, Hr) and q LoRA's normalised
+    bottleneck ("" without q LoRA)."""
     m = MLAConfig.of(c)
+    q_resid = ""  # q LoRA's normalised bottleneck (B, T, q_lora_rank): the index queries'
     if m.q_lora_rank is None:
         q = g.linear("x", "q_proj", w["q_proj.weight"], None)
     else:
         q = g.linear("x", "q_a_proj", w["q_a_proj.weight"], w.get("q_a_proj.bias"))
-        q = rms_norm(g, q, w["q_a_layernorm.weight"], m.norm_eps, 0.0, "q_a_layernorm")
-        q = g.linear(q, "q_b_proj", w["q_b_proj.weight"], None)  # (B, T, N*(Hn+Hr))
+        q_resid = rms_norm(g, q, w["q_a_layernorm.weight"], m.norm_eps, 0.0, "q_a_layernorm")
+        q = g.linear(q_resid, "q_b_proj", w["q_b_proj.weight"], None)  # (B, T, N*(Hn+Hr))
     op, n, hr = Ops(g), m.heads, m.qk_rope_head_dim
     q = op.Reshape(q, g.ints("q_heads_shape", [0, 0, n, m.qk_head_dim]))  # (B, T, N, Hn+Hr)
     q_nope, q_rot = op.Split(q, g.ints("q_split", [m.qk_nope_head_dim, hr]), n_out=2,
@@ -116,12 +141,14 @@ def _queries(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], cos: str, s
     q_rot = op.Reshape(q_rot, g.ints("q_rot_flat", [0, 0, -1]))  # (B, T, N*Hr)
     q_rot = _rotate(g, c, q_rot, n, cos, sin, "q_rot")  # (B, T, N*Hr)
     q_rot = op.Reshape(q_rot, g.ints("q_rot_heads", [0, 0, n, hr]))  # (B, T, N, Hr)
-    return tuple(op.Transpose(x, perm=[0, 2, 1, 3]) for x in (q_nope, q_rot))  # (B, N, T, H.)
+    q_nope, q_rot = (op.Transpose(x, perm=[0, 2, 1, 3]) for x in (q_nope, q_rot))  # (B,N,T,H.)
+    return q_nope, q_rot, q_resid
 
 
 def _cache_entries(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], cos: str, sin: str
                    ) -> tuple[str, str]:
-    """The normalised latent (B, 1, T, R) and the rotated shared key (B, 1, T, Hr)."""
+    """The normalised latent (B, 1, T, R) and the rotated shared key (B, 1, T, Hr), DSA's
+    rotated index key after it (B, 1, T, Hr + Di)."""
     m = MLAConfig.of(c)
     kv = g.linear("x", "kv_a_proj_with_mqa", w["kv_a_proj_with_mqa.weight"],
                   w.get("kv_a_proj_with_mqa.bias"))  # (B, T, R+Hr)
@@ -131,8 +158,12 @@ def _cache_entries(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], cos: 
     latent = rms_norm(g, latent, w["kv_a_layernorm.weight"], m.norm_eps, 0.0, "kv_a_layernorm")
     k_rot = _rotate(g, c, k_rot, 1, cos, sin, "k_rot")  # (B, T, Hr)
     one_head = g.ints("axes1", [1])
-    return (op.Unsqueeze(latent, one_head, name="latent_4d"),  # (B, 1, T, R)
-            op.Unsqueeze(k_rot, one_head))  # (B, 1, T, Hr)
+    latent, k_rot = (op.Unsqueeze(latent, one_head, name="latent_4d"),  # (B, 1, T, R)
+                     op.Unsqueeze(k_rot, one_head))  # (B, 1, T, Hr)
+    if m.index is not None:  # DSA: the value cache [k_rot | index key]
+        k_rot = op.Concat(k_rot, index_keys(g, m.index, w, m.qk_rope_head_dim, cos, sin),
+                          axis=3, name="index_cached")  # (B, 1, T, Hr + Di)
+    return latent, k_rot
 
 
 def _rotate(g: GraphBuilder, c: MHAConfig, x: str, heads: int, cos: str, sin: str,

@@ -16,8 +16,10 @@ def projections(c: MHAConfig) -> dict[str, tuple[int, int]]:
 
 
 def quantizable(c: MHAConfig) -> list[str]:
-    """Every projection but kv_b_proj: its per-head W_UK / W_UV and the expansion stay float."""
-    return [name for name in projections(c) if name != "kv_b_proj"]
+    """Every projection but kv_b_proj (its per-head W_UK / W_UV and the expansion stay float)
+    and the sparse indexer's (its top-k selection stays the checkpoint's)."""
+    return [name for name in projections(c)
+            if name != "kv_b_proj" and not name.startswith("indexer.")]
 
 
 def map_projections(module: nn.Module, fn: WeightMap) -> nn.Module:

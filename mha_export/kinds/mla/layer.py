@@ -38,6 +38,7 @@ from ...layer.attention import attention, lowest_value, merge_heads, score_mask
 from ...layer.base import valid_end
 from ...layer.norm import RMSNorm
 from ...layer.rotary import cos_sin, rope_tables, rotate
+from ..dsa.indexer import Indexer, NoIndexer
 from .settings import UNROTATED, MLAConfig
 
 
@@ -73,6 +74,9 @@ class MLAttention(nn.Module):
         self.nope, self.rope, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
         self.rope_layout = c.rope_layout
         self.rotates = c.rope_layout != UNROTATED
+        # DeepSeek Sparse Attention: the indexer's keys sit after k_rot in the value cache
+        self.sparse = c.index is not None
+        self.indexer: nn.Module = Indexer(c.index, c.dim, rank) if c.index else NoIndexer()
 
     def forward(self, x: Tensor) -> Tensor:
         return self.attend(x, None, None, None)[0]
@@ -96,14 +100,17 @@ class MLAttention(nn.Module):
             position_ids = torch.arange(past, past + x.size(1), device=x.device).expand(
                 x.size(0), x.size(1))  # (B, T)
         q_nope, q_rot = self.queries(x, position_ids)  # (B, N, T, Hn), (B, N, T, Hr)
-        latent, k_rot = self.cache_entries(x, position_ids)  # (B, 1, T, R), (B, 1, T, Hr)
+        latent, k_rot = self.cache_entries(x, position_ids)  # (B, 1, T, R), (B, 1, T, Hr[+Di])
         if past_key is not None and past_value is not None:
             latent = torch.cat([past_key, latent], dim=2)  # (B, 1, S, R)
-            k_rot = torch.cat([past_value, k_rot], dim=2)  # (B, 1, S, Hr)
+            k_rot = torch.cat([past_value, k_rot], dim=2)  # (B, 1, S, Hr[+Di])
+        masked = score_mask(x.size(1), latent.size(2), True, attention_mask, x.device)
+        dropped = self._dropped(x, position_ids, k_rot, masked)  # (B, 1, T, S) | None
+        rope = k_rot[..., :self.rope]  # (B, 1, S, Hr)
         if absorbed:
-            ctx = self._absorbed(q_nope, q_rot, latent, k_rot, attention_mask)  # (B, N, T, Hv)
+            ctx = self._absorbed(q_nope, q_rot, latent, rope, masked, dropped)  # (B, N, T, Hv)
         else:
-            ctx = self._expanded(q_nope, q_rot, latent, k_rot, attention_mask)
+            ctx = self._expanded(q_nope, q_rot, latent, rope, attention_mask, masked, dropped)
         return self.o_proj(merge_heads(ctx)), latent, k_rot
 
     def forward_static(self, x: Tensor, past_key: Tensor, past_value: Tensor,
@@ -118,40 +125,65 @@ class MLAttention(nn.Module):
         if position_ids is None:
             position_ids = past_lengths.view(b, 1) + steps  # (B, T)
         q_nope, q_rot = self.queries(x, position_ids)  # (B, N, T, Hn), (B, N, T, Hr)
-        latent, k_rot = self.cache_entries(x, position_ids)  # (B, 1, T, R), (B, 1, T, Hr)
+        latent, k_rot = self.cache_entries(x, position_ids)  # (B, 1, T, R), (B, 1, T, Hr[+Di])
         rows, slots = torch.arange(b, device=x.device).view(b, 1), past_lengths.view(b, 1) + steps
         past_key[rows, :, slots] = latent.transpose(1, 2)  # (B, T, 1, R)
         past_value[rows, :, slots] = k_rot.transpose(1, 2)
         end = valid_end(past_lengths, t, past_key.size(2))  # the longest row's prefix
-        ctx = self._absorbed(q_nope, q_rot, past_key[:, :, :end], past_value[:, :, :end], None,
-                             query_start=past_lengths)  # (B, N, T, Hv)
+        values = past_value[:, :, :end]  # (B, 1, S, Hr[+Di])
+        masked = score_mask(t, end, True, None, x.device, 0, past_lengths)  # (B, 1, T, S)
+        dropped = self._dropped(x, position_ids, values, masked)
+        ctx = self._absorbed(q_nope, q_rot, past_key[:, :, :end], values[..., :self.rope],
+                             masked, dropped)  # (B, N, T, Hv)
         return self.o_proj(merge_heads(ctx)), past_key, past_value
 
     def queries(self, x: Tensor, position_ids: Tensor) -> Tuple[Tensor, Tensor]:
         """q_nope (B, N, T, Hn) and the rotated q_rot (B, N, T, Hr)."""
         if self.q_lora:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))  # (B, T, N*(Hn+Hr))
+            q = self.q_b_proj(self.q_resid(x))  # (B, T, N*(Hn+Hr))
         else:
             q = self.q_proj(x)
         b, t = x.size(0), x.size(1)
         q = q.view(b, t, self.heads, self.nope + self.rope).transpose(1, 2)  # (B, N, T, Hn+Hr)
         return q[..., :self.nope], self._rotate(q[..., self.nope:], position_ids)
 
+    def q_resid(self, x: Tensor) -> Tensor:
+        """q LoRA's bottleneck, normalised (B, T, q_lora_rank): q_b_proj's and the index
+        queries' input."""
+        return self.q_a_layernorm(self.q_a_proj(x))
+
     def cache_entries(self, x: Tensor, position_ids: Tensor) -> Tuple[Tensor, Tensor]:
         """What a call caches: the normalised latent (B, 1, T, R) and the rotated shared key
-        (B, 1, T, Hr)."""
+        (B, 1, T, Hr), DSA's rotated index key after it (B, 1, T, Hr + Di)."""
         b, t = x.size(0), x.size(1)
         kv = self.kv_a_proj_with_mqa(x)  # (B, T, R+Hr)
         latent = self.kv_a_layernorm(kv[..., :self.rank]).view(b, 1, t, self.rank)  # (B,1,T,R)
-        k_rot = kv[..., self.rank:].reshape(b, 1, t, self.rope)  # (B, 1, T, Hr)
-        return latent, self._rotate(k_rot, position_ids)
+        k_rot = self._rotate(kv[..., self.rank:].reshape(b, 1, t, self.rope),
+                             position_ids)  # (B, 1, T, Hr)
+        if self.sparse:
+            cos, sin = self._cos_sin(position_ids, x.dtype)
+            k_rot = torch.cat([k_rot, self.indexer.keys(x, cos, sin)], dim=-1)
+        return latent, k_rot
+
+    def _cos_sin(self, position_ids: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+        return cos_sin(position_ids, self.inv_freq, dtype,
+                       attention_factor=self.rope_factor)  # (B, 1, T, Hr/2)
+
+    def _dropped(self, x: Tensor, position_ids: Tensor, values: Tensor,
+                 masked: Optional[Tensor]) -> Optional[Tensor]:
+        """DSA: (B, 1, T, S) True at the keys outside each query's top-k (values: the value
+        cache read, (B, 1, S, Hr + Di)); None for dense MLA."""
+        if not self.sparse:
+            return None
+        cos, sin = self._cos_sin(position_ids, x.dtype)
+        return self.indexer.unselected(x, self.q_resid(x), cos, sin, values[..., self.rope:],
+                                       masked)
 
     def _rotate(self, x: Tensor, position_ids: Tensor) -> Tensor:
         """x (B, heads, T, Hr) rotated at position_ids, in the config's rope layout."""
         if not self.rotates:  # Kimi Linear: NoPE
             return x
-        cos, sin = cos_sin(position_ids, self.inv_freq, x.dtype,
-                           attention_factor=self.rope_factor)  # (B, 1, T, Hr/2)
+        cos, sin = self._cos_sin(position_ids, x.dtype)  # (B, 1, T, Hr/2)
         if self.rope_layout != "deinterleaving":
             return rotate(x, cos, sin, self.rope_layout == "interleaved")
         evens, odds = x[..., 0::2], x[..., 1::2]  # (B, heads, T, Hr/2): the pairs
@@ -171,29 +203,35 @@ class MLAttention(nn.Module):
         return w[:, :self.nope], w[:, self.nope:]  # (N, Hn, R), (N, Hv, R)
 
     def _expanded(self, q_nope: Tensor, q_rot: Tensor, latent: Tensor, k_rot: Tensor,
-                  attention_mask: Optional[Tensor]) -> Tensor:
-        """Every head's keys and values made from the latent (transformers' computation)."""
+                  attention_mask: Optional[Tensor], masked: Optional[Tensor],
+                  dropped: Optional[Tensor]) -> Tensor:
+        """Every head's keys and values made from the latent (transformers' computation); DSA:
+        the keys outside each query's top-k masked too (``dropped``)."""
         b, s = latent.size(0), latent.size(2)
         kv = self.kv_b_proj(latent.squeeze(1)).view(b, s, self.heads, -1).transpose(1, 2)
         k_nope, v = kv[..., :self.nope], kv[..., self.nope:]  # (B, N, S, Hn), (B, N, S, Hv)
         keys = torch.cat([k_nope, k_rot.expand(-1, self.heads, -1, -1)], dim=-1)  # (B,N,S,Hn+Hr)
         query = torch.cat([q_nope, q_rot], dim=-1)  # (B, N, T, Hn+Hr)
-        ctx, _ = attention(query, keys, v, self.scale, True, 0.0, False, attention_mask)
-        return ctx  # (B, N, T, Hv)
+        if dropped is None:
+            ctx, _ = attention(query, keys, v, self.scale, True, 0.0, False, attention_mask)
+            return ctx  # (B, N, T, Hv)
+        hidden = dropped if masked is None else masked | dropped  # (B, 1, T, S)
+        scores = (query @ keys.transpose(-2, -1)) * self.scale  # (B, N, T, S)
+        scores = scores.masked_fill(hidden, lowest_value(scores.dtype))
+        return torch.softmax(scores, dim=-1) @ v  # (B, N, T, Hv)
 
     def _absorbed(self, q_nope: Tensor, q_rot: Tensor, latent: Tensor, k_rot: Tensor,
-                  attention_mask: Optional[Tensor], query_start: Optional[Tensor] = None
-                  ) -> Tensor:
+                  masked: Optional[Tensor], dropped: Optional[Tensor]) -> Tensor:
         """Multi-query attention in latent space: scores = q_latent . latent + q_rot . k_rot,
         context = p @ latent (the one cache head broadcast over the heads, never copied nor
-        concatenated into one key). ``query_start`` (B,): a static cache's rows (queries at
-        query_start[b] + i)."""
+        concatenated into one key). ``masked`` (B|1, 1, T, S): the causal (a static cache's
+        rows: from each row's start) and padding mask; ``dropped``: DSA's unselected keys."""
         w_uk, w_uv = self.kv_b_heads()  # (N, Hn, R), (N, Hv, R)
         q_latent = q_nope @ w_uk  # (B, N, T, R)
         scores = (q_latent @ latent.transpose(-2, -1)
                   + q_rot @ k_rot.transpose(-2, -1)) * self.scale  # (B, N, T, S)
-        masked = score_mask(q_nope.size(2), latent.size(2), True, attention_mask,
-                            q_nope.device, 0, query_start)  # (B|1, 1, T, S)
+        if dropped is not None:
+            masked = dropped if masked is None else masked | dropped  # (B, 1, T, S)
         if masked is not None:
             scores = scores.masked_fill(masked, lowest_value(scores.dtype))
         ctx = torch.softmax(scores, dim=-1) @ latent  # (B, N, T, R)

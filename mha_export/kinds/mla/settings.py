@@ -22,12 +22,14 @@ from typing import Any, Dict, Optional, Tuple
 
 from ... import rope_types
 from ...errors import UsageError, require_positive as _positive
+from ..dsa.settings import SparseIndex
 
 NAME = "Multi-head Latent Attention"
 LAYOUT = "latent"  # the one weight layout of its checkpoints (and the kind's name)
 ROPE_LAYOUTS = ("deinterleaving", "interleaved", "half", "unrotated")
 UNROTATED = "unrotated"  # the rope part of queries and keys kept as is (Kimi Linear)
 LATENT_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+INDEX_OPTIONS = ("index_topk", "index_heads", "index_head_dim")  # the CLI's SparseIndex
 
 
 @dataclass(frozen=True)
@@ -40,12 +42,17 @@ class Latent:
     v_head_dim: int = 128  # Hv
     q_lora_rank: Optional[int] = None  # queries through a low-rank bottleneck (V3, V2 full)
     norm_eps: float = 1e-6  # the q_a / kv_a RMSNorms
+    # DeepSeek Sparse Attention's lightning indexer (kinds/dsa/), or dense MLA
+    index: Optional[SparseIndex] = None
 
     def __post_init__(self) -> None:
         for name in LATENT_FIELDS:
             _positive(name, getattr(self, name))
         if self.q_lora_rank is not None:
             _positive("q_lora_rank", self.q_lora_rank)
+        if self.index is not None:
+            object.__setattr__(self, "index", SparseIndex.from_value(self.index))
+            self.index.check(self.q_lora_rank, self.qk_rope_head_dim)
         if self.qk_rope_head_dim % 2:
             raise UsageError(f"qk_rope_head_dim must be even, got {self.qk_rope_head_dim}")
         if isinstance(self.norm_eps, bool) or not (
@@ -93,7 +100,17 @@ class Latent:
     def cache_shape(self, c: Any) -> Tuple[int, int, int]:
         """(heads, key width, value width) of the cache: one head of the latent and the shared
         rotated key."""
-        return 1, self.kv_lora_rank, self.qk_rope_head_dim
+        return 1, self.kv_lora_rank, self.qk_rope_head_dim + self.index_width
+
+    @property
+    def reach(self) -> int:
+        """DSA: the top-k keys a query keeps (0: dense)."""
+        return self.index.topk if self.index else 0
+
+    @property
+    def index_width(self) -> int:
+        """The index key's width the value cache holds after k_rot (0: dense MLA)."""
+        return self.index.head_dim if self.index else 0
 
     def attended_kv_width(self, c: Any) -> int:
         """Numbers per key position once attention expands it: every head's key and value."""
@@ -105,12 +122,17 @@ class Latent:
     def slug(self, c: Any) -> str:
         q = self.q_lora_rank
         return (f"{c.layout}-h{c.heads}-d{c.dim}-r{self.kv_lora_rank}-rope{c.rotary_dim}"
-                + (f"-q{q}" if q else ""))
+                + (f"-q{q}" if q else "") + (f"-topk{self.index.topk}" if self.index else ""))
 
-    cache_docs = {"past_key": "the normalised latents (kv_lora_rank wide)",
-                  "past_value": "the rotated keys every head shares (qk_rope_head_dim wide)",
-                  "present_key": "the latents after this call", "present_value":
-                  "the rotated keys after this call"}
+    @property
+    def cache_docs(self) -> Dict[str, str]:
+        rope = "the rotated keys every head shares (qk_rope_head_dim wide)"
+        if self.index:
+            rope = (f"[{rope} | the lightning indexer's keys (index_head_dim wide)], side by "
+                    "side")
+        return {"past_key": "the normalised latents (kv_lora_rank wide)", "past_value": rope,
+                "present_key": "the latents after this call",
+                "present_value": "the value cache after this call"}
 
     @classmethod
     def cli_options(cls) -> Dict[str, str]:
@@ -126,7 +148,13 @@ class Latent:
                                     f"{cls.qk_rope_head_dim}].",
                 "v_head_dim": "Each value head's width, unlike the keys' (MiMo-V2) [default: "
                               f"head-dim]; MLA: each head's value width [default: "
-                              f"{cls.v_head_dim}]."}
+                              f"{cls.v_head_dim}].",
+                "index_topk": "MLA: DeepSeek Sparse Attention, each query's top K keys by its "
+                              "lightning indexer (docs/mla.md) [default: dense].",
+                "index_heads": "DSA: the indexer's heads [default: "
+                               f"{SparseIndex.heads}].",
+                "index_head_dim": "DSA: the indexer's head width [default: "
+                                  f"{SparseIndex.head_dim}]."}
 
     @classmethod
     def from_options(cls, kw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -139,7 +167,11 @@ class Latent:
         if "kv_lora_rank" not in given:
             raise UsageError(f"--{next(iter(given)).replace('_', '-')} needs --kv-lora-rank "
                              f"({NAME})")
-        return given or None
+        index = {k[len("index_"):]: given.pop(k) for k in INDEX_OPTIONS if k in given}
+        if index and "topk" not in index:
+            raise UsageError(f"--index-{next(iter(index)).replace('_', '-')} needs "
+                             "--index-topk")
+        return {**given, **({"index": index} if index else {})}
 
     @classmethod
     def from_value(cls, value: Any) -> "Latent":
@@ -172,6 +204,7 @@ class MLAConfig:
     rope_theta: float = 10000.0
     rope_scaling: Optional[dict] = None  # yarn with mscale / mscale_all_dim, or None
     norm_eps: float = 1e-6
+    index: Optional[SparseIndex] = None  # DeepSeek Sparse Attention's indexer
 
     @classmethod
     def of(cls, c: Any) -> "MLAConfig":
@@ -181,11 +214,11 @@ class MLAConfig:
         s = c.latent
         return cls(c.dim, c.heads, s.kv_lora_rank, s.qk_nope_head_dim, s.qk_rope_head_dim,
                    s.v_head_dim, s.q_lora_rank, c.qkv_bias, c.out_bias, c.rotary, c.rope_theta,
-                   c.rope_scaling, s.norm_eps)
+                   c.rope_scaling, s.norm_eps, s.index)
 
     def __post_init__(self) -> None:
         Latent(self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim,
-               self.v_head_dim, self.q_lora_rank, self.norm_eps)
+               self.v_head_dim, self.q_lora_rank, self.norm_eps, self.index)
         if self.rope_layout not in ROPE_LAYOUTS:
             raise UsageError(f"unknown rope layout {self.rope_layout!r}: choose one of "
                              f"{', '.join(ROPE_LAYOUTS)}")
@@ -220,9 +253,10 @@ class MLAConfig:
         r, n = self.kv_lora_rank, self.heads
         queries = {"q_proj": (q, self.dim)} if self.q_lora_rank is None else {
             "q_a_proj": (self.q_lora_rank, self.dim), "q_b_proj": (q, self.q_lora_rank)}
+        index = self.index.weight_shapes(self.dim, self.q_lora_rank) if self.index else {}
         return {**queries, "kv_a_proj_with_mqa": (r + self.qk_rope_head_dim, self.dim),
                 "kv_b_proj": (n * (self.qk_nope_head_dim + self.v_head_dim), r),
-                "o_proj": (self.dim, n * self.v_head_dim)}
+                "o_proj": (self.dim, n * self.v_head_dim), **index}
 
     def call_flops(self, seq: int, pairs: float, keys: int) -> float:
         """FLOPs of a call of ``seq`` queries over ``keys`` keys with ``pairs`` (query, key)
@@ -235,7 +269,8 @@ class MLAConfig:
                                                                + self.qk_rope_head_dim)
         expanded = 2 * keys * kv_b + 2 * pairs * self.heads * (
             self.qk_head_dim + self.v_head_dim)
-        return projections + min(absorbed, expanded)
+        index = self.index.call_flops(seq, keys) if self.index else 0.0
+        return projections + min(absorbed, expanded) + index
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:

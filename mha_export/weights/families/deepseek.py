@@ -1,11 +1,13 @@
 """Multi-head Latent Attention: DeepSeek-V2 and V3, and V3's attention in GLM-4.7-Flash
-(`glm4_moe_lite`) and Youtu-LLM (every layer is one), and Kimi Linear's NoPE MLA layers (its
-KDA linear-attention layers refused)."""
+(`glm4_moe_lite`) and Youtu-LLM (every layer is one), Kimi Linear's NoPE MLA layers (its
+KDA linear-attention layers refused), and DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5's
+`glm_moe_dsa`: MLA with a lightning indexer)."""
 from __future__ import annotations
 
 import dataclasses
 from typing import Callable
 
+from ...errors import UsageError
 from .base import Family, Fields, Settings
 from .decoder import ATTN
 from .layer_types import ATTENTION_TYPES, FULL, not_attention, typed
@@ -14,7 +16,8 @@ from .rope import rope
 # the checkpoints' names are the layer's (kinds/mla/layer.py)
 LATENT_TENSORS = {name: name for name in (
     "q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
-    "kv_b_proj", "o_proj")}
+    "kv_b_proj", "o_proj", "indexer.wq_b", "indexer.wk", "indexer.k_norm",
+    "indexer.weights_proj")}
 LATENT_DEFAULTS = {"rope_theta": 10000.0, "partial_rotary_factor": 1.0, "kv_lora_rank": 512,
                    "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
                    "v_head_dim": 128, "attention_bias": False}
@@ -84,4 +87,39 @@ RECORDS += (
            summary="as deepseek_v3, its rope part not rotated (NoPE: rotary unrotated, no "
                    "position_ids); layer_types (or linear_attn_config's full_attn_layers): "
                    "the KDA linear-attention layers refused"),
+)
+
+
+def sparse_fields(index_rope: str) -> Fields:
+    """DeepSeek Sparse Attention: V3's MLA (pairs in, halves out, always) with the lightning
+    indexer's settings (kinds/dsa/); glm_moe_dsa's layers that reuse an earlier layer's top-k
+    (indexer_types "shared") are refused in one line."""
+    def fields(s: Settings, layer: int) -> dict:
+        kinds = s.get("indexer_types")
+        if kinds and kinds[layer] != "full":
+            full = [str(i) for i, k in enumerate(kinds) if k == "full"]
+            raise UsageError(f"layer {layer} reuses an earlier layer's top-k selection "
+                             f"(indexer_types {kinds[layer]!r}): not built yet; the layers with "
+                             f"their own indexer are {', '.join(full)}")
+        out = latent_fields(lambda s: "deinterleaving")(s, layer)
+        out["latent"]["index"] = {"topk": s["index_topk"], "heads": s["index_n_heads"],
+                                  "head_dim": s["index_head_dim"], "rope": index_rope}
+        return out
+    return fields
+
+
+SPARSE_DEFAULTS = {**LATENT_DEFAULTS, "index_topk": 2048, "index_head_dim": 128}
+RECORDS += (
+    Family("deepseek_v32", "latent", ATTN, LATENT_TENSORS,
+           {**SPARSE_DEFAULTS, "index_n_heads": 64, "max_position_embeddings": 163840},
+           sparse_fields("half"),
+           summary="DeepSeek Sparse Attention: deepseek_v3's MLA (rope pairs in, halves out) "
+                   "and the lightning indexer: index_topk, index_n_heads, index_head_dim, its "
+                   "rope on halves"),
+    Family("glm_moe_dsa", "latent", ATTN, LATENT_TENSORS,
+           {**SPARSE_DEFAULTS, "index_n_heads": 32, "q_lora_rank": 2048,
+            "qk_nope_head_dim": 192, "v_head_dim": 256, "max_position_embeddings": 202752},
+           sparse_fields("deinterleaving"),
+           summary="as deepseek_v32, the indexer's rope on pairs (written as halves); "
+                   "indexer_types 'shared' layers (an earlier layer's top-k) refused"),
 )

@@ -3,12 +3,8 @@ refused in one line naming what is missing (never "unsupported model type"), unt
 The list is ../shared/notes/families-transformers-5.23.md's, less what the registry reads."""
 from __future__ import annotations
 
-DSA = ("DeepSeek Sparse Attention (a lightning indexer picks index_topk keys per query, with "
-       "its own key cache beside the compressed one)")
 # model_type -> what its attention needs that the layer lacks
 NOT_YET: dict[str, str] = {
-    "deepseek_v32": DSA,
-    "glm_moe_dsa": f"{DSA}, its indexer rotating in pairs and its top-k shared across layers",
     "qwen4_exp_text": "block top-k sparse attention (QSA) and its GatedDeltaNet layers",
     "qwen4_exp": "block top-k sparse attention (QSA) and its GatedDeltaNet layers",
     "deepseek_v4": ("compressed sparse attention, one shared key = value head, sinks, inverse "
