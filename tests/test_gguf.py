@@ -219,6 +219,33 @@ TINY = {
     "nemotron": Tiny("nemotron", "nemotron", dict(NEW, head_dim=16, attention_bias=True), (1,)),
     "ernie4_5": Tiny("ernie4_5", "ernie4_5", dict(NEW, head_dim=16, use_bias=True), (1,)),
     "glm4": Tiny("glm4", "glm4", dict(NEW, head_dim=16, pad_token_id=0), (1,)),
+    # rotary (halves) on the first half of each head, q/k norms and biases said by the tensors
+    "glm4moe": Tiny("glm4moe", "glm4_moe", dict(
+        NEW, head_dim=16, use_qk_norm=True, attention_bias=True, pad_token_id=0,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        first_k_dense_replace=1, n_group=1, topk_group=1), (1,)),
+    "ernie4_5-moe": Tiny("ernie4_5-moe", "ernie4_5_moe", dict(
+        NEW, use_bias=True, moe_num_experts=4, moe_k=2, moe_intermediate_size=16), (1,)),
+    # q/k norm over the whole projection, a quarter of each head rotating
+    "minimax-m2": Tiny("minimax-m2", "minimax_m2", dict(
+        NEW, head_dim=16, rotary_dim=4, num_local_experts=4, num_experts_per_tok=2), (1,)),
+    # attention layers 1 and 3 (head_count_kv 0 marks the convolutions)
+    "lfm2": Tiny("lfm2", "lfm2", dict(NEW, norm_eps=1e-4, layer_types=[
+        "conv", "full_attention", "conv", "full_attention"], num_hidden_layers=4), (1, 3)),
+    # the gated attention of every 4th layer (q/k norms stored 1 + w)
+    "qwen3next": Tiny("qwen3next", "qwen3_next", dict(
+        NEW, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+        shared_expert_intermediate_size=16, num_hidden_layers=4, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8), (3,)),
+    # ALiBi with 6 heads (ggml's slopes are MPT's), q/k/v clamped
+    "mpt": Tiny("mpt", "mpt", dict(d_model=96, n_heads=6, n_layers=2, max_seq_len=64,
+                                   vocab_size=60, expansion_ratio=1, initializer_range=0.2,
+                                   attn_config={"clip_qkv": 0.5}), (1,)),
+    # layers 0 (sliding, rotary) and 3 (full, NoPE): llama.cpp's every 4th; an output gate
+    "afmoe": Tiny("afmoe", "afmoe", dict(
+        NEW, num_hidden_layers=4, head_dim=16, sliding_window=4, num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=16, num_dense_layers=1,
+        global_attn_every_n_layers=4), (0, 3)),
     "command-r": Tiny("command-r", "cohere", dict(NEW, use_qk_norm=True, attention_bias=True,
                                                   pad_token_id=0), (1,)),
     # layers 0 (sliding, rotary in pairs) and 3 (full, NoPE): llama.cpp's period 4
@@ -283,10 +310,11 @@ def _ternary(w: torch.Tensor) -> torch.Tensor:
 
 
 def _attention(model, layer: int):
-    """The layer's attention module (model.layers, or Falcon's, StarCoder's, DBRX's own path)."""
-    if hasattr(model, "transformer"):
-        block = (model.transformer.blocks[layer].norm_attn_norm
-                 if hasattr(model.transformer, "blocks") else model.transformer.h[layer])
+    """The layer's attention module (model.layers, or Falcon's, StarCoder's, DBRX's, MPT's)."""
+    if hasattr(model, "transformer"):  # DBRX's blocks hold a norm_attn_norm, MPT's the attn
+        blocks = getattr(model.transformer, "blocks", None)
+        block = model.transformer.h[layer] if blocks is None else getattr(
+            blocks[layer], "norm_attn_norm", blocks[layer])
         return getattr(block, "attn", None) or block.self_attention
     return model.model.layers[layer].self_attn
 
@@ -458,6 +486,20 @@ def _gpt_keys(w, context: int, width: int, layers: int, heads: int, kv_heads: in
     w.add_layer_norm_eps(eps)
 
 
+def _mpt(w, cfg) -> None:
+    """MPTModel.set_gguf_parameters."""
+    attn = cfg.attn_config
+    w.add_context_length(cfg.max_seq_len)
+    w.add_embedding_length(cfg.d_model)
+    w.add_block_count(cfg.n_layers)
+    w.add_feed_forward_length(4 * cfg.d_model)
+    w.add_head_count(cfg.n_heads)
+    w.add_layer_norm_eps(1e-5)
+    if attn.clip_qkv is not None:
+        w.add_clamp_kqv(attn.clip_qkv)
+    w.add_max_alibi_bias(attn.alibi_bias_max if attn.alibi else 0.0)
+
+
 def _bloom(w, cfg) -> None:
     """BloomModel: seq_length (else the width) as context; ALiBi is llama.cpp's own."""
     _gpt_keys(w, getattr(cfg, "seq_length", cfg.hidden_size), cfg.hidden_size, cfg.n_layer,
@@ -498,12 +540,22 @@ ARCH_KEYS = {
     "nemotron": lambda w, cfg: (_partial_rope(w, cfg),
                                 w.add_rope_scaling_type(gguf.RopeScalingType.NONE)),
     "glm4": lambda w, cfg: w.add_rope_dimension_count(cfg.head_dim // 2),
+    "glm4moe": lambda w, cfg: (w.add_rope_dimension_count(int(cfg.head_dim * _rope(cfg).get(
+        "partial_rotary_factor", 0.5))), w.add_nextn_predict_layers(0)),
+    "minimax-m2": lambda w, cfg: w.add_rope_dimension_count(cfg.rotary_dim),
+    "afmoe": lambda w, cfg: (_llama(w, cfg), w.add_sliding_window(cfg.sliding_window)),
+    "lfm2": lambda w, cfg: w.add_head_count_kv([0 if t == "conv" else cfg.num_key_value_heads
+                                                for t in cfg.layer_types]),
+    "qwen3next": lambda w, cfg: (w.add_full_attention_interval(
+                                     cfg.layer_types.index("full_attention") + 1),
+                                 w.add_rope_dimension_count(int(cfg.head_dim * _rope(cfg).get(
+                                     "partial_rotary_factor", 0.25)))),
     "command-r": lambda w, cfg: w.add_rope_scaling_type(gguf.RopeScalingType.NONE),
     "hunyuan-dense": _hunyuan, "cohere2": _cohere2, "exaone4": _exaone4, "bitnet": _bitnet,
     "phi3": lambda w, cfg: _phi3_metadata(w, cfg, _rope(cfg)),
 }
 OWN_KEYS = {"stablelm": _stablelm, "phi2": _phi2, "gemma": _gemma, "falcon": _falcon,
-            "starcoder": _starcoder, "dbrx": _dbrx, "bloom": _bloom}
+            "starcoder": _starcoder, "dbrx": _dbrx, "bloom": _bloom, "mpt": _mpt}
 
 
 def _phi3_metadata(w, cfg, rope: dict) -> None:
@@ -539,6 +591,8 @@ def _stored(name: str, t: torch.Tensor, spec: Tiny, cfg) -> torch.Tensor:
         heads = cfg.num_attention_heads if qk[1] == "q" else cfg.num_key_value_heads
         t = _permute(t, heads)
     if spec.arch in ("gemma", "gemma2", "gemma3", "nemotron") and name.endswith("norm.weight"):
+        t = t + 1
+    if spec.arch == "qwen3next" and name.endswith("norm.weight") and "linear_attn" not in name:
         t = t + 1
     if spec.arch == "falcon" and "query_key_value" in name:
         t = _falcon_qkv(t, cfg)
@@ -636,7 +690,8 @@ def _attention_state(model, layer: int) -> dict:
 NOT_READ_BACK = {"qwen3moe", "qwen2moe", "starcoder2", "falcon", "falcon-quantized", "olmo",
                  "olmo2", "olmoe", "granite", "arcee", "smollm3", "apertus", "seed_oss",
                  "hunyuan-dense", "dots1", "gemma", "ernie4_5", "glm4", "command-r", "cohere2",
-                 "exaone4", "exaone4-32b", "phi2", "bitnet", "starcoder", "dbrx", "llama4"}
+                 "exaone4", "exaone4-32b", "phi2", "bitnet", "starcoder", "dbrx", "llama4",
+                 "glm4moe", "ernie4_5-moe", "minimax-m2", "afmoe", "lfm2", "qwen3next", "mpt"}
 
 
 @pytest.mark.parametrize("name", [n for n in TINY if n not in NOT_READ_BACK])
@@ -812,6 +867,11 @@ def _int_tensor(tmp_path, path: Path, cfg) -> Path:
              "gemma2, gemma3, phi3, qwen2moe, starcoder2, "),
     ("phi2-fused", "blk.0.attn_qkv.weight not read for a GGUF phi2 layer"),
     ("deepseek2", "GGUF architecture 'deepseek2': Multi-head Latent Attention"),
+    ("glm-dsa", "GGUF architecture 'glm-dsa': Multi-head Latent Attention"),
+    ("kimi-linear", "GGUF architecture 'kimi-linear': Multi-head Latent Attention"),
+    ("phimoe", "llama.cpp's phimoe differs from transformers' PhiMoE attention"),
+    ("mimo2", "llama.cpp's mimo2 never applies MiMo's attention_value_scale"),
+    ("gemma4", "Gemma 4 as llama.cpp stores it"),
     ("layer-out-of-range", "--layer 7 is out of range: the file has 2 layers (0-1)"),
     ("no-layer", "is a GGUF llama model with 2 layers: pick one with --layer N"),
     ("int32", "blk.0.attn_v.weight is I32, a tensor type gguf"),
@@ -829,7 +889,7 @@ def test_bad_gguf_input_is_a_one_line_error(tiny, tmp_path, case, message):
     elif case == "not-gguf":
         path = tmp_path / "t.gguf"
         path.write_bytes(b"NOPE" + data[4:])
-    elif case in ("bert", "deepseek2"):
+    elif case in ("bert", "deepseek2", "glm-dsa", "kimi-linear", "phimoe", "mimo2", "gemma4"):
         path = _other_arch(tmp_path, case)
     elif case == "phi2-fused":  # old Phi-2 conversions: one attn_qkv, which phi's family splits
         path = _other_arch(tmp_path, "phi2", ("attn_q", "attn_qkv"))  # not (it reads q/k/v)
@@ -882,3 +942,25 @@ def test_the_header_reader_agrees_with_gguf_py_and_leaves_damage_to_it(smollm2_f
         header_scalars(cut)
     with pytest.raises(UsageError, match="not a readable GGUF file"):
         gguf_layer_count(cut)
+
+
+def test_a_gguf_files_other_layers_are_named_by_type(tiny, tmp_path):
+    """LFM2's convolutions (head_count_kv 0 in the converter's per-layer array): `--layer` on
+    one is one line naming the nearest attention layers, and a fan-out leaves them apart."""
+    from mha_export.weights.source import non_attention_layers
+    _, path = tiny("lfm2")
+    assert non_attention_layers(path, range(4)) == {0: "conv", 2: "conv"}
+    out = tmp_path / "out"
+    line = _one_line(_cli(path, out, "--layer", "2"), out)
+    assert "--layer 2 is a conv layer, not softmax attention: the nearest are 1 and 3" in line
+
+
+def test_an_mpt_file_transformers_would_not_compute_is_refused(tiny, tmp_path):
+    """llama.cpp follows the file's max_alibi_bias; transformers' MPT always uses 8."""
+    model, _ = tiny("mpt")
+    model.config.attn_config.alibi_bias_max = 4
+    path = write_gguf(tmp_path / "mpt4.gguf", model, TINY["mpt"])
+    model.config.attn_config.alibi_bias_max = 8
+    out = tmp_path / "out"
+    line = _one_line(_cli(path, out, "--layer", "1"), out)
+    assert "an mpt layer with ALiBi with another max bias than 8 is not read" in line

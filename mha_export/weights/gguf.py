@@ -26,13 +26,14 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import NotAttentionLayer, UsageError
 from .families import FAMILIES, Convert, Family
 from .families.alibi import paper_slopes, with_slopes
+from .families.layer_types import FULL
 from .families.llama import qkv_rows_convert
 from .gguf_header import HeaderError, header_scalars
 from .huggingface import layer_fields, require_layer
@@ -330,6 +331,65 @@ def glm4(f: GGUFFile, layer: int) -> dict:
     return {}
 
 
+def glm4moe(f: GGUFFile, layer: int) -> dict:
+    """GLM-4.5: q/k norms where the file has them (no key says use_qk_norm); its last
+    nextn_predict_layers blocks are multi-token-prediction layers, which neither llama.cpp nor
+    transformers runs as decoder layers (refused); M-RoPE refused as GLM-4's."""
+    count = f.require("block_count") - f.arch_value("nextn_predict_layers", 0)
+    if layer >= count:
+        raise UsageError(f"{f.path}: layer {layer} is a next-token-prediction (MTP) layer, not "
+                         f"one of the {count} decoder layers")
+    return {**glm4(f, layer), "num_hidden_layers": count,
+            "use_qk_norm": _has(f, layer, "attn_q_norm.weight")}
+
+
+def afmoe(f: GGUFFile, layer: int) -> dict:
+    """AFMoE as llama.cpp runs it: every 4th layer full and NoPE (hard-coded), the others
+    rotating and sliding within attention.sliding_window (none written: every layer attends
+    fully, still NoPE every 4th); one rope base."""
+    _one_rope_base(f)
+    return {"global_attn_every_n_layers": 4, "layer_types": None,
+            "sliding_window": f.arch_value("attention.sliding_window") or None}
+
+
+def lfm2(f: GGUFFile, layer: int) -> dict:
+    """LFM2: the converter marks its short-convolution layers with head_count_kv 0 (a per-layer
+    array); the others attend fully (a sliding window, the audio tokenizer's, refused)."""
+    if f.arch_value("attention.sliding_window"):
+        raise UsageError(f"{f.path}: an lfm2 file with a sliding window is not read")
+    kv = f.require("attention.head_count_kv")
+    kinds = [FULL if n else "conv" for n in (kv if isinstance(kv, list)
+                                              else [kv] * f.require("block_count"))]
+    return {"layer_types": kinds, "norm_eps": f.arch_value("attention.layer_norm_rms_epsilon")}
+
+
+def qwen3next(f: GGUFFile, layer: int) -> dict:
+    """Qwen3-Next: every full_attention_interval-th layer attends (llama.cpp's rule: the
+    others are linear attention, refused as the family refuses them)."""
+    return {"full_attention_interval": f.arch_value("full_attention_interval", 4),
+            "layer_types": None}
+
+
+def mpt(f: GGUFFile, layer: int) -> dict:
+    """MPT: its own config.json spelling, q/k/v clamped to attention.clamp_kqv. transformers
+    applies ALiBi with a bias max of 8 on every layer and reads no kv heads, biases or q/k
+    norms: a file whose llama.cpp layer has any other is refused."""
+    heads = f.require("attention.head_count", layer)
+    differ = {"ALiBi with another max bias than 8":
+              f.arch_value("attention.max_alibi_bias", 0.0) != 8.0,
+              "fewer key/value heads": f.arch_value("attention.head_count_kv", heads,
+                                                    layer) != heads,
+              "attention biases": _has(f, layer, "attn_qkv.bias"),
+              "q/k norms": _has(f, layer, "attn_q_norm.weight")}
+    for what, on in differ.items():
+        if on:
+            raise UsageError(f"{f.path}: an mpt layer with {what} is not read (transformers' MPT "
+                             "attention has none)")
+    return {"n_heads": heads, "d_model": f.require("embedding_length"),
+            "n_layers": f.require("block_count"), "max_seq_len": f.arch_value("context_length"),
+            "attn_config": {"clip_qkv": f.arch_value("attention.clamp_kqv") or None}}
+
+
 def seed_oss(f: GGUFFile, layer: int) -> dict:
     """Seed-OSS: the output bias is a key of its own."""
     return {"attention_out_bias": _has(f, layer, "attn_output.bias")}
@@ -417,6 +477,10 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "nemotron": GGUFArch("nemotron", norm_shift=1.0),  # LayerNorm1P: 1 + w (none in attention)
     "ernie4_5": GGUFArch("ernie4_5", bias="use_bias"),
     "glm4": GGUFArch("glm4", extra=glm4),
+    "glm4moe": GGUFArch("glm4_moe", extra=glm4moe),
+    "ernie4_5-moe": GGUFArch("ernie4_5_moe", bias="use_bias"),
+    "minimax-m2": GGUFArch("minimax_m2"),  # (its converter may write rope.freq_base_swa -1)
+    "afmoe": GGUFArch("afmoe", extra=afmoe),  # the converter skips LlamaModel's permute
     "command-r": GGUFArch("cohere", extra=layer_norm_qk("use_qk_norm")),
     "cohere2": GGUFArch("cohere2", extra=cohere2),
     "exaone4": GGUFArch("exaone4", extra=exaone4),
@@ -433,12 +497,25 @@ ARCHITECTURES: dict[str, GGUFArch] = {
                       tensors={"query_key_value": "qkv_proj", "dense": "out_proj"},
                       convert=with_slopes(paper_slopes, qkv_rows_convert)),  # [q; k; v]
     "dbrx": GGUFArch("dbrx", extra=dbrx, prefix="transformer."),
+    "lfm2": GGUFArch("lfm2", extra=lfm2),
+    "qwen3next": GGUFArch("qwen3_next", norm_shift=1.0, extra=qwen3next),  # q/k norms: 1 + w
+    "mpt": GGUFArch("mpt", extra=mpt, prefix="transformer."),
 }
 # Architectures whose layers do not map onto a family cleanly: refused, saying why.
+MLA_STORED = ("Multi-head Latent Attention as llama.cpp stores it (kv_b_proj split into "
+              "transposed k_b/v_b, yarn's mscale folded into a log multiplier) is not read")
+FROM_HF = ": export from the Hugging Face checkpoint"
 REFUSED = {
-    "deepseek2": "Multi-head Latent Attention as llama.cpp stores it (kv_b_proj split into "
-                 "transposed k_b/v_b, yarn's mscale folded into a log multiplier) is not read: "
-                 "export from the Hugging Face checkpoint",
+    "deepseek2": MLA_STORED + FROM_HF,
+    "kimi-linear": MLA_STORED + FROM_HF,
+    "glm-dsa": MLA_STORED + " (nor the lightning indexer beside it)" + FROM_HF,
+    "phimoe": ("llama.cpp's phimoe differs from transformers' PhiMoE attention: the converter's "
+               "longrope attention factor instead of short_mscale / long_mscale, factors "
+               "chosen by context size, no sliding window" + FROM_HF),
+    "mimo2": ("llama.cpp's mimo2 never applies MiMo's attention_value_scale, which "
+              "transformers does" + FROM_HF),
+    "gemma4": ("Gemma 4 as llama.cpp stores it (sliding layers' own head width key_length_swa, "
+               "the proportional rope as rope_freqs factors) is not read" + FROM_HF),
 }
 
 
@@ -611,6 +688,7 @@ def read_gguf_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict,
     ``huggingface.read_layer`` gives them for a checkpoint folder."""
     import torch
     f, arch, family = _open_layer(path, layer)
+    _require_attention(f, arch, family, layer)
     raw = _layer_tensors(f, arch, family, layer)
     config = _config(f, arch, layer, any(name.endswith(".bias") for name in raw))
     fields = layer_fields(f.path, family, config, layer)
@@ -626,6 +704,31 @@ def read_gguf_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict,
               "max_position_embeddings": config.get(family.context),
               "tensor_types": {t.name.split(".", 2)[2]: t.ggml_type for t in raw.values()}}
     return fields, (arch.convert or family.convert)(fields, named), source
+
+
+def _require_attention(f: GGUFFile, arch: GGUFArch, family: Family, layer: int) -> None:
+    """A layer that is not attention (LFM2's convolutions) is said first, in the family's one
+    line naming the nearest attention layers; any other problem the read itself reports."""
+    try:
+        layer_fields(f.path, family, _config(f, arch, layer, False), layer)
+    except NotAttentionLayer:
+        raise
+    except UsageError:
+        pass
+
+
+def gguf_non_attention_layers(path: str | Path, layers: Iterable[int]) -> dict[int, str]:
+    """Which of ``layers`` are not softmax attention (LFM2's convolutions, Qwen3-Next's linear
+    attention), by type; the metadata alone."""
+    f = open_gguf(path)
+    arch = _architecture(f)
+    family, kinds = FAMILIES[arch.model_type], {}
+    for layer in layers:
+        try:
+            layer_fields(f.path, family, _config(f, arch, layer, False), layer)
+        except NotAttentionLayer as e:
+            kinds[layer] = e.kind
+    return kinds
 
 
 def _check_stacked(f: GGUFFile, fields: dict, raw: dict[str, RawTensor]) -> None:

@@ -18,7 +18,7 @@ from ..kinds.registry import build_module, convert
 from ..layer.layouts import AttentionBase
 from .families.layer_types import why_left  # noqa: F401 (the fan-out's row text)
 from .files import load_strict, module_from_block, read_block
-from .gguf import gguf_layer_count, is_gguf, read_gguf_layer
+from .gguf import gguf_layer_count, gguf_non_attention_layers, is_gguf, read_gguf_layer
 from .huggingface import (hf_config_path, layer_count as hf_layer_count, merge_fields,
                           non_attention_layers as hf_non_attention, read_layer)
 
@@ -92,8 +92,10 @@ def non_attention_layers(weights: str | Path, layers: Iterable[int],
                          kv_shared: bool = False) -> dict[int, str]:
     """Which of a checkpoint's ``layers`` are not softmax attention, by type (a hybrid
     model's linear_attention, conv, ... layers: left to the model); with ``kv_shared``, the
-    KV-shared layers too. The GGUF archs read are attention throughout."""
-    return {} if is_gguf(weights) else hf_non_attention(weights, layers, kv_shared)
+    KV-shared layers too (a GGUF file's read have none)."""
+    if is_gguf(weights):
+        return gguf_non_attention_layers(weights, layers)
+    return hf_non_attention(weights, layers, kv_shared)
 
 
 def weights_version(weights: str | Path | None) -> Any:
