@@ -229,6 +229,22 @@ TINY = {
     # q/k norm over the whole projection, a quarter of each head rotating
     "minimax-m2": Tiny("minimax-m2", "minimax_m2", dict(
         NEW, head_dim=16, rotary_dim=4, num_local_experts=4, num_experts_per_tok=2), (1,)),
+    # llama.cpp's hard-coded split: every 5th layer full, layers 20-24 KV-shared (sources 18 and
+    # 19); layers 3 (sliding) and 4 (full) here, the shared ones below
+    "gemma3n": Tiny("gemma3n", "gemma3n_text", dict(
+        NEW, head_dim=16, num_hidden_layers=25, num_kv_shared_layers=5, sliding_window=4,
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=60, laurel_rank=4,
+        altup_num_inputs=2, activation_sparsity_pattern=[0.0] * 25,
+        layer_types=["full_attention" if i % 5 == 4 else "sliding_attention"
+                     for i in range(25)], rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1e6}}), (3, 4)),
+    # yarn (mscale 1, mscale_all_dim as the converter's log multiplier) and queries scaled by
+    # position past the original 4 tokens
+    "mistral3": Tiny("mistral3", "ministral3", dict(NEW, head_dim=16, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "beta_fast": 32.0,
+        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.8, "llama_4_scaling_beta": 0.5,
+        "original_max_position_embeddings": 4}), (1,)),
     # attention layers 1 and 3 (head_count_kv 0 marks the convolutions)
     "lfm2": Tiny("lfm2", "lfm2", dict(NEW, norm_eps=1e-4, layer_types=[
         "conv", "full_attention", "conv", "full_attention"], num_hidden_layers=4), (1, 3)),
@@ -486,6 +502,15 @@ def _gpt_keys(w, context: int, width: int, layers: int, heads: int, kv_heads: in
     w.add_layer_norm_eps(eps)
 
 
+def _ministral3(w, rope: dict) -> None:
+    """Ministral3Model: yarn's betas (TextModel's), the log multiplier (mscale_all_dim) and
+    the query scaling (llama_4_scaling_beta)."""
+    w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+    w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
+    w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
+
+
 def _mpt(w, cfg) -> None:
     """MPTModel.set_gguf_parameters."""
     attn = cfg.attn_config
@@ -544,6 +569,9 @@ ARCH_KEYS = {
         "partial_rotary_factor", 0.5))), w.add_nextn_predict_layers(0)),
     "minimax-m2": lambda w, cfg: w.add_rope_dimension_count(cfg.rotary_dim),
     "afmoe": lambda w, cfg: (_llama(w, cfg), w.add_sliding_window(cfg.sliding_window)),
+    "mistral3": lambda w, cfg: (_llama(w, cfg), _ministral3(w, _rope(cfg))),
+    "gemma3n": lambda w, cfg: (w.add_sliding_window(cfg.sliding_window),
+                               w.add_shared_kv_layers(cfg.num_kv_shared_layers)),
     "lfm2": lambda w, cfg: w.add_head_count_kv([0 if t == "conv" else cfg.num_key_value_heads
                                                 for t in cfg.layer_types]),
     "qwen3next": lambda w, cfg: (w.add_full_attention_interval(
@@ -579,7 +607,7 @@ def _permute(t: torch.Tensor, heads: int) -> torch.Tensor:
         t.shape)
 
 
-PERMUTED = ("llama", "arcee", "granite", "smollm3")  # LlamaModel.permute: weights and biases
+PERMUTED = ("llama", "arcee", "granite", "smollm3", "mistral3")  # LlamaModel.permute: weights and biases
 
 
 def _stored(name: str, t: torch.Tensor, spec: Tiny, cfg) -> torch.Tensor:
@@ -691,7 +719,8 @@ NOT_READ_BACK = {"qwen3moe", "qwen2moe", "starcoder2", "falcon", "falcon-quantiz
                  "olmo2", "olmoe", "granite", "arcee", "smollm3", "apertus", "seed_oss",
                  "hunyuan-dense", "dots1", "gemma", "ernie4_5", "glm4", "command-r", "cohere2",
                  "exaone4", "exaone4-32b", "phi2", "bitnet", "starcoder", "dbrx", "llama4",
-                 "glm4moe", "ernie4_5-moe", "minimax-m2", "afmoe", "lfm2", "qwen3next", "mpt"}
+                 "glm4moe", "ernie4_5-moe", "minimax-m2", "afmoe", "lfm2", "qwen3next", "mpt",
+                 "mistral3", "gemma3n"}
 
 
 @pytest.mark.parametrize("name", [n for n in TINY if n not in NOT_READ_BACK])
@@ -964,3 +993,26 @@ def test_an_mpt_file_transformers_would_not_compute_is_refused(tiny, tmp_path):
     out = tmp_path / "out"
     line = _one_line(_cli(path, out, "--layer", "1"), out)
     assert "an mpt layer with ALiBi with another max bias than 8 is not read" in line
+
+
+@pytest.mark.parametrize("layer, source", [(20, 18), (24, 19)])
+def test_gemma3n_shared_layers_read_their_sources_keys(tiny, layer, source):
+    """Gemma 3n's KV-shared layers (llama.cpp: from layer 20 on, hard-coded) read as shared
+    layers of the source transformers picks, equal to its module given those keys."""
+    model, path = tiny("gemma3n")
+    attn = _attention(model, layer)
+    calls = []
+
+    def hook(module, args, kwargs, out):
+        k, v = kwargs["shared_kv_states"][module.layer_type]
+        calls.append((kwargs["hidden_states"], out[0], k, v))
+    handle = attn.register_forward_hook(hook, with_kwargs=True)
+    with torch.no_grad():
+        model(input_ids=_ids(model.config.vocab_size))
+    handle.remove()
+    ours = load_source(weights=path, layer=layer).module
+    assert (ours.config.layout, ours.config.kv_shared.kv_shared_layer) == ("shared", source)
+    x, want, k, v = calls[0]
+    with torch.no_grad():
+        got = ours.read(x, None, k, v)
+    _close(got.numpy(), want.numpy(), f"gemma3n@{layer}")

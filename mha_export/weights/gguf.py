@@ -186,6 +186,9 @@ class GGUFArch:
     # from the family's (a tensor the converter merged or renamed); None: the family's
     tensors: Optional[dict[str, str]] = None
     convert: Optional[Convert] = None  # where the stored layout is not the family's
+    # rope_scaling from the metadata where the architecture writes its own keys (None: yarn,
+    # linear, longrope as ``_rope_scaling`` reads them)
+    rope: Optional[Callable[["GGUFFile"], Optional[dict]]] = None
 
 
 def _has(f: GGUFFile, layer: int, name: str) -> bool:
@@ -257,6 +260,22 @@ def gemma3(f: GGUFFile, layer: int) -> dict:
     if window:
         return {**out, "sliding_window": window}
     return {**out, "layer_types": ["full_attention"] * f.require("block_count")}
+
+
+GEMMA3N_SHARED_FROM = 20  # llama.cpp's n_layer_kv_from_start for gemma3n (hard-coded)
+
+
+def gemma3n(f: GGUFFile, layer: int) -> dict:
+    """Gemma 3n as llama.cpp runs it (hard-coded, whatever the file's pattern array and
+    shared_kv_layers say): every 5th layer full, the others sliding (rope.freq_base_swa, default
+    10000); the layers from 20 on attend with layer 18's (sliding) or 19's (full) keys and
+    values — transformers' rule gives the same sources for that split."""
+    count = f.require("block_count")
+    return {"layer_types": ["full_attention" if i % 5 == 4 else "sliding_attention"
+                            for i in range(count)],
+            "num_kv_shared_layers": max(count - GEMMA3N_SHARED_FROM, 0),
+            "sliding_window": f.require("attention.sliding_window"),
+            "rope_local_base_freq": f.arch_value("rope.freq_base_swa", 10000.0)}
 
 
 def phi3(f: GGUFFile, layer: int) -> dict:
@@ -390,6 +409,27 @@ def mpt(f: GGUFFile, layer: int) -> dict:
             "attn_config": {"clip_qkv": f.arch_value("attention.clamp_kqv") or None}}
 
 
+def mistral3_rope(f: GGUFFile) -> Optional[dict]:
+    """Ministral 3 as llama.cpp runs it: yarn with mscale 1 and mscale_all_dim the converter's
+    rope.scaling.yarn_log_multiplier; queries scaled by position (attention.temperature_scale,
+    llama_4_scaling_beta) over the original context. A yarn attention or extrapolation factor,
+    which llama.cpp does not read, is refused."""
+    if f.arch_value("rope.scaling.type", "none") != "yarn":
+        return _rope_scaling(f)
+    unread = [k for k in ("yarn_attn_factor", "yarn_ext_factor")
+              if f.arch_value(f"rope.scaling.{k}") is not None]
+    if unread:
+        raise UsageError(f"{f.path}: rope.scaling.{unread[0]} is not read by llama.cpp's mistral3 "
+                         "(transformers would apply it)")
+    original = f.require("rope.scaling.original_context_length")
+    return _present(rope_type="yarn", factor=f.require("rope.scaling.factor"),
+                    original_max_position_embeddings=original, mscale=1.0,
+                    mscale_all_dim=f.arch_value("rope.scaling.yarn_log_multiplier"),
+                    beta_fast=f.arch_value("rope.scaling.yarn_beta_fast"),
+                    beta_slow=f.arch_value("rope.scaling.yarn_beta_slow"),
+                    llama_4_scaling_beta=f.arch_value("attention.temperature_scale"))
+
+
 def seed_oss(f: GGUFFile, layer: int) -> dict:
     """Seed-OSS: the output bias is a key of its own."""
     return {"attention_out_bias": _has(f, layer, "attn_output.bias")}
@@ -459,6 +499,7 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "qwen3moe": GGUFArch("qwen3_moe", extra=full_attention),
     "gemma2": GGUFArch("gemma2", norm_shift=1.0, extra=gemma2),
     "gemma3": GGUFArch("gemma3_text", norm_shift=1.0, extra=gemma3),
+    "gemma3n": GGUFArch("gemma3n_text", extra=gemma3n),  # norms stored as w (no shift)
     "phi3": GGUFArch("phi3", extra=phi3),
     "qwen2moe": GGUFArch("qwen2_moe", extra=full_attention, bias="qkv_bias"),
     "starcoder2": GGUFArch("starcoder2", extra=no_window, bias="use_bias"),
@@ -498,6 +539,8 @@ ARCHITECTURES: dict[str, GGUFArch] = {
                       convert=with_slopes(paper_slopes, qkv_rows_convert)),  # [q; k; v]
     "dbrx": GGUFArch("dbrx", extra=dbrx, prefix="transformer."),
     "lfm2": GGUFArch("lfm2", extra=lfm2),
+    # Ministral 3 (its converter permutes q/k as LlamaModel's); llama.cpp has no window
+    "mistral3": GGUFArch("ministral3", permuted=True, extra=no_window, rope=mistral3_rope),
     "qwen3next": GGUFArch("qwen3_next", norm_shift=1.0, extra=qwen3next),  # q/k norms: 1 + w
     "mpt": GGUFArch("mpt", extra=mpt, prefix="transformer."),
 }
@@ -585,7 +628,7 @@ def _config(f: GGUFFile, arch: GGUFArch, layer: int, biases: bool) -> dict:
         num_key_value_heads=f.arch_value("attention.head_count_kv", heads, layer),
         head_dim=head_dim, rope_theta=f.arch_value("rope.freq_base", 10000.0),  # llama.cpp's
         partial_rotary_factor=f.arch_value("rope.dimension_count", head_dim) / head_dim,
-        rope_scaling=_rope_scaling(f), rms_norm_eps=f.arch_value(
+        rope_scaling=(arch.rope or _rope_scaling)(f), rms_norm_eps=f.arch_value(
             "attention.layer_norm_rms_epsilon"),
         max_position_embeddings=f.arch_value("context_length"), **{arch.bias: biases},
         original_max_position_embeddings=f.arch_value("rope.scaling.original_context_length"))
