@@ -499,7 +499,6 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "qwen3moe": GGUFArch("qwen3_moe", extra=full_attention),
     "gemma2": GGUFArch("gemma2", norm_shift=1.0, extra=gemma2),
     "gemma3": GGUFArch("gemma3_text", norm_shift=1.0, extra=gemma3),
-    "gemma3n": GGUFArch("gemma3n_text", extra=gemma3n),  # norms stored as w (no shift)
     "phi3": GGUFArch("phi3", extra=phi3),
     "qwen2moe": GGUFArch("qwen2_moe", extra=full_attention, bias="qkv_bias"),
     "starcoder2": GGUFArch("starcoder2", extra=no_window, bias="use_bias"),
@@ -543,6 +542,7 @@ ARCHITECTURES: dict[str, GGUFArch] = {
     "mistral3": GGUFArch("ministral3", permuted=True, extra=no_window, rope=mistral3_rope),
     "qwen3next": GGUFArch("qwen3_next", norm_shift=1.0, extra=qwen3next),  # q/k norms: 1 + w
     "mpt": GGUFArch("mpt", extra=mpt, prefix="transformer."),
+    "gemma3n": GGUFArch("gemma3n_text", extra=gemma3n),  # norms stored as w (no shift)
 }
 # Architectures whose layers do not map onto a family cleanly: refused, saying why.
 MLA_STORED = ("Multi-head Latent Attention as llama.cpp stores it (kv_b_proj split into "
