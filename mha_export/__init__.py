@@ -15,7 +15,7 @@ _EXPORTS = {
     "build_module": "kinds.registry", "convert": "kinds.registry",
     "AttentionWeights": "layer.layouts", "load_module": "weights.files",
     "export_onnx": "export.pipeline", "export_torchscript": "export.pipeline",
-    "export_aoti": "export.pipeline",
+    "export_aoti": "export.pipeline", "export_executorch": "export.pipeline",
     "ExportResult": "export.pipeline",
     "check_parity": "check.parity", "CheckReport": "check.parity",
     "make_signature": "signature", "Signature": "signature", "FORMS": "kinds.registry",

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 DISTRIBUTIONS = ("mha-export", "torch", "onnx", "onnxruntime-gpu", "onnxruntime", "openvino",
-                 "numpy")
+                 "executorch", "numpy")
+EXECUTORCH_INSTALL = "pip install -c constraints.txt --no-deps executorch (docs/executorch.md)"
 
 
 def versions() -> dict[str, str]:
@@ -77,3 +78,13 @@ def openmp_wait(environ: Optional[Mapping[str, str]] = None) -> str:
 
 def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def executorch_missing() -> Optional[str]:
+    """Why ExecuTorch cannot run here (its package is an extra, installed without its own
+    requirements), or None."""
+    try:
+        import executorch.runtime  # noqa: F401
+    except ImportError as e:
+        return f"ExecuTorch is not installed ({e}): {EXECUTORCH_INSTALL}"
+    return None

@@ -28,7 +28,7 @@ from .runners import (RUNNERS, Runner, RunnerKind, RunnerUnavailable, RunOptions
                       ort_runner_names)
 from .runners.pytorch import EagerRunner
 from .sweep import (SWEEPS, Case, case_bytes, default_past_lens, default_seq_lens, make_cases,
-                    require_fits, window_cases)
+                    require_fits, window_cases, within_bounds)
 
 BASELINE = "eager-fp32"
 
@@ -94,7 +94,8 @@ def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) 
         kinds += _cuda_kinds(artifact, kinds)
     sig, config = artifact.signature, artifact.config
     sweep = sweep_plan(config, artifact.export.get("attention"), o)
-    cases = _single_cases(config, sig, sweep, o.batch_sizes)
+    cases = within_bounds(_single_cases(config, sig, sweep, o.batch_sizes),
+                          artifact.export.get("bounds"))
     require_fits(config, cases, sweep.scores_at, sig.has_mask)
     options = RunOptions(tf32=o.tf32, threads=o.threads)
     opened, infos = _open_runners(artifact, kinds, options, o.require_cuda)

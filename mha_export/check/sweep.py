@@ -83,6 +83,14 @@ def make_cases(sig: Signature, batch_sizes: Sequence[int], seq_lens: Sequence[in
     return cases
 
 
+def within_bounds(cases: Sequence[Case], bounds: Optional[dict]) -> list[Case]:
+    """The cases a program with stated axis bounds accepts (an ExecuTorch program: batch <=
+    bounds["batch"], seq <= bounds["seq"]; its memory is planned for them); all without."""
+    if not bounds:
+        return list(cases)
+    return [c for c in cases if c.batch <= bounds["batch"] and c.seq <= bounds["seq"]]
+
+
 def in_quick_sweep(case: Case, pasts: Sequence[int], seq_lens: Sequence[int]) -> bool:
     """The export-time sweep keeps the cases that catch faults and drops the product of long
     calls with batch 3 and long caches, where the time goes (a case costs B * T * (P + T)):

@@ -221,6 +221,30 @@ def torchscript(**kw) -> None:
 
 @cli.command()
 @model_options
+@click.option("--backend", type=click.Choice(("xnnpack", "portable")), default="xnnpack",
+              show_default=True,
+              help="Where the program's work runs: delegated to XNNPACK, or ExecuTorch's "
+                   "portable kernels.")
+@click.option("--max-batch", type=int, default=4, show_default=True,
+              help="The batch axis's bound (seq's: --max-seq-len): ExecuTorch plans its memory "
+                   "for the largest call.")
+@_guard
+def executorch(**kw) -> None:
+    """Export to ExecuTorch: model.pte for its runtime (Android, iOS, embedded Linux: the C++
+    Module; Python's executorch.runtime), lowered to XNNPACK; batch and seq dynamic up to
+    stated bounds. Needs the executorch extra (docs/executorch.md).
+
+    \b
+    Examples:
+      mha-export executorch --heads 12 --dim 768     # -> models/split-h12-d768-executorch/
+      mha-export executorch --heads 12 --dim 768 --attention-mask --max-batch 8
+      mha-export executorch --heads 12 --dim 768 --backend portable
+    """
+    _export("executorch", kw)
+
+
+@cli.command()
+@model_options
 @click.option("--device", type=click.Choice(("cpu", "cuda")), default="cpu", show_default=True,
               help="Device the package is compiled for (cuda: only where torch sees a GPU).")
 @_guard

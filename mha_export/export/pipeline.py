@@ -118,5 +118,15 @@ def export_aoti(config: Optional[MHAConfig] = None, output: str | Path | None = 
     return export_artifact("aoti", config, output, target_options=dict(device=device), **options)
 
 
+def export_executorch(config: Optional[MHAConfig] = None, output: str | Path | None = None, *,
+                      backend: str = "xnnpack", max_batch: int = 4, **options) -> ExportResult:
+    """Write DIR/model.pte: the torch.export'ed entry point lowered by ExecuTorch to XNNPACK
+    (``backend="portable"``: its portable kernels); batch in [1, max_batch] and seq in
+    [1, max_seq_len]."""
+    return export_artifact("executorch", config, output, target_options=dict(
+        backend=backend, max_batch=max_batch), **options)
+
+
 # the export function of each target, by name (the fan-out over a checkpoint's layers calls it)
-EXPORTERS = {"onnx": export_onnx, "torchscript": export_torchscript, "aoti": export_aoti}
+EXPORTERS = {"onnx": export_onnx, "torchscript": export_torchscript, "aoti": export_aoti,
+             "executorch": export_executorch}

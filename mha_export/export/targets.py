@@ -8,7 +8,7 @@ step the target cannot write is refused by the step (lossy/*/step.py's ``refusal
 """
 from __future__ import annotations
 
-from . import to_aoti, to_onnx, to_torchscript
+from . import to_aoti, to_executorch, to_onnx, to_torchscript
 from .base import ExportTarget
 
 
@@ -19,5 +19,7 @@ _TARGETS = (
                  ("torch.jit.script", "saving model.pt")),
     ExportTarget("aoti", to_aoti.MODEL_FILE, to_aoti.prepare,
                  ("torch.export", "AOTInductor's compile of model.pt2")),
+    ExportTarget("executorch", to_executorch.MODEL_FILE, to_executorch.prepare,
+                 ("torch.export and ExecuTorch's lowering", "writing model.pte")),
 )
 TARGETS: dict[str, ExportTarget] = {t.name: t for t in _TARGETS}

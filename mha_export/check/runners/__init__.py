@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ...env import executorch_missing
 from ...errors import UsageError
 from ...signature import Signature
 from ..comparator import (BFLOAT16, FLOAT16, FP32, FP32_TF32, INT8_ACTIVATIONS, Tolerance,
@@ -55,6 +56,11 @@ def _open_aoti(device: str):
         from .aoti import AotiRunner
         return AotiRunner(sig, path, device)
     return open_
+
+
+def _open_executorch(sig: Signature, path: Path, options: RunOptions) -> Runner:
+    from .executorch import ExecuTorchRunner
+    return ExecuTorchRunner(sig, path)
 
 
 def _no_torch_cuda() -> Optional[str]:
@@ -144,6 +150,8 @@ _KINDS = (
     RunnerKind("aoti-cuda", "model.pt2", "cuda", "AOTInductor (torch, CUDA)", _open_aoti("cuda"),
                lambda dtype, options: FP32_TF32 if options.tf32 else FP32,
                unavailable=_no_torch_cuda),
+    RunnerKind("executorch-cpu", "model.pte", "cpu", "ExecuTorch (executorch.runtime)",
+               _open_executorch, lambda dtype, options: FP32, unavailable=executorch_missing),
 )
 RUNNERS: dict[str, RunnerKind] = {k.name: k for k in _KINDS}
 

@@ -37,7 +37,9 @@ class Int8Cache(LossyStep):
     label = "int8 cache"
     record_key = "kv_cache"
     signature_dtype = INT8
-    refusals = {"torchscript": _TORCH.format("TorchScript"), "aoti": _TORCH.format("AOTInductor")}
+    refusals = {"torchscript": _TORCH.format("TorchScript"), "aoti": _TORCH.format("AOTInductor"),
+                "executorch": "--kv-cache-dtype int8 needs the static cache, which the "
+                              "ExecuTorch program does not hold yet"}
 
     def from_record(self, record: dict) -> Any:
         return KVCacheSpec.from_dict(record)

@@ -38,7 +38,9 @@ GRAPH_NAME = {"out_proj": "out", "gate_proj": "gate"}
 class QuantizedProjections(LossyStep):
     name = "quantize"
     record_key = "quantize"
-    refusals = {"torchscript": _TORCH.format("TorchScript"), "aoti": _TORCH.format("AOTInductor")}
+    refusals = {"torchscript": _TORCH.format("TorchScript"), "aoti": _TORCH.format("AOTInductor"),
+                "executorch": "--quantize for ExecuTorch (torchao's 8da4w and int8 weight-only "
+                              "for XNNPACK) is not built yet; use `mha-export onnx --quantize`"}
 
     def from_record(self, record: dict) -> Any:
         return quant_spec_from_record(dict(record))
