@@ -82,6 +82,10 @@ def test_calls_past_the_bounds_are_refused_and_the_sweep_stays_within(programs):
     (["--static-cache"], "is not built yet"),
     (["--quantize", "int4"], "--quantize for ExecuTorch (torchao's 8da4w"),
     (["--max-batch", "0"], "--max-batch must be a positive integer"),
+    # DeepSeek Sparse Attention's stable top-k: ExecuTorch's edge dialect has no such operator
+    (["--kv-lora-rank", "32", "--q-lora-rank", "48", "--qk-rope-head-dim", "8",
+      "--index-topk", "4", "--index-heads", "8", "--index-head-dim", "16", "--max-seq-len", "16"],
+     "aten.sort.stable is not in Core ATen opset"),
 ])
 def test_what_is_not_built_is_one_line(tmp_path, args, msg):
     r = CliRunner().invoke(cli, ["executorch", "--heads", "4", "--dim", "64", *args, "-o",

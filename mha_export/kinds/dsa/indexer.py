@@ -54,12 +54,17 @@ class Indexer(nn.Module):
         index = (weights.unsqueeze(-2) @ scores).squeeze(-2)  # (B, T, S): summed over heads
         if masked is not None:
             index = index.masked_fill(masked.squeeze(1), float("-inf"))
-        # equal scores: the earlier key first (ONNX TopK's rule; torch.topk leaves ties
-        # unspecified, and a query whose head weights are all negative scores many keys 0)
-        order = torch.sort(index, dim=-1, descending=True, stable=True).indices  # (B, T, S)
-        kept = order[..., :min(self.topk, index.size(-1))]  # (B, T, k)
-        dropped = torch.ones(index.shape, dtype=torch.bool, device=x.device)
-        return dropped.scatter(-1, kept, False).unsqueeze(1)  # (B, 1, T, S)
+        # topk columns of -inf after the keys: every row then has at least topk to keep,
+        # with no min(topk, S) (a guard on S under torch.export); equal scores keep the
+        # earlier key (ONNX TopK's rule; torch.topk leaves ties unspecified, and a query whose
+        # head weights are all negative scores many keys 0)
+        count = index.size(-1)
+        padded = torch.nn.functional.pad(index, (0, self.topk), value=float("-inf"))
+        order = torch.sort(padded, dim=-1, descending=True, stable=True).indices  # (B,T,S+k)
+        kept = order[..., :self.topk]  # (B, T, k)
+        dropped = torch.ones(padded.shape, dtype=torch.bool, device=x.device)
+        dropped = dropped.scatter(-1, kept, False)[..., :count]  # (B, T, S)
+        return dropped.unsqueeze(1)  # (B, 1, T, S)
 
 
 class NoIndexer(nn.Module):
