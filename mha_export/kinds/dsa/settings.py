@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Tuple
 
 from ...errors import UsageError, require_positive
+from ..section import section_from_json
 
 INDEX_ROPES = ("half", "deinterleaving")  # DeepSeek-V3.2's, GLM-5's (pairs -> halves)
 
@@ -59,11 +60,5 @@ class SparseIndex:
 
     @classmethod
     def from_value(cls, value: Any) -> "SparseIndex":
-        if isinstance(value, cls):
-            return value
-        if not isinstance(value, dict):
-            raise UsageError(f"index must be a JSON object, got {value!r}")
-        unknown = set(value) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise UsageError(f"index has unknown fields: {', '.join(sorted(unknown))}")
-        return cls(**value)
+        """A SparseIndex, or config.json's object of one (unknown keys refused)."""
+        return section_from_json(cls, value, "index")

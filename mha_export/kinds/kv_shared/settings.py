@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from ...errors import UsageError
+from ..section import section_from_json
 
 NAME = "cross-layer KV sharing"
 LAYOUT = "shared"  # its one weight layout (q_proj, o_proj): the checkpoints' shared layers
@@ -91,12 +92,5 @@ class SharedKV:
 
     @classmethod
     def from_value(cls, value: Any) -> "SharedKV":
-        """A SharedKV, or config.json's dict of one (unknown keys refused)."""
-        if isinstance(value, cls):
-            return value
-        if not isinstance(value, dict):
-            raise UsageError(f"kv_shared must be a JSON object, got {value!r}")
-        unknown = set(value) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise UsageError(f"kv_shared has unknown fields: {', '.join(sorted(unknown))}")
-        return cls(**value)
+        """A SharedKV, or config.json's object of one (unknown keys refused)."""
+        return section_from_json(cls, value, "kv_shared")

@@ -22,6 +22,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from ... import rope_types
 from ...errors import UsageError, require_positive as _positive
+from ..section import section_from_json
 from ..dsa.settings import SparseIndex
 
 NAME = "Multi-head Latent Attention"
@@ -175,15 +176,8 @@ class Latent:
 
     @classmethod
     def from_value(cls, value: Any) -> "Latent":
-        """A Latent, or config.json's dict of one (unknown keys refused)."""
-        if isinstance(value, cls):
-            return value
-        if not isinstance(value, dict):
-            raise UsageError(f"latent must be a JSON object, got {value!r}")
-        unknown = set(value) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise UsageError(f"latent has unknown fields: {', '.join(sorted(unknown))}")
-        return cls(**value)
+        """A Latent, or config.json's object of one (unknown keys refused)."""
+        return section_from_json(cls, value, "latent")
 
 
 @dataclass(frozen=True)

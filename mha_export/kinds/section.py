@@ -1,0 +1,21 @@
+"""What every kind's config section shares (torch-free): reading one from config.json."""
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from ..errors import UsageError
+
+S = TypeVar("S")
+
+
+def section_from_json(cls: type[S], value: Any, name: str) -> S:
+    """An instance of the frozen dataclass ``cls``, or config.json's object of one under
+    ``name`` (unknown keys refused)."""
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise UsageError(f"{name} must be a JSON object, got {value!r}")
+    unknown = set(value) - set(cls.__dataclass_fields__)
+    if unknown:
+        raise UsageError(f"{name} has unknown fields: {', '.join(sorted(unknown))}")
+    return cls(**value)
