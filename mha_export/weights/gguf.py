@@ -15,7 +15,9 @@ dequantizes them to float32 with ``gguf.quants``, undoes the converter's permuta
 shift, and hands both to that model type's ``families.Family`` (its ``fields`` and
 ``convert``): the attention math lives in families/ only. Only the chosen layer's tensors are
 read (``gguf.GGUFReader`` memory-maps the file). The records follow llama.cpp 21a4933's
-convert_hf_to_gguf.py, llama-model.cpp and src/models/.
+convert_hf_to_gguf.py, llama-model.cpp and src/models/ (glm4moe, ernie4_5-moe, minimax-m2,
+afmoe, lfm2, qwen3next, mpt, mistral3, gemma3n and the refusals of phimoe, mimo2 and gemma4:
+092b66d's).
 
 ``layer_raw_tensors`` gives the same tensors as stored (type, shape, blocks), for exporting the
 file's own quantization. The ``gguf`` package (llama.cpp's gguf-py) is needed for .gguf files only.
