@@ -86,6 +86,15 @@ def test_every_call_kind_exports_and_passes_its_check(tmp_path, call):
         assert report.passed and "shared_key" in report.inputs, (call, export.__name__)
 
 
+def test_quantized_projections_pass_their_check(tmp_path):
+    """--quantize int4: q_proj and o_proj as MatMulNBits (it has no key or value projection)."""
+    from mha_export.lossy.projections.rtn import QuantSpec
+    path = export_onnx(MHAConfig(**SHARED), tmp_path / "q", validate=False, kv_cache=True,
+                       quantize=QuantSpec(bits=4)).path
+    report = check_parity(path, **SWEEP)
+    assert report.passed and report.to_dict()["quantization"]
+
+
 SHARED_FAULTS = {
     "q norm skipped": (dict(qk_norm="head"), "kv-cache",
                        lambda p: faults.norm_skipped(p, "q_norm")),

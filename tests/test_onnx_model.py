@@ -10,8 +10,11 @@ from mha_export.graph.forms import MAX_OPSET
 from mha_export.kinds.registry import FORMS, get_form
 from mha_export.layer.entry import entry_module
 from mha_export.graph.model import build_model
-from mha_export.signature import KINDS, make_signature
+from mha_export.signature import SHARED_KINDS, make_signature
 from mha_export.check.sweep import Case, make_feeds, valid_entries
+
+# a standard layer's call kinds (a KV-shared layer's counterparts: tests/test_kv_shared.py)
+LAYER_KINDS = tuple(SHARED_KINDS)
 
 # Multi-head Latent Attention (DeepSeek-V2 shape: no q LoRA, complex-form rope pairs)
 MLA = MHAConfig(dim=64, heads=4, rotary="interleaved", latent=dict(
@@ -41,13 +44,17 @@ def _buildable(form, config, sig) -> bool:
 
 
 def _for(form: str, config: MHAConfig) -> MHAConfig:
-    """config, or an MLA layer of its width for a form that builds MLA layers only."""
-    if _buildable(FORMS[form], config, make_signature(config)) or config.latent:
+    """config, or a layer of its width of the kind the form builds (an MLA layer; a KV-shared
+    layer reading layer 0's keys)."""
+    kind = FORMS[form].kind
+    if kind == config.kind or _buildable(FORMS[form], config, make_signature(config)):
         return config
-    return MLA.replace(dim=config.dim, d_in=None, max_seq_len=config.max_seq_len)
+    if kind == "latent":
+        return MLA.replace(dim=config.dim, d_in=None, max_seq_len=config.max_seq_len)
+    return config.replace(kv_shared={"kv_shared_layer": 0}, layout="shared")
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", LAYER_KINDS)
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.slug() + ("" if c.causal else "-noncausal"))  # noqa: E501
 def test_matches_eager_at_lengths_never_seen(form, config, kind):
@@ -80,7 +87,7 @@ def test_matches_eager_at_lengths_never_seen(form, config, kind):
             assert diff.max() <= 1e-5, (name, case)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", LAYER_KINDS)
 @pytest.mark.parametrize("form", FORMS)
 def test_io_declares_named_inputs_with_symbolic_axes(form, kind):
     c = _for(form, MHAConfig(dim=64, heads=4))
@@ -111,9 +118,7 @@ def test_no_baked_mask_or_sequence_sized_constant(form):
 def test_every_supported_opset_loads(form):
     c = _for(form, MHAConfig(dim=32, heads=2))
     w = build_module(c, seed=0).to_weights()
-    x = {"x": np.ones((1, 3, 32), np.float32)}
-    if c.rotary != "none":
-        x["position_ids"] = np.arange(3).reshape(1, 3)
+    x = make_feeds(make_signature(c), Case(1, 3), seed=0)
     outs = [_session(build_model(c, w, FORMS[form], opset)).run(None, x)[0]
             for opset in range(FORMS[form].min_opset, MAX_OPSET + 1)]
     for o in outs[1:]:
@@ -148,7 +153,7 @@ def test_opset_outside_the_form_is_refused():
         build_model(c, build_module(c, seed=0).to_weights(), FORMS["auto"], 17)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", LAYER_KINDS)
 @pytest.mark.parametrize("form", FORMS)
 def test_bfloat16_models_build_with_bfloat16_io_and_weights(form, kind):
     """--dtype bfloat16: every form and call kind builds and passes onnx's full check; float
