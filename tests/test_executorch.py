@@ -1,7 +1,8 @@
 """The ExecuTorch target (export/to_executorch.py) and its executorch-cpu runner: programs
 lowered to XNNPACK (or the portable kernels) pass their check with the placement said in the
-row; a planted fault fails it; calls past the stated bounds are refused, never answered; what
-is not built yet is one line, exit 2."""
+row; the static cache lives inside the program (forward moves no cache; the check reads it
+back); a planted fault fails it; calls past the stated bounds are refused, never answered; what
+is not built is one line, exit 2."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +13,9 @@ pytest.importorskip("executorch.runtime")
 
 from mha_export import check_parity, export_executorch  # noqa: E402
 from mha_export.artifact import read_artifact  # noqa: E402
+from mha_export.check import scenarios  # noqa: E402
 from mha_export.check.runners.executorch import ExecuTorchRunner  # noqa: E402
+from mha_export.check.sweep import Case  # noqa: E402
 from mha_export.cli.commands import cli  # noqa: E402
 from mha_export.config import MHAConfig  # noqa: E402
 from mha_export.export import to_executorch  # noqa: E402
@@ -55,15 +58,7 @@ def test_the_portable_backend_delegates_nothing(programs):
 
 def test_a_planted_fault_fails_the_check(programs, tmp_path):
     """The program rebuilt from an output projection with one weight moved by 1e-3."""
-    import shutil
-    path = tmp_path / "copy"
-    shutil.copytree(programs("full"), path)
-    artifact = read_artifact(path)
-    module = build_module(artifact.config, seed=0)
-    with torch.no_grad():
-        module.out_proj.weight[0, 0] += 1e-3
-    to_executorch.prepare(module, artifact.config, artifact.signature).write(path / "model.pte")
-    assert not check_parity(path, **SWEEP).passed
+    assert not check_parity(_planted(programs("full"), tmp_path, "out_proj"), **SWEEP).passed
 
 
 def test_calls_past_the_bounds_are_refused_and_the_sweep_stays_within(programs):
@@ -76,10 +71,80 @@ def test_calls_past_the_bounds_are_refused_and_the_sweep_stays_within(programs):
     assert {(r.batch, r.seq) for r in report.results} == {(1, 1), (1, 16)} and report.passed
 
 
+def _planted(path, tmp_path, weight: str):
+    """A copy of the program at ``path`` rebuilt with one weight of ``weight`` moved by 1e-3."""
+    import shutil
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
+    artifact = read_artifact(copy)
+    module = build_module(artifact.config, seed=0)
+    with torch.no_grad():
+        getattr(module, weight).weight[0, 0] += 1e-3
+    to_executorch.prepare(module, artifact.config, artifact.signature).write(copy / "model.pte")
+    return copy
+
+
+def test_the_static_cache_lives_inside_the_program_and_passes_its_check(programs):
+    path = programs("static", static_cache=True)
+    export = read_artifact(path).export
+    assert export["bounds"] == {"batch": 4, "seq": 16, "cache": 16}
+    assert export["cache"]["methods"] == ["forward", "read_cache", "write_cache", "reset_cache"]
+    assert export["cache"]["key_cache"] == [4, 2, 16, 16]
+    report = check_parity(path, **SWEEP)
+    assert report.passed
+    row = next(r for r in report.runners if r.name == "executorch-cpu")
+    assert "the cache inside the program" in row.device
+    assert {r.scenario for r in report.results if r.runner == "executorch-cpu"} >= {
+        "static generate 5+1+1+1+3+1", "static ragged 7|5|3+1+1"}
+
+
+def test_a_prefill_and_its_steps_move_no_cache_across_the_api(programs):
+    """The runner writes the first call's buffers into the program; every later step runs on
+    what the program holds (no write), and the buffers read back equal the eager module's."""
+    path = programs("static", static_cache=True)
+    artifact = read_artifact(path)
+    runner = ExecuTorchRunner(artifact.signature, path / "model.pte")
+    writes = []
+    write = runner.cache.write
+    runner.cache.write = type("Counted", (), {"execute": lambda _, a: writes.append(1)
+                                              or write.execute(a)})()
+    case = Case(3, 12, 0, "none", "static generate 5+1+1+1+3+1")
+    x, mask = scenarios.scenario_inputs(artifact.config, case, 0)
+    got = scenarios.generate_static(runner, x, mask, [5, 1, 1, 1, 3, 1])
+    assert len(writes) == 1
+    want = scenarios.eager_full(build_module(artifact.config, seed=0).eval())(x, mask)
+    for name in ("y", "present_key", "present_value"):
+        assert abs(got[name] - want[name]).max() < 1e-5, name
+
+
+def test_reset_and_write_reach_the_buffers_the_step_writes(programs):
+    from executorch.runtime import Runtime
+    program = Runtime.get().load_program(str(programs("static", static_cache=True)
+                                             / "model.pte"))
+    write, read, reset = (program.load_method(m) for m in ("write_cache", "read_cache",
+                                                           "reset_cache"))
+    key, value = torch.randn(2, 2, 16, 16), torch.randn(2, 2, 16, 16)
+    reset.execute([])
+    write.execute([key, value])
+    k, v = read.execute([])
+    assert torch.equal(k[:2], key) and torch.equal(v[:2], value) and not k[2:].any()
+    reset.execute([])
+    assert not any(t.any() for t in read.execute([]))
+
+
+def test_a_planted_fault_in_the_cached_values_fails_the_check(programs, tmp_path):
+    path = _planted(programs("static", static_cache=True), tmp_path, "W_value")
+    report = check_parity(path, **SWEEP)
+    assert not report.passed
+    assert any(r.output == "present_value" and not r.passed for r in report.results)
+
+
 @pytest.mark.parametrize("args, msg", [
-    (["--kv-cache"], "the ExecuTorch program's cache (held inside it as mutable buffers) is "
-                     "not built yet"),
-    (["--static-cache"], "is not built yet"),
+    (["--kv-cache"], "--kv-cache: a growing cache cannot live inside an ExecuTorch program"),
+    (["--static-cache", "--kv-cache-dtype", "int8"], "--kv-cache-dtype int8: the ExecuTorch "
+                                                     "program's cache holds float entries"),
+    (["--kv-shared-layer", "0", "--static-cache"], "a KV-shared layer's cached call reads its "
+                                                   "source layer's cache"),
     (["--quantize", "int4"], "--quantize for ExecuTorch (torchao's 8da4w"),
     (["--max-batch", "0"], "--max-batch must be a positive integer"),
     # DeepSeek Sparse Attention's stable top-k: ExecuTorch's edge dialect has no such operator

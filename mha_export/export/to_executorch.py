@@ -4,13 +4,14 @@
 for them), lowered by ``to_edge_transform_and_lower`` to XNNPACK (default) or left on the
 portable kernels, and serialized.
 
-Not built yet: the static cache held inside the program as mutable buffers (ExecuTorch's way
-for a decode step), the growing cache, torchao's quantized projections; each is refused in one
-line.
+The static cache lives inside the program as mutable buffers written in place
+(executorch_cache.py: forward, read_cache, write_cache, reset_cache). Refused in one line: the
+growing cache (buffers have fixed shapes), a KV-shared layer's cached calls.
 """
 from __future__ import annotations
 
 import copy
+import warnings
 from collections import Counter
 from typing import Any, Optional
 
@@ -23,6 +24,7 @@ from ..env import executorch_missing
 from ..errors import UsageError
 from ..layer.entry import entry_module
 from ..signature import Signature
+from . import executorch_cache as cache
 from .base import Prepared, require_no_lossy_steps
 
 MODEL_FILE = "model.pte"
@@ -34,17 +36,26 @@ DELEGATE = "executorch_call_delegate"
 
 def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str = "xnnpack",
             max_batch: int = MAX_BATCH, specs: Optional[dict] = None) -> Prepared:
-    """``max_batch``: the batch axis's bound (seq's: config.max_seq_len)."""
+    """``max_batch``: the batch axis's bound (seq's: config.max_seq_len; a static cache's
+    buffers hold max_batch rows of max_seq_len entries, inside the program)."""
     require_no_lossy_steps(specs, MODEL_FILE)
     _require_buildable(sig, backend, max_batch)
-    entry = entry_module(without_empty_buffers(module), sig.kind, sig.input_names,
-                         sig.output_names)
+    module = without_empty_buffers(module)
     bounds = {"batch": max_batch, "seq": config.max_seq_len}
-    program = _lowered(entry, sig, bounds, backend)
-    export = {"file": MODEL_FILE, "method": "torch.export + ExecuTorch", "backend": backend,
-              "bounds": bounds, "placement": placement(program.exported_program()),
-              "executorch": _version()}
-    buffer = program.to_executorch().buffer
+    export: dict[str, Any] = {"file": MODEL_FILE, "method": "torch.export + ExecuTorch",
+                              "backend": backend, "bounds": bounds}
+    if sig.static_cache:
+        bounds["cache"] = config.max_seq_len
+        methods = cache.cache_methods(module, sig, max_batch, config.max_seq_len,
+                                      *_step_example(sig, {"past_key", "past_value"}))
+        export["cache"] = cache.cache_record(sig, max_batch, config.max_seq_len)
+    else:
+        entry = entry_module(module, sig.kind, sig.input_names, sig.output_names)
+        methods = {"forward": cache.Method(entry, *_step_example(sig, set()))}
+    program = _lowered(methods, bounds, backend)
+    export.update(placement=placement(program.exported_program("forward")),
+                  executorch=_version())
+    buffer = _serialized(program, sig.static_cache)
     return Prepared(export, lambda path: path.write_bytes(buffer))
 
 
@@ -55,10 +66,18 @@ def _require_buildable(sig: Signature, backend: str, max_batch: int) -> None:
         raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise UsageError(f"--max-batch must be a positive integer, got {max_batch!r}")
-    if sig.follows_past:
-        raise UsageError("--kv-cache / --static-cache: the ExecuTorch program's cache (held "
-                         "inside it as mutable buffers) is not built yet; export the "
-                         "full-sequence or --attention-mask call")
+    if sig.follows_past and not sig.static_cache:
+        raise UsageError(REFUSED_CALLS["shared" if sig.shared_kv else "growing"])
+
+
+REFUSED_CALLS = {
+    "growing": "--kv-cache: a growing cache cannot live inside an ExecuTorch program (its "
+               "buffers have fixed shapes); export --static-cache, whose buffers the program "
+               "holds and writes in place",
+    "shared": "a KV-shared layer's cached call reads its source layer's cache, which lives "
+              "inside the source layer's own program: export the full-sequence or "
+              "--attention-mask call",
+}
 
 
 def without_empty_buffers(module: nn.Module) -> nn.Module:
@@ -74,17 +93,39 @@ def without_empty_buffers(module: nn.Module) -> nn.Module:
     return module
 
 
-def _lowered(entry: nn.Module, sig: Signature, bounds: dict, backend: str) -> Any:
-    """torch.export with batch in [1, bounds.batch] and seq in [1, bounds.seq], then ExecuTorch's
-    edge dialect, delegated to XNNPACK where it can (``portable``: nothing delegated)."""
+def _step_example(sig: Signature, inside: set[str]) -> tuple[tuple, tuple]:
+    """forward's example arguments and dynamic axes: the signature's inputs but those the
+    program holds inside."""
+    inputs = [t for t in sig.inputs if t.name not in inside]
+    return tuple(_example(t) for t in inputs), tuple(t.dynamic_axes for t in inputs)
+
+
+def _lowered(methods: dict[str, cache.Method], bounds: dict, backend: str) -> Any:
+    """Each method torch.export'ed with batch in [1, bounds.batch] and seq in [1, bounds.seq],
+    then ExecuTorch's edge dialect; forward delegated to XNNPACK where it can (``portable``:
+    nothing delegated), the cache's plain copies left to the portable kernels."""
     from executorch.exir import to_edge_transform_and_lower
     dims = {"batch": Dim("batch", min=1, max=bounds["batch"]),
             "seq": Dim("seq", min=1, max=bounds["seq"])}
-    args = tuple(_example(t) for t in sig.inputs)
-    dynamic = {t.name: {i: dims[d] for i, d in t.dynamic_axes.items()} for t in sig.inputs}
     with torch.no_grad():
-        program = torch.export.export(entry, args, dynamic_shapes=dynamic)
-        return to_edge_transform_and_lower(program, partitioner=_partitioners(backend))
+        programs = {name: torch.export.export(
+            m.module, m.args, dynamic_shapes=tuple(
+                {i: dims[d] for i, d in axes.items()} for axes in m.dynamic) or None)
+            for name, m in methods.items()}
+        return to_edge_transform_and_lower(
+            programs, partitioner={name: _partitioners(backend) if name == "forward" else []
+                                   for name in programs})
+
+
+def _serialized(program: Any, cache_inside: bool) -> bytes:
+    """The .pte bytes; a cache inside: its buffers planned once and shared by the methods.
+    ExecuTorch warns that a mutated buffer's first contents are not kept: by design here
+    (export.cache.initial says so; reset_cache sets them)."""
+    if not cache_inside:
+        return program.to_executorch().buffer
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Mutation on a buffer in the model")
+        return program.to_executorch(cache.backend_config()).buffer
 
 
 def _partitioners(backend: str) -> list:
@@ -112,6 +153,8 @@ def _example(t) -> torch.Tensor:
     shape = [EXAMPLE[d] if isinstance(d, str) else d for d in t.shape]
     if t.name == "attention_mask":
         return torch.ones(shape, dtype=torch.int64)
+    if t.name == "past_lengths":  # ragged rows, their writes inside any buffer
+        return torch.arange(shape[0]) * 2
     if t.name == "position_ids":
         return torch.arange(shape[1]).expand(shape).contiguous()
     return torch.randn(shape)

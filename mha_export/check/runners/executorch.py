@@ -1,16 +1,26 @@
 """The ExecuTorch runner: model.pte loaded by ``executorch.runtime`` (the pip wheel's runtime,
-the one an app links) and called with the signature's inputs in order. Its row says where the
-program's work ran: the delegated subgraphs by backend (XNNPACK) and the operators left to the
-portable kernels, as the export recorded them."""
+the one an app links) and its forward called with the signature's inputs in order. Its row says
+where the program's work ran: the delegated subgraphs by backend (XNNPACK) and the operators
+left to the portable kernels, as the export recorded them.
+
+A static cache inside the program (export/executorch_cache.py): forward moves no cache. The
+runner writes the call's past_key/past_value into the program (write_cache) only when they are
+not what it read back after its previous call, so a prefill and its steps run on the program's
+own buffers; present_* are the buffers read back (read_cache), cut to the call's rows and
+capacity."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from ...signature import Signature
 from .base import Feeds, Runner
+
+CACHE_INPUTS = ("past_key", "past_value")
 
 
 class ExecuTorchRunner(Runner):
@@ -18,12 +28,20 @@ class ExecuTorchRunner(Runner):
         super().__init__(signature)
         from executorch.runtime import Runtime
         self.name = "executorch-cpu"
-        self.method = Runtime.get().load_program(str(path)).load_method("forward")
-        self.bounds, where = _recorded(Path(path).parent)
-        self.device = f"cpu (ExecuTorch: {where})"
+        program = Runtime.get().load_program(str(path))
+        self.method = program.load_method("forward")
+        export = _recorded(Path(path).parent)
+        self.bounds = export.get("bounds", {})
+        self.cache = CacheInside(program, self.bounds) if export.get("cache") else None
+        inside = "; the cache inside the program (steps move none)" if self.cache else ""
+        self.device = f"cpu (ExecuTorch: {_placement(export)}{inside})"
+        self.forward_inputs = [n for n in signature.input_names
+                               if not (self.cache and n in CACHE_INPUTS)]
 
     def prepare(self, feeds: Feeds) -> list[torch.Tensor]:
-        return [torch.from_numpy(feeds[n].copy()) for n in self.signature.input_names]
+        if self.cache:
+            self.cache.load(feeds)
+        return [torch.from_numpy(feeds[n].copy()) for n in self.forward_inputs]
 
     def run_prepared(self, args: list[torch.Tensor]) -> list:
         batch, seq = args[0].shape[0], args[0].shape[1]
@@ -34,19 +52,66 @@ class ExecuTorchRunner(Runner):
 
     def run(self, feeds: Feeds) -> Feeds:
         out = self.run_prepared(self.prepare(feeds))
+        if self.cache:
+            return {"y": out[0].numpy(), **self.cache.read(feeds)}
         return {n: o.numpy() for n, o in zip(self.signature.output_names, out)}
 
 
-def _recorded(folder: Path) -> tuple[dict, str]:
-    """The program's bounds and placement from the artifact's config.json."""
+class CacheInside:
+    """The program's own key/value buffers (M, K, C, H), reached by its cache methods."""
+
+    def __init__(self, program: Any, bounds: dict):
+        self.write = program.load_method("write_cache")
+        self.read_back = program.load_method("read_cache")
+        self.capacity = bounds["cache"]
+        self.last: Optional[Feeds] = None  # what read() returned after the previous call
+
+    def load(self, feeds: Feeds) -> None:
+        """The call's buffers into the program, unless they are what it holds already."""
+        if self.last is not None and all(feeds[n] is self.last[n] for n in CACHE_INPUTS):
+            return
+        if np.any(feeds["past_lengths"] + feeds["x"].shape[1] > self.capacity):
+            raise RuntimeError(f"the program's cache holds {self.capacity} entries per row; "
+                               "this call writes past them")
+        self.write.execute([torch.from_numpy(_fitted(feeds[n], self.capacity))
+                            for n in CACHE_INPUTS])  # (B, K, C', H) -> (B, K, C, H)
+        self.last = None
+
+    def read(self, feeds: Feeds) -> Feeds:
+        """present_*: the buffers read back, cut to the call's rows and its buffers' length
+        (entries past the program's capacity: the call's, never written)."""
+        b, c = feeds["x"].shape[0], feeds["past_key"].shape[2]
+        key, value = (t.numpy() for t in self.read_back.execute([]))
+        self.last = {"past_key": _fitted(key[:b], c, feeds["past_key"]),
+                     "past_value": _fitted(value[:b], c, feeds["past_value"])}
+        return {"present_key": self.last["past_key"], "present_value": self.last["past_value"]}
+
+
+def _fitted(buffer: np.ndarray, length: int, beyond: Optional[np.ndarray] = None
+            ) -> np.ndarray:
+    """``buffer`` (B, K, C, H) cut or extended to ``length`` entries (extended with
+    ``beyond``'s, or zeros)."""
+    if buffer.shape[2] >= length:
+        return np.ascontiguousarray(buffer[:, :, :length])
+    extra = (beyond[:, :, buffer.shape[2]:length] if beyond is not None
+             else np.zeros(buffer.shape[:2] + (length - buffer.shape[2],) + buffer.shape[3:],
+                           buffer.dtype))
+    return np.concatenate([buffer, extra], axis=2)
+
+
+def _recorded(folder: Path) -> dict:
+    """The artifact's export record (config.json)."""
     try:
-        export = json.loads((folder / "config.json").read_text()).get("export", {})
+        return json.loads((folder / "config.json").read_text()).get("export", {})
     except (OSError, ValueError):
-        export = {}
+        return {}
+
+
+def _placement(export: dict) -> str:
     placed = export.get("placement", {})
     parts = [f"{backend} ({n} delegated subgraph{'s' if n != 1 else ''})"
              for backend, n in placed.get("delegated", {}).items()]
     portable = placed.get("portable", {})
     if portable:
         parts.append("portable kernels: " + ", ".join(f"{op} x{n}" for op, n in portable.items()))
-    return export.get("bounds", {}), "; ".join(parts) or "placement not recorded"
+    return "; ".join(parts) or "placement not recorded"

@@ -38,8 +38,8 @@ class Int8Cache(LossyStep):
     record_key = "kv_cache"
     signature_dtype = INT8
     refusals = {"torchscript": _TORCH.format("TorchScript"), "aoti": _TORCH.format("AOTInductor"),
-                "executorch": "--kv-cache-dtype int8 needs the static cache, which the "
-                              "ExecuTorch program does not hold yet"}
+                "executorch": "--kv-cache-dtype int8: the ExecuTorch program's cache holds "
+                              "float entries (quantize-on-write is not built for it)"}
 
     def from_record(self, record: dict) -> Any:
         return KVCacheSpec.from_dict(record)
