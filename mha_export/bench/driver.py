@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -95,11 +96,12 @@ def model_variants(config: MHAConfig, forms: Sequence[str], kind: str,
 
 
 def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, module,
-                   kind: str = "full", aoti: bool = False, dtype: str = "float32"
-                   ) -> dict[str, Path]:
+                   kind: str = "full", aoti: bool = False, dtype: str = "float32",
+                   executorch: Optional[dict] = None) -> dict[str, Path]:
     """One model file per variant (``model_variants``), all from the same weights, of one
     signature kind, written by the export targets (export/targets.py) as an export would write
-    them; and the TorchScript file (and the AOTInductor package)."""
+    them; and the TorchScript file (and the AOTInductor package; with ``executorch``, {"batch",
+    "length"}: the ExecuTorch program, its bounds those, a static cache of that length)."""
     from ..export.targets import TARGETS
     from ..signature import make_signature
     paths = {}
@@ -114,7 +116,16 @@ def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, m
     if aoti:  # an AOTInductor compile: tens of seconds
         paths["aoti"] = folder / TARGETS["aoti"].model_file
         TARGETS["aoti"].prepare(module, config, sig).write(paths["aoti"])
+    if executorch:  # bounded axes: the longest call (the cache) the run makes
+        paths["executorch"] = folder / TARGETS["executorch"].model_file
+        TARGETS["executorch"].prepare(
+            module, replace(config, max_seq_len=executorch["length"]), sig,
+            max_batch=executorch["batch"]).write(paths["executorch"])
     return paths
+
+
+# the model key (prepare_models) of each runner's file that is not an ONNX model
+TARGET_MODELS = {"model.pte": "executorch"}
 
 
 def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[str, Path],
@@ -150,9 +161,10 @@ def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[st
                           **on_device})
     for name in extra:
         model_file = RUNNERS[name].model_file
-        targets = onnx_models if model_file.endswith(".onnx") else ["aoti"]
+        one = not model_file.endswith(".onnx")
+        targets = [TARGET_MODELS.get(model_file, "aoti")] if one else onnx_models
         specs += [{"variant": "runner", "runner": name, "config": c, "model": str(models[t]),
-                   "name": f"{name}-{t}" if t != "aoti" else name} for t in targets]
+                   "name": name if one else f"{name}-{t}"} for t in targets]
     specs += [{"variant": "cpp", "name": f"cpp-{program}", "config": c,
                "program": str(cpp / program), "model": str(models[model])}
               for program, model in (("mha_torch", "torchscript"), ("mha_aoti", "aoti"))
@@ -189,17 +201,7 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     what GPUs run); ``cuda_graph`` (static cache, CUDA): the step also replayed as a CUDA
     graph (runner ort-cuda-graph)."""
     from ..signature import make_signature
-    if cuda_graph and not static_cache:
-        raise UsageError("--cuda-graph replays the static-cache step: add --static-cache")
-    if cuda_graph and "cuda" not in providers:
-        raise UsageError("--cuda-graph replays on CUDA: add cuda to --providers")
-    if cold and not last_level_cache_bytes():
-        raise UsageError("--cold: this machine does not say how large its CPU caches are "
-                         "(/sys/devices/system/cpu/cpu0/cache)")
-    if int8_cache and not static_cache:
-        raise UsageError("an int8 cache is measured on the static cache: add --static-cache")
-    if int8_cache:
-        refuse_unbuilt(config, "int8-cache")
+    _require_consistent(config, providers, static_cache, cold, int8_cache, cuda_graph)
     kind = "static-cache" if static_cache else "kv-cache" if kv_cache else "full"
     forms = list(forms or forms_for(config, make_signature(config, kind)))
     points = [(t, p) for t in seq_lens for p in (past_lens if kind != "full" else [0])]
@@ -213,8 +215,10 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
         variants = model_variants(config, forms, kind, quantize,
                                   _int8_cache(module) if int8_cache else None)
         models = prepare_models(config, variants, Path(tmp), module, kind,
-                                aoti=any(r.startswith("aoti") for r in runners), dtype=dtype)
-        onnx_models = [k for k in models if k not in ("torchscript", "aoti")]
+                                aoti=any(r.startswith("aoti") for r in runners), dtype=dtype,
+                                executorch=_program_bounds(runners, batch, points,
+                                                           capacity if static_cache else 0))
+        onnx_models = [k for k in models if k not in ("torchscript", "aoti", "executorch")]
         specs = variant_specs(config, onnx_models, models, providers, cuda_ok, kind, runners, cpp,
                               dtype, cuda_graph)
         records = {str(models[k]): v["record"] for k, v in variants.items()}
@@ -227,6 +231,31 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
     _machine_figures(report, ceiling, threads, budget_s, kind != "full", cold, progress)
     _speedups(report)
     return report
+
+
+def _require_consistent(config: MHAConfig, providers: Sequence[str], static_cache: bool,
+                        cold: bool, int8_cache: bool, cuda_graph: bool) -> None:
+    """The options' combinations a run can measure, or a one-line refusal."""
+    if cuda_graph and not static_cache:
+        raise UsageError("--cuda-graph replays the static-cache step: add --static-cache")
+    if cuda_graph and "cuda" not in providers:
+        raise UsageError("--cuda-graph replays on CUDA: add cuda to --providers")
+    if cold and not last_level_cache_bytes():
+        raise UsageError("--cold: this machine does not say how large its CPU caches are "
+                         "(/sys/devices/system/cpu/cpu0/cache)")
+    if int8_cache and not static_cache:
+        raise UsageError("an int8 cache is measured on the static cache: add --static-cache")
+    if int8_cache:
+        refuse_unbuilt(config, "int8-cache")
+
+
+def _program_bounds(runners: Sequence[str], batch: int, points: list[tuple[int, int]],
+                    capacity: int) -> Optional[dict]:
+    """An ExecuTorch program's bounds for the run (None: no executorch runner): its batch, and
+    the static cache's capacity or the longest call."""
+    if not any(r.startswith("executorch") for r in runners):
+        return None
+    return {"batch": batch, "length": capacity or max(t + p for t, p in points)}
 
 
 def _machine_figures(report: BenchReport, ceiling: Optional[float], threads: int,

@@ -95,13 +95,15 @@ def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) 
     sig, config = artifact.signature, artifact.config
     sweep = sweep_plan(config, artifact.export.get("attention"), o)
     cases = within_bounds(_single_cases(config, sig, sweep, o.batch_sizes),
-                          artifact.export.get("bounds"))
+                          artifact.export.get("bounds"))  # the calls a bounded program takes
     require_fits(config, cases, sweep.scores_at, sig.has_mask)
     options = RunOptions(tf32=o.tf32, threads=o.threads)
     opened, infos = _open_runners(artifact, kinds, options, o.require_cuda)
     multi_call = (scenarios.static_scenario_cases(sweep.static_chunks) if sig.static_cache
                   else scenarios.scenario_cases(sweep.switch, scenarios.padding_sides(config))
                   if sig.has_cache else [])
+    bounds = artifact.export.get("bounds")
+    multi_call = [(case, split) for case, split in multi_call if within_bounds([case], bounds)]
     if real and sig.shared_kv:
         raise UsageError("--inputs: capture records a layer's hidden states, not the keys and "
                          "values a KV-shared layer reads from its source layer: check it with "

@@ -477,7 +477,8 @@ def cpp_programs(folder: Optional[str], runners: tuple | list):
               help="Static cache buffer capacity.")
 @click.option("--runners", "extra_runners", callback=runner_list, default=None,
               help="More runners to measure beside eager, TorchScript and ONNX Runtime: "
-                   "openvino-cpu (every form), aoti-cpu (compiles an AOTInductor package).")
+                   "openvino-cpu (every form), aoti-cpu (compiles an AOTInductor package), "
+                   "executorch-cpu (model.pte on XNNPACK; a static cache inside it).")
 @click.option("--cpp", "cpp_folder", type=click.Path(file_okay=False), default=None,
               help="Also time the C++ programs of this `make cpp` folder (e.g. build/cpp) on the "
                    "same files, no Python per call: mha_torch (TorchScript), mha_aoti (with "

@@ -2,16 +2,17 @@
 its llama example does): the key and value buffers are the program's mutable buffers, written
 in place, so a step moves no cache tensor across the API. The program's methods:
 
-    forward(x, past_lengths[, position_ids]) -> y      the static-cache step on rows [0, B)
-    read_cache()  -> (key_cache, value_cache)          the whole buffers, (M, K, C, H)
-    write_cache(key, value) -> ()                      rows [0, B) replaced (a saved session)
-    reset_cache() -> ()                                every entry 0
+    forward(x, past_lengths[, position_ids]) -> y   the static-cache step on rows [0, B)
+    get_cache() -> (key_cache, value_cache)         the whole buffers, (M, K, C, H)
+    set_cache(key, value) -> ()                     rows [0, B) replaced (a saved session)
+    reset_cache() -> ()                             every entry 0
 
 M = the batch bound (--max-batch), K = cache heads, C = the capacity (max_seq_len), H = width.
-The methods share the buffers (MemoryPlanningPass(share_mutable_buffers=True)); ExecuTorch
-leaves a mutable buffer's first contents unspecified, so an app calls reset_cache (or
-write_cache) once after loading: a ragged batch's step reads entries past a short row's
-length (masked, but a NaN there would still reach y).
+The methods share the buffers (MemoryPlanningPass(share_mutable_buffers=True)). A step attends
+over all C entries, those past each row's length masked (no size depends on past_lengths'
+values, so XNNPACK takes the attention's matmuls): they must be finite, and ExecuTorch leaves a
+mutable buffer's first contents unspecified, so an app calls reset_cache (or set_cache) once
+after loading.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from torch import Tensor, nn
 
 from ..signature import Signature
 
-METHODS = ("forward", "read_cache", "write_cache", "reset_cache")
+METHODS = ("forward", "get_cache", "set_cache", "reset_cache")
 BUFFERS = ("key_cache", "value_cache")
 
 
@@ -50,12 +51,18 @@ class Step(CacheHolder):
     def __init__(self, inner: nn.Module, key_cache: Tensor, value_cache: Tensor):
         super().__init__(key_cache, value_cache)
         self.inner = inner
+        # attention over all C entries, those past each row's length masked: no size depends
+        # on past_lengths' values, so XNNPACK takes the attention's matmuls
+        inner.whole_buffer = True
 
     def forward(self, x: Tensor, past_lengths: Tensor,
                 position_ids: Optional[Tensor] = None) -> Tensor:
-        b = x.size(0)  # rows [0, B) of the buffers: (B, K, C, H) views, written in place
-        y, _, _ = self.inner.forward_static(x, self.key_cache[:b], self.value_cache[:b],
-                                            past_lengths, position_ids)
+        # rows [0, B) of the (M, K, C, H) buffers written and read. ExecuTorch 1.5.1 copies
+        # a buffer on the write (index_put, then copy_ back): its reinplace pass makes an
+        # index_put_ that its runtime refuses for a (rows, slots) index ("in-place index_put
+        # only supports 1-dimensional index tensors")
+        y, _, _ = self.inner.forward_static(x, self.key_cache, self.value_cache, past_lengths,
+                                            position_ids)
         return y
 
 
@@ -91,8 +98,8 @@ def cache_methods(inner: nn.Module, sig: Signature, max_batch: int, capacity: in
                   for n in ("past_key", "past_value"))
     example = (key[:2].clone(), value[:2].clone())
     return {"forward": Method(Step(inner, key, value).eval(), step_args, step_dynamic),
-            "read_cache": Method(Read(key, value), (), ()),
-            "write_cache": Method(Write(key, value), example, ({0: "batch"}, {0: "batch"})),
+            "get_cache": Method(Read(key, value), (), ()),
+            "set_cache": Method(Write(key, value), example, ({0: "batch"}, {0: "batch"})),
             "reset_cache": Method(Reset(key, value), (), ())}
 
 
@@ -111,4 +118,4 @@ def cache_record(sig: Signature, max_batch: int, capacity: int) -> dict:
     return {"inside": True, "methods": list(METHODS),
             "key_cache": list(sig.cache_buffer("past_key", max_batch, capacity)),
             "value_cache": list(sig.cache_buffer("past_value", max_batch, capacity)),
-            "initial": "unspecified: call reset_cache or write_cache after loading"}
+            "initial": "unspecified: call reset_cache or set_cache after loading"}

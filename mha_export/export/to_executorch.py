@@ -5,7 +5,7 @@ for them), lowered by ``to_edge_transform_and_lower`` to XNNPACK (default) or le
 portable kernels, and serialized.
 
 The static cache lives inside the program as mutable buffers written in place
-(executorch_cache.py: forward, read_cache, write_cache, reset_cache). Refused in one line: the
+(executorch_cache.py: forward, get_cache, set_cache, reset_cache). Refused in one line: the
 growing cache (buffers have fixed shapes), a KV-shared layer's cached calls.
 """
 from __future__ import annotations
@@ -47,11 +47,11 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
     if sig.static_cache:
         bounds["cache"] = config.max_seq_len
         methods = cache.cache_methods(module, sig, max_batch, config.max_seq_len,
-                                      *_step_example(sig, {"past_key", "past_value"}))
+                                      *_step_example(sig, bounds, {"past_key", "past_value"}))
         export["cache"] = cache.cache_record(sig, max_batch, config.max_seq_len)
     else:
         entry = entry_module(module, sig.kind, sig.input_names, sig.output_names)
-        methods = {"forward": cache.Method(entry, *_step_example(sig, set()))}
+        methods = {"forward": cache.Method(entry, *_step_example(sig, bounds, set()))}
     program = _lowered(methods, bounds, backend)
     export.update(placement=placement(program.exported_program("forward")),
                   executorch=_version())
@@ -93,24 +93,26 @@ def without_empty_buffers(module: nn.Module) -> nn.Module:
     return module
 
 
-def _step_example(sig: Signature, inside: set[str]) -> tuple[tuple, tuple]:
+def _step_example(sig: Signature, bounds: dict, inside: set[str]) -> tuple[tuple, tuple]:
     """forward's example arguments and dynamic axes: the signature's inputs but those the
     program holds inside."""
     inputs = [t for t in sig.inputs if t.name not in inside]
-    return tuple(_example(t) for t in inputs), tuple(t.dynamic_axes for t in inputs)
+    sizes = {d: min(EXAMPLE[d], bounds[d]) for d in EXAMPLE}
+    return tuple(_example(t, sizes) for t in inputs), tuple(t.dynamic_axes for t in inputs)
 
 
 def _lowered(methods: dict[str, cache.Method], bounds: dict, backend: str) -> Any:
-    """Each method torch.export'ed with batch in [1, bounds.batch] and seq in [1, bounds.seq],
-    then ExecuTorch's edge dialect; forward delegated to XNNPACK where it can (``portable``:
-    nothing delegated), the cache's plain copies left to the portable kernels."""
+    """Each method torch.export'ed with batch in [1, bounds.batch] and seq in [1, bounds.seq]
+    (an axis bounded by 1 is no axis: size 1), then ExecuTorch's edge dialect; forward
+    delegated to XNNPACK where it can (``portable``: nothing delegated), the cache's plain
+    copies left to ExecuTorch's kernels."""
     from executorch.exir import to_edge_transform_and_lower
-    dims = {"batch": Dim("batch", min=1, max=bounds["batch"]),
-            "seq": Dim("seq", min=1, max=bounds["seq"])}
+    dims = {d: Dim(d, min=1, max=bounds[d]) for d in EXAMPLE if bounds[d] > 1}
     with torch.no_grad():
         programs = {name: torch.export.export(
             m.module, m.args, dynamic_shapes=tuple(
-                {i: dims[d] for i, d in axes.items()} for axes in m.dynamic) or None)
+                {i: dims[d] for i, d in axes.items() if d in dims} for axes in m.dynamic)
+            or None)
             for name, m in methods.items()}
         return to_edge_transform_and_lower(
             programs, partitioner={name: _partitioners(backend) if name == "forward" else []
@@ -149,8 +151,8 @@ def _partitioners(backend: str) -> list:
     return [XnnpackPartitioner(configs=configs)]
 
 
-def _example(t) -> torch.Tensor:
-    shape = [EXAMPLE[d] if isinstance(d, str) else d for d in t.shape]
+def _example(t, sizes: dict) -> torch.Tensor:
+    shape = [sizes[d] if isinstance(d, str) else d for d in t.shape]
     if t.name == "attention_mask":
         return torch.ones(shape, dtype=torch.int64)
     if t.name == "past_lengths":  # ragged rows, their writes inside any buffer

@@ -45,6 +45,7 @@ class AttentionBase(nn.Module):
     def __init__(self, config: MHAConfig):
         super().__init__()
         self.config = config
+        self.whole_buffer = False  # static calls attend over the whole buffer (valid_end)
         self.n_head = config.heads
         self.head_dim = config.head_dim
         self.value_dim = config.value_dim
@@ -207,10 +208,14 @@ class AttentionBase(nn.Module):
 
     def _attend_static(self, x: Tensor, q: Tensor, past_key: Tensor, past_value: Tensor,
                        past_lengths: Tensor) -> Tensor:
-        """Queries q (B, N, T, H) over the buffers' valid prefix, row b's from past_lengths[b]."""
-        end = valid_end(past_lengths, q.size(2), past_key.size(2))  # longest row's valid prefix
+        """Queries q (B, N, T, H) over the buffers' valid prefix, row b's from past_lengths[b]
+        (rows [0, B) of the buffers)."""
+        end = valid_end(past_lengths, q.size(2), past_key.size(2),
+                        self.whole_buffer)  # the longest row's valid prefix
         sinks = self.sinks if self.has_sinks else None
-        keys, values = self._read_cache(past_key[:, :, :end], past_value[:, :, :end], q.dtype)
+        b = q.size(0)  # the buffers may hold more rows (an ExecuTorch program's): the call's
+        keys, values = self._read_cache(past_key[:b, :, :end], past_value[:b, :, :end],
+                                        q.dtype)  # (B, K, S, H)
         ctx, _ = attention(q, keys, values, self.scale, self.causal, 0.0, False, None,
                            self.window, self.softcap, sinks, query_start=past_lengths,
                            chunk=self.chunk, alibi=self._alibi())  # (B, N, T, H)
@@ -356,9 +361,13 @@ def int8_codes(x: Tensor, scale: Tensor) -> Tensor:
     return torch.clamp(torch.round(x / scale.to(x.dtype)), -128.0, 127.0).to(torch.int8)
 
 
-def valid_end(past_lengths: Tensor, t: int, capacity: int) -> int:
+def valid_end(past_lengths: Tensor, t: int, capacity: int, whole: bool = False) -> int:
     """max(past_lengths) + t: the end of the longest row's valid prefix after this call's write
-    (data-dependent: torch.export gets it as an unbacked size, bounded by the buffer)."""
+    (data-dependent: torch.export gets it as an unbacked size, bounded by the buffer).
+    ``whole``: the capacity, a static size (ExecuTorch's XNNPACK delegates no tensor of an
+    unbacked size); the entries past each row's are masked as ever, and must be finite."""
+    if whole:
+        return capacity
     if torch.jit.is_scripting():
         return int(past_lengths.max()) + t
     end = past_lengths.max().item() + t

@@ -60,7 +60,7 @@ def _open_aoti(device: str):
 
 def _open_executorch(sig: Signature, path: Path, options: RunOptions) -> Runner:
     from .executorch import ExecuTorchRunner
-    return ExecuTorchRunner(sig, path)
+    return ExecuTorchRunner(sig, path, options.threads)
 
 
 def _no_torch_cuda() -> Optional[str]:

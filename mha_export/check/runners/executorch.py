@@ -1,12 +1,14 @@
 """The ExecuTorch runner: model.pte loaded by ``executorch.runtime`` (the pip wheel's runtime,
 the one an app links) and its forward called with the signature's inputs in order. Its row says
 where the program's work ran: the delegated subgraphs by backend (XNNPACK) and the operators
-left to the portable kernels, as the export recorded them.
+left to ExecuTorch's own CPU kernels (the wheel's runtime links its optimized kernels, the
+portable ones beneath), as the export recorded them.
 
-A static cache inside the program (export/executorch_cache.py): forward moves no cache. The
-runner writes the call's past_key/past_value into the program (write_cache) only when they are
+The program states its own bounds (its inputs' largest shapes) and, with get_cache among its
+methods, holds its static cache inside (export/executorch_cache.py): forward moves no cache. The
+runner writes the call's past_key/past_value into the program (set_cache) only when they are
 not what it read back after its previous call, so a prefill and its steps run on the program's
-own buffers; present_* are the buffers read back (read_cache), cut to the call's rows and
+own buffers; present_* are the buffers read back (get_cache), cut to the call's rows and
 capacity."""
 from __future__ import annotations
 
@@ -24,15 +26,19 @@ CACHE_INPUTS = ("past_key", "past_value")
 
 
 class ExecuTorchRunner(Runner):
-    def __init__(self, signature: Signature, path: str | Path):
+    def __init__(self, signature: Signature, path: str | Path, threads: Optional[int] = None):
         super().__init__(signature)
         from executorch.runtime import Runtime
         self.name = "executorch-cpu"
+        if threads:  # XNNPACK's and the kernels' pool (the process's: one program at a time)
+            from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+            _unsafe_reset_threadpool(threads)
         program = Runtime.get().load_program(str(path))
         self.method = program.load_method("forward")
+        x = self.method.metadata.input_tensor_meta(0).sizes()  # (B, T, d) at their bounds
+        self.bounds = {"batch": x[0], "seq": x[1]}
+        self.cache = CacheInside(program) if "get_cache" in program.method_names else None
         export = _recorded(Path(path).parent)
-        self.bounds = export.get("bounds", {})
-        self.cache = CacheInside(program, self.bounds) if export.get("cache") else None
         inside = "; the cache inside the program (steps move none)" if self.cache else ""
         self.device = f"cpu (ExecuTorch: {_placement(export)}{inside})"
         self.forward_inputs = [n for n in signature.input_names
@@ -60,10 +66,10 @@ class ExecuTorchRunner(Runner):
 class CacheInside:
     """The program's own key/value buffers (M, K, C, H), reached by its cache methods."""
 
-    def __init__(self, program: Any, bounds: dict):
-        self.write = program.load_method("write_cache")
-        self.read_back = program.load_method("read_cache")
-        self.capacity = bounds["cache"]
+    def __init__(self, program: Any):
+        self.write = program.load_method("set_cache")
+        self.read_back = program.load_method("get_cache")
+        self.capacity = self.read_back.metadata.output_tensor_meta(0).sizes()[2]
         self.last: Optional[Feeds] = None  # what read() returned after the previous call
 
     def load(self, feeds: Feeds) -> None:
@@ -100,7 +106,7 @@ def _fitted(buffer: np.ndarray, length: int, beyond: Optional[np.ndarray] = None
 
 
 def _recorded(folder: Path) -> dict:
-    """The artifact's export record (config.json)."""
+    """The artifact's export record (config.json): where the work was placed."""
     try:
         return json.loads((folder / "config.json").read_text()).get("export", {})
     except (OSError, ValueError):
@@ -113,5 +119,6 @@ def _placement(export: dict) -> str:
              for backend, n in placed.get("delegated", {}).items()]
     portable = placed.get("portable", {})
     if portable:
-        parts.append("portable kernels: " + ", ".join(f"{op} x{n}" for op, n in portable.items()))
+        parts.append("not delegated (ExecuTorch's CPU kernels): "
+                     + ", ".join(f"{op} x{n}" for op, n in portable.items()))
     return "; ".join(parts) or "placement not recorded"

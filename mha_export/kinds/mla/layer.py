@@ -51,6 +51,7 @@ class MLAttention(nn.Module):
     def __init__(self, config: MHAConfig):
         super().__init__()
         self.config = config
+        self.whole_buffer = False  # static calls attend over the whole buffer (valid_end)
         c = self.mla = MLAConfig.of(config)
         q_width = c.heads * c.qk_head_dim
         self.q_lora = c.q_lora_rank is not None
@@ -129,11 +130,12 @@ class MLAttention(nn.Module):
         rows, slots = torch.arange(b, device=x.device).view(b, 1), past_lengths.view(b, 1) + steps
         past_key[rows, :, slots] = latent.transpose(1, 2)  # (B, T, 1, R)
         past_value[rows, :, slots] = k_rot.transpose(1, 2)
-        end = valid_end(past_lengths, t, past_key.size(2))  # the longest row's prefix
-        values = past_value[:, :, :end]  # (B, 1, S, Hr[+Di])
+        end = valid_end(past_lengths, t, past_key.size(2), self.whole_buffer)  # the longest
+        # row's prefix
+        values = past_value[:b, :, :end]  # (B, 1, S, Hr[+Di]): rows [0, B) of the buffer
         masked = score_mask(t, end, True, None, x.device, 0, past_lengths)  # (B, 1, T, S)
         dropped = self._dropped(x, position_ids, values, masked)
-        ctx = self._absorbed(q_nope, q_rot, past_key[:, :, :end], values[..., :self.rope],
+        ctx = self._absorbed(q_nope, q_rot, past_key[:b, :, :end], values[..., :self.rope],
                              masked, dropped)  # (B, N, T, Hv)
         return self.o_proj(merge_heads(ctx)), past_key, past_value
 
