@@ -122,7 +122,8 @@ def export_executorch(config: Optional[MHAConfig] = None, output: str | Path | N
                       backend: str = "xnnpack", max_batch: int = 4, **options) -> ExportResult:
     """Write DIR/model.pte: the torch.export'ed entry point lowered by ExecuTorch to XNNPACK
     (``backend="portable"``: its portable kernels); batch in [1, max_batch] and seq in
-    [1, max_seq_len]."""
+    [1, max_seq_len]; ``static_cache=True``: the cache inside the program (get_cache,
+    set_cache, reset_cache beside forward)."""
     return export_artifact("executorch", config, output, target_options=dict(
         backend=backend, max_batch=max_batch), **options)
 

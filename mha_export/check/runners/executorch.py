@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -55,6 +55,18 @@ class ExecuTorchRunner(Runner):
             raise RuntimeError(f"the program's bounds are batch <= {self.bounds['batch']}, "
                                f"seq <= {self.bounds['seq']}; got batch {batch}, seq {seq}")
         return list(self.method.execute(args))
+
+    def bind_cache(self, buffers: Feeds) -> Optional[Callable[[Feeds], np.ndarray]]:
+        """An app's steps: the program's cache set once from ``buffers``, then each call
+        forward alone (the buffers given are not written: the program holds the cache)."""
+        if not self.cache:
+            return None
+        b = next(iter(buffers.values())).shape[0]
+        self.cache.load({**buffers, "past_lengths": np.zeros(b, np.int64),
+                         "x": np.zeros((b, 1, 1), np.float32)})
+        return lambda feeds: self.run_prepared(
+            [torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in self.forward_inputs]
+        )[0].numpy()
 
     def run(self, feeds: Feeds) -> Feeds:
         out = self.run_prepared(self.prepare(feeds))
