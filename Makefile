@@ -35,7 +35,8 @@ docs-serve: $(STAMP)
 
 # --- C++ embedding (see docs/cpp.md) ----------------------------------------------
 # make cpp         build/cpp/mha_ort (ONNX Runtime), mha_torch and mha_aoti (libtorch), from the
-#                  libraries inside $(PYTHON)'s onnxruntime-gpu and torch wheels
+#                  libraries inside $(PYTHON)'s onnxruntime-gpu and torch wheels; mha_executorch
+#                  where the executorch wheel is installed
 # make cpp-bundle  build/cpp-bundle/: mha_ort + libonnxruntime.so.1 + provider libraries ($ORIGIN
 #                  RPATH) + a sample model; runs after being moved anywhere. BUNDLE_CUDA=0 leaves
 #                  out the 270 MB CUDA provider library.
@@ -47,7 +48,9 @@ CMAKE       ?= cmake
 cpp:
 	bash cpp/fetch_ort_headers.sh $(CPP_BUILD)/ort $(PYTHON)
 	$(CMAKE) -S cpp -B $(CPP_BUILD) --log-level=WARNING -DORT_ROOT=$(abspath $(CPP_BUILD)/ort) \
-	    -DCMAKE_PREFIX_PATH="$$($(PYTHON) -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+	    -DCMAKE_PREFIX_PATH="$$($(PYTHON) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+	    $$($(PYTHON) -c "import importlib.util as u, pathlib as p; s = u.find_spec('executorch'); \
+	        print(f'-DMHA_BUILD_EXECUTORCH=ON -Dexecutorch_DIR={list(s.submodule_search_locations)[0]}/lib/cmake/executorch' if s else '')")
 	$(CMAKE) --build $(CPP_BUILD) --parallel $$(nproc) -- --no-print-directory
 
 cpp-bundle: cpp

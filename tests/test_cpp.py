@@ -854,3 +854,78 @@ def test_the_docs_own_project_and_case_folder_recipes_work(binaries, artifacts, 
                                                    .input_names)
     r = run(binaries["ort"], tmp_path / "out" / "kv" / "model.onnx", case)
     assert r.returncode == 0 and (case / "y.npy").is_file(), r.stderr
+
+
+# --- mha_executorch: model.pte with the executorch wheel's runtime ------------------------------
+
+STATIC_CASES = [Case(2, 5, 3), Case(1, 1, 7), Case(3, 4, 0)]
+
+
+@pytest.fixture(scope="session")
+def static_program(binaries, tmp_path_factory) -> Path:
+    """A grouped-query, rotary layer's program with its static cache inside (the wheel is an
+    extra: without it, these tests skip)."""
+    pytest.importorskip("executorch.runtime")
+    from mha_export import export_executorch
+    return export_executorch(KV_CONFIG, tmp_path_factory.mktemp("et") / "static",
+                             static_cache=True, validate=False).path
+
+
+def test_executorch_matches_python_executorch_and_eager(binaries, static_program, tmp_path):
+    """Each case folder's buffers set into the program, the step, the buffers read back: as
+    Python's executorch.runtime gives them, and as the eager layer writes them."""
+    from mha_export.check.runners.executorch import ExecuTorchRunner
+    sig = signature_of(static_program)
+    dirs = write_case_dirs(tmp_path, static_program, STATIC_CASES, seed=3)
+    r = run(BUILD / "mha_executorch", static_program / "model.pte", *[d for d, _, _ in dirs])
+    assert r.returncode == 0 and "the cache inside the program" in r.stdout, r.stderr
+    python = ExecuTorchRunner(sig, static_program / "model.pte")
+    eager = EagerRunner(sig, read_artifact(static_program).load_source_module())
+    for d, case, feeds in dirs:
+        got = read_outputs(d, sig)
+        assert_outputs_match(got, python.run(feeds), feeds, case, "mha_executorch vs python")
+        assert_outputs_match(got, eager.run(feeds), feeds, case, "mha_executorch vs eager")
+
+
+def test_executorch_steps_a_prefill_on_the_cache_it_holds(binaries, static_program, tmp_path):
+    """--carry: the first folder's buffers set, then a prefill of 5 and three steps on what the
+    program holds (the later folders' buffers are zeros the program must not take): each y and
+    the last buffers as the eager layer steps them."""
+    sig = signature_of(static_program)
+    rng = np.random.default_rng(4)
+    module = read_artifact(static_program).load_source_module().eval()
+    key, value = (torch.zeros(sig.cache_buffer(n, 1, 12)) for n in ("past_key", "past_value"))
+    dirs, want, length = [], [], 0
+    for i, t in enumerate((5, 1, 1, 1)):
+        d = tmp_path / f"step{i}"
+        d.mkdir()
+        x = rng.standard_normal((1, t, KV_CONFIG.d_in), dtype=np.float32)
+        feeds = {"x": x, "past_lengths": np.array([length]),
+                 "position_ids": np.arange(length, length + t)[None],
+                 "past_key": np.zeros_like(key.numpy()), "past_value": np.zeros_like(key.numpy())}
+        for name, array in feeds.items():
+            np.save(d / f"{name}.npy", array)
+        with torch.inference_mode():
+            want.append(module.forward_static(torch.from_numpy(x), key, value,
+                                              torch.tensor([length]))[0].numpy())
+        dirs.append(d)
+        length += t
+    r = run(BUILD / "mha_executorch", static_program / "model.pte", *dirs, "--carry")
+    assert r.returncode == 0, r.stderr
+    for d, y in zip(dirs, want):
+        np.testing.assert_allclose(np.load(d / "y.npy"), y, rtol=0, atol=ATOL, err_msg=str(d))
+    for name, buffer in (("present_key", key), ("present_value", value)):
+        np.testing.assert_allclose(np.load(dirs[-1] / f"{name}.npy")[:, :, :length],
+                                   buffer[:, :, :length].numpy(), rtol=0, atol=ATOL)
+
+
+def test_executorch_carry_without_a_cache_is_one_line(binaries, tmp_path):
+    pytest.importorskip("executorch.runtime")
+    from mha_export import export_executorch
+    folder = export_executorch(CONFIGS["split"], tmp_path / "full", validate=False).path
+    d = tmp_path / "case"
+    d.mkdir()
+    np.save(d / "x.npy", np.zeros((1, 2, 64), np.float32))
+    line = one_error_line(run(BUILD / "mha_executorch", folder / "model.pte", d, "--carry"))
+    assert "holds no cache" in line
+

@@ -179,3 +179,24 @@ def test_eval_runs_a_real_layer_as_its_program_with_the_cache_inside(smollm2_ggu
                   folder=tmp_path, options={"static_cache": True}, loaded=smollm2_model)
     assert ev.main.kl_max < 1e-6 and ev.generation()["matched"] == 3
     assert "the cache inside the program" in ev.main.details[0].runner
+
+
+def test_a_fused_projection_is_exported_split_and_keeps_its_batch_axis(tmp_path):
+    """torch.export fixes the batch axis of heads split out of a fused projection's slices; the
+    program is built from the split layout (the same function) and checks at batch 1 and 3."""
+    config = MHAConfig(**{**CONFIG, "layout": "fused"})
+    path = export_executorch(config, tmp_path / "fused", validate=False).path
+    assert read_artifact(path).export["program_layout"] == "split"
+    report = check_parity(path, **SWEEP)
+    assert report.passed and {r.batch for r in report.results} == {1, 3}
+
+
+def test_an_axis_torch_export_fixed_is_refused():
+    """The guard behind the conversion: a captured program whose batch axis is a number."""
+    class Plain(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+    program = torch.export.export(Plain(), (torch.zeros(2, 3),))
+    dims = {"batch": torch.export.Dim("batch", min=1, max=4)}
+    with pytest.raises(RuntimeError, match="fixed the batch axis of forward's input x"):
+        to_executorch._require_dynamic("forward", program, ({0: "batch"},), dims)

@@ -22,8 +22,9 @@ from torch.export import Dim
 from ..config import MHAConfig
 from ..env import executorch_missing
 from ..errors import UsageError
+from ..kinds.registry import convert, kind_of
 from ..layer.entry import entry_module
-from ..signature import Signature
+from ..signature import CACHE_NAMES, Signature
 from . import executorch_cache as cache
 from .base import Prepared, require_no_lossy_steps
 
@@ -40,10 +41,11 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
     buffers hold max_batch rows of max_seq_len entries, inside the program)."""
     require_no_lossy_steps(specs, MODEL_FILE)
     _require_buildable(sig, backend, max_batch)
-    module = without_empty_buffers(module)
+    module = without_empty_buffers(in_split_layout(module))
     bounds = {"batch": max_batch, "seq": config.max_seq_len}
     export: dict[str, Any] = {"file": MODEL_FILE, "method": "torch.export + ExecuTorch",
-                              "backend": backend, "bounds": bounds}
+                              "backend": backend, "bounds": bounds,
+                              "program_layout": module.config.layout}
     if sig.static_cache:
         bounds["cache"] = config.max_seq_len
         methods = cache.cache_methods(module, sig, max_batch, config.max_seq_len,
@@ -52,7 +54,7 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
     else:
         entry = entry_module(module, sig.kind, sig.input_names, sig.output_names)
         methods = {"forward": cache.Method(entry, *_step_example(sig, bounds, set()))}
-    program = _lowered(methods, bounds, backend)
+    program = _lowered(methods, bounds, backend, io_names(sig))
     export.update(placement=placement(program.exported_program("forward")),
                   executorch=_version())
     buffer = _serialized(program, sig.static_cache)
@@ -80,6 +82,15 @@ REFUSED_CALLS = {
 }
 
 
+def in_split_layout(module: nn.Module) -> nn.Module:
+    """The same function with q, k and v projected apart, where the layer's kind has that
+    layout: torch.export (2.13) silently fixes the batch axis to the example's size when the
+    heads are split out of a fused projection's slices (seen on the fused layout)."""
+    if module.config.layout == "split" or "split" not in kind_of(module.config).layouts:
+        return module
+    return convert(module, "split").eval()
+
+
 def without_empty_buffers(module: nn.Module) -> nn.Module:
     """A copy without the 0-element placeholder buffers (inv_freq, sinks, k_scale, ... of the
     options a layer does not use): ExecuTorch's runtime refuses to load a program holding a
@@ -101,7 +112,17 @@ def _step_example(sig: Signature, bounds: dict, inside: set[str]) -> tuple[tuple
     return tuple(_example(t, sizes) for t in inputs), tuple(t.dynamic_axes for t in inputs)
 
 
-def _lowered(methods: dict[str, cache.Method], bounds: dict, backend: str) -> Any:
+def io_names(sig: Signature) -> dict[str, str]:
+    """The program's own record of forward's names (constant methods a C++ app reads with
+    ``Module::execute("input_names")``): its inputs and outputs, comma-separated; a cache
+    inside: the signature's cache inputs and outputs its other methods stand for."""
+    held = CACHE_NAMES if sig.static_cache else ()
+    return {"input_names": ",".join(n for n in sig.input_names if n not in held),
+            "output_names": ",".join(n for n in sig.output_names if n not in held)}
+
+
+def _lowered(methods: dict[str, cache.Method], bounds: dict, backend: str,
+             names: dict[str, str]) -> Any:
     """Each method torch.export'ed with batch in [1, bounds.batch] and seq in [1, bounds.seq]
     (an axis bounded by 1 is no axis: size 1), then ExecuTorch's edge dialect; forward
     delegated to XNNPACK where it can (``portable``: nothing delegated), the cache's plain
@@ -114,9 +135,25 @@ def _lowered(methods: dict[str, cache.Method], bounds: dict, backend: str) -> An
                 {i: dims[d] for i, d in axes.items() if d in dims} for axes in m.dynamic)
             or None)
             for name, m in methods.items()}
+        for name, program in programs.items():
+            _require_dynamic(name, program, methods[name].dynamic, dims)
         return to_edge_transform_and_lower(
             programs, partitioner={name: _partitioners(backend) if name == "forward" else []
-                                   for name in programs})
+                                   for name in programs}, constant_methods=names)
+
+
+def _require_dynamic(name: str, program: Any, dynamic: tuple, dims: dict) -> None:
+    """Every axis asked dynamic is dynamic in the captured program: torch.export can fix one
+    to its example's size without a word, and a program taking one batch size is no export
+    of the signature."""
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+    inputs = [n for n in program.graph.nodes if n.op == "placeholder"][-len(dynamic):]
+    for node, axes in zip(inputs, dynamic) if dynamic else ():
+        fixed = [d for i, d in axes.items() if d in dims
+                 and not free_symbols(node.meta["val"].shape[i])]
+        if fixed:
+            raise RuntimeError(f"torch.export fixed the {', '.join(fixed)} axis of {name}'s "
+                               f"input {node.name} to its example's size")
 
 
 def _serialized(program: Any, cache_inside: bool) -> bytes:
