@@ -145,6 +145,17 @@ def assert_outputs_match(got: dict, want: dict, feeds: dict, case: Case, what: s
                                    err_msg=f"{what}: {name} at {case.label()}")
 
 
+def assert_matches_python_and_eager(dirs, folder: Path, python, program: str) -> None:
+    """Each case folder's outputs (written by ``program``) as the Python runner and the eager
+    layer give them on the same inputs."""
+    sig = signature_of(folder)
+    eager = EagerRunner(sig, read_artifact(folder).load_source_module())
+    for d, case, feeds in dirs:
+        got = read_outputs(d, sig)
+        assert_outputs_match(got, python.run(feeds), feeds, case, f"{program} vs python")
+        assert_outputs_match(got, eager.run(feeds), feeds, case, f"{program} vs eager")
+
+
 def one_error_line(r: subprocess.CompletedProcess, code: int = 2) -> str:
     assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
     lines = r.stderr.splitlines()
@@ -671,12 +682,8 @@ def test_aoti_matches_python_and_eager(binaries, kv_package, tmp_path):
     r = run(binaries["aoti"], kv_package / "model.pt2", *[d for d, _, _ in dirs], "--info")
     assert r.returncode == 0, r.stderr
     assert "AOTInductor" in r.stdout and "position_ids" in r.stdout
-    python = AotiRunner(sig, kv_package / "model.pt2")
-    eager = EagerRunner(sig, read_artifact(kv_package).load_source_module())
-    for d, case, feeds in dirs:
-        got = read_outputs(d, sig)
-        assert_outputs_match(got, python.run(feeds), feeds, case, "mha_aoti vs python")
-        assert_outputs_match(got, eager.run(feeds), feeds, case, "mha_aoti vs eager")
+    assert_matches_python_and_eager(dirs, kv_package, AotiRunner(sig, kv_package / "model.pt2"),
+                                    "mha_aoti")
     bad = run(binaries["aoti"], kv_package / "config.json", dirs[0][0])
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
 
@@ -879,12 +886,9 @@ def test_executorch_matches_python_executorch_and_eager(binaries, static_program
     dirs = write_case_dirs(tmp_path, static_program, STATIC_CASES, seed=3)
     r = run(BUILD / "mha_executorch", static_program / "model.pte", *[d for d, _, _ in dirs])
     assert r.returncode == 0 and "the cache inside the program" in r.stdout, r.stderr
-    python = ExecuTorchRunner(sig, static_program / "model.pte")
-    eager = EagerRunner(sig, read_artifact(static_program).load_source_module())
-    for d, case, feeds in dirs:
-        got = read_outputs(d, sig)
-        assert_outputs_match(got, python.run(feeds), feeds, case, "mha_executorch vs python")
-        assert_outputs_match(got, eager.run(feeds), feeds, case, "mha_executorch vs eager")
+    assert_matches_python_and_eager(dirs, static_program,
+                                    ExecuTorchRunner(sig, static_program / "model.pte"),
+                                    "mha_executorch")
 
 
 def test_executorch_steps_a_prefill_on_the_cache_it_holds(binaries, static_program, tmp_path):
