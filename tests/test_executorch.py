@@ -200,3 +200,13 @@ def test_an_axis_torch_export_fixed_is_refused():
     dims = {"batch": torch.export.Dim("batch", min=1, max=4)}
     with pytest.raises(RuntimeError, match="fixed the batch axis of forward's input x"):
         to_executorch._require_dynamic("forward", program, ({0: "batch"},), dims)
+
+
+def test_a_checkpoints_layers_fan_out_to_programs_with_the_cache_inside(smollm2_gguf,
+                                                                        tmp_path):
+    """--layers with the ExecuTorch target: each layer its own checked model.pte."""
+    from conftest import FANOUT_CHECK
+    from mha_export.fanout import export_layers
+    summary = export_layers("executorch", smollm2_gguf, "5", tmp_path / "run",
+                            check_options=FANOUT_CHECK, static_cache=True)
+    assert summary.passed and (tmp_path / "run" / "layer-5" / "model.pte").is_file()
