@@ -61,9 +61,7 @@ class ExecuTorchRunner(Runner):
         forward alone (the buffers given are not written: the program holds the cache)."""
         if not self.cache:
             return None
-        b = next(iter(buffers.values())).shape[0]
-        self.cache.load({**buffers, "past_lengths": np.zeros(b, np.int64),
-                         "x": np.zeros((b, 1, 1), np.float32)})
+        self.cache.set(buffers)
         return lambda feeds: self.run_prepared(
             [torch.from_numpy(np.ascontiguousarray(feeds[n])) for n in self.forward_inputs]
         )[0].numpy()
@@ -91,7 +89,11 @@ class CacheInside:
         if np.any(feeds["past_lengths"] + feeds["x"].shape[1] > self.capacity):
             raise RuntimeError(f"the program's cache holds {self.capacity} entries per row; "
                                "this call writes past them")
-        self.write.execute([torch.from_numpy(_fitted(feeds[n], self.capacity))
+        self.set(feeds)
+
+    def set(self, buffers: Feeds) -> None:
+        """past_key / past_value (B, K, C', H) into rows [0, B) of the program's buffers."""
+        self.write.execute([torch.from_numpy(_fitted(buffers[n], self.capacity))
                             for n in CACHE_INPUTS])  # (B, K, C', H) -> (B, K, C, H)
         self.last = None
 
