@@ -5,6 +5,9 @@ back); a planted fault fails it; calls past the stated bounds are refused, never
 is not built is one line, exit 2."""
 from __future__ import annotations
 
+from typing import Optional
+
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -20,6 +23,8 @@ from mha_export.cli.commands import cli  # noqa: E402
 from mha_export.config import MHAConfig  # noqa: E402
 from mha_export.export import to_executorch  # noqa: E402
 from mha_export.kinds.registry import build_module  # noqa: E402
+from mha_export.lossy.projections.rtn import QuantSpec  # noqa: E402
+from mha_export.lossy.registry import recorded  # noqa: E402
 from mha_export.signature import make_signature  # noqa: E402
 
 CONFIG = dict(dim=64, heads=4, kv_heads=2, max_seq_len=16, rotary="half", qk_norm="head")
@@ -71,16 +76,19 @@ def test_calls_past_the_bounds_are_refused_and_the_sweep_stays_within(programs):
     assert {(r.batch, r.seq) for r in report.results} == {(1, 1), (1, 16)} and report.passed
 
 
-def _planted(path, tmp_path, weight: str):
-    """A copy of the program at ``path`` rebuilt with one weight of ``weight`` moved by 1e-3."""
+def _planted(path, tmp_path, weight: Optional[str]):
+    """A copy of the program at ``path`` rebuilt (with its lossy steps) with one weight of
+    ``weight`` moved by 1e-3 (None: none moved)."""
     import shutil
     copy = tmp_path / "copy"
     shutil.copytree(path, copy)
     artifact = read_artifact(copy)
     module = build_module(artifact.config, seed=0)
     with torch.no_grad():
-        getattr(module, weight).weight[0, 0] += 1e-3
-    to_executorch.prepare(module, artifact.config, artifact.signature).write(copy / "model.pte")
+        if weight:
+            getattr(module, weight).weight[0, 0] += 1e-3
+    to_executorch.prepare(module, artifact.config, artifact.signature,
+                          specs=recorded(artifact.export)).write(copy / "model.pte")
     return copy
 
 
@@ -155,7 +163,15 @@ def test_a_planted_fault_in_the_cached_values_fails_the_check(programs, tmp_path
                                                      "program's cache holds float entries"),
     (["--kv-shared-layer", "0", "--static-cache"], "a KV-shared layer's cached call reads its "
                                                    "source layer's cache"),
-    (["--quantize", "int4"], "--quantize for ExecuTorch (torchao's 8da4w"),
+    (["--quantize", "int8"], "--quantize int8 for ExecuTorch: XNNPACK takes int8 weights per "
+                             "channel only"),
+    (["--quantize", "int4", "--asymmetric"], "--asymmetric for ExecuTorch: XNNPACK's int4 "
+                                             "kernel has no zero points"),
+    (["--quantize", "int4", "--accuracy-level", "1"], "--accuracy-level 1 for ExecuTorch: "
+                                                      "XNNPACK has no weight-only linear"),
+    (["--quantize", "int4", "--backend", "portable"], "--backend portable cannot hold quantize"),
+    (["--quantize", "int4", "--block-size", "128"], "q_proj has 64 input features, not whole "
+                                                    "blocks of 128"),
     (["--max-batch", "0"], "--max-batch must be a positive integer"),
     # DeepSeek Sparse Attention's stable top-k: ExecuTorch's edge dialect has no such operator
     (["--kv-lora-rank", "32", "--q-lora-rank", "48", "--qk-rope-head-dim", "8",
@@ -189,6 +205,37 @@ def test_a_fused_projection_is_exported_split_and_keeps_its_batch_axis(tmp_path)
     assert read_artifact(path).export["program_layout"] == "split"
     report = check_parity(path, **SWEEP)
     assert report.passed and {r.batch for r in report.results} == {1, 3}
+
+
+def test_int4_projections_run_as_xnnpacks_8da4w_within_int8_activations(programs):
+    """--quantize int4: the ONNX file's very blocks as torchao's int4 weights with int8
+    activations, delegated to XNNPACK; the kernel's parity at the int8-activation tolerance, the
+    quantizing cost reported apart, against the same dequantized reference as ONNX's."""
+    from mha_export.check.runners.ort import INT8_ACTIVATION_DTYPE
+    from mha_export.lossy.projections.torchao import ARITHMETIC
+    path = programs("int4", quantize=QuantSpec(bits=4))
+    record = read_artifact(path).export["quantize"]
+    assert "8da4w" in record["format"] and record["arithmetic"] == ARITHMETIC
+    assert ARITHMETIC == INT8_ACTIVATION_DTYPE  # the check's tolerance of it
+    report = check_parity(path, **SWEEP)
+    assert report.passed and all(q.passed for q in report.costs["quantization"])
+    row = next(r for r in report.runners if r.name == "executorch-cpu")
+    assert "XnnpackBackend" in row.device and ARITHMETIC in row.device
+    assert (path / "model.pte").stat().st_size < (programs("full") / "model.pte").stat().st_size
+
+
+def test_a_planted_fault_in_the_int4_blocks_fails_the_check(programs, tmp_path, monkeypatch):
+    """The program rebuilt with each row's block scales rolled by one block (a packing bug)."""
+    from mha_export.lossy.projections import rtn, torchao
+
+    def rolled(weight, spec):
+        q = rtn.quantize(weight, spec)
+        return rtn.QuantizedWeight(spec, q.k, q.codes, np.roll(q.scales, 1, axis=1),
+                                   q.zero_points)
+    monkeypatch.setattr(torchao, "quantize", rolled)
+    copy = _planted(programs("int4", quantize=QuantSpec(bits=4)), tmp_path, None)
+    monkeypatch.undo()
+    assert not check_parity(copy, **SWEEP).passed
 
 
 def test_an_axis_torch_export_fixed_is_refused():

@@ -117,11 +117,21 @@ def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, m
         paths["aoti"] = folder / TARGETS["aoti"].model_file
         TARGETS["aoti"].prepare(module, config, sig).write(paths["aoti"])
     if executorch:  # bounded axes: the longest call (the cache) the run makes
-        paths["executorch"] = folder / TARGETS["executorch"].model_file
-        TARGETS["executorch"].prepare(
-            module, replace(config, max_seq_len=executorch["length"]), sig,
-            max_batch=executorch["batch"]).write(paths["executorch"])
+        bounded = replace(config, max_seq_len=executorch["length"])
+        for key, specs in executorch_variants(variants).items():
+            paths[key] = folder / f"{key}.pte"
+            TARGETS["executorch"].prepare(module, bounded, sig, max_batch=executorch["batch"],
+                                          specs=specs).write(paths[key])
     return paths
+
+
+def executorch_variants(variants: dict[str, dict]) -> dict[str, dict]:
+    """The ExecuTorch programs of a run, by model key: the float one, and one per quantization
+    ExecuTorch holds (int4 with int8 activations, torchao's 8da4w) of the ONNX variants."""
+    from ..lossy.projections.torchao import refusal
+    quantized = {v["specs"]["quantize"] for v in variants.values()
+                 if list(v["specs"]) == ["quantize"] and refusal(v["specs"]["quantize"]) is None}
+    return {"executorch": {}, **{f"executorch-{q.tag}": {"quantize": q} for q in quantized}}
 
 
 # the model key (prepare_models) of each runner's file that is not an ONNX model
@@ -162,9 +172,12 @@ def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[st
     for name in extra:
         model_file = RUNNERS[name].model_file
         one = not model_file.endswith(".onnx")
-        targets = [TARGET_MODELS.get(model_file, "aoti")] if one else onnx_models
+        target = TARGET_MODELS.get(model_file, "aoti")  # and its quantized programs
+        targets = [k for k in models if k == target or k.startswith(f"{target}-")] if one \
+            else onnx_models
         specs += [{"variant": "runner", "runner": name, "config": c, "model": str(models[t]),
-                   "name": name if one else f"{name}-{t}"} for t in targets]
+                   "name": name + t[len(target):] if one else f"{name}-{t}"}
+                  for t in targets]
     specs += [{"variant": "cpp", "name": f"cpp-{program}", "config": c,
                "program": str(cpp / program), "model": str(models[model])}
               for program, model in (("mha_torch", "torchscript"), ("mha_aoti", "aoti"))
@@ -218,7 +231,7 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
                                 aoti=any(r.startswith("aoti") for r in runners), dtype=dtype,
                                 executorch=_program_bounds(runners, batch, points,
                                                            capacity if static_cache else 0))
-        onnx_models = [k for k in models if k not in ("torchscript", "aoti", "executorch")]
+        onnx_models = [k for k in models if k in variants]
         specs = variant_specs(config, onnx_models, models, providers, cuda_ok, kind, runners, cpp,
                               dtype, cuda_graph)
         records = {str(models[k]): v["record"] for k, v in variants.items()}

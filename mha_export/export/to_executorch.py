@@ -24,9 +24,10 @@ from ..env import executorch_missing
 from ..errors import UsageError
 from ..kinds.registry import convert, kind_of
 from ..layer.entry import entry_module
+from ..lossy import registry as lossy
 from ..signature import CACHE_NAMES, Signature
 from . import executorch_cache as cache
-from .base import Prepared, require_no_lossy_steps
+from .base import Prepared
 
 MODEL_FILE = "model.pte"
 BACKENDS = ("xnnpack", "portable")
@@ -39,13 +40,17 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
             max_batch: int = MAX_BATCH, specs: Optional[dict] = None) -> Prepared:
     """``max_batch``: the batch axis's bound (seq's: config.max_seq_len; a static cache's
     buffers hold max_batch rows of max_seq_len entries, inside the program)."""
-    require_no_lossy_steps(specs, MODEL_FILE)
     _require_buildable(sig, backend, max_batch)
-    module = without_empty_buffers(in_split_layout(module))
+    if specs and backend == "portable":
+        raise UsageError(f"--backend portable cannot hold {', '.join(specs)}: torchao's "
+                         "rounding ops have no ExecuTorch portable kernels (XNNPACK "
+                         "runs them)")
+    module, records = lossy.in_program(without_empty_buffers(in_split_layout(module)),
+                                       specs or {}, config)
     bounds = {"batch": max_batch, "seq": config.max_seq_len}
     export: dict[str, Any] = {"file": MODEL_FILE, "method": "torch.export + ExecuTorch",
                               "backend": backend, "bounds": bounds,
-                              "program_layout": module.config.layout}
+                              "program_layout": module.config.layout, **records}
     if sig.static_cache:
         bounds["cache"] = config.max_seq_len
         methods = cache.cache_methods(module, sig, max_batch, config.max_seq_len,

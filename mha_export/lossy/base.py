@@ -5,7 +5,8 @@ check apart from the runners' kernel parity, judged only against a budget the us
     CLI       options() -> click options; from_cli(kw) -> the export API's keywords
     export    request(kw, target, kind, dtype) -> what was asked or None (refusals first);
               prepare(source, wanted, held, ...) -> the spec the file is built with;
-              graph_args(spec) -> the ONNX graph's; folder tag; the signature's cache dtype
+              graph_args(spec) -> the ONNX graph's; program_module(module, spec) -> a torch
+              program's (ExecuTorch); folder tag; the signature's cache dtype
     record    config.json export[record_key]: spec(export) reads it back, validate() checks it
     reference reference(module, spec, export) -> the eager module of the function the file holds
     check     its Cost (lossy/costs.py): per case / scenario, a result in the report's field
@@ -73,6 +74,16 @@ class LossyStep:
     def record(self, spec: Any, config: Any) -> dict:
         """config.json's export[record_key]."""
         return spec.to_dict()
+
+    def program_module(self, module: Any, spec: Any) -> Any:
+        """The eager module a torch program (ExecuTorch) captures with this step built in (a
+        copy of ``module``, changed in place); a step not built there refuses it."""
+        raise UsageError(f"{self.name} is not built into torch programs")
+
+    def program_record(self, spec: Any, config: Any) -> dict:
+        """config.json's export[record_key] of a torch program; its "arithmetic": what the
+        kernels compute in when it is not the model's dtype (the check's tolerance)."""
+        return self.record(spec, config)
 
     def api_keys(self) -> tuple[str, ...]:
         """The export API's keywords it reads."""

@@ -6,6 +6,7 @@ Adding a lossy step: a package here with its ``LossyStep`` (step.py) and its ``C
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from ..kinds.registry import kind_of
@@ -70,6 +71,19 @@ def cache_dtype(specs: dict[str, Any], default: str) -> str:
 
 def graph_args(specs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for s in STEPS if s.name in specs for k, v in s.graph_args(specs[s.name]).items()}
+
+
+def in_program(module: Any, specs: dict[str, Any], config: Any) -> tuple[Any, dict[str, Any]]:
+    """The module a torch program captures with the steps built in (a copy), and their
+    records in config.json's export."""
+    if not specs:
+        return module, {}
+    held = copy.deepcopy(module)
+    for s in STEPS:
+        if s.name in specs:
+            held = s.program_module(held, specs[s.name])
+    return held, {s.record_key: s.program_record(specs[s.name], config)
+                  for s in STEPS if s.name in specs}
 
 
 def records(specs: dict[str, Any], config: Any) -> dict[str, Any]:

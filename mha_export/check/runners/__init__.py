@@ -77,8 +77,9 @@ def _cuda_missing() -> Optional[str]:
 HALF_TOLERANCES = {"float16": FLOAT16, "bfloat16": BFLOAT16}
 
 
-def _ort_cpu_tolerance(dtype: str, options: RunOptions) -> Tolerance:
-    """``dtype``: the model's, or the runner's ``tolerance_dtype`` "int8-activations" when its
+def _cpu_tolerance(dtype: str, options: RunOptions) -> Tolerance:
+    """ONNX Runtime and ExecuTorch on the CPU. ``dtype``: the model's, or the runner's
+    ``tolerance_dtype`` "int8-activations" when its
     quantized projections really computed with int8 activations (accuracy level 4)."""
     from .ort import INT8_ACTIVATION_DTYPE
     return {**HALF_TOLERANCES, INT8_ACTIVATION_DTYPE: INT8_ACTIVATIONS}.get(dtype, FP32)
@@ -116,11 +117,11 @@ _KINDS = (
     RunnerKind("torchscript", "model.pt", "cpu", "torch.jit", _open_torchscript,
                lambda dtype, options: FP32),
     RunnerKind("ort-cpu", "model.onnx", "cpu", "ONNX Runtime (CPUExecutionProvider)",
-               _open_ort("cpu"), _ort_cpu_tolerance, ort_provider="cpu"),
+               _open_ort("cpu"), _cpu_tolerance, ort_provider="cpu"),
     RunnerKind("ort-cpu-fp32-compute", "model.onnx", "cpu",
                "ONNX Runtime (CPUExecutionProvider), quantized projections at fp32 compute: "
                "the file's weights checked exactly", _open_ort("cpu", fp32_compute=True),
-               _ort_cpu_tolerance, by_default=False, also_with="ort-cpu",
+               _cpu_tolerance, by_default=False, also_with="ort-cpu",
                also_for=_int8_activation_export,
                also_for_doc="files with int8-activation quantized projections"),
     RunnerKind("ort-cuda", "model.onnx", "cuda", "ONNX Runtime (CUDAExecutionProvider)",
@@ -151,7 +152,7 @@ _KINDS = (
                lambda dtype, options: FP32_TF32 if options.tf32 else FP32,
                unavailable=_no_torch_cuda),
     RunnerKind("executorch-cpu", "model.pte", "cpu", "ExecuTorch (executorch.runtime)",
-               _open_executorch, lambda dtype, options: FP32, unavailable=executorch_missing),
+               _open_executorch, _cpu_tolerance, unavailable=executorch_missing),
 )
 RUNNERS: dict[str, RunnerKind] = {k.name: k for k in _KINDS}
 

@@ -40,7 +40,11 @@ class ExecuTorchRunner(Runner):
         self.cache = CacheInside(program) if "get_cache" in program.method_names else None
         export = _recorded(Path(path).parent)
         inside = "; the cache inside the program (steps move none)" if self.cache else ""
-        self.device = f"cpu (ExecuTorch: {_placement(export)}{inside})"
+        # a lossy step's kernels computing in other arithmetic (int8 activations): its tolerance
+        self.tolerance_dtype = next((v["arithmetic"] for v in export.values()
+                                     if isinstance(v, dict) and "arithmetic" in v), None)
+        arithmetic = f"; {self.tolerance_dtype}" if self.tolerance_dtype else ""
+        self.device = f"cpu (ExecuTorch: {_placement(export)}{inside}{arithmetic})"
         self.forward_inputs = [n for n in signature.input_names
                                if not (self.cache and n in CACHE_INPUTS)]
 

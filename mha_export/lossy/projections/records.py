@@ -11,7 +11,7 @@ from .rtn import QuantSpec
 from .source import SOURCE, SourceQuantSpec
 
 QUANTIZERS = {"rtn": QuantSpec, SOURCE: SourceQuantSpec}
-RECORD_ONLY = ("format", "projections")  # written beside an RTN spec, not part of it
+RECORD_ONLY = ("format", "projections", "arithmetic")  # written beside an RTN spec, not part of it
 
 
 def quant_spec_from_record(record: dict) -> Any:

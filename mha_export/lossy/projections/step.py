@@ -14,6 +14,7 @@ import numpy as np
 from ...errors import UsageError
 from ...kinds.registry import kind_of
 from ..base import LossyStep
+from . import torchao
 from .graph import MatMulNBitsProjections
 from .records import quant_spec_from_record
 from .reference import reference_module
@@ -38,9 +39,7 @@ GRAPH_NAME = {"out_proj": "out", "gate_proj": "gate"}
 class QuantizedProjections(LossyStep):
     name = "quantize"
     record_key = "quantize"
-    refusals = {"torchscript": _TORCH.format("TorchScript"), "aoti": _TORCH.format("AOTInductor"),
-                "executorch": "--quantize for ExecuTorch (torchao's 8da4w and int8 weight-only "
-                              "for XNNPACK) is not built yet; use `mha-export onnx --quantize`"}
+    refusals = {"torchscript": _TORCH.format("TorchScript"), "aoti": _TORCH.format("AOTInductor")}
 
     def from_record(self, record: dict) -> Any:
         return quant_spec_from_record(dict(record))
@@ -103,6 +102,8 @@ class QuantizedProjections(LossyStep):
         spec = kw.pop("quantize", None)
         if spec is not None and target in self.refusals:
             raise UsageError(self.refusals[target])
+        if spec is not None and target == "executorch" and (why := torchao.refusal(spec)):
+            raise UsageError(why)
         return spec
 
     def prepare(self, source: Any, spec: Any, held: Any, seed: int, dtype: str) -> Any:
@@ -113,6 +114,14 @@ class QuantizedProjections(LossyStep):
 
     def record(self, spec: Any, config: Any) -> dict:
         return {"format": "com.microsoft.MatMulNBits",
+                "projections": quantized_projections(config), **spec.to_dict()}
+
+    def program_module(self, module: Any, spec: Any) -> Any:
+        """The program's int4 projections, torchao's 8da4w (torchao.py)."""
+        return torchao.in_program(module, spec, quantized_projections(module.config))
+
+    def program_record(self, spec: Any, config: Any) -> dict:
+        return {"format": torchao.KERNEL, "arithmetic": torchao.ARITHMETIC,
                 "projections": quantized_projections(config), **spec.to_dict()}
 
     def api_keys(self) -> tuple[str, ...]:
