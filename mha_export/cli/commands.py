@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import click
 
+from .. import __version__
 from ..check.parity import check_parity
 from ..check.sweep import SWEEPS
 from ..errors import Interrupted, UsageError, interrupt, raise_if_interrupted
@@ -163,7 +164,7 @@ def require_extra(module: str, extra: str, flag: str) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="mha-export")
+@click.version_option(__version__, prog_name="mha-export")
 def cli() -> None:
     """Export causal multi-head attention to ONNX / TorchScript and prove parity with eager
     PyTorch.
