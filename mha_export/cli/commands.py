@@ -79,8 +79,6 @@ def _report_export(result) -> None:
 def _export(target: str, kw: dict, verbose: bool) -> None:
     """One artifact, or with --layers every chosen layer of the checkpoint (fanout/)."""
     layers, resume = kw.pop("layers"), kw.pop("resume")
-    if layers is not None:
-        refuse_verbose_layers(verbose)
     if layers is None:
         if resume:
             raise UsageError("--resume needs --layers")
@@ -90,6 +88,7 @@ def _export(target: str, kw: dict, verbose: bool) -> None:
         options["check_options"] = {**sweep, "progress": _progress}
         _report_export(EXPORTERS[target](**options))
         return
+    refuse_verbose_layers(verbose)
     sweep = check_sweep(kw)
     settings, options = fanout_settings(kw, ""), export_options(kw)
     weights, output = options.pop("weights", None), options.pop("output", None)

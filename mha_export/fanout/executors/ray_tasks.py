@@ -78,11 +78,13 @@ def require_session_at(address: str) -> None:
     ray = _ray()
     try:
         session = ray.get_runtime_context().gcs_address
-    except Exception:  # a Ray Client connection has no GCS address of its own here
-        session = "an address it does not say"
-    if address.startswith("ray://") or _host_port(address) != _host_port(session):
-        raise UsageError(f"--ray-address {address}: this process already has a Ray session, "
-                         f"at {session}; pass no address to run on it, or ray.shutdown() first")
+    except Exception:  # a Ray Client connection: its cluster's GCS address is not known here
+        session = None
+    if session is None or address.startswith("ray://") or (
+            _host_port(address) != _host_port(session)):
+        raise UsageError(f"--ray-address {address}: this process already has a Ray session"
+                         + (f", at {session}" if session else "") + "; pass no address to run "
+                         "on it, or ray.shutdown() first")
 
 
 def _host_port(address: str) -> tuple[str, str]:
