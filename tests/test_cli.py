@@ -284,11 +284,17 @@ def test_check_summary_is_short_and_verbose_has_every_row(tmp_path):
     assert len(verbose) >= len(rows) + len(lines)  # ... and printed with -v
 
 
-def test_eval_thread_pool_without_an_onnx_runtime_runner_is_refused(tmp_path):
-    """--thread-pool shares ONNX Runtime's threads: another runner ignored it."""
+@pytest.mark.parametrize("args, message", [
+    (["--thread-pool", "spin"], "--runner torchscript opens no ONNX Runtime session"),
+    (["--attention", "blocked"], "--attention is the ONNX file's graph form: --runner "
+                                 "torchscript runs model.pt"),
+])
+def test_eval_options_its_runner_would_not_use_are_refused(tmp_path, args, message):
+    """--thread-pool was ignored by a runner without ONNX Runtime; --attention was refused as
+    'config has unknown fields'."""
     r = run("eval", "--weights", tmp_path, "--text", tmp_path / "t.txt", "--runner",
-            "torchscript", "--thread-pool", "spin")
-    assert "--runner torchscript opens no ONNX Runtime session" in one_line_error(r)
+            "torchscript", *args)
+    assert message in one_line_error(r)
 
 
 @pytest.mark.parametrize("command", [["check", "{run}"], ["onnx", "--layers", "all", "--weights",

@@ -458,9 +458,7 @@ def eval_(weights: str, text_path: str, tokens: int, layers: str, runner: str, g
     """
     from ..model.eval import evaluate
     from ..model.report import format_evaluation, plot_evaluation
-    if not runner.startswith("ort-") and given("thread_pool"):
-        raise UsageError(f"--thread-pool shares ONNX Runtime's threads: --runner {runner} "
-                         "opens no ONNX Runtime session")
+    refuse_unused_eval_options(runner)
     if plot_path:
         require_extra("matplotlib", "plot", "--plot")
     options = export_options(kw)
@@ -475,6 +473,16 @@ def eval_(weights: str, text_path: str, tokens: int, layers: str, runner: str, g
     click.echo(format_evaluation(result))
     if not result.passed:
         raise SystemExit(1)
+
+
+def refuse_unused_eval_options(runner: str) -> None:
+    """eval's options that its --runner would not use, each a one-line refusal."""
+    if not runner.startswith("ort-") and given("thread_pool"):
+        raise UsageError(f"--thread-pool shares ONNX Runtime's threads: --runner {runner} "
+                         "opens no ONNX Runtime session")
+    if RUNNERS[runner].model_file != "model.onnx" and given("attention"):
+        raise UsageError(f"--attention is the ONNX file's graph form: --runner {runner} runs "
+                         f"{RUNNERS[runner].model_file}")
 
 
 def cpp_programs(folder: Optional[str], runners: tuple | list):
