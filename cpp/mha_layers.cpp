@@ -46,7 +46,7 @@ struct Layer {
     std::vector<float> key, value;  // the app's cache buffers [1, K, capacity, H]
     std::vector<int64_t> cache_shape;
     std::vector<std::string> inputs;
-    mha::SessionEntries applied;  // config entries the file names (float8: folded at load)
+    mha::FileEntries applied;  // config entries the file needs (float8: folded at load)
 };
 
 std::vector<int64_t> input_shape(Ort::Session& s, size_t i) {
@@ -55,7 +55,7 @@ std::vector<int64_t> input_shape(Ort::Session& s, size_t i) {
 
 // `known`: the file's entries when an earlier copy read them (no second open then).
 Layer open_layer(Ort::Env& env, const std::string& path, const Ort::SessionOptions& options,
-                 int64_t capacity, const mha::SessionEntries* known) {
+                 int64_t capacity, const mha::FileEntries* known) {
     Layer layer;
     try {
         Ort::SessionOptions own = options.Clone();  // the file's entries for this file only
@@ -206,8 +206,9 @@ int main_layers(int argc, char** argv) {
               << steps << " steps, median " << m << " ms a step, " << m / layers.size()
               << " ms a layer\n";
     for (size_t i = 0; i < models.size(); ++i)  // the first copy of each model
-        for (const auto& [key, value] : layers[i].applied)
-            std::cout << models[i] << ": " << key << "=" << value << " (the file asks for it)\n";
+        for (const auto& [key, value] : layers[i].applied.entries)
+            std::cout << models[i] << ": " << key << "=" << value << " (" << layers[i].applied.why
+                      << ")\n";
     return 0;
 }
 

@@ -384,7 +384,7 @@ int main_ort(int argc, char** argv) {
 
     const auto t0 = Clock::now();
     std::unique_ptr<Ort::Session> session;
-    mha::SessionEntries applied;  // the config entries the file names (float8: folded at load)
+    mha::FileEntries applied;  // the config entries the file needs (float8: folded at load)
     try {
         session = mha::open_session(env, args.model, options, applied);
     } catch (const Ort::Exception& e) {
@@ -404,8 +404,8 @@ int main_ort(int argc, char** argv) {
               << ", intra-op threads: " << (threads ? std::to_string(threads) : "default")
               << (args.flag("--spin") ? " (spinning)" : " (asleep between runs)") << ", session "
               << session_time;
-    for (const auto& [key, value] : applied)
-        std::cout << ", " << key << "=" << value << " (the file asks for it; opened twice)";
+    for (const auto& [key, value] : applied.entries)
+        std::cout << ", " << key << "=" << value << " (" << applied.why << "; opened twice)";
     std::cout << "\n";
     if (args.flag("--info")) print_info(args.model, *session, io);
     if (args.case_dirs.empty() && args.pairs.empty()) return 0;  // --info alone

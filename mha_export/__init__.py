@@ -10,6 +10,10 @@ benchmark measures each variant's memory in its own process).
 """
 from importlib import import_module
 
+# the package's version, written here only: pyproject.toml reads it (setuptools' dynamic
+# version), and `mha-export --version`, every artifact's and report's `versions` say it
+__version__ = "0.6.0"
+
 _EXPORTS = {
     "MHAConfig": "config", "UsageError": "errors",
     "build_module": "kinds.registry", "convert": "kinds.registry",

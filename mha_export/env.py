@@ -16,10 +16,13 @@ EXECUTORCH_INSTALL = "pip install -c constraints.txt --no-deps executorch (docs/
 
 
 def versions() -> dict[str, str]:
+    """mha-export's own version from the package (an editable install's metadata keeps the
+    version it was installed at), the others' from their installed metadata."""
+    from . import __version__
     out = {"python": platform.python_version()}
     for dist in DISTRIBUTIONS:
         try:
-            out[dist] = metadata.version(dist)
+            out[dist] = __version__ if dist == "mha-export" else metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
     return out

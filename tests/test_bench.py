@@ -176,6 +176,22 @@ def test_cli_refuses_bad_quantization_and_cold_requests(tmp_path, args, message)
     assert r.exit_code == 2 and message in r.output, r.output
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--past-lens", "8"], "--past-lens is not used without --kv-cache or --static-cache"),
+    (["--kv-cache", "--capacity", "16"], "--capacity is not used without --static-cache"),
+    (["--accuracy-level", "1"], "--accuracy-level is not used without --quantize"),
+    (["--from-json", "{tmp}/run.json"], "--from-json shows a saved run, measuring nothing: "
+                                        "--heads is not used with it"),
+    (["{tmp}"], "ARTIFACT's own layer is measured: --heads describes another"),
+])
+def test_options_a_run_would_not_use_are_refused_in_one_line(tmp_path, args, message):
+    """Each was accepted and ignored."""
+    (tmp_path / "run.json").write_text("{}")
+    r = CliRunner().invoke(cli, ["bench", "--heads", "2", "--dim", "32", "--seq-lens", "4",
+                                 *(a.format(tmp=tmp_path) for a in args)])
+    assert r.exit_code == 2 and message in r.output, r.output
+
+
 def test_bench_of_a_quantized_artifact_measures_its_quantization(tmp_path, monkeypatch):
     from mha_export import export_onnx
     from mha_export.bench import driver

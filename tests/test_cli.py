@@ -284,6 +284,31 @@ def test_check_summary_is_short_and_verbose_has_every_row(tmp_path):
     assert len(verbose) >= len(rows) + len(lines)  # ... and printed with -v
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--thread-pool", "spin"], "--runner torchscript opens no ONNX Runtime session"),
+    (["--attention", "blocked"], "--attention is the ONNX file's graph form: --runner "
+                                 "torchscript runs model.pt"),
+])
+def test_eval_options_its_runner_would_not_use_are_refused(tmp_path, args, message):
+    """--thread-pool was ignored by a runner without ONNX Runtime; --attention was refused as
+    'config has unknown fields'."""
+    r = run("eval", "--weights", tmp_path, "--text", tmp_path / "t.txt", "--runner",
+            "torchscript", *args)
+    assert message in one_line_error(r)
+
+
+@pytest.mark.parametrize("command", [["check", "{run}"], ["onnx", "--layers", "all", "--weights",
+                                                          "{run}", "-o", "{run}/out"]])
+def test_verbose_with_a_layers_folder_is_refused_in_one_line(tmp_path, command):
+    """-v shows one process's warnings and check rows; a layers folder's layers run in
+    workers of their own (it was accepted and ignored)."""
+    (tmp_path / "run" / "layer-0").mkdir(parents=True)
+    (tmp_path / "run" / "layers.json").write_text('{"layers": []}')
+    r = run(*[a.format(run=tmp_path / "run") for a in command], "-v")
+    assert "layer-N/parity.json" in one_line_error(r)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["layer-0", "layers.json"]
+
+
 def test_a_failure_names_the_worst_case_and_element(tmp_path):
     out = tmp_path / "art"
     assert run("onnx", *SMALL, "-o", out, "--no-check").exit_code == 0

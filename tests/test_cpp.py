@@ -792,9 +792,37 @@ def test_mha_layers_applies_the_entries_once_per_file(binaries, float8_artifact)
     assert r.stdout.count("session.disable_quant_qdq=1 (the file asks for it)") == 1
 
 
+def _without_record(artifact: Path, to: Path) -> Path:
+    """The file as 0.4 wrote it: no metadata mha_export.session_options."""
+    import onnx
+    from mha_export.lossy.projections import session_options
+    model = onnx.load(str(artifact / "model.onnx"))
+    kept = {p.key: p.value for p in model.metadata_props if p.key != session_options.KEY}
+    del model.metadata_props[:]
+    onnx.helper.set_model_props(model, kept)
+    onnx.save(model, str(to))
+    assert session_options.declared(model) == session_options.FOLD_FLOAT8  # Python's fallback
+    return to
+
+
+def test_a_float8_file_without_the_record_is_folded_as_python_does(binaries, float8_artifact,
+                                                                    tmp_path):
+    """A float8 file exported before 0.5 names no options: both programs read its float8
+    initializers and fold them, as the Python runners do, and say why."""
+    plain = _without_record(float8_artifact[False], tmp_path / "plain.onnx")
+    r = run(binaries["ort"], plain, "--info")
+    assert r.returncode == 0, r.stderr
+    assert ("session.disable_quant_qdq=1 (its float8 weights need it; the file, written "
+            "before 0.5 or elsewhere, names no options" in r.stdout.splitlines()[0])
+    static = _without_record(float8_artifact[True], tmp_path / "static.onnx")
+    r = run(binaries["layers"], static, "--copies", 2, "--past", 8, "--steps", 1)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("session.disable_quant_qdq=1 (its float8 weights need it") == 1
+
+
 def test_a_file_naming_no_options_runs_with_the_apps_options_only(binaries, artifacts):
     r = run(binaries["ort"], artifacts["split", "onnx"] / "model.onnx", "--info")
-    assert r.returncode == 0 and "asks for" not in r.stdout
+    assert r.returncode == 0 and "disable_quant_qdq" not in r.stdout  # nor from its graph
 
 
 @pytest.mark.parametrize("record, message", [

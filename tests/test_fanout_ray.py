@@ -86,3 +86,39 @@ def test_ray_from_the_command_line_at_an_address(cluster, smollm2_layers, tmp_pa
                           env={**os.environ, "RAY_ADDRESS": cluster.address})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS: 3 layers (3 pass)" in done.stdout
+
+
+def test_ray_an_address_other_than_the_sessions_is_refused(cluster, smollm2_gguf, tmp_path):
+    """A process with a Ray session runs on it; an address naming another cluster is one line
+    (it was ignored), the session's own address by another name is fine."""
+    from mha_export.errors import UsageError
+    with pytest.raises(UsageError, match="already has a Ray session, at .*pass no address"):
+        export_layers("onnx", smollm2_gguf, "0", tmp_path / "run", executor="ray",
+                      ray_address="127.0.0.1:1")
+    assert not (tmp_path / "run").exists() and ray.is_initialized()
+    from mha_export.fanout.executors import make_executor
+    port = cluster.address.rsplit(":", 1)[1]
+    with make_executor("ray", address=f"localhost:{port}") as same:
+        assert same.describe()["where"] == "the Ray session of this process"
+    assert ray.is_initialized()  # the caller's session is left as it was
+
+
+def test_ray_without_an_address_never_joins_the_machines_cluster(cluster, smollm2_layers,
+                                                                  tmp_path):
+    """This module's cluster is the machine's latest (ray_current_cluster, as `ray start` writes
+    it): a new process without --ray-address starts a private Ray rather than joining it (it
+    failed: "When connecting to an existing cluster, num_cpus ... must not be provided")."""
+    out = tmp_path / "run"
+    shutil.copytree(smollm2_layers[0], out)
+    for layer in (1, 2):  # one layer checked: their rows are kept as they were
+        shutil.rmtree(out / f"layer-{layer}")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run([sys.executable, "-m", "mha_export", "check", str(out),
+                           "--executor", "ray", "--seq-lens", "1", "--batch-sizes", "1"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    written = json.loads((out / "layers.json").read_text())
+    assert written["executor"]["where"].startswith("a local Ray started for this run")
+    ours = {n["NodeID"][:8] for n in ray.nodes()}
+    (row,) = [r for r in written["layers"] if r["layer"] == 0]
+    assert row["status"] == "pass" and row["worker"].split(" node ")[1] not in ours

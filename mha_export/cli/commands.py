@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 import click
 
+from .. import __version__
 from ..check.parity import check_parity
 from ..check.sweep import SWEEPS
 from ..errors import Interrupted, UsageError, interrupt, raise_if_interrupted
@@ -62,7 +63,8 @@ def _guard(fn: Callable) -> Callable:
             raise BadInput(f"{e.filename or ''}: {e.strerror or e}".lstrip(": ")) from None
 
     return click.option("-v", "--verbose", is_flag=True,
-                        help="Show library warnings (check: and every sweep row).")(wrapper)
+                        help="Show library warnings and a library's trace (check: and every "
+                             "sweep row); one layer's, not with a layers folder.")(wrapper)
 
 
 def _report_export(result) -> None:
@@ -74,7 +76,7 @@ def _report_export(result) -> None:
             raise SystemExit(1)
 
 
-def _export(target: str, kw: dict) -> None:
+def _export(target: str, kw: dict, verbose: bool) -> None:
     """One artifact, or with --layers every chosen layer of the checkpoint (fanout/)."""
     layers, resume = kw.pop("layers"), kw.pop("resume")
     if layers is None:
@@ -86,6 +88,7 @@ def _export(target: str, kw: dict) -> None:
         options["check_options"] = {**sweep, "progress": _progress}
         _report_export(EXPORTERS[target](**options))
         return
+    refuse_verbose_layers(verbose)
     sweep = check_sweep(kw)
     settings, options = fanout_settings(kw, ""), export_options(kw)
     weights, output = options.pop("weights", None), options.pop("output", None)
@@ -100,6 +103,15 @@ def _export(target: str, kw: dict) -> None:
                             validate=options.pop("validate", True), progress=_layers_progress,
                             check_options=sweep, **settings, **options)
     _report_layers(summary, output)
+
+
+def refuse_verbose_layers(verbose: bool) -> None:
+    """-v shows this process's library warnings, a library's trace and a check's every row: a
+    fan-out's layers run in workers of their own, each summed up in its layers.json row."""
+    if verbose:
+        raise UsageError("-v shows one layer's library warnings and every check row; a layers "
+                         "folder keeps each layer's rows in its layer-N/parity.json: run one "
+                         "layer (--layer N, or check DIR/layer-N) with -v")
 
 
 def check_sweep(kw: dict) -> dict:
@@ -154,6 +166,16 @@ def _lossy_options(fn: Callable) -> Callable:
     return fn
 
 
+def given(*names: str) -> list[str]:
+    """Which of the command's parameters ``names`` the user set (not left at their defaults),
+    as they are spelt on the command line."""
+    ctx = click.get_current_context()
+    spelt = {p.name: p.opts[0] if p.opts[0].startswith("-") else p.name.upper()
+             for p in ctx.command.params}
+    default = click.core.ParameterSource.DEFAULT
+    return [spelt[n] for n in names if ctx.get_parameter_source(n) not in (None, default)]
+
+
 def require_extra(module: str, extra: str, flag: str) -> None:
     """An optional dependency checked before any work: one line naming the extra to install."""
     try:
@@ -163,7 +185,7 @@ def require_extra(module: str, extra: str, flag: str) -> None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="mha-export")
+@click.version_option(__version__, prog_name="mha-export")
 def cli() -> None:
     """Export causal multi-head attention to ONNX / TorchScript and prove parity with eager
     PyTorch.
@@ -184,7 +206,7 @@ def cli() -> None:
                    f"{opset_summary()}].")
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @_guard
-def onnx(**kw) -> None:
+def onnx(verbose: bool, **kw) -> None:
     """Export to ONNX: model.onnx with inputs x [batch, seq, d_in] -> y [batch, seq, dim]
     (--attention-mask, --kv-cache, --static-cache: more named inputs/outputs, see
     docs/artifacts.md).
@@ -198,13 +220,13 @@ def onnx(**kw) -> None:
       mha-export onnx --heads 12 --dim 768 --static-cache --quantize int4 --accuracy-level 4
       mha-export onnx --weights SmolLM2.gguf --layers all -o out/smollm2 --executor ray
     """
-    _export("onnx", kw)
+    _export("onnx", kw, verbose)
 
 
 @cli.command()
 @model_options
 @_guard
-def torchscript(**kw) -> None:
+def torchscript(verbose: bool, **kw) -> None:
     """Export to TorchScript: model.pt (torch.jit.script), loadable by torch.jit.load and
     libtorch's torch::jit::load. torch 2.13 deprecates torch.jit ("Please switch to
     torch.compile or torch.export"): `mha-export aoti` writes its successor.
@@ -216,7 +238,7 @@ def torchscript(**kw) -> None:
     """
     click.echo("note: torch 2.13 deprecates torch.jit (TorchScript); `mha-export aoti` writes "
                "its successor (torch.export + AOTInductor)", err=True)
-    _export("torchscript", kw)
+    _export("torchscript", kw, verbose)
 
 
 @cli.command()
@@ -229,7 +251,7 @@ def torchscript(**kw) -> None:
               help="The batch axis's bound (seq's: --max-seq-len): ExecuTorch plans its memory "
                    "for the largest call.")
 @_guard
-def executorch(**kw) -> None:
+def executorch(verbose: bool, **kw) -> None:
     """Export to ExecuTorch: model.pte for its runtime (Android, iOS, embedded Linux: the C++
     Module; Python's executorch.runtime), lowered to XNNPACK; batch and seq dynamic up to
     stated bounds. Needs the executorch extra (docs/executorch.md).
@@ -240,7 +262,7 @@ def executorch(**kw) -> None:
       mha-export executorch --heads 12 --dim 768 --attention-mask --max-batch 8
       mha-export executorch --heads 12 --dim 768 --backend portable
     """
-    _export("executorch", kw)
+    _export("executorch", kw, verbose)
 
 
 @cli.command()
@@ -248,7 +270,7 @@ def executorch(**kw) -> None:
 @click.option("--device", type=click.Choice(("cpu", "cuda")), default="cpu", show_default=True,
               help="Device the package is compiled for (cuda: only where torch sees a GPU).")
 @_guard
-def aoti(**kw) -> None:
+def aoti(verbose: bool, **kw) -> None:
     """Export with torch.export + AOTInductor: model.pt2, loadable by
     torch._inductor.aoti_load_package and C++'s torch::inductor::AOTIModelPackageLoader;
     batch, seq and cache lengths dynamic (0 and 1 included). Compiling takes tens of seconds.
@@ -259,7 +281,7 @@ def aoti(**kw) -> None:
       mha-export aoti --heads 12 --dim 768 --kv-cache
       mha-export aoti --heads 12 --dim 768 --static-cache   # the app's buffers written in place
     """
-    _export("aoti", kw)
+    _export("aoti", kw, verbose)
 
 
 @cli.command()
@@ -313,6 +335,7 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
     """
     from ..fanout import check_layers, is_layers_folder
     if is_layers_folder(artifact):  # a folder of layer folders (onnx --layers ... -o DIR)
+        refuse_verbose_layers(verbose)
         settings = fanout_settings(kw, "")
         summary = check_layers(artifact, progress=_layers_progress, **settings, **kw)
         _report_layers(summary, artifact, json_path)
@@ -435,6 +458,7 @@ def eval_(weights: str, text_path: str, tokens: int, layers: str, runner: str, g
     """
     from ..model.eval import evaluate
     from ..model.report import format_evaluation, plot_evaluation
+    refuse_unused_eval_options(runner)
     if plot_path:
         require_extra("matplotlib", "plot", "--plot")
     options = export_options(kw)
@@ -449,6 +473,16 @@ def eval_(weights: str, text_path: str, tokens: int, layers: str, runner: str, g
     click.echo(format_evaluation(result))
     if not result.passed:
         raise SystemExit(1)
+
+
+def refuse_unused_eval_options(runner: str) -> None:
+    """eval's options that its --runner would not use, each a one-line refusal."""
+    if not runner.startswith("ort-") and given("thread_pool"):
+        raise UsageError(f"--thread-pool shares ONNX Runtime's threads: --runner {runner} "
+                         "opens no ONNX Runtime session")
+    if RUNNERS[runner].model_file != "model.onnx" and given("attention"):
+        raise UsageError(f"--attention is the ONNX file's graph form: --runner {runner} runs "
+                         f"{RUNNERS[runner].model_file}")
 
 
 def cpp_programs(folder: Optional[str], runners: tuple | list):
@@ -565,6 +599,8 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
     """
     if plot_path:
         require_extra("matplotlib", "plot", "--plot")
+    refuse_unused_bench_options(artifact, from_json, kv_cache or static_cache, static_cache,
+                                quantize_names, preset, config_fields)
     from ..bench.report import BenchReport
     if from_json:
         _show_bench(BenchReport.load(from_json), from_json, markdown, plot_path)
@@ -576,8 +612,6 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
     quantize = bench_quantization(quantize_names, accuracy_levels)
     chosen = bench_forms(forms)
     seed = config_fields["seed"]
-    if preset and (artifact or config_fields.get("weights")):
-        raise UsageError("--preset names a layer's shape: not with an artifact or --weights")
     source, quantize, int8_cache = _bench_source(artifact, config_fields, quantize,
                                                  kv_cache_dtype == INT8, preset_options(preset))
     config, module = source.config, source.module
@@ -592,6 +626,28 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
         from ..artifact import write_json_atomic
         write_json_atomic(json_path, report.to_dict())
     _show_bench(report, json_path or "", markdown, plot_path)
+
+
+def refuse_unused_bench_options(artifact: Optional[str], from_json: Optional[str],
+                                cached: bool, static_cache: bool, quantize: Optional[str],
+                                preset: Optional[str], config_fields: dict) -> None:
+    """bench's options that the run would not use, each a one-line refusal."""
+    if preset and (artifact or config_fields.get("weights")):
+        raise UsageError("--preset names a layer's shape: not with an artifact or --weights")
+    if from_json and (unused := given(*(n for n in click.get_current_context().params
+                                        if n not in ("from_json", "markdown", "plot_path",
+                                                     "verbose")))):
+        raise UsageError(f"--from-json shows a saved run, measuring nothing: {unused[0]} is "
+                         "not used with it")
+    if artifact and (unused := given(*(n for n in config_fields if n != "seed"))):
+        raise UsageError(f"ARTIFACT's own layer is measured: {unused[0]} describes another "
+                         "(not with an artifact)")
+    for flag, needs, unused in (
+            ("--past-lens", "--kv-cache or --static-cache", not cached and given("past_lens")),
+            ("--capacity", "--static-cache", not static_cache and given("capacity")),
+            ("--accuracy-level", "--quantize", quantize is None and given("accuracy_levels"))):
+        if unused:
+            raise UsageError(f"{flag} is not used without {needs}")
 
 
 def _bench_source(artifact: Optional[str], config_fields: dict, quantize: list,

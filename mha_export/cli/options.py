@@ -253,8 +253,9 @@ FANOUT_OPTIONS = [
                  help="Intra-op threads per layer, pinned for torch and every runtime, so "
                       "verdicts do not depend on the executor [default: 1]."),
     click.option("--ray-address", default=None,
-                 help="ray: the cluster, host:port (its GCS), ray://host:port or auto "
-                      "[default: a local Ray started for the run]; DIR must be a filesystem "
+                 help="ray: the cluster, host:port (its GCS), ray://host:port or auto (the "
+                      "one this machine runs) [default: a private local Ray started for the "
+                      "run, never a running cluster joined unasked]; DIR must be a filesystem "
                       "every node sees."),
     click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
                  help="Seconds per layer; a layer over it is its 'timeout' row."),

@@ -10,7 +10,12 @@ layer and are set here (measured with ray 2.60):
   layers on a node than it holds; a task asking more than any node has would wait forever
   (``ray.get`` never raises), so such a layer is ``infeasible`` from ``ray.nodes()`` first;
 - an unreachable address: ``ray.init`` keeps retrying for minutes (~40 s an attempt), so the
-  address is probed with a bounded TCP connect first (bad input, in seconds).
+  address is probed with a bounded TCP connect first (bad input, in seconds);
+- no address: a private local Ray (``address="local"``). ``ray.init()`` alone joins the
+  machine's latest cluster (a user's ``ray start``, RAY_ADDRESS) and then refuses ``num_cpus``;
+  a user's cluster is joined only when named (``--ray-address auto`` or host:port);
+- a process that already has a Ray session runs on it (the Python API, the tests' cluster);
+  an address naming another cluster is refused (reaching it would end the caller's session).
 
 Artifacts are written by the workers into the run's folder: on a cluster it must be a filesystem
 every node sees (NFS, a mounted bucket); only the small records come back.
@@ -67,6 +72,33 @@ def probe(address: str, seconds: float = PROBE_SECONDS) -> None:
                          f"({e.strerror or e}; tried for {seconds:g} s)") from None
 
 
+def require_session_at(address: str) -> None:
+    """The process's Ray session must be the cluster at ``address``: reaching another would
+    mean ending a session the caller owns."""
+    ray = _ray()
+    try:
+        session = ray.get_runtime_context().gcs_address
+    except Exception:  # a Ray Client connection: its cluster's GCS address is not known here
+        session = None
+    if session is None or address.startswith("ray://") or (
+            _host_port(address) != _host_port(session)):
+        raise UsageError(f"--ray-address {address}: this process already has a Ray session"
+                         + (f", at {session}" if session else "") + "; pass no address to run "
+                         "on it, or ray.shutdown() first")
+
+
+def _host_port(address: str) -> tuple[str, str]:
+    """(IP, port) of host:port; a loopback address is this node's own IP."""
+    host, _, port = address.rpartition(":")
+    try:
+        ip = socket.gethostbyname(host)
+    except OSError:
+        ip = host
+    if ip.startswith("127."):
+        ip = _ray().util.get_node_ip_address()
+    return ip, port
+
+
 class RayExecutor:
     name = "ray"
 
@@ -80,14 +112,16 @@ class RayExecutor:
         quiet = dict(include_dashboard=False, log_to_driver=False,
                      logging_level=logging.ERROR)
         if ray.is_initialized():  # the caller's session (the Python API, the tests' cluster)
+            if self.address is not None:
+                require_session_at(resolve_address(self.address))
             self._where = "the Ray session of this process"
         elif self.address is not None:
             address = resolve_address(self.address)
             probe(address)
             ray.init(address=address, **quiet)
             self._owned, self._where = True, f"Ray cluster at {address}"
-        else:
-            ray.init(num_cpus=cpu_count(), **quiet)
+        else:  # never a cluster of the machine's joined unasked (module docstring)
+            ray.init(address="local", num_cpus=cpu_count(), **quiet)
             self._owned, self._where = True, "a local Ray started for this run"
         return self
 
