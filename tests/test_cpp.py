@@ -951,6 +951,26 @@ def test_executorch_steps_a_prefill_on_the_cache_it_holds(binaries, static_progr
                                    buffer[:, :, :length].numpy(), rtol=0, atol=ATOL)
 
 
+def test_executorch_runs_an_int4_program_as_python_does(binaries, tmp_path):
+    """--quantize int4 with the cache inside: XNNPACK's int8 x int4 kernel (8da4w) in the
+    wheel's runtime gives what Python's executorch.runtime gives, case by case (the kernel's
+    parity against eager is the check's, at the int8-activation tolerance)."""
+    pytest.importorskip("executorch.runtime")
+    from mha_export import export_executorch
+    from mha_export.check.runners.executorch import ExecuTorchRunner
+    from mha_export.lossy.projections.rtn import QuantSpec
+    config = MHAConfig(dim=64, heads=4, kv_heads=2, rotary="half", max_seq_len=64)
+    folder = export_executorch(config, tmp_path / "int4", static_cache=True, validate=False,
+                               quantize=QuantSpec(bits=4)).path
+    python = ExecuTorchRunner(signature_of(folder), folder / "model.pte")
+    dirs = write_case_dirs(tmp_path / "cases", folder, STATIC_CASES, seed=5)
+    r = run(BUILD / "mha_executorch", folder / "model.pte", *[d for d, _, _ in dirs])
+    assert r.returncode == 0, r.stderr
+    for d, case, feeds in dirs:
+        assert_outputs_match(read_outputs(d, signature_of(folder)), python.run(feeds), feeds,
+                             case, "mha_executorch (int4) vs python")
+
+
 def test_executorch_carry_without_a_cache_is_one_line(binaries, tmp_path):
     pytest.importorskip("executorch.runtime")
     from mha_export import export_executorch

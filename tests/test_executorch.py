@@ -169,6 +169,8 @@ def test_a_planted_fault_in_the_cached_values_fails_the_check(programs, tmp_path
                                              "kernel has no zero points"),
     (["--quantize", "int4", "--accuracy-level", "1"], "--accuracy-level 1 for ExecuTorch: "
                                                       "XNNPACK has no weight-only linear"),
+    (["--quantize", "int4", "--block-size", "16"], "XNNPACK delegates int4 blocks of a "
+                                                   "multiple of 32 only"),
     (["--quantize", "int4", "--backend", "portable"], "--backend portable cannot hold quantize"),
     (["--quantize", "int4", "--block-size", "128"], "q_proj has 64 input features, not whole "
                                                     "blocks of 128"),

@@ -1,7 +1,7 @@
 """ONNX Runtime config entries an exported file needs from the app that runs it, recorded in
 the file (metadata ``mha_export.session_options``: a flat JSON object of strings), so that the
-Python runners, ``bench`` and the C++ programs (cpp/ort_session.hpp) open it alike. The C++
-programs read the record only; the Python runners fall back to the graph for a file without it.
+Python runners, ``bench`` and the C++ programs (cpp/ort_session.hpp) open it alike. A file
+without the record (written before 0.5, or elsewhere) is read from its graph, by both.
 
 One entry today: float8 weights (a kept FP8 checkpoint's ``DequantizeLinear`` of its codes) ask
 for ``session.disable_quant_qdq`` = 1, which lets ONNX Runtime fold the dequantization at load

@@ -58,7 +58,8 @@ class QuantizedProjections(LossyStep):
             click.option("--quantize", type=click.Choice((*NAMES, SOURCE)), default=None,
                          help="Weight-only quantized projections (q/k/v, output, gate) as ONNX "
                               "Runtime's MatMulNBits, round to nearest per block; norms, biases "
-                              "and sinks stay float (ONNX only); source: a checkpoint's own "
+                              "and sinks stay float (ONNX; ExecuTorch: int4 as XNNPACK's 8da4w, "
+                              "int8 activations); source: a checkpoint's own "
                               "quantized weights, kept as they are: a .gguf file's blocks (Q4_0, "
                               "Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K) or a Hugging Face folder's "
                               "(GPTQ, AWQ, compressed-tensors, FP8 blocks) [default: float "

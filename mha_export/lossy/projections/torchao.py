@@ -12,6 +12,7 @@ its int8 x int4 kernel ("8da4w").
 What ExecuTorch 1.5.1 cannot run is refused (``refusal``), each reason measured on it:
 - zero points (asymmetric blocks): XNNPACK lowered them and computed 20-40% of max|y| off;
 - int8 weights in blocks: "Only 4b group quantization is supported" (XNNPACK);
+- blocks of 16: "Delegation to XNNPACK requires group_size to be a multiple of 32";
 - weight-only (fp32 compute, accuracy level 1): XNNPACK delegates no weight-only linear and
   torchao's dequantize_affine has no ExecuTorch kernel ("Missing out variants").
 """
@@ -43,6 +44,9 @@ def refusal(spec: Any) -> Optional[str]:
     if spec.bits != 4:
         return ("--quantize int8 for ExecuTorch: XNNPACK takes int8 weights per channel only "
                 "(\"Only 4b group quantization is supported\"); use --quantize int4")
+    if spec.block_size % 32:
+        return (f"--block-size {spec.block_size} for ExecuTorch: XNNPACK delegates int4 blocks "
+                "of a multiple of 32 only")
     if not spec.symmetric:
         return ("--asymmetric for ExecuTorch: XNNPACK's int4 kernel has no zero points "
                 "(ExecuTorch 1.5.1 lowered them and computed 20-40% of max|y| off)")
