@@ -7,7 +7,6 @@ layers, each layer's folder, the memory each is expected to need, and its finger
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -154,11 +153,3 @@ def _require_settings(threads: int, timeout: Optional[float], memory: Optional[i
         raise UsageError(f"--timeout must be > 0 seconds, got {timeout}")
     if memory is not None and not memory > 0:
         raise UsageError(f"--memory-per-layer must be > 0, got {memory}")
-
-
-def cpu_count() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1

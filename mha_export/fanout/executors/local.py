@@ -15,9 +15,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from multiprocessing.connection import Connection
 from typing import Optional, Sequence
 
-from ...check.sweep import available_bytes
+from ...env import available_bytes, cpu_count
 from ...errors import raise_if_interrupted, require_positive
-from ..plan import LayerJob, cpu_count
+from ..plan import LayerJob
 from ..records import CRASHED, TIMEOUT, LayerRecord
 from ..work import STOPPED_PAST_TIMEOUT, WATCHDOG_GRACE, in_worker, stopped_past_timeout
 from .base import Capacity, Done, Started, Work

@@ -23,8 +23,9 @@ import socket
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ...env import cpu_count
 from ...errors import UsageError, raise_if_interrupted
-from ..plan import LayerJob, cpu_count
+from ..plan import LayerJob
 from ..records import CRASHED, ERROR, OOM, TIMEOUT, LayerRecord, first_line
 from ..work import in_worker, stopped_past_timeout
 from .base import Capacity, Done, Started, Work
