@@ -135,9 +135,11 @@ def test_eval_reuses_a_checked_folder(smollm2_layers, smollm2_gguf, smollm2_mode
     """eval --exports DIR runs DIR's passing layers as they are (their fingerprint: the same
     weights and options), exporting nothing anew."""
     from conftest import REAL_TEXT
-    from mha_export.fanout.identity import checked_layer
+    from mha_export.export.fingerprint import PASSED, checked_layer
+    from mha_export.fanout.records import PASS
     from mha_export.model.eval import evaluate
     out = smollm2_layers[0]
+    assert PASSED == PASS  # the status eval's reuse reads is the one the fan-out writes
     assert checked_layer(out, "onnx", smollm2_gguf, {}, 1) == out / "layer-1"
     assert checked_layer(out, "onnx", smollm2_gguf, {"static_cache": True}, 1) is None
     assert checked_layer(out, "torchscript", smollm2_gguf, {}, 1) is None

@@ -17,8 +17,8 @@ from ..artifact import made_by_us
 from ..errors import UsageError
 from ..lossy import registry as lossy
 from .executors import DEFAULT as DEFAULT_EXECUTOR, EXECUTORS, Work, make_executor
-from .identity import CHECK, EXPORT
-from .plan import LAYER_FOLDER, check_jobs, export_jobs, is_layers_folder, layer_folders
+from .plan import (CHECK, EXPORT, LAYER_FOLDER, check_jobs, export_jobs, is_layers_folder,
+                   layer_folders)
 from .records import STATUSES, SUMMARY_FILE, LayerRecord, Summary, format_summary, read_summary
 from .run import Progress, resumable as _resumable, run_jobs
 from .work import run_layer

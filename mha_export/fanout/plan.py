@@ -1,6 +1,6 @@
 """The units of work of a run over a checkpoint's layers, decided before any starts: which
 layers, each layer's folder, the memory each is expected to need, and its fingerprint
-(identity.py: what ``--resume`` and ``eval --exports`` compare).
+(export/fingerprint.py: what ``--resume`` and ``eval --exports`` compare).
 
     checkpoint + --layers (export) | DIR's layer folders (check) -> [LayerJob] (work.py runs one)
 """
@@ -15,13 +15,14 @@ from ..artifact import CONFIG_FILE, WEIGHTS_FILE, read_artifact
 from ..check.plan import CheckOptions, largest_case_bytes
 from ..config import MHAConfig
 from ..errors import UsageError, require_positive
+from ..export.fingerprint import export_stamp
 from ..graph.forms import DEFAULT
 from ..lossy import registry as lossy
 from ..signature import make_signature, signature_kind
 from ..weights.source import (checkpoint_layers, load_source, non_attention_layers,
                               select_layers)
-from .identity import CHECK, EXPORT, export_stamp
 
+EXPORT, CHECK = "export", "check"  # a job's action
 LAYER_FOLDER = "layer-{layer}"
 # A worker's memory, estimated (measured on SmolLM2-135M's layers, AMD Zen 3, 2026-11-25: a
 # worker with torch, ONNX Runtime and the GGUF reader loaded 421 MiB, its peak 724-754 MiB,
