@@ -2,7 +2,8 @@
 machine or fanned out on a Ray cluster — with a verdict per layer in DIR/layers.json.
 
     checkpoint, --layers -> jobs (plan.py) -> an executor (executors/: local processes | Ray
-    tasks) runs run_layer (work.py) per job -> LayerRecords -> DIR/layers.json (records.py)
+    tasks) runs run_layer (work.py) per job in its worker's runtime (executors/worker.py)
+    -> LayerRecords -> DIR/layers.json (records.py)
 
     DIR/layer-{L}/   each layer's artifact folder, as `--layer L -o DIR/layer-{L}` writes it
     DIR/layers.json  {"layers": [{"layer": L, "status": ..., "folder": ...}, ...], "passed": ...}
