@@ -103,6 +103,9 @@ def test_a_layer_larger_than_every_worker_is_infeasible_at_once(smollm2_gguf, tm
     (["--layers", "0", "--layer", "1"], "--layer and --layers"),
     (["--executor", "local"], "--executor needs --layers"),
     (["--resume"], "--resume needs --layers"),
+    # what the export refuses for every layer (its request checks), never a row per layer
+    (["--layers", "0-1", "--attention", "blocked", "--opset", "17"],
+     "opset 17 cannot be produced for attention form 'blocked'"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(smollm2_gguf, tmp_path, args, message):
     start = time.perf_counter()

@@ -39,8 +39,7 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
             max_batch: int = MAX_BATCH, specs: Optional[dict] = None) -> Prepared:
     """``max_batch``: the batch axis's bound (seq's: config.max_seq_len; a static cache's
     buffers hold max_batch rows of max_seq_len entries, inside the program)."""
-    require_no_lossy_steps(specs, MODEL_FILE)
-    _require_buildable(sig, backend, max_batch)
+    check(config, sig, backend, max_batch, specs)
     module = without_empty_buffers(in_split_layout(module))
     bounds = {"batch": max_batch, "seq": config.max_seq_len}
     export: dict[str, Any] = {"file": MODEL_FILE, "method": "torch.export + ExecuTorch",
@@ -61,7 +60,9 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
     return Prepared(export, lambda path: path.write_bytes(buffer))
 
 
-def _require_buildable(sig: Signature, backend: str, max_batch: int) -> None:
+def check(config: MHAConfig, sig: Signature, backend: str = "xnnpack",
+          max_batch: int = MAX_BATCH, specs: Optional[dict] = None) -> None:
+    require_no_lossy_steps(specs, MODEL_FILE)
     if why := executorch_missing():
         raise UsageError(why)
     if backend not in BACKENDS:
