@@ -143,6 +143,10 @@ def test_eval_reuses_a_checked_folder(smollm2_layers, smollm2_gguf, smollm2_mode
     from mha_export.model.eval import evaluate
     out = smollm2_layers[0]
     assert PASSED == PASS  # the status eval's reuse reads is the one the fan-out writes
+    from mha_export.model.eval import claim_exports_folder
+    assert claim_exports_folder(out, smollm2_gguf) is False  # this model's, not eval's own
+    with pytest.raises(UsageError, match="holds the layers of"):
+        claim_exports_folder(out, out / "another-model.gguf")
     assert checked_layer(out, "onnx", smollm2_gguf, {}, 1) == out / "layer-1"
     assert checked_layer(out, "onnx", smollm2_gguf, {"static_cache": True}, 1) is None
     assert checked_layer(out, "torchscript", smollm2_gguf, {}, 1) is None
