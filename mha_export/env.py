@@ -1,5 +1,5 @@
-"""The checking environment: package versions and the machine, recorded in every artifact and
-report."""
+"""The environment: package versions and the machine, recorded in every artifact and report,
+and what this process may use of it (its cores, the memory available)."""
 from __future__ import annotations
 
 import datetime
@@ -46,6 +46,26 @@ def last_level_cache_bytes() -> int:
         scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
         sizes.append(int(text.rstrip("KMG")) * scale)
     return max(sizes, default=0)
+
+
+def cpu_count() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def available_bytes() -> int:
+    """The memory available to start new work (/proc/meminfo's MemAvailable); unbounded where
+    unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 2**62
 
 
 def machine_info() -> dict:

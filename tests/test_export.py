@@ -89,18 +89,37 @@ def test_external_data_beyond_protobuf_limit(tmp_path, monkeypatch):
     assert json.loads((result.path / "config.json").read_text())["export"]["external_data"] is True
 
 
-@pytest.mark.parametrize("kw, msg", [
+BAD_SETTINGS = [
     (dict(opset=22), "opset 22 cannot be produced"),
     (dict(attention="decomposed", opset=16), "opset 16 cannot be produced"),
     (dict(opset=27), "opset 27 cannot be produced"),
     (dict(attention="attention-op", opset=22), "supported: 23-"),
     (dict(attention="flash"), "unknown attention form"),
     (dict(layer=2), "--layer needs --weights"),
-])
+]
+
+
+@pytest.mark.parametrize("kw, msg", BAD_SETTINGS)
 def test_bad_export_settings(tmp_path, kw, msg):
     with pytest.raises(UsageError, match=msg):
         export_onnx(CFG, tmp_path / "x", validate=False, **kw)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("kw, msg", BAD_SETTINGS)
+def test_the_request_checks_refuse_them_with_nothing_built(monkeypatch, kw, msg):
+    """The export's request checks (a fan-out's preflight) refuse what the export refuses,
+    building nothing; a good request passes them, still building nothing."""
+    from mha_export.export.pipeline import checked_export
+
+    def built(*args, **kwargs):
+        raise AssertionError("the graph was built")
+
+    monkeypatch.setattr(export_mod, "build_model", built)
+    with pytest.raises(UsageError, match=msg):
+        checked_export("onnx", config=CFG, **kw)
+    asked = checked_export("onnx", config=CFG, attention="decomposed", opset=17, kv_cache=True)
+    assert asked.kind == "kv-cache" and asked.options == {"attention": "decomposed", "opset": 17}
 
 
 def test_layout_defaults_to_the_weights_layout(tmp_path):

@@ -103,6 +103,9 @@ def test_a_layer_larger_than_every_worker_is_infeasible_at_once(smollm2_gguf, tm
     (["--layers", "0", "--layer", "1"], "--layer and --layers"),
     (["--executor", "local"], "--executor needs --layers"),
     (["--resume"], "--resume needs --layers"),
+    # what the export refuses for every layer (its request checks), never a row per layer
+    (["--layers", "0-1", "--attention", "blocked", "--opset", "17"],
+     "opset 17 cannot be produced for attention form 'blocked'"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(smollm2_gguf, tmp_path, args, message):
     start = time.perf_counter()
@@ -135,9 +138,15 @@ def test_eval_reuses_a_checked_folder(smollm2_layers, smollm2_gguf, smollm2_mode
     """eval --exports DIR runs DIR's passing layers as they are (their fingerprint: the same
     weights and options), exporting nothing anew."""
     from conftest import REAL_TEXT
-    from mha_export.fanout.identity import checked_layer
+    from mha_export.export.fingerprint import PASSED, checked_layer
+    from mha_export.fanout.records import PASS
     from mha_export.model.eval import evaluate
     out = smollm2_layers[0]
+    assert PASSED == PASS  # the status eval's reuse reads is the one the fan-out writes
+    from mha_export.model.eval import claim_exports_folder
+    assert claim_exports_folder(out, smollm2_gguf) is False  # this model's, not eval's own
+    with pytest.raises(UsageError, match="holds the layers of"):
+        claim_exports_folder(out, out / "another-model.gguf")
     assert checked_layer(out, "onnx", smollm2_gguf, {}, 1) == out / "layer-1"
     assert checked_layer(out, "onnx", smollm2_gguf, {"static_cache": True}, 1) is None
     assert checked_layer(out, "torchscript", smollm2_gguf, {}, 1) is None

@@ -83,11 +83,16 @@ def test_planted_fault_is_caught(fresh_copy, fault):
 
 def test_torchscript_fault_is_caught(tmp_path):
     path = export_torchscript(CFG, tmp_path / "ts", validate=False).path
-    assert check_parity(path, **SWEEP).passed
+    good = check_parity(path, **SWEEP).outcome()
+    assert good.passed and good.why_failed == "" and good.worst_runner == "torchscript"
     faults.nudge_torchscript_weight(path / "model.pt")
     report = check_parity(path, **SWEEP)
     assert not report.passed
     assert {r.runner for r in report.results if not r.passed} == {"torchscript"}
+    outcome = report.outcome()  # the verdict in one record (a fan-out's row)
+    assert not outcome.passed and outcome.worst_runner == "torchscript"
+    assert outcome.worst_rel > 100 * good.worst_rel
+    assert outcome.why_failed.startswith("torchscript y ") and " rel " in outcome.why_failed
 
 
 def test_tampered_source_weights_are_the_truth(fresh_copy):
@@ -131,6 +136,8 @@ def test_a_check_of_nothing_never_passes(onnx_artifact, monkeypatch):
     assert [(i.name, i.status) for i in report.runners] == [("eager-fp32", "ran"),
                                                              ("ort-absent", "skipped")]
     assert not report.tested and not report.passed
+    assert report.outcome().why_failed == "nothing was tested"
+    assert report.outcome().worst_rel is None
 
 
 @pytest.mark.parametrize("form", PARITY_FORMS)

@@ -53,6 +53,19 @@ class OutputResult:
                     self.positions_end, self.inputs)
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """A check's verdict in one small record (a fan-out's row of it): the worst error on the
+    output's scale over the runners tested and whose it is, the lossy steps' cost lines, and
+    why it failed, in one line."""
+
+    passed: bool
+    worst_rel: Optional[float]  # max|d| / max|y| vs eager fp32; None: nothing compared
+    worst_runner: str
+    costs: tuple[str, ...]
+    why_failed: str  # "" when it passed
+
+
 @dataclass
 class CheckReport:
     """A parity check's verdict (``passed``) and everything behind it: the sweep, which
@@ -87,6 +100,26 @@ class CheckReport:
     def tested(self) -> bool:
         """Something other than the eager baseline ran: a check of nothing never passes."""
         return any(r.runner != BASELINE for r in self.results)
+
+    def outcome(self) -> Outcome:
+        tested = [r for r in self.results if r.runner != BASELINE and r.vs_eager is not None]
+        worst = max(tested, key=lambda r: r.vs_eager.rel, default=None)
+        costs = [line.strip() for line in lossy.report_lines(self.costs, "real inputs")]
+        return Outcome(self.passed, None if worst is None else float(worst.vs_eager.rel),
+                       "" if worst is None else worst.runner, tuple(c for c in costs if c),
+                       "" if self.passed else self._why_failed())
+
+    def _why_failed(self) -> str:
+        failed = next((r for r in self.results if not r.passed), None)
+        if failed is not None:
+            rel = f" rel {failed.vs_eager.rel:.2e}" if failed.vs_eager else ""
+            return (f"{failed.runner} {failed.output} {failed.case.label()}:{rel} "
+                    f"{failed.error or 'outside ' + str(failed.tolerance)}")[:300]
+        broken = [r.name for r in self.runners if r.status == "failed"]
+        if broken:
+            return f"runner failed: {', '.join(broken)}"
+        titles = lossy.failed_titles(self.costs)
+        return f"over budget: {', '.join(titles)}" if titles else "nothing was tested"
 
     def to_dict(self) -> dict:
         """parity.json: the fields, each cost's result under its own key."""

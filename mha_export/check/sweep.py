@@ -8,13 +8,13 @@ layout for batched generation) or on the right; row 0 is never padded.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import ml_dtypes
 import numpy as np
 
 from ..config import MHAConfig
+from ..env import available_bytes
 from ..errors import UsageError
 from ..signature import CACHE, FLOAT, INT8, Signature
 
@@ -249,16 +249,6 @@ def window_cases(config: MHAConfig, sig: Signature, seq_lens: Sequence[int],
         return [Case(1, 2, w)]
     case = Case(1, w + 1)
     return [case] if case_bytes(config, case, scores_at, sig.has_mask) < WINDOW_CASE_BYTES else []
-
-
-def available_bytes() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 2**62
 
 
 def require_fits(config: MHAConfig, cases: Sequence[Case], scores_at: ScoresAt,

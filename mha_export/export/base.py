@@ -27,6 +27,9 @@ def require_no_lossy_steps(specs: Optional[dict], model_file: str) -> None:
 
 # (module, config, signature, target options) -> Prepared; bad options raise UsageError here
 Prepare = Callable[..., Prepared]
+# (config, signature, target options) -> None: what prepare would refuse, before anything is
+# built (export/pipeline.py's request checks; prepare checks it again)
+Check = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -34,4 +37,5 @@ class ExportTarget:
     name: str  # config.json "format" and the default folder's suffix: models/<slug>-<name>
     model_file: str  # the file it writes into the artifact folder
     prepare: Prepare  # takes ``specs``: the lossy steps' (a step says which targets refuse it)
+    check: Check  # takes ``specs`` too: the lossy steps asked for
     stages: tuple[str, str] = ("preparing", "writing")  # what prepare and write do, for errors

@@ -7,6 +7,7 @@ staged folder before it is published. Each export declares its named inputs/outp
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -21,6 +22,7 @@ from ..lossy import registry as lossy
 from ..signature import FLOAT, Signature, make_signature, signature_kind
 from ..weights.files import save_weights
 from ..weights.source import Source, load_source
+from .base import ExportTarget
 from .targets import TARGETS
 
 ATTENTION_FORMS = tuple(FORMS)
@@ -57,13 +59,12 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
     the buffers hold int8 codes, with static scales calibrated on ``calibration`` (hidden
     states [n, T, d_in], .npy / .safetensors) or on synthetic inputs; values scaled per
     ``value_scale`` ("channel" | "tensor")."""
-    chosen, options = TARGETS[target], dict(target_options or {})
-    kind = signature_kind(kv_cache, attention_mask, static_cache)
-    dtype = options.get("dtype", "float32")
-    asked = lossy.requested(fields, target, kind, dtype)  # refused before any work
-    source = load_source(config, weights, layer, seed, fields)
-    specs = lossy.prepared(source, asked, seed, dtype)
-    sig = make_signature(source.config, kind, lossy.cache_dtype(specs, FLOAT))
+    asked = checked_request(target, config, weights=weights, layer=layer, seed=seed,
+                            kv_cache=kv_cache, attention_mask=attention_mask,
+                            static_cache=static_cache, target_options=target_options, **fields)
+    chosen, source, options = asked.target, asked.source, asked.options
+    specs = lossy.prepared(source, asked.steps, seed, asked.dtype)
+    sig = make_signature(source.config, asked.kind, lossy.cache_dtype(specs, FLOAT))
     what = f"{target} export of {source.config.slug()}" + (
         f", layer {layer}" if layer is not None else "")
     with stage(f"{what}: {chosen.stages[0]}"):
@@ -83,6 +84,49 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
             report.artifact = str(dest)
             write_json_atomic(folder / REPORT_FILE, report.to_dict())
     return ExportResult(dest, report)
+
+
+@dataclass(frozen=True)
+class Request:
+    """An export asked for, checked: nothing of it is built yet."""
+
+    target: ExportTarget
+    kind: str  # the call: signature.signature_kind's
+    steps: dict[str, Any]  # the lossy steps asked for, by name (lossy.requested's)
+    source: Source  # the layer: its eager module and config
+    options: dict[str, Any]  # the target's own (ONNX: attention, opset, dtype)
+
+    @property
+    def dtype(self) -> str:
+        return self.options.get("dtype", "float32")
+
+
+def checked_request(target: str, config: Optional[MHAConfig] = None, *,
+                    weights: str | Path | None = None, layer: Optional[int] = None,
+                    seed: int = 0, kv_cache: bool = False, attention_mask: bool = False,
+                    static_cache: bool = False, target_options: Optional[dict] = None,
+                    **fields) -> Request:
+    """What ``export_artifact`` with these keywords refuses, refused before any work: the lossy
+    steps' options for this target, call kind and layer, config fields the checkpoint
+    contradicts, the target's own options (an opset the form cannot be written in, ...). The
+    layer's source is loaded; nothing is built."""
+    chosen, options = TARGETS[target], dict(target_options or {})
+    kind = signature_kind(kv_cache, attention_mask, static_cache)
+    steps = lossy.requested(fields, target, kind, options.get("dtype", "float32"))
+    source = load_source(config, weights, layer, seed, fields)
+    lossy.refuse_unbuilt(source.config, steps)
+    sig = make_signature(source.config, kind, lossy.cache_dtype(steps, FLOAT))
+    chosen.check(source.config, sig, specs=steps, **options)
+    return Request(chosen, kind, steps, source, options)
+
+
+def checked_export(target: str, **options) -> Request:
+    """``EXPORTERS[target](**options)``'s request, checked (``checked_request``): a fan-out's
+    preflight, so that what every layer's export would refuse is one error before any work."""
+    own = [name for name, p in inspect.signature(EXPORTERS[target]).parameters.items()
+           if p.kind is p.KEYWORD_ONLY]  # the target's options, as its function takes them
+    return checked_request(target, target_options={k: options.pop(k) for k in own
+                                                   if k in options}, **options)
 
 
 def _describe(source: Source, sig: Signature, target: str, export: dict) -> dict:

@@ -1,8 +1,9 @@
 """The registry of export targets: one ``ExportTarget`` record per file format an export writes.
 
 Adding a target (say torch.export + AOTInductor): one module here whose ``prepare`` builds the
-model in memory and returns how to write it, one record in ``_TARGETS``, and a runner for its file
-in ``check/runners`` (the check finds runners by the file they run). The pipeline (staging,
+model in memory and returns how to write it (its ``check``: what prepare refuses, before anything
+is built), one record in ``_TARGETS``, and a runner for its file in ``check/runners`` (the check
+finds runners by the file they run). The pipeline (staging,
 config.json, source weights, the lossy steps, the parity check at export) is shared; a lossy
 step the target cannot write is refused by the step (lossy/*/step.py's ``refusals``).
 """
@@ -13,13 +14,14 @@ from .base import ExportTarget
 
 
 _TARGETS = (
-    ExportTarget("onnx", to_onnx.MODEL_FILE, to_onnx.prepare,
+    ExportTarget("onnx", to_onnx.MODEL_FILE, to_onnx.prepare, to_onnx.check,
                  ("building the ONNX graph", "writing model.onnx")),
     ExportTarget("torchscript", to_torchscript.MODEL_FILE, to_torchscript.prepare,
-                 ("torch.jit.script", "saving model.pt")),
-    ExportTarget("aoti", to_aoti.MODEL_FILE, to_aoti.prepare,
+                 to_torchscript.check, ("torch.jit.script", "saving model.pt")),
+    ExportTarget("aoti", to_aoti.MODEL_FILE, to_aoti.prepare, to_aoti.check,
                  ("torch.export", "AOTInductor's compile of model.pt2")),
     ExportTarget("executorch", to_executorch.MODEL_FILE, to_executorch.prepare,
+                 to_executorch.check,
                  ("torch.export and ExecuTorch's lowering", "writing model.pte")),
 )
 TARGETS: dict[str, ExportTarget] = {t.name: t for t in _TARGETS}

@@ -30,12 +30,7 @@ EXAMPLE_PAST_LENGTHS = (2, 5)
 def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
             device: str = "cpu", specs: Optional[dict] = None) -> Prepared:
     """``specs``: lossy steps (none: each step refuses this target when asked for)."""
-    require_no_lossy_steps(specs, MODEL_FILE)
-    if device not in DEVICES:
-        raise UsageError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("--device cuda: torch sees no CUDA device here (an AOTInductor CUDA "
-                         "package is compiled on a machine with the GPU)")
+    check(config, sig, device, specs)
     entry = entry_module(module, sig.kind, sig.input_names, sig.output_names).to(device)
     program = _export(entry, sig, device)
     axes = {t.name: {str(i): d for i, d in t.dynamic_axes.items()} for t in sig.inputs}
@@ -44,6 +39,16 @@ def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
               "torch": torch.__version__}
 
     return Prepared(export, lambda path: compile_package(program, path, sig, device))
+
+
+def check(config: MHAConfig, sig: Signature, device: str = "cpu",
+          specs: Optional[dict] = None) -> None:
+    require_no_lossy_steps(specs, MODEL_FILE)
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r}: choose one of {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA device here (an AOTInductor CUDA "
+                         "package is compiled on a machine with the GPU)")
 
 
 def compile_package(program, path: Path, sig: Signature, device: str) -> None:

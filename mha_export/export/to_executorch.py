@@ -40,11 +40,7 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
             max_batch: int = MAX_BATCH, specs: Optional[dict] = None) -> Prepared:
     """``max_batch``: the batch axis's bound (seq's: config.max_seq_len; a static cache's
     buffers hold max_batch rows of max_seq_len entries, inside the program)."""
-    _require_buildable(sig, backend, max_batch)
-    if specs and backend == "portable":
-        raise UsageError(f"--backend portable cannot hold {', '.join(specs)}: torchao's "
-                         "rounding ops have no ExecuTorch portable kernels (XNNPACK "
-                         "runs them)")
+    check(config, sig, backend, max_batch, specs)
     module, records = lossy.in_program(without_empty_buffers(in_split_layout(module)),
                                        specs or {}, config)
     bounds = {"batch": max_batch, "seq": config.max_seq_len}
@@ -66,9 +62,14 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
     return Prepared(export, lambda path: path.write_bytes(buffer))
 
 
-def _require_buildable(sig: Signature, backend: str, max_batch: int) -> None:
+def check(config: MHAConfig, sig: Signature, backend: str = "xnnpack",
+          max_batch: int = MAX_BATCH, specs: Optional[dict] = None) -> None:
     if why := executorch_missing():
         raise UsageError(why)
+    if specs and backend == "portable":
+        raise UsageError(f"--backend portable cannot hold {', '.join(specs)}: torchao's "
+                         "rounding ops have no ExecuTorch portable kernels (XNNPACK "
+                         "runs them)")
     if backend not in BACKENDS:
         raise UsageError(f"unknown backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:

@@ -10,6 +10,7 @@ import onnx
 from onnx import helper
 
 from ..config import MHAConfig
+from ..graph.forms import GraphForm, resolve_opset
 from ..graph.model import build_model, check_buildable
 from ..kinds.registry import FORMS, default_form, get_form
 from ..layer.layouts import AttentionBase
@@ -27,8 +28,7 @@ def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
             dtype: str = "float32", specs: Optional[dict] = None) -> Prepared:
     """``specs``: the lossy steps' (lossy/registry.py), built into the graph and recorded."""
     specs = specs or {}
-    form = get_form(attention) if attention else default_form(config, sig)
-    check_buildable(config, form, sig, dtype, FORMS.values())  # naming every kind's forms
+    form = check(config, sig, attention, opset, dtype)
     model = build_model(config, module.to_weights(), form, opset, dtype, sig,
                         **lossy.graph_args(specs))
     opset = model.opset_import[0].version  # the form's lowest when none was asked for
@@ -42,6 +42,17 @@ def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
     external = sum(len(t.raw_data) for t in model.graph.initializer) > PROTOBUF_LIMIT
     return Prepared({**export, "external_data": external},
                     lambda path: _write(model, path, external))
+
+
+def check(config: MHAConfig, sig: Signature, attention: Optional[str] = None,
+          opset: Optional[int] = None, dtype: str = "float32",
+          specs: Optional[dict] = None) -> GraphForm:
+    """The form the graph is built with; one that cannot build the layer, an unknown dtype or
+    an opset the form cannot be written in refused before anything is built."""
+    form = get_form(attention) if attention else default_form(config, sig)
+    check_buildable(config, form, sig, dtype, FORMS.values())  # naming every kind's forms
+    resolve_opset(form, opset)
+    return form
 
 
 def _write(model: onnx.ModelProto, path: Path, external: bool) -> None:

@@ -20,7 +20,7 @@ MODEL_FILE = "model.pt"
 def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
             specs: Optional[dict] = None) -> Prepared:
     """``specs``: lossy steps (none: each step refuses this target when asked for)."""
-    require_no_lossy_steps(specs, MODEL_FILE)
+    check(config, sig, specs)
 
     def write(path) -> None:
         with warnings.catch_warnings(record=True) as caught:
@@ -31,6 +31,10 @@ def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
 
     return Prepared({"file": MODEL_FILE, "method": "torch.jit.script",
                      "deprecation": DEPRECATION}, write)
+
+
+def check(config: MHAConfig, sig: Signature, specs: Optional[dict] = None) -> None:
+    require_no_lossy_steps(specs, MODEL_FILE)
 
 
 DEPRECATION = ("torch 2.13 deprecates torch.jit.script and torch.jit.load; `mha-export aoti` "

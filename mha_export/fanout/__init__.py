@@ -2,7 +2,8 @@
 machine or fanned out on a Ray cluster — with a verdict per layer in DIR/layers.json.
 
     checkpoint, --layers -> jobs (plan.py) -> an executor (executors/: local processes | Ray
-    tasks) runs run_layer (work.py) per job -> LayerRecords -> DIR/layers.json (records.py)
+    tasks) runs run_layer (work.py) per job in its worker's runtime (executors/worker.py)
+    -> LayerRecords -> DIR/layers.json (records.py)
 
     DIR/layer-{L}/   each layer's artifact folder, as `--layer L -o DIR/layer-{L}` writes it
     DIR/layers.json  {"layers": [{"layer": L, "status": ..., "folder": ...}, ...], "passed": ...}
@@ -17,8 +18,8 @@ from ..artifact import made_by_us
 from ..errors import UsageError
 from ..lossy import registry as lossy
 from .executors import DEFAULT as DEFAULT_EXECUTOR, EXECUTORS, Work, make_executor
-from .identity import CHECK, EXPORT
-from .plan import LAYER_FOLDER, check_jobs, export_jobs, is_layers_folder, layer_folders
+from .plan import (CHECK, EXPORT, LAYER_FOLDER, check_jobs, export_jobs, is_layers_folder,
+                   layer_folders)
 from .records import STATUSES, SUMMARY_FILE, LayerRecord, Summary, format_summary, read_summary
 from .run import Progress, resumable as _resumable, run_jobs
 from .work import run_layer

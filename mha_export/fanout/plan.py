@@ -1,28 +1,25 @@
 """The units of work of a run over a checkpoint's layers, decided before any starts: which
 layers, each layer's folder, the memory each is expected to need, and its fingerprint
-(identity.py: what ``--resume`` and ``eval --exports`` compare).
+(export/fingerprint.py: what ``--resume`` and ``eval --exports`` compare).
 
     checkpoint + --layers (export) | DIR's layer folders (check) -> [LayerJob] (work.py runs one)
 """
 from __future__ import annotations
 
-import dataclasses
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from ..artifact import CONFIG_FILE, WEIGHTS_FILE, read_artifact
 from ..check.plan import CheckOptions, largest_case_bytes
-from ..config import MHAConfig
 from ..errors import UsageError, require_positive
+from ..export.fingerprint import export_stamp
+from ..export.pipeline import checked_export
 from ..graph.forms import DEFAULT
-from ..lossy import registry as lossy
-from ..signature import make_signature, signature_kind
-from ..weights.source import (checkpoint_layers, load_source, non_attention_layers,
-                              select_layers)
-from .identity import CHECK, EXPORT, export_stamp
+from ..signature import make_signature
+from ..weights.source import checkpoint_layers, non_attention_layers, select_layers
 
+EXPORT, CHECK = "export", "check"  # a job's action
 LAYER_FOLDER = "layer-{layer}"
 # A worker's memory, estimated (measured on SmolLM2-135M's layers, AMD Zen 3, 2026-11-25: a
 # worker with torch, ONNX Runtime and the GGUF reader loaded 421 MiB, its peak 724-754 MiB,
@@ -79,18 +76,13 @@ def export_jobs(target: str, weights: str, spec: str, output: str | Path, option
 
 def _preflight(target: str, weights: str, layer: int, options: dict,
                check_options: Optional[dict]) -> int:
-    """Refuse what export_artifact would refuse for every layer (the lossy steps' options for
-    this target and call kind; config fields the checkpoint contradicts); the layer's memory
-    estimate."""
-    kind = signature_kind(bool(options.get("kv_cache")), bool(options.get("attention_mask")),
-                          bool(options.get("static_cache")))
-    lossy.requested(dict(options), target, kind, options.get("dtype", "float32"))
-    config_keys = {f.name for f in dataclasses.fields(MHAConfig)}
-    source = load_source(None, weights, layer, options.get("seed", 0),
-                         {k: v for k, v in options.items() if k in config_keys})
+    """Refuse what the export refuses for every layer, as it refuses it (its request checks,
+    export/pipeline.py, on this layer); the layer's memory estimate."""
+    asked = checked_export(target, weights=weights, layer=layer, **options)
+    source = asked.source
     case = 0 if check_options is None else largest_case_bytes(
-        source.config, make_signature(source.config, kind), options.get("attention") or DEFAULT,
-        _check_opts(check_options))
+        source.config, make_signature(source.config, asked.kind),
+        options.get("attention") or DEFAULT, _check_opts(check_options))
     return estimate_bytes(_weight_bytes(source.module), case)
 
 
@@ -154,11 +146,3 @@ def _require_settings(threads: int, timeout: Optional[float], memory: Optional[i
         raise UsageError(f"--timeout must be > 0 seconds, got {timeout}")
     if memory is not None and not memory > 0:
         raise UsageError(f"--memory-per-layer must be > 0, got {memory}")
-
-
-def cpu_count() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1

@@ -52,14 +52,20 @@ def prepared(source: Any, asked: dict[str, Any], seed: int, dtype: str) -> dict[
     """The specs the file is built with, each step prepared on the function the ones before it
     give; a step the layer's attention kind does not build is refused."""
     chosen = [s for s in STEPS if s.name in asked]
-    for step in chosen:  # every refusal before any work
-        kind_of(source.config).refuse(step.name)
+    refuse_unbuilt(source.config, asked)  # every refusal before any work
     held, specs = source.module, {}
     for i, step in enumerate(chosen):
         specs[step.name] = step.prepare(source, asked[step.name], held, seed, dtype)
         if i + 1 < len(chosen):
             held = step.reference(held, specs[step.name], {"dtype": dtype})
     return specs
+
+
+def refuse_unbuilt(config: Any, asked: dict[str, Any]) -> None:
+    """A step asked for that the layer's attention kind does not build: an error."""
+    for step in STEPS:
+        if step.name in asked:
+            kind_of(config).refuse(step.name)
 
 
 def cache_dtype(specs: dict[str, Any], default: str) -> str:

@@ -425,7 +425,7 @@ class Evaluator:
         from ..check.runners import RunOptions
         from ..export.pipeline import export_artifact
         from ..export.targets import TARGETS
-        from ..fanout.identity import checked_layer, export_stamp
+        from ..export.fingerprint import checked_layer, export_stamp
         target = next(t for t in TARGETS.values() if t.model_file == self.kind.model_file)
         checked = checked_layer(self.folder, target.name, self.weights, options, layer)
         folder = self.folders[name, layer] = checked or self._folder(name, layer)
@@ -479,7 +479,7 @@ def claim_exports_folder(folder: Path, weights: str | Path) -> bool:
     kept. True where the folder is to be marked as this model's (``mark_exports_folder``)."""
     import json
     from ..artifact import EVAL_EXPORTS_FILE, made_by_us
-    from ..fanout.records import read_summary
+    from ..export.fingerprint import layers_summary
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--exports {folder}: exists and is not a folder")
     if not (folder.is_dir() and any(folder.iterdir())):
@@ -488,7 +488,7 @@ def claim_exports_folder(folder: Path, weights: str | Path) -> bool:
     if kind == "eval-exports":
         owner = json.loads((folder / EVAL_EXPORTS_FILE).read_text()).get("weights")
     elif kind == "layers":
-        owner = read_summary(folder).weights
+        owner = layers_summary(folder).get("weights")
     else:
         raise UsageError(f"--exports {folder}: not an exports folder of eval or a `--layers` "
                          "run; choose a new or empty folder")

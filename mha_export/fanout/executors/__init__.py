@@ -5,9 +5,9 @@
 
 Each is a context manager (what it starts it stops), says what one worker can have
 (``capacity``: a layer that needs more is infeasible, said before anything starts) and runs the
-jobs through ``work`` (work.py's ``run_layer``), handing each record to ``done`` as it arrives
-(in the caller's thread). Neither retries: a layer's record is final, whatever happened to its
-worker.
+jobs through ``work`` (work.py's ``run_layer``) in the worker's runtime (worker.py: threads,
+--timeout, the row of a worker lost), handing each record to ``done`` as it arrives (in the
+caller's thread). Neither retries: a layer's record is final, whatever happened to its worker.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ runtime's state stays with its layer; its peak memory is its own), at most ``job
 Python's thread pool waits on them, one thread per running layer.
 
 A worker that dies (a segfault, ``os._exit``, the kernel's out-of-memory killer) is its layer's
-``crashed`` row, with its exit code; one stuck past its --timeout ends itself (work.py's
+``crashed`` row, with its exit code; one stuck past its --timeout ends itself (worker.py's
 watchdog), and one that still outlives it by GRACE seconds is killed: ``timeout`` either way.
 """
 from __future__ import annotations
@@ -15,12 +15,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from multiprocessing.connection import Connection
 from typing import Optional, Sequence
 
-from ...check.sweep import available_bytes
+from ...env import available_bytes, cpu_count
 from ...errors import raise_if_interrupted, require_positive
-from ..plan import LayerJob, cpu_count
-from ..records import CRASHED, TIMEOUT, LayerRecord
-from ..work import STOPPED_PAST_TIMEOUT, WATCHDOG_GRACE, in_worker, stopped_past_timeout
+from ..plan import LayerJob
+from ..records import CRASHED, LayerRecord
 from .base import Capacity, Done, Started, Work
+from .worker import STOPPED_PAST_TIMEOUT, WATCHDOG_GRACE, in_worker, lost
 
 GRACE = 2 * WATCHDOG_GRACE  # seconds past --timeout before the executor kills a worker
 
@@ -110,17 +110,13 @@ class LocalExecutor:
             proc.join()
             with self._lock:
                 self._live.discard(proc)
-        return record or _lost(job, proc.exitcode, timed_out)
+        return record or lost(job, _died_of(proc.exitcode),
+                              timed_out or proc.exitcode == STOPPED_PAST_TIMEOUT)
 
 
-def _lost(job: LayerJob, exitcode: Optional[int], timed_out: bool) -> LayerRecord:
-    """The row of a layer whose worker returned nothing."""
-    if stopped_past_timeout(job) or timed_out or exitcode == STOPPED_PAST_TIMEOUT:
-        return LayerRecord.for_job(job, TIMEOUT, f"stuck past --timeout {job.timeout:g} s: "
-                                                 "the worker was stopped")
-    why = f"the worker died (exit code {exitcode})"
-    if exitcode is not None and exitcode < 0:
-        name = signal.Signals(-exitcode).name
-        why = f"the worker died ({name}" + (
-            ": the kernel's out-of-memory killer?)" if name == "SIGKILL" else ")")
-    return LayerRecord.for_job(job, CRASHED, why)
+def _died_of(exitcode: Optional[int]) -> str:
+    """What a dead worker's exit code says: its code, or the signal that killed it."""
+    if exitcode is None or exitcode >= 0:
+        return f"exit code {exitcode}"
+    name = signal.Signals(-exitcode).name
+    return name + (": the kernel's out-of-memory killer?" if name == "SIGKILL" else "")

@@ -1,6 +1,6 @@
-"""The Ray executor: one Ray task per layer (``run_layer``), on the cluster at ``address`` or on
-a local Ray started for the run and stopped after it. Ray's defaults work against a verdict per
-layer and are set here (measured with ray 2.60):
+"""The Ray executor: one Ray task per layer (``run_layer`` in the worker's runtime, worker.py),
+on the cluster at ``address`` or on a local Ray started for the run and stopped after it. Ray's
+defaults work against a verdict per layer and are set here (measured with ray 2.60):
 
 - no retries: a task is retried 3 times by default, one the memory monitor killed forever;
   ``max_retries=0`` makes a dead worker the layer's ``crashed`` row (``WorkerCrashedError``) and
@@ -28,11 +28,12 @@ import socket
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from ...env import cpu_count
 from ...errors import UsageError, raise_if_interrupted
-from ..plan import LayerJob, cpu_count
-from ..records import CRASHED, ERROR, OOM, TIMEOUT, LayerRecord, first_line
-from ..work import in_worker, stopped_past_timeout
+from ..plan import LayerJob
+from ..records import ERROR, OOM, LayerRecord, first_line
 from .base import Capacity, Done, Started, Work
+from .worker import in_worker, lost
 
 PROBE_SECONDS = 5.0
 CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")  # where `ray start --head` writes it
@@ -170,11 +171,7 @@ class RayExecutor:
                                        + first_line(e, last=True))
         except (errors.WorkerCrashedError, errors.NodeDiedError, errors.LocalRayletDiedError,
                 errors.ObjectLostError) as e:
-            if stopped_past_timeout(job):
-                return LayerRecord.for_job(job, TIMEOUT, f"stuck past --timeout "
-                                                         f"{job.timeout:g} s: the worker was "
-                                                         "stopped")
-            return LayerRecord.for_job(job, CRASHED, f"the worker died ({type(e).__name__})")
+            return lost(job, type(e).__name__)
         except errors.RayError as e:
             return LayerRecord.for_job(job, ERROR, f"{type(e).__name__}: "
                                                    + first_line(e, last=True))
