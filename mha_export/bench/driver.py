@@ -235,6 +235,8 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
         specs = variant_specs(config, onnx_models, models, providers, cuda_ok, kind, runners, cpp,
                               dtype, cuda_graph)
         records = {str(models[k]): v["record"] for k, v in variants.items()}
+        records.update({str(models[k]): {"quant": s["quantize"].to_dict()}
+                        for k, s in executorch_variants(variants).items() if k in models and s})
         specs = [{**spec, **records.get(spec.get("model"), {})} for spec in specs]
         if static_cache:
             specs = _static_specs(specs, capacity)
