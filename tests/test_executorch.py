@@ -5,7 +5,7 @@ back); a planted fault fails it; calls past the stated bounds are refused, never
 is not built is one line, exit 2."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import pytest
@@ -63,7 +63,8 @@ def test_the_portable_backend_delegates_nothing(programs):
 
 def test_a_planted_fault_fails_the_check(programs, tmp_path):
     """The program rebuilt from an output projection with one weight moved by 1e-3."""
-    assert not check_parity(_planted(programs("full"), tmp_path, "out_proj"), **SWEEP).passed
+    faulty = _planted(programs("full"), tmp_path, _nudge("out_proj"))
+    assert not check_parity(faulty, **SWEEP).passed
 
 
 def test_calls_past_the_bounds_are_refused_and_the_sweep_stays_within(programs):
@@ -76,17 +77,28 @@ def test_calls_past_the_bounds_are_refused_and_the_sweep_stays_within(programs):
     assert {(r.batch, r.seq) for r in report.results} == {(1, 1), (1, 16)} and report.passed
 
 
-def _planted(path, tmp_path, weight: Optional[str]):
-    """A copy of the program at ``path`` rebuilt (with its lossy steps) with one weight of
-    ``weight`` moved by 1e-3 (None: none moved)."""
+def _nudge(projection: str) -> Callable[[torch.nn.Module], None]:
+    """One weight of ``projection`` moved by 1e-3."""
+    return lambda module: module.get_submodule(projection).weight[0, 0].add_(1e-3)
+
+
+def _swap_value_heads(module: torch.nn.Module) -> None:
+    """The value projection's rows of heads 0 and 1 swapped (the output no longer matches)."""
+    h, w = module.config.head_dim, module.W_value.weight
+    w[:2 * h] = torch.cat([w[h:2 * h], w[:h]])
+
+
+def _planted(path, tmp_path, fault: Optional[Callable[[torch.nn.Module], None]]):
+    """A copy of the program at ``path`` rebuilt (with its lossy steps) from its layer with
+    ``fault`` applied (None: none)."""
     import shutil
     copy = tmp_path / "copy"
     shutil.copytree(path, copy)
     artifact = read_artifact(copy)
-    module = build_module(artifact.config, seed=0)
+    module = artifact.load_source_module()
     with torch.no_grad():
-        if weight:
-            getattr(module, weight).weight[0, 0] += 1e-3
+        if fault:
+            fault(module)
     to_executorch.prepare(module, artifact.config, artifact.signature,
                           specs=recorded(artifact.export)).write(copy / "model.pte")
     return copy
@@ -151,7 +163,7 @@ def test_reset_and_write_reach_the_buffers_the_step_writes(programs):
 
 
 def test_a_planted_fault_in_the_cached_values_fails_the_check(programs, tmp_path):
-    path = _planted(programs("static", static_cache=True), tmp_path, "W_value")
+    path = _planted(programs("static", static_cache=True), tmp_path, _nudge("W_value"))
     report = check_parity(path, **SWEEP)
     assert not report.passed
     assert any(r.output == "present_value" and not r.passed for r in report.results)
@@ -197,6 +209,16 @@ def test_eval_runs_a_real_layer_as_its_program_with_the_cache_inside(smollm2_ggu
                   folder=tmp_path, options={"static_cache": True}, loaded=smollm2_model)
     assert ev.main.kl_max < 1e-6 and ev.generation()["matched"] == 3
     assert "the cache inside the program" in ev.main.details[0].runner
+
+
+def test_a_planted_fault_in_a_real_layers_program_fails_its_check(smollm2_gguf, tmp_path):
+    """SmolLM2's layer 5 (its Q4_1 GGUF) as a program passes its check; rebuilt with two heads'
+    values swapped, it fails. (One weight moved by 1e-3 moves this layer's y by less than its
+    tolerance: the real layer's output projection is small.)"""
+    path = export_executorch(weights=smollm2_gguf, layer=5, output=tmp_path / "layer-5",
+                             max_seq_len=16, max_batch=3, validate=False).path
+    assert check_parity(path, **SWEEP).passed
+    assert not check_parity(_planted(path, tmp_path, _swap_value_heads), **SWEEP).passed
 
 
 def test_a_fused_projection_is_exported_split_and_keeps_its_batch_axis(tmp_path):
