@@ -81,7 +81,7 @@ class MatMulNBitsProjections:
         codes_t = g.float8_const(f"{name}.weight_f8_t", np.ascontiguousarray(q.codes.T))
         scales_t = g.const(f"{name}.weight_scales_t", np.ascontiguousarray(q.row_scales().T),
                            float_dtype=False)
-        w_t = op.DequantizeLinear(codes_t, scales_t, axis=0, block_size=q.block[1],
+        w_t = op.DequantizeLinear(codes_t, scales_t, axis=0, block_size=q.block_size,
                                   name=f"{name}_dequantize")  # (K, N) float32
         return op.MatMul(x, w_t, name=f"{name}_matmul")  # (.., N)
 

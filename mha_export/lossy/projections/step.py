@@ -178,8 +178,8 @@ def kept_blocks(source: Any, spec: SourceQuantSpec, dtype: str) -> SourceQuantSp
 
 
 def _same_as_module(kept: SourceQuantSpec, module: Any) -> None:
-    """Each kept weight (kept.py) dequantizes to the module's weight, to fp32 rounding (GGUF's affine
-    types are a few roundings from gguf's own; the others bit for bit): a family whose
+    """Each kept weight (kept.py) dequantizes to the module's weight, to fp32 rounding (GGUF's
+    affine types are a few roundings from gguf's own; the others bit for bit): a family whose
     conversion changes a projection has no kept form for it."""
     state = module.state_dict()
     for graph_name, blocks in kept.blocks.items():
