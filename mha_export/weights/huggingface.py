@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import re
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -34,24 +35,45 @@ FLOAT8 = {getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4
                                       "float8_e5m2fnuz") if hasattr(torch, n)}
 
 
+def _config_file(path: str | Path) -> Path:
+    """Where a checkpoint's config.json is: in its folder, or beside its weights file."""
+    path = Path(path)
+    return path / "config.json" if path.is_dir() else path.with_name("config.json")
+
+
 def hf_config_path(path: str | Path) -> Optional[Path]:
     """config.json of a Hugging Face checkpoint folder, or beside a weights file (one that names
     a model_type; an mha-export artifact's own config.json does not); else None."""
-    path = Path(path)
-    cfg = path / "config.json" if path.is_dir() else path.with_name("config.json")
+    cfg = _config_file(path)
     try:
         return cfg if "model_type" in json.loads(cfg.read_text()) else None
     except (OSError, ValueError, TypeError):
-        return cfg if path.is_dir() and cfg.is_file() else None
+        return cfg if Path(path).is_dir() and cfg.is_file() else None
 
 
-def _read_config(cfg_path: Path) -> tuple[Family, dict]:
-    """The family of config.json's model_type, and its text model's config: config.json, or the
-    part a multimodal wrapper nests (text_config; omitted: all of transformers' defaults)."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a checkpoint's config.json says, read once: its family, its text model's config,
+    and its quantization (``fmt`` None: a float checkpoint)."""
+
+    cfg_path: Path
+    family: Family
+    cfg: dict
+    fmt: Optional[QuantFormat]
+    qcfg: dict
+
+
+def _read_config(path: str | Path) -> Checkpoint:
+    """The checkpoint's config.json: the family of its model_type, and its text model's config:
+    config.json, or the part a multimodal wrapper nests (text_config; omitted: all of
+    transformers' defaults)."""
+    cfg_path = _config_file(path)
     try:
         cfg = json.loads(cfg_path.read_text())
     except ValueError as e:
         raise UsageError(f"{cfg_path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise UsageError(f"{cfg_path}: cannot be read ({e.strerror})") from None
     if not isinstance(cfg, dict):
         raise UsageError(f"{cfg_path}: expected a JSON object")
     kind = cfg.get("model_type")
@@ -62,13 +84,14 @@ def _read_config(cfg_path: Path) -> tuple[Family, dict]:
     if family is None:
         raise UsageError(f"{cfg_path}: unsupported model type {kind!r} (supported: "
                          f"{supported_types()})")
-    checkpoint_format(cfg.get("quantization_config"), str(cfg_path))  # refusals first
+    qcfg = cfg.get("quantization_config") or {}
+    fmt = checkpoint_format(qcfg, str(cfg_path))  # refusals first
     if family.nested is None:
-        return family, cfg
+        return Checkpoint(cfg_path, family, cfg, fmt, qcfg)
     text = cfg.get(family.nested)
     if not isinstance(text, (dict, type(None))):
         raise UsageError(f"{cfg_path}: {family.nested} must be a JSON object")
-    return family, text or {}
+    return Checkpoint(cfg_path, family, text or {}, fmt, qcfg)
 
 
 def quantization(cfg_path: Path) -> tuple[Optional[QuantFormat], dict]:
@@ -164,21 +187,34 @@ def _layer_modules(path: Path, family: Family, layer: int,
     return modules
 
 
-def _is_quantized(parts: dict[str, Tensor], fmt: Optional[QuantFormat]) -> bool:
-    return fmt is not None and any(marker in parts for marker in fmt.markers)
+class DecodedModule(NamedTuple):
+    module: str  # the checkpoint's module name (in a layer: "q_proj")
+    full: str  # its full name
+    weight: Optional[Decoded]  # its weight as its format decodes it; None: stored as floats
+    parts: dict[str, Tensor]  # its float tensors by part (a quantized module's: its bias)
 
 
-def _read_tensors(path: Path, family: Family, layer: int, fmt: Optional[QuantFormat] = None,
-                  qcfg: Optional[dict] = None) -> dict[str, Tensor]:
+def _decoded_modules(modules: Modules, fmt: Optional[QuantFormat],
+                    qcfg: dict) -> Iterator[DecodedModule]:
+    """Each module, a quantized one's weight decoded by its format (``fmt`` None: a float
+    checkpoint)."""
+    for module, (full, parts) in modules.items():
+        if fmt is None or not any(marker in parts for marker in fmt.markers):
+            yield DecodedModule(module, full, None, parts)
+            continue
+        float_parts = {p: t for p, t in parts.items() if p == "bias"}
+        yield DecodedModule(module, full, fmt.decode(parts, qcfg, full), float_parts)
+
+
+def _read_tensors(path: Path, ckpt: Checkpoint, layer: int) -> dict[str, Tensor]:
     """The layer's attention tensors, float32, under our module names: a quantized module's
     weight as its format's own dequantization."""
     named = {}
-    for module, (full, parts) in _layer_modules(path, family, layer, fmt).items():
-        ours = _our_name(family, module)
-        if _is_quantized(parts, fmt):
-            named[ours + ".weight"] = torch.from_numpy(fmt.decode(parts, qcfg, full)
-                                                       .dequantized())
-            parts = {p: t for p, t in parts.items() if p == "bias"}
+    modules = _layer_modules(path, ckpt.family, layer, ckpt.fmt)
+    for module, full, weight, parts in _decoded_modules(modules, ckpt.fmt, ckpt.qcfg):
+        ours = _our_name(ckpt.family, module)
+        if weight is not None:
+            named[ours + ".weight"] = torch.from_numpy(weight.dequantized())
         for part, tensor in parts.items():
             if tensor.dtype in FLOAT8:
                 raise UsageError(f"{full}.{part} is {tensor.dtype} (a quantized checkpoint's "
@@ -199,7 +235,7 @@ def _our_name(family: Family, module: str) -> str:
 def checkpoint_activations(path: str | Path) -> str:
     """The activation quantization a quantized folder's scheme applies at run time, in words
     ("" if none): what an export of its weights does not reproduce."""
-    fmt, qcfg = quantization(hf_config_path(Path(path)))
+    fmt, qcfg = quantization(_config_file(path))
     return fmt.activations(qcfg) if fmt else ""
 
 
@@ -208,15 +244,14 @@ def kept_weights(path: str | Path, layer: int) -> tuple[str, dict[str, Decoded]]
     checkpoint's layer: what ``--quantize source`` keeps. Modules the checkpoint stores as
     floats are not among them."""
     path = Path(path)
-    cfg_path = hf_config_path(path)
-    family, _ = _read_config(cfg_path)
-    fmt, qcfg = quantization(cfg_path)
-    if fmt is None:
+    ckpt = _read_config(path)
+    if ckpt.fmt is None:
         raise UsageError(f"{path} is not a quantized checkpoint (no quantization_config): "
                          "--quantize source has nothing to keep")
-    return fmt.name, {_our_name(family, module) + ".weight": fmt.decode(parts, qcfg, full)
-                      for module, (full, parts) in _layer_modules(path, family, layer, fmt).items()
-                      if _is_quantized(parts, fmt)}
+    modules = _layer_modules(path, ckpt.family, layer, ckpt.fmt)
+    return ckpt.fmt.name, {_our_name(ckpt.family, m.module) + ".weight": m.weight
+                           for m in _decoded_modules(modules, ckpt.fmt, ckpt.qcfg)
+                           if m.weight is not None}
 
 
 def dequantized_state(path: str | Path) -> tuple[str, dict[str, Tensor]]:
@@ -225,25 +260,23 @@ def dequantized_state(path: str | Path) -> tuple[str, dict[str, Tensor]]:
     stores, for loaders that cannot read the format on this machine (transformers needs
     GPTQModel for GPTQ and AWQ, and refuses FP8 blocks that do not divide the weight)."""
     path = Path(path)
-    fmt, qcfg = quantization(hf_config_path(path))
+    fmt, qcfg = quantization(_config_file(path))
     if fmt is None:
         raise UsageError(f"{path} is not a quantized checkpoint (no quantization_config)")
     tensors = _layer_tensors(_weights_file(path), re.compile(""))
     parts = re.compile(rf"^(?P<module>.+)\.(?P<part>{'|'.join(map(re.escape, fmt.parts))})$")
-    modules: dict[str, dict[str, Tensor]] = {}
+    modules: Modules = {}
     state = {}
     for name, tensor in tensors.items():
         match = parts.match(name)
         if match:
-            modules.setdefault(match["module"], {})[match["part"]] = tensor
+            modules.setdefault(match["module"], (match["module"], {}))[1][match["part"]] = tensor
         else:
             state[name] = tensor
-    for module, found in modules.items():
-        if _is_quantized(found, fmt):
-            state[f"{module}.weight"] = torch.from_numpy(fmt.decode(found, qcfg, module)
-                                                         .dequantized())
-        else:
-            state.update({f"{module}.{part}": t for part, t in found.items()})
+    for module, _, weight, found in _decoded_modules(modules, fmt, qcfg):
+        if weight is not None:
+            state[f"{module}.weight"] = torch.from_numpy(weight.dequantized())
+        state.update({f"{module}.{part}": t for part, t in found.items()})
     return fmt.name, state
 
 
@@ -260,17 +293,16 @@ def require_layer(layer: Optional[int], count: int, what: str, holder: str) -> N
 def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict]:
     """(MHAConfig fields, state dict in their layout, source description) of one layer."""
     path = Path(path)
-    cfg_path = hf_config_path(path)
-    family, cfg = _read_config(cfg_path)
-    count = _layer_count(cfg_path, family, cfg)
-    require_layer(layer, count, f"{path} is a {family.model_type} checkpoint", "checkpoint")
-    fields = layer_fields(cfg_path, family, cfg, layer)
-    fmt, qcfg = quantization(cfg_path)
-    state = family.convert(fields, _read_tensors(path, family, layer, fmt, qcfg))
+    ckpt = _read_config(path)
+    family = ckpt.family
+    require_layer(layer, _layer_count(ckpt), f"{path} is a {family.model_type} checkpoint",
+                  "checkpoint")
+    fields = layer_fields(ckpt.cfg_path, family, ckpt.cfg, layer)
+    state = family.convert(fields, _read_tensors(path, ckpt, layer))
     source = {"kind": "huggingface", "path": str(path), "model_type": family.model_type,
-              "layer": layer, "max_position_embeddings": cfg.get(family.context)}
-    if fmt is not None:  # the weights are the format's own dequantization
-        source["quantization"] = fmt.name
+              "layer": layer, "max_position_embeddings": ckpt.cfg.get(family.context)}
+    if ckpt.fmt is not None:  # the weights are the format's own dequantization
+        source["quantization"] = ckpt.fmt.name
     return fields, state, source
 
 
@@ -279,12 +311,11 @@ def non_attention_layers(path: str | Path, layers: Iterable[int],
     """Which of ``layers`` are not softmax attention (a hybrid model's linear-attention or
     convolution layers), by their type; with ``kv_shared``, the KV-shared layers too (what
     ``eval`` leaves to the model: their keys come from another layer); config.json alone."""
-    cfg_path = hf_config_path(path)
-    family, cfg = _read_config(cfg_path)
+    ckpt = _read_config(path)
     kinds = {}
     for layer in layers:
         try:
-            fields = layer_fields(cfg_path, family, cfg, layer)
+            fields = layer_fields(ckpt.cfg_path, ckpt.family, ckpt.cfg, layer)
         except NotAttentionLayer as e:
             kinds[layer] = e.kind
             continue
@@ -296,15 +327,15 @@ def non_attention_layers(path: str | Path, layers: Iterable[int],
 
 def layer_count(path: str | Path) -> int:
     """How many decoder layers a checkpoint folder's config.json declares."""
-    cfg_path = hf_config_path(path)
-    return _layer_count(cfg_path, *_read_config(cfg_path))
+    return _layer_count(_read_config(path))
 
 
-def _layer_count(cfg_path: Path, family: Family, cfg: dict) -> int:
-    count = cfg.get(family.layer_count)  # as written: a guessed count would pick a wrong layer
+def _layer_count(ckpt: Checkpoint) -> int:
+    family = ckpt.family  # the count as written: a guessed count would pick a wrong layer
+    count = ckpt.cfg.get(family.layer_count)
     if not isinstance(count, int) or count <= 0:
         where = f"{family.nested}.{family.layer_count}" if family.nested else family.layer_count
-        raise UsageError(f"{cfg_path}: no layer count ({where})")
+        raise UsageError(f"{ckpt.cfg_path}: no layer count ({where})")
     return count
 
 

@@ -10,15 +10,17 @@ checkpoint's codes, one scale and zero point per block, no requantization.
          for narrow rows), the last block padded with its zero point (a weight of 0)
       -> SourceBlocks: (code - zero point) * scale == the format's own dequantization
 
-Float8 weights need no conversion: the graph writes them as DequantizeLinear (graph.py).
+Float8 weights need no conversion: kept as they are (kept.py's protocol), the graph writes them
+as DequantizeLinear (graph.py). ``kept_form`` picks by the decoded weight's kind.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ...errors import UsageError
-from ...weights.quantized import IntGroups
+from ...weights.quantized import INT_GROUPS, Decoded, IntGroups
 from .gguf_blocks import SourceBlocks
+from .kept import KeptWeight
 
 BLOCKS = (128, 64, 32, 16)  # MatMulNBits block sizes, the largest that fits first
 
@@ -57,3 +59,12 @@ def int_groups_blocks(d: IntGroups) -> SourceBlocks:
     return SourceBlocks(name, d.bits, block, k, np.ascontiguousarray(codes, np.uint8),
                         np.ascontiguousarray(scales, np.float32),
                         np.ascontiguousarray(zeros, np.uint8), input_order=order)
+
+
+KEPT_FORMS = {INT_GROUPS: int_groups_blocks}  # a decoded weight's kind -> its kept form
+
+
+def kept_form(decoded: Decoded) -> KeptWeight:
+    """The kept weight of a decoded one: its conversion, or itself (float8)."""
+    convert = KEPT_FORMS.get(decoded.kind)
+    return decoded if convert is None else convert(decoded)

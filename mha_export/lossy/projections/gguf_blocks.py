@@ -42,11 +42,12 @@ Every other type (IQ*, TQ*, MXFP4, NVFP4, ...) has no exact MatMulNBits form: ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, ClassVar, NamedTuple, Optional
 
 import numpy as np
 
 from ...errors import UsageError
+from .kept import BLOCKS
 from .rtn import _pack
 
 QK_K = 256  # a K-quant super-block's values
@@ -231,9 +232,10 @@ def _pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
 @dataclass(frozen=True)
 class SourceBlocks:
     """One kept weight (N, K) as MatMulNBits' codes, scales and zero points: a GGUF's, or a
-    quantized Hugging Face checkpoint's (checkpoint_blocks.py)."""
+    quantized Hugging Face checkpoint's (checkpoint_blocks.py); kept.py's protocol."""
 
-    ggml_type: str  # the stored type: "Q4_K", ..., "GPTQ-int4-g128"
+    kind: ClassVar[str] = BLOCKS
+    type_name: str  # the stored type: "Q4_K", ..., "GPTQ-int4-g128"
     bits: int  # 2 | 4 | 8
     block_size: int  # 16 .. 256
     k: int  # input features (the last block padded with codes that dequantize to 0)
@@ -243,6 +245,11 @@ class SourceBlocks:
     # (K,) the kernel's input j is x[..., input_order[j]] (GPTQ's act-order: each group's
     # inputs made contiguous); None: the inputs in order
     input_order: Optional[np.ndarray] = field(default=None, compare=False)
+
+    @property
+    def ggml_type(self) -> str:
+        """A GGUF's name for the type (type_name)."""
+        return self.type_name
 
     @property
     def n(self) -> int:
@@ -283,7 +290,19 @@ class SourceBlocks:
             z = _pack_bits(np.pad(z, ((0, 0), (0, pad))), self.bits)
         return z.reshape(-1)
 
+    def parts(self) -> tuple["SourceBlocks", ...]:
+        """One MatMulNBits each: itself, or, with float zero points at 8 bits (Q5_1, Q5_K),
+        the two of ``split_high_bit`` (ONNX Runtime 1.31's CPU kernel takes float zero points
+        at 2 and 4 bits only)."""
+        if self.float_zero_points and self.bits not in (2, 4):
+            return self.split_high_bit()
+        return (self,)
+
     def stored_bytes(self) -> int:
+        """What the graph stores for it, every part's (``parts``)."""
+        return sum(part._own_bytes() for part in self.parts())
+
+    def _own_bytes(self) -> int:
         """Bytes of B, the fp32 scales and (when needed) the zero points — float ones as the
         graph stores them (graph/builder.py): packed zero points 0 and one fp32 min a block."""
         if self.float_zero_points:
@@ -304,7 +323,7 @@ class SourceBlocks:
         of the high bit with scale 16 * scale and the default zero point. ONNX Runtime 1.31's CPU
         kernel runs float zero points with 2 and 4 bits only."""
         if int(self.codes.max(initial=0)) > 31 or high_bits not in (2, 4):
-            raise UsageError(f"{self.ggml_type}: split_high_bit needs 5-bit codes and 2 or 4 "
+            raise UsageError(f"{self.type_name}: split_high_bit needs 5-bit codes and 2 or 4 "
                              f"high bits, got codes up to {self.codes.max()}, {high_bits}")
         half = 1 << (high_bits - 1)
         low = replace(self, bits=4, codes=self.codes & 0x0F)

@@ -21,9 +21,10 @@ import torch
 from ...graph.builder import GraphBuilder
 from ...graph.nodes import CONTRIB
 from ...graph.ops import Ops
-from ...weights.quantized import Float8Blocks
+from .kept import BLOCKS, FLOAT8
 
 FLOAT8_OPSET = 21  # DequantizeLinear with block_size
+OPSETS = {BLOCKS: 1, FLOAT8: FLOAT8_OPSET}  # the opset each kind of kept weight needs
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class MatMulNBitsProjections:
     def min_opset(self) -> int:
         """The opset the forms need (float8 DequantizeLinear: 21)."""
         kept = getattr(self.spec, "blocks", {}).values()
-        return FLOAT8_OPSET if any(isinstance(b, Float8Blocks) for b in kept) else 1
+        return max((OPSETS[b.kind] for b in kept), default=1)
 
     def __call__(self, g: GraphBuilder, x: str, name: str,
                  weight: torch.Tensor) -> Optional[str]:
@@ -54,8 +55,12 @@ class MatMulNBitsProjections:
         return y
 
     def _write(self, g: GraphBuilder, x: str, name: str, q) -> str:
-        if isinstance(q, Float8Blocks):
-            return self._dequantize_linear(g, x, name, q)
+        """One node of a weight, by its kind (kept.py; round to nearest's are blocks)."""
+        write = {BLOCKS: self._blocks, FLOAT8: self._dequantize_linear}[q.kind]
+        return write(g, x, name, q)
+
+    def _blocks(self, g: GraphBuilder, x: str, name: str, q) -> str:
+        """MatMulNBits, x read in the weight's input order where it has one (act-order)."""
         if getattr(q, "input_order", None) is not None:
             x = self._in_order(g, x, q.input_order)
         return self._matmul_nbits(g, x, name, q)
@@ -68,7 +73,7 @@ class MatMulNBitsProjections:
             self._orders[key] = (g, Ops(g).Gather(x, index, axis=-1, name="act_order"))
         return self._orders[key][1]  # (.., K)
 
-    def _dequantize_linear(self, g: GraphBuilder, x: str, name: str, q: Float8Blocks) -> str:
+    def _dequantize_linear(self, g: GraphBuilder, x: str, name: str, q: Any) -> str:
         """W^T (K, N) = DequantizeLinear(codes^T, scales (ceil(K / cols), N), axis 0, block
         cols): the float8 codes kept, each row's scales (block rows expanded) per block of
         inputs; the same single rounding as the format's definition."""
@@ -76,7 +81,7 @@ class MatMulNBitsProjections:
         codes_t = g.float8_const(f"{name}.weight_f8_t", np.ascontiguousarray(q.codes.T))
         scales_t = g.const(f"{name}.weight_scales_t", np.ascontiguousarray(q.row_scales().T),
                            float_dtype=False)
-        w_t = op.DequantizeLinear(codes_t, scales_t, axis=0, block_size=q.block[1],
+        w_t = op.DequantizeLinear(codes_t, scales_t, axis=0, block_size=q.block_size,
                                   name=f"{name}_dequantize")  # (K, N) float32
         return op.MatMul(x, w_t, name=f"{name}_matmul")  # (.., N)
 

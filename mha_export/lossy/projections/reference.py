@@ -16,7 +16,8 @@ from .rtn import QuantSpec, quantize
 
 def reference_module(module: AttentionBase, spec, dtype: str = "float32") -> AttentionBase:
     """The function a quantized file holds: round to nearest re-derives its dequantized weights
-    from the source weights; a GGUF's kept blocks are the stored weights themselves."""
+    from the source weights; a checkpoint's kept weights (kept.py) are the stored weights
+    themselves: the module holds their dequantization, checked equal at export (step.py)."""
     return dequantized_module(module, spec, dtype) if spec.requantizes else module
 
 

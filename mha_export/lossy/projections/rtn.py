@@ -13,10 +13,12 @@ both read it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
 from ...errors import UsageError
+from .kept import BLOCKS
 
 BITS = (4, 8)
 NAMES = {f"int{b}": b for b in BITS}  # --quantize int4 | int8
@@ -110,6 +112,7 @@ class QuantSpec:
 
 @dataclass(frozen=True)
 class QuantizedWeight:
+    kind: ClassVar[str] = BLOCKS  # written as MatMulNBits (graph.py)
     spec: QuantSpec
     k: int  # input features before padding
     codes: np.ndarray  # (N, n_blocks, block) uint8

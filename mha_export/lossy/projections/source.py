@@ -15,7 +15,8 @@ Hugging Face folder: its weights.safetensors is the format's own dequantization.
     Q5_K: ONNX Runtime 1.31's CPU kernel takes float zero points at 2 and 4 bits only)
 
 F16 / BF16 / F32 projections stay float MatMuls (nothing to keep); a type without an exact form
-(IQ*, TQ*, ...) refuses in one line naming the tensor and its type.
+(IQ*, TQ*, ...) refuses in one line naming the tensor and its type. Whatever stored them, the kept
+weights are read through kept.py's protocol (their record, parts, bytes), never by their class.
 """
 from __future__ import annotations
 
@@ -27,13 +28,12 @@ import numpy as np
 
 from ...errors import UsageError
 from ...kinds.registry import kind_of
-from ...weights.quantized import Float8Blocks, IntGroups
-from .checkpoint_blocks import int_groups_blocks
-from .gguf_blocks import SourceBlocks, is_float_type, source_blocks
+from .checkpoint_blocks import kept_form
+from .gguf_blocks import is_float_type, source_blocks
+from .kept import FLOAT8, KeptWeight, record, record_kind
 from .rtn import ACCURACY_LEVELS
 
 SOURCE = "source"  # --quantize source
-SPLIT_HIGH_BIT = ("Q5_1", "Q5_K")  # 8-bit codes with float zero points: two nodes
 # our module's tensors -> the graph's projection names (graph/model.py's linear() calls)
 GRAPH_NAMES = {"W_query.weight": "q_proj", "W_key.weight": "k_proj",
                "W_value.weight": "v_proj", "out_proj.weight": "out"}
@@ -46,8 +46,9 @@ class SourceQuantSpec:
     it became; ``blocks`` (export time only, never serialized) holds them."""
 
     accuracy_level: int = 1
-    # graph name -> {"type", "bits", "block_size", "bytes" (its MatMulNBits inputs, both nodes'
-    # for Q5_1 / Q5_K; a float8 weight's codes and scales)}
+    # graph name -> kept.py's record: {"type", "kind", "bits", "block_size", "bytes" (what the
+    # graph stores: its MatMulNBits inputs, both nodes' for Q5_1 / Q5_K; a float8 weight's
+    # codes and scales)}
     projections: dict = field(default_factory=dict)
     blocks: dict = field(default_factory=dict, compare=False, repr=False)
     quantizer: str = SOURCE
@@ -89,8 +90,8 @@ class SourceQuantSpec:
         return cls(accuracy_level=d["accuracy_level"], projections=dict(d["projections"]),
                    format=d.get("format", "GGUF"), activations=d.get("activations", ""))
 
-    def forms(self, name: str, weight: Any) -> list[SourceBlocks]:
-        """The MatMulNBits forms of projection ``name`` (summed when two); [] keeps it float."""
+    def forms(self, name: str, weight: Any) -> list[KeptWeight]:
+        """The graph nodes of projection ``name`` (summed when two); [] keeps it float."""
         blocks = self.blocks.get(name)
         if blocks is None:
             if name in self.projections:
@@ -103,12 +104,13 @@ class SourceQuantSpec:
     requantizes = False
 
     def stored_bytes(self, name: str) -> Optional[int]:
-        """Bytes of projection ``name``'s MatMulNBits inputs (codes, scales, zero points; both
-        nodes' for Q5_1 / Q5_K): from its blocks, else from the record (a bench run's, an
-        artifact's); None for a projection kept float (or a record that predates the field)."""
+        """Bytes the graph stores for projection ``name`` (kept.py: its MatMulNBits inputs, both
+        nodes' for Q5_1 / Q5_K; a float8 weight's codes and scales): from its kept weight, else
+        from the record (a bench run's, an artifact's); None for a projection kept float (or a
+        record that predates the field)."""
         blocks = self.blocks.get(name)
         if blocks is not None:
-            return sum(f.stored_bytes() for f in _forms(blocks))
+            return blocks.stored_bytes()
         return self.projections.get(name, {}).get("bytes")
 
 
@@ -118,7 +120,7 @@ def kept_quantization(path: str | Path, layer: int, config: Any,
     name; a projection of a type without an exact form is bad input (one line)."""
     from ...weights.gguf import layer_raw_tensors
     raw = layer_raw_tensors(path, layer)
-    blocks: dict[str, SourceBlocks] = {}
+    blocks: dict[str, KeptWeight] = {}
     for ours, tensor in raw.items():
         if not ours.endswith(".weight") or len(tensor.shape) != 2:
             continue
@@ -132,20 +134,18 @@ def kept_quantization(path: str | Path, layer: int, config: Any,
         if tensor.rows is not None:
             found = found.take_rows(tensor.rows)
         blocks.update(_by_graph_name(ours, found, config))
-    return SourceQuantSpec(accuracy_level, {n: _record(b) for n, b in blocks.items()}, blocks)
+    return SourceQuantSpec(accuracy_level, {n: record(b) for n, b in blocks.items()}, blocks)
 
 
-def _forms(blocks: SourceBlocks | Float8Blocks) -> list:
-    """The nodes of one kept weight: itself, or two MatMulNBits summed (SPLIT_HIGH_BIT)."""
-    if isinstance(blocks, SourceBlocks) and blocks.ggml_type in SPLIT_HIGH_BIT:
-        return list(blocks.split_high_bit())
-    return [blocks]
+def _forms(blocks: KeptWeight) -> list[KeptWeight]:
+    """The nodes of one kept weight: itself, or two summed (its ``parts``)."""
+    return list(blocks.parts())
 
 
 def _runtime_note(projections: dict, activations: str) -> str:
     """What the kept weights do not run as the checkpoint's scheme does, in the report."""
     note = ""
-    if any(p["type"].startswith(FLOAT8_TYPE) for p in projections.values()):
+    if any(record_kind(p) == FLOAT8 for p in projections.values()):
         note += ("; float8 weights are dequantized at run time (DequantizeLinear: no FP8 matmul "
                  "on CPU)")
     if activations:
@@ -154,32 +154,24 @@ def _runtime_note(projections: dict, activations: str) -> str:
     return note
 
 
-FLOAT8_TYPE = "FP8"  # the record type of a float8 weight: "FP8-e4m3-128x128"
-
-
-def _record(blocks: SourceBlocks | Float8Blocks) -> dict:
-    return {"type": blocks.ggml_type, "bits": blocks.bits, "block_size": blocks.block_size,
-            "bytes": sum(f.stored_bytes() for f in _forms(blocks))}
-
-
 def kept_checkpoint_quantization(path: str | Path, layer: int, config: Any,
                                  accuracy_level: int) -> SourceQuantSpec:
     """A quantized Hugging Face checkpoint's layer as it ships (GPTQ, AWQ, compressed-tensors,
     FP8 blocks), by graph name; a weight without an exact form is bad input (one line)."""
     from ...weights.huggingface import checkpoint_activations, kept_weights
     fmt, decoded = kept_weights(path, layer)
-    blocks: dict = {}
+    blocks: dict[str, KeptWeight] = {}
     for ours, weight in decoded.items():
         try:
-            form = int_groups_blocks(weight) if isinstance(weight, IntGroups) else weight
+            form = kept_form(weight)
         except UsageError as e:
             raise UsageError(f"--quantize source: {ours}: {e}") from None
         blocks.update(_by_graph_name(ours, form, config))
-    return SourceQuantSpec(accuracy_level, {n: _record(b) for n, b in blocks.items()}, blocks,
+    return SourceQuantSpec(accuracy_level, {n: record(b) for n, b in blocks.items()}, blocks,
                            format=fmt, activations=checkpoint_activations(path))
 
 
-def _by_graph_name(ours: str, blocks: SourceBlocks, config: Any) -> dict[str, SourceBlocks]:
+def _by_graph_name(ours: str, blocks: KeptWeight, config: Any) -> dict[str, KeptWeight]:
     if ours in GRAPH_NAMES:
         return {GRAPH_NAMES[ours]: blocks}
     if ours == FUSED_QKV:  # rows: query (N*H), key (K*H), value (K*H)

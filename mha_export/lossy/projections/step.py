@@ -146,9 +146,9 @@ class QuantizedProjections(LossyStep):
 
     def weight_bytes(self, config: Any, spec: Any) -> int:
         """Quantized projections as ``spec`` stores them (those the attention kind does not
-        quantize stay fp32: an MLA layer's kv_b_proj); a GGUF's kept blocks count as the
-        file's codes, scales and zero points, per projection as recorded (one kept float counts
-        fp32)."""
+        quantize stay fp32: an MLA layer's kv_b_proj); a kept weight counts what the graph
+        stores for it (kept.py's stored_bytes), per projection as recorded (one kept float
+        counts fp32)."""
         shape = kind_of(config).projections(config)
         if spec.quantizer == SOURCE:
             kept = {p: spec.stored_bytes(GRAPH_NAME.get(p, p)) for p in shape}
@@ -188,8 +188,8 @@ def kept_blocks(source: Any, spec: SourceQuantSpec, dtype: str) -> SourceQuantSp
 
 
 def _same_as_module(kept: SourceQuantSpec, module: Any) -> None:
-    """Each kept weight dequantizes to the module's weight, to fp32 rounding (GGUF's affine
-    types are a few roundings from gguf's own; the others bit for bit): a family whose
+    """Each kept weight (kept.py) dequantizes to the module's weight, to fp32 rounding (GGUF's
+    affine types are a few roundings from gguf's own; the others bit for bit): a family whose
     conversion changes a projection has no kept form for it."""
     state = module.state_dict()
     for graph_name, blocks in kept.blocks.items():

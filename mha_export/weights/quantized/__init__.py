@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ...errors import UsageError
 from . import awq, compressed, fp8, gptq
-from .base import Decoded, Float8Blocks, IntGroups, QuantFormat
+from .base import FLOAT8, INT_GROUPS, Decoded, Float8Blocks, IntGroups, QuantFormat
 
 FORMATS: dict[str, QuantFormat] = {f.method: f for f in (gptq.FORMAT, awq.FORMAT,
                                                          compressed.FORMAT, fp8.FORMAT)}
@@ -28,5 +28,5 @@ def checkpoint_format(qcfg: object, where: str) -> QuantFormat | None:
     return fmt
 
 
-__all__ = ["FORMATS", "Decoded", "Float8Blocks", "IntGroups", "QuantFormat",
+__all__ = ["FLOAT8", "FORMATS", "INT_GROUPS", "Decoded", "Float8Blocks", "IntGroups", "QuantFormat",
            "checkpoint_format"]

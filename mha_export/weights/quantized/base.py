@@ -12,18 +12,23 @@ the checkpoint stores, which the check's reference module holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ClassVar
 
 import numpy as np
 import torch
 
 from ...errors import UsageError
 
+# what a decoded weight is (its ``kind``), which decides how --quantize source keeps it
+INT_GROUPS = "int groups"  # as MatMulNBits blocks (lossy/projections/checkpoint_blocks.py)
+FLOAT8 = "float8"  # as it is (lossy/projections/kept.py's protocol, the same kind there)
+
 
 @dataclass(frozen=True)
 class IntGroups:
     """A weight of integer codes with one scale and zero point per (row, group of inputs)."""
 
+    kind: ClassVar[str] = INT_GROUPS
     format: str  # "GPTQ", "AWQ", "compressed-tensors"
     bits: int  # 4 | 8
     group_size: int  # inputs per group (K: one group, per channel)
@@ -53,8 +58,10 @@ class IntGroups:
 @dataclass(frozen=True)
 class Float8Blocks:
     """A weight of float8 e4m3 codes with one scale per block of (rows, cols) (per tensor:
-    the whole weight; per channel: (1, K))."""
+    the whole weight; per channel: (1, K)). A kept weight as it is (lossy/projections/kept.py's
+    protocol)."""
 
+    kind: ClassVar[str] = FLOAT8
     format: str  # "FP8 blocks", "compressed-tensors"
     codes: np.ndarray  # (N, K) uint8: the e4m3fn bytes
     scales: np.ndarray  # (ceil(N / rows), ceil(K / cols)) float32
@@ -77,8 +84,8 @@ class Float8Blocks:
         return 8
 
     @property
-    def ggml_type(self) -> str:
-        """The kept weight's type as records name it (SourceBlocks' field): FP8-e4m3-RxC."""
+    def type_name(self) -> str:
+        """As records name it: FP8-e4m3-RxC."""
         return f"FP8-e4m3-{self.block[0]}x{self.block[1]}"
 
     @property
@@ -90,6 +97,10 @@ class Float8Blocks:
         idx = np.asarray(indices)
         return Float8Blocks(self.format, self.codes[idx], self.row_scales()[idx],
                             (1, self.block[1]))
+
+    def parts(self) -> tuple["Float8Blocks"]:
+        """One DequantizeLinear: itself."""
+        return (self,)
 
     def stored_bytes(self) -> int:
         """The codes and the scales as the graph stores them (one per row and block of inputs,
