@@ -118,20 +118,22 @@ def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, m
         TARGETS["aoti"].prepare(module, config, sig).write(paths["aoti"])
     if executorch:  # bounded axes: the longest call (the cache) the run makes
         bounded = replace(config, max_seq_len=executorch["length"])
-        for key, specs in executorch_variants(variants).items():
+        for key, v in executorch_variants(variants).items():
             paths[key] = folder / f"{key}.pte"
             TARGETS["executorch"].prepare(module, bounded, sig, max_batch=executorch["batch"],
-                                          specs=specs).write(paths[key])
+                                          specs=v["specs"]).write(paths[key])
     return paths
 
 
 def executorch_variants(variants: dict[str, dict]) -> dict[str, dict]:
-    """The ExecuTorch programs of a run, by model key: the float one, and one per quantization
-    ExecuTorch holds (int4 with int8 activations, torchao's 8da4w) of the ONNX variants."""
+    """The ExecuTorch programs of a run, by model key, as ``model_variants`` gives the ONNX
+    ones: the float one, and the ONNX variants ExecuTorch holds too (int4 with int8
+    activations, torchao's 8da4w)."""
     from ..lossy.projections.torchao import refusal
-    quantized = {v["specs"]["quantize"] for v in variants.values()
-                 if list(v["specs"]) == ["quantize"] and refusal(v["specs"]["quantize"]) is None}
-    return {"executorch": {}, **{f"executorch-{q.tag}": {"quantize": q} for q in quantized}}
+    held = {f"executorch-{key[len(v['form']) + 1:]}": {"specs": v["specs"], "record": v["record"]}
+            for key, v in variants.items()
+            if list(v["specs"]) == ["quantize"] and refusal(v["specs"]["quantize"]) is None}
+    return {"executorch": {"specs": {}, "record": {}}, **held}
 
 
 # the model key (prepare_models) of each runner's file that is not an ONNX model
@@ -234,9 +236,8 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
         onnx_models = [k for k in models if k in variants]
         specs = variant_specs(config, onnx_models, models, providers, cuda_ok, kind, runners, cpp,
                               dtype, cuda_graph)
-        records = {str(models[k]): v["record"] for k, v in variants.items()}
-        records.update({str(models[k]): {"quant": s["quantize"].to_dict()}
-                        for k, s in executorch_variants(variants).items() if k in models and s})
+        records = {str(models[k]): v["record"] for k, v in
+                   {**variants, **executorch_variants(variants)}.items() if k in models}
         specs = [{**spec, **records.get(spec.get("model"), {})} for spec in specs]
         if static_cache:
             specs = _static_specs(specs, capacity)
