@@ -86,6 +86,19 @@ class Plan:
     truth: Truth
 
 
+def program_batch_sizes(asked: Sequence[int], bounds: Optional[dict]) -> Sequence[int]:
+    """The sweep's batch sizes: a program of a static batch (bounds["rows"]: an ExecuTorch
+    static-cache step) runs exactly its rows; others, those asked."""
+    rows = (bounds or {}).get("rows")
+    if rows is None:
+        return asked
+    if tuple(asked) != tuple(CheckOptions.batch_sizes) and set(asked) != {rows}:
+        raise UsageError(f"--batch-sizes {','.join(map(str, asked))}: this program runs "
+                         f"exactly {rows} row{'s' if rows != 1 else ''} a call (its static "
+                         f"batch, --max-batch at export)")
+    return (rows,)
+
+
 def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) -> Plan:
     """Runners chosen and opened, cases sized, tolerances set, before any case runs."""
     Tolerance(o.atol or 0.0, o.rtol or 0.0)  # a negative or NaN tolerance is bad input, now
@@ -94,7 +107,8 @@ def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) 
         kinds += _cuda_kinds(artifact, kinds)
     sig, config = artifact.signature, artifact.config
     sweep = sweep_plan(config, artifact.export.get("attention"), o)
-    cases = within_bounds(_single_cases(config, sig, sweep, o.batch_sizes),
+    batch_sizes = program_batch_sizes(o.batch_sizes, artifact.export.get("bounds"))
+    cases = within_bounds(_single_cases(config, sig, sweep, batch_sizes),
                           artifact.export.get("bounds"))  # the calls a bounded program takes
     require_fits(config, cases, sweep.scores_at, sig.has_mask)
     options = RunOptions(tf32=o.tf32, threads=o.threads)

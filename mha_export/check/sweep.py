@@ -86,11 +86,13 @@ def make_cases(sig: Signature, batch_sizes: Sequence[int], seq_lens: Sequence[in
 def within_bounds(cases: Sequence[Case], bounds: Optional[dict]) -> list[Case]:
     """The cases a program with stated axis bounds accepts (an ExecuTorch program: batch <=
     bounds["batch"], seq <= bounds["seq"], past + seq <= bounds["cache"] where its cache lives
-    inside it; its memory is planned for them); all without."""
+    inside it; its memory is planned for them; batch == bounds["rows"] where it runs a static
+    batch); all without."""
     if not bounds:
         return list(cases)
     return [c for c in cases if c.batch <= bounds["batch"] and c.seq <= bounds["seq"]
-            and c.past + c.seq <= bounds.get("cache", c.past + c.seq)]
+            and c.past + c.seq <= bounds.get("cache", c.past + c.seq)
+            and c.batch == bounds.get("rows", c.batch)]
 
 
 def in_quick_sweep(case: Case, pasts: Sequence[int], seq_lens: Sequence[int]) -> bool:

@@ -247,9 +247,16 @@ def torchscript(verbose: bool, **kw) -> None:
               show_default=True,
               help="Where the program's work runs: delegated to XNNPACK, or ExecuTorch's "
                    "portable kernels.")
-@click.option("--max-batch", type=int, default=4, show_default=True,
+@click.option("--max-batch", type=int, default=None,
               help="The batch axis's bound (seq's: --max-seq-len): ExecuTorch plans its memory "
-                   "for the largest call.")
+                   "for the largest call [default: 4]. With --static-cache: the step's rows, "
+                   "a static batch (each row's cache read where it lies) [default: 1].")
+@click.option("--kernels", type=click.Choice(("aten", "llm")), default="aten",
+              show_default=True,
+              help="The --static-cache step's attention: ATen ops (XNNPACK's matrix products; "
+                   "any app's runtime runs them), or ExecuTorch's LLM kernels (update_cache, "
+                   "custom_sdpa: faster; an app links executorch's custom_ops library, see "
+                   "docs/executorch.md).")
 @_guard
 def executorch(verbose: bool, **kw) -> None:
     """Export to ExecuTorch: model.pte for its runtime (Android, iOS, embedded Linux: the C++
@@ -261,6 +268,9 @@ def executorch(verbose: bool, **kw) -> None:
       mha-export executorch --heads 12 --dim 768     # -> models/split-h12-d768-executorch/
       mha-export executorch --heads 12 --dim 768 --attention-mask --max-batch 8
       mha-export executorch --heads 12 --dim 768 --backend portable
+      mha-export executorch --heads 12 --dim 768 --static-cache   # the cache inside
+      mha-export executorch --heads 12 --dim 768 --static-cache --kernels llm
+      mha-export executorch --heads 12 --dim 768 --static-cache --quantize int4
     """
     _export("executorch", kw, verbose)
 

@@ -2,17 +2,21 @@
 its llama example does): the key and value buffers are the program's mutable buffers, written
 in place, so a step moves no cache tensor across the API. The program's methods:
 
-    forward(x, past_lengths[, position_ids]) -> y   the static-cache step on rows [0, B)
+    forward(x, past_lengths[, position_ids]) -> y   the static-cache step
     get_cache() -> (key_cache, value_cache)         the whole buffers, (M, K, C, H)
-    set_cache(key, value) -> ()                     rows [0, B) replaced (a saved session)
+    set_cache(key, value) -> ()                     the buffers replaced (a saved session)
     reset_cache() -> ()                             every entry 0
 
-M = the batch bound (--max-batch), K = cache heads, C = the capacity (max_seq_len), H = width.
+M = the rows (--max-batch), K = cache heads, C = the capacity (max_seq_len), H = width.
 The methods share the buffers (MemoryPlanningPass(share_mutable_buffers=True)). A step attends
 over all C entries, those past each row's length masked (no size depends on past_lengths'
-values, so XNNPACK takes the attention's matmuls): they must be finite, and ExecuTorch leaves a
-mutable buffer's first contents unspecified, so an app calls reset_cache (or set_cache) once
-after loading.
+values): they must be finite, and ExecuTorch leaves a mutable buffer's first contents
+unspecified, so an app calls reset_cache (or set_cache) once after loading.
+
+A standard layer's program (executorch_rows.py): M static rows, a buffer pair per row in the
+kernel set's layout, read where it lies. Another kind's (Multi-head Latent Attention, whose
+cache holds its latent): ``Step`` over (M, K, C, H) buffers, batch dynamic in [1, M], which
+ExecuTorch copies on the write and on each slice.
 """
 from __future__ import annotations
 
@@ -22,7 +26,9 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from ..layer.base import AttentionBase
 from ..signature import Signature
+from .executorch_rows import ROW_KERNELS, CacheRows, RowsStep
 
 METHODS = ("forward", "get_cache", "set_cache", "reset_cache")
 BUFFERS = ("key_cache", "value_cache")
@@ -89,11 +95,69 @@ class Reset(CacheHolder):
         self.value_cache.zero_()
 
 
+class ReadRows(nn.Module):
+    def __init__(self, cache: CacheRows):
+        super().__init__()
+        self.cache = cache
+
+    def forward(self) -> tuple[Tensor, Tensor]:
+        for t in self.cache.buffers_of():  # a self-copy: the buffers become this method's
+            t.copy_(t)  # mutable ones, shared with the step's (else: a constant copy)
+        rows = [self.cache.standard(m) for m in range(self.cache.rows)]
+        return (torch.stack([k for k, _ in rows]),  # (M, K, C, H)
+                torch.stack([v for _, v in rows]))
+
+
+class WriteRows(nn.Module):
+    def __init__(self, cache: CacheRows):
+        super().__init__()
+        self.cache = cache
+
+    def forward(self, key: Tensor, value: Tensor) -> None:  # (M, K, C, H) each
+        for m in range(self.cache.rows):
+            self.cache.load(m, key[m], value[m])
+
+
+class ResetRows(nn.Module):
+    def __init__(self, cache: CacheRows):
+        super().__init__()
+        self.cache = cache
+
+    def forward(self) -> None:
+        for t in self.cache.buffers_of():
+            t.zero_()
+
+
+def by_rows(inner: nn.Module) -> bool:
+    """Whether the layer's program holds a buffer pair per row (executorch_rows.py): a
+    standard layer's; another kind's keeps ``Step``."""
+    return isinstance(inner, AttentionBase)
+
+
 def cache_methods(inner: nn.Module, sig: Signature, max_batch: int, capacity: int,
-                  step_args: tuple, step_dynamic: tuple) -> dict[str, Method]:
-    """The program's methods over buffers (max_batch, K, capacity, H) in the layer's dtype;
-    ``step_args``/``step_dynamic``: forward's example and axes, in its argument order."""
+                  step_args: tuple, step_dynamic: tuple, kernels: str = "aten"
+                  ) -> dict[str, Method]:
+    """The program's methods over the cache of ``max_batch`` rows of ``capacity`` entries in
+    the layer's dtype; ``step_args``/``step_dynamic``: forward's example and axes, in its
+    argument order (a standard layer's: M rows, static)."""
     dtype = next(inner.parameters()).dtype
+    if not by_rows(inner):
+        return _batch_methods(inner, sig, max_batch, capacity, step_args, step_dynamic, dtype)
+    heads, width = sig.cache_buffer("past_key", 1, 1)[1::2]
+    value_width = sig.cache_buffer("past_value", 1, 1)[3]
+    cache = ROW_KERNELS[kernels](max_batch, heads, capacity, width, value_width, dtype)
+    key, value = (torch.zeros(sig.cache_buffer(n, max_batch, capacity), dtype=dtype)
+                  for n in ("past_key", "past_value"))
+    return {"forward": Method(RowsStep(inner, cache).eval(), step_args, step_dynamic),
+            "get_cache": Method(ReadRows(cache), (), ()),
+            "set_cache": Method(WriteRows(cache), (key, value), ()),
+            "reset_cache": Method(ResetRows(cache), (), ())}
+
+
+def _batch_methods(inner: nn.Module, sig: Signature, max_batch: int, capacity: int,
+                   step_args: tuple, step_dynamic: tuple, dtype: torch.dtype
+                   ) -> dict[str, Method]:
+    """``Step`` and its methods over (max_batch, K, capacity, H) buffers, batch dynamic."""
     key, value = (torch.zeros(sig.cache_buffer(n, max_batch, capacity), dtype=dtype)
                   for n in ("past_key", "past_value"))
     example = (key[:2].clone(), value[:2].clone())
@@ -103,19 +167,25 @@ def cache_methods(inner: nn.Module, sig: Signature, max_batch: int, capacity: in
             "reset_cache": Method(Reset(key, value), (), ())}
 
 
-def backend_config() -> Any:
-    """The buffers planned once and shared by every method, their names kept in the program."""
+def backend_config(reinplace: bool = False) -> Any:
+    """The buffers planned once and shared by every method, their names kept in the program;
+    ``reinplace``: a write into a buffer is index_put_ in place (a row's buffers: one index
+    over their slot axis; ExecuTorch's runtime refuses it for ``Step``'s (rows, slots))."""
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.passes import MemoryPlanningPass
     return ExecutorchBackendConfig(
         memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False,
                                                 share_mutable_buffers=True),
-        emit_mutable_buffer_names=True)
+        emit_mutable_buffer_names=True,
+        run_reinplace_pass=reinplace)
 
 
-def cache_record(sig: Signature, max_batch: int, capacity: int) -> dict:
-    """config.json's export.cache: where the cache lives and the methods that reach it."""
-    return {"inside": True, "methods": list(METHODS),
+def cache_record(sig: Signature, max_batch: int, capacity: int, kernels: str = "") -> dict:
+    """config.json's export.cache: where the cache lives, the methods that reach it and, a
+    standard layer's, the kernel set of its step (executorch_rows.py)."""
+    rows = {"rows": max_batch, "kernels": kernels, "layout": "a buffer pair per row"} \
+        if kernels else {}
+    return {"inside": True, "methods": list(METHODS), **rows,
             "key_cache": list(sig.cache_buffer("past_key", max_batch, capacity)),
             "value_cache": list(sig.cache_buffer("past_value", max_batch, capacity)),
             "initial": "unspecified: call reset_cache or set_cache after loading"}

@@ -163,13 +163,15 @@ def export_aoti(config: Optional[MHAConfig] = None, output: str | Path | None = 
 
 
 def export_executorch(config: Optional[MHAConfig] = None, output: str | Path | None = None, *,
-                      backend: str = "xnnpack", max_batch: int = 4, **options) -> ExportResult:
+                      backend: str = "xnnpack", max_batch: Optional[int] = None,
+                      kernels: str = "aten", **options) -> ExportResult:
     """Write DIR/model.pte: the torch.export'ed entry point lowered by ExecuTorch to XNNPACK
-    (``backend="portable"``: its portable kernels); batch in [1, max_batch] and seq in
-    [1, max_seq_len]; ``static_cache=True``: the cache inside the program (get_cache,
-    set_cache, reset_cache beside forward)."""
+    (``backend="portable"``: its portable kernels); batch in [1, max_batch] (default 4) and seq
+    in [1, max_seq_len]; ``static_cache=True``: the cache inside the program (get_cache,
+    set_cache, reset_cache beside forward), a standard layer's step on max_batch static rows
+    (default 1), on ATen ops or (``kernels="llm"``) ExecuTorch's LLM kernels."""
     return export_artifact("executorch", config, output, target_options=dict(
-        backend=backend, max_batch=max_batch), **options)
+        backend=backend, max_batch=max_batch, kernels=kernels), **options)
 
 
 # the export function of each target, by name (the fan-out over a checkpoint's layers calls it)

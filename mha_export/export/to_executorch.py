@@ -5,8 +5,10 @@ for them), lowered by ``to_edge_transform_and_lower`` to XNNPACK (default) or le
 portable kernels, and serialized.
 
 The static cache lives inside the program as mutable buffers written in place
-(executorch_cache.py: forward, get_cache, set_cache, reset_cache). Refused in one line: the
-growing cache (buffers have fixed shapes), a KV-shared layer's cached calls.
+(executorch_cache.py: forward, get_cache, set_cache, reset_cache); a standard layer's step
+runs M static rows, each row's buffers read where they lie, by ATen ops or by ExecuTorch's LLM
+kernels (``kernels``; executorch_rows.py). Refused in one line: the growing cache (buffers
+have fixed shapes), a KV-shared layer's cached calls.
 """
 from __future__ import annotations
 
@@ -28,19 +30,26 @@ from ..lossy import registry as lossy
 from ..signature import CACHE_NAMES, Signature
 from . import executorch_cache as cache
 from .base import Prepared
+from .executorch_rows import DEFAULT_KERNELS, ROW_KERNELS, llm_kernels_refusal, \
+    load_llm_kernels
 
 MODEL_FILE = "model.pte"
 BACKENDS = ("xnnpack", "portable")
 MAX_BATCH = 4  # the batch axis's default bound: ExecuTorch plans every buffer for the largest
+STATIC_ROWS = 1  # a static-cache program's rows (its static batch): one stream, as an app
 EXAMPLE = {"batch": 2, "seq": 3}  # neither 0 nor 1: no axis specialised to them
 DELEGATE = "executorch_call_delegate"
 
 
 def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str = "xnnpack",
-            max_batch: int = MAX_BATCH, specs: Optional[dict] = None) -> Prepared:
-    """``max_batch``: the batch axis's bound (seq's: config.max_seq_len; a static cache's
-    buffers hold max_batch rows of max_seq_len entries, inside the program)."""
-    check(config, sig, backend, max_batch, specs)
+            max_batch: Optional[int] = None, specs: Optional[dict] = None,
+            kernels: str = DEFAULT_KERNELS) -> Prepared:
+    """``max_batch``: the batch axis's bound (seq's: config.max_seq_len); a static cache's: the
+    program's rows, M static (a standard layer's; default 1), each holding max_batch rows of
+    max_seq_len entries inside the program. ``kernels``: a standard layer's static-cache step
+    on ATen ops ("aten") or on ExecuTorch's LLM kernels ("llm")."""
+    max_batch = max_batch if max_batch is not None else default_max_batch(sig)
+    check(config, sig, backend, max_batch, specs, kernels)
     module, records = lossy.in_program(without_empty_buffers(in_split_layout(module)),
                                        specs or {}, config)
     bounds = {"batch": max_batch, "seq": config.max_seq_len}
@@ -49,23 +58,47 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
                               "program_layout": module.config.layout, **records}
     if sig.static_cache:
         bounds["cache"] = config.max_seq_len
-        methods = cache.cache_methods(module, sig, max_batch, config.max_seq_len,
-                                      *_step_example(sig, bounds, {"past_key", "past_value"}))
-        export["cache"] = cache.cache_record(sig, max_batch, config.max_seq_len)
+        rows = cache.by_rows(module)
+        if rows:  # a static batch: M rows every call
+            bounds["rows"] = max_batch
+            if kernels == "llm":
+                load_llm_kernels()
+        methods = cache.cache_methods(
+            module, sig, max_batch, config.max_seq_len,
+            *_step_example(sig, bounds, {"past_key", "past_value"}, static_batch=rows),
+            kernels=kernels)
+        export["cache"] = cache.cache_record(sig, max_batch, config.max_seq_len,
+                                             kernels if rows else "")
     else:
         entry = entry_module(module, sig.kind, sig.input_names, sig.output_names)
         methods = {"forward": cache.Method(entry, *_step_example(sig, bounds, set()))}
     program = _lowered(methods, bounds, backend, io_names(sig))
     export.update(placement=placement(program.exported_program("forward")),
                   executorch=_version())
-    buffer = _serialized(program, sig.static_cache)
+    buffer = _serialized(program, sig.static_cache, "rows" in bounds)
     return Prepared(export, lambda path: path.write_bytes(buffer))
 
 
+def default_max_batch(sig: Signature) -> int:
+    """--max-batch's default: a static-cache program's rows (1), else the batch bound (4)."""
+    return STATIC_ROWS if sig.static_cache else MAX_BATCH
+
+
 def check(config: MHAConfig, sig: Signature, backend: str = "xnnpack",
-          max_batch: int = MAX_BATCH, specs: Optional[dict] = None) -> None:
+          max_batch: Optional[int] = None, specs: Optional[dict] = None,
+          kernels: str = DEFAULT_KERNELS) -> None:
     if why := executorch_missing():
         raise UsageError(why)
+    max_batch = max_batch if max_batch is not None else default_max_batch(sig)
+    if kernels not in ROW_KERNELS:
+        raise UsageError(f"unknown --kernels {kernels!r}: choose one of "
+                         f"{', '.join(ROW_KERNELS)}")
+    if kernels != DEFAULT_KERNELS:
+        if not sig.static_cache or kind_of(config).name != "standard":
+            raise UsageError(f"--kernels {kernels}: ExecuTorch's LLM kernels compute a "
+                             "standard layer's --static-cache step (export --static-cache)")
+        if why := llm_kernels_refusal(config):
+            raise UsageError(why)
     if specs and backend == "portable":
         raise UsageError(f"--backend portable cannot hold {', '.join(specs)}: torchao's "
                          "rounding ops have no ExecuTorch portable kernels (XNNPACK "
@@ -110,12 +143,17 @@ def without_empty_buffers(module: nn.Module) -> nn.Module:
     return module
 
 
-def _step_example(sig: Signature, bounds: dict, inside: set[str]) -> tuple[tuple, tuple]:
+def _step_example(sig: Signature, bounds: dict, inside: set[str], static_batch: bool = False
+                  ) -> tuple[tuple, tuple]:
     """forward's example arguments and dynamic axes: the signature's inputs but those the
-    program holds inside."""
+    program holds inside; ``static_batch``: batch is bounds' batch, no axis."""
     inputs = [t for t in sig.inputs if t.name not in inside]
     sizes = {d: min(EXAMPLE[d], bounds[d]) for d in EXAMPLE}
-    return tuple(_example(t, sizes) for t in inputs), tuple(t.dynamic_axes for t in inputs)
+    if static_batch:
+        sizes["batch"] = bounds["batch"]
+    dynamic = tuple({i: d for i, d in t.dynamic_axes.items()
+                     if not (static_batch and d == "batch")} for t in inputs)
+    return tuple(_example(t, sizes) for t in inputs), dynamic
 
 
 def io_names(sig: Signature) -> dict[str, str]:
@@ -162,15 +200,16 @@ def _require_dynamic(name: str, program: Any, dynamic: tuple, dims: dict) -> Non
                                f"input {node.name} to its example's size")
 
 
-def _serialized(program: Any, cache_inside: bool) -> bytes:
-    """The .pte bytes; a cache inside: its buffers planned once and shared by the methods.
-    ExecuTorch warns that a mutated buffer's first contents are not kept: by design here
-    (export.cache.initial says so; reset_cache sets them)."""
+def _serialized(program: Any, cache_inside: bool, by_rows: bool = False) -> bytes:
+    """The .pte bytes; a cache inside: its buffers planned once and shared by the methods
+    (``by_rows``: each row's write re-inplaced). ExecuTorch warns that a mutated buffer's
+    first contents are not kept: by design here (export.cache.initial says so; reset_cache
+    sets them)."""
     if not cache_inside:
         return program.to_executorch().buffer
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Mutation on a buffer in the model")
-        return program.to_executorch(cache.backend_config()).buffer
+        return program.to_executorch(cache.backend_config(by_rows)).buffer
 
 
 def _partitioners(backend: str) -> list:

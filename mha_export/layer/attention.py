@@ -176,3 +176,37 @@ def attention_probs(q: Tensor, k: Tensor, scale: float, masked: Optional[Tensor]
 def merge_heads(ctx: Tensor) -> Tensor:
     b, nh, t, hs = ctx.shape
     return ctx.transpose(1, 2).reshape(b, t, nh * hs)  # (B, T, N*H)
+
+
+def grouped_attention(q: Tensor, keys_t: Tensor, values: Tensor, scale: float,
+                      query_start: Tensor, window: int = 0, softcap: float = 0.0,
+                      sinks: Optional[Tensor] = None, chunk: int = 0,
+                      alibi: Optional[Tensor] = None) -> Tensor:
+    """One row's queries over a whole static buffer, the query heads grouped per kv head so
+    that the buffer is read where it lies (no expand, no transpose of it): q (N, T, H), keys
+    stored transposed (K, H, C), values (K, C, Hv) -> (N, T, Hv). Query i sits at key position
+    query_start + i (query_start (1,)); the entries past it are masked (they must be finite).
+    The same function as ``attention`` over a static cache; G = N / K query heads per kv head.
+    """
+    n, t, h = q.shape
+    k_heads, _, c = keys_t.shape
+    g = n // k_heads
+    scores = torch.bmm(q.contiguous().view(k_heads, g * t, h), keys_t) * scale  # (K, G*T, C)
+    scores = scores.view(k_heads, g, t, c)  # (K, G, T, C)
+    if softcap > 0.0:
+        scores = torch.tanh(scores / softcap) * softcap
+    if alibi is not None:
+        scores = scores + alibi_bias(alibi, t, c, query_start).view(
+            k_heads, g, t, c).to(scores.dtype)  # (1, N, T, C) -> (K, G, T, C)
+    masked = score_mask(t, c, True, None, q.device, window, query_start, chunk)  # (1, 1, T, C)
+    assert masked is not None
+    scores = scores.masked_fill(masked.view(1, 1, t, c), lowest_value(q.dtype))
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)  # (K, G, T, C)
+    else:
+        sink = sinks.to(scores.dtype).view(k_heads, g, 1, 1).expand(k_heads, g, t, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :c]
+    ctx = torch.bmm(probs.reshape(k_heads, g * t, c), values)  # (K, G*T, Hv)
+    # (K, G*T, Hv) -> (K, G, T, Hv) -> (N, T, Hv); in two steps: one view to (N, T, Hv) makes
+    # torch.export (2.13) guard T with a bound it cannot prove
+    return ctx.view(k_heads, g, t, values.size(-1)).flatten(0, 1)

@@ -30,6 +30,11 @@ class ExecuTorchRunner(Runner):
         super().__init__(signature)
         from executorch.runtime import Runtime
         self.name = "executorch-cpu"
+        export = _recorded(Path(path).parent)
+        kernels = export.get("cache", {}).get("kernels", "")
+        if kernels == "llm":  # registered into the runtime before the program loads
+            from ...export.executorch_rows import load_llm_kernels
+            load_llm_kernels()
         if threads:  # XNNPACK's and the kernels' pool (the process's: one program at a time)
             from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
             _unsafe_reset_threadpool(threads)
@@ -37,9 +42,12 @@ class ExecuTorchRunner(Runner):
         self.method = program.load_method("forward")
         x = self.method.metadata.input_tensor_meta(0).sizes()  # (B, T, d) at their bounds
         self.bounds = {"batch": x[0], "seq": x[1]}
+        self.rows = export.get("bounds", {}).get("rows")  # a static batch: exactly these
         self.cache = CacheInside(program) if "get_cache" in program.method_names else None
-        export = _recorded(Path(path).parent)
         inside = "; the cache inside the program (steps move none)" if self.cache else ""
+        if self.rows:
+            inside += (f"; {self.rows} static row{'s' if self.rows != 1 else ''}, "
+                       f"{'ExecuTorch LLM kernels' if kernels == 'llm' else 'ATen ops'}")
         # a lossy step's kernels computing in other arithmetic (int8 activations): its tolerance
         self.tolerance_dtype = next((v["arithmetic"] for v in export.values()
                                      if isinstance(v, dict) and "arithmetic" in v), None)
@@ -58,6 +66,9 @@ class ExecuTorchRunner(Runner):
         if batch > self.bounds.get("batch", batch) or seq > self.bounds.get("seq", seq):
             raise RuntimeError(f"the program's bounds are batch <= {self.bounds['batch']}, "
                                f"seq <= {self.bounds['seq']}; got batch {batch}, seq {seq}")
+        if self.rows and batch != self.rows:
+            raise RuntimeError(f"the program runs exactly {self.rows} rows a call (a static "
+                               f"batch); got batch {batch}")
         return list(self.method.execute(args))
 
     def bind_cache(self, buffers: Feeds) -> Optional[Callable[[Feeds], np.ndarray]]:
