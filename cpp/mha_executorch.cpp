@@ -182,6 +182,12 @@ int main_executorch(int argc, char** argv) {
     if (module.load() != et::runtime::Error::Ok)
         throw mha::UsageError("cannot load program " + args.model + " (not an ExecuTorch program?)");
     const Program program = describe(module, args.model);
+    // a program of ExecuTorch's LLM kernels (mha-export executorch --kernels llm) names
+    // llama:: operators that only executorch's custom_ops library registers
+    if (module.load_method("forward") == et::runtime::Error::OperatorMissing)
+        throw mha::UsageError(args.model + ": forward uses operators this program does not link (a --kernels llm "
+                              "program: ExecuTorch's llama::update_cache / custom_sdpa, in executorch's custom_ops "
+                              "library; docs/executorch.md says what to link, or export with --kernels aten)");
     if (args.flag("--carry") && !program.cache_inside)
         throw mha::UsageError("--carry: " + args.model + " holds no cache (export it with --static-cache)");
     const std::string load_time = mha::ms_since(t0);

@@ -118,22 +118,31 @@ def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, m
         TARGETS["aoti"].prepare(module, config, sig).write(paths["aoti"])
     if executorch:  # bounded axes: the longest call (the cache) the run makes
         bounded = replace(config, max_seq_len=executorch["length"])
-        for key, v in executorch_variants(variants).items():
+        for key, v in executorch_variants(variants, config, kind).items():
             paths[key] = folder / f"{key}.pte"
             TARGETS["executorch"].prepare(module, bounded, sig, max_batch=executorch["batch"],
-                                          specs=v["specs"]).write(paths[key])
+                                          specs=v["specs"], kernels=v["kernels"]
+                                          ).write(paths[key])
     return paths
 
 
-def executorch_variants(variants: dict[str, dict]) -> dict[str, dict]:
+def executorch_variants(variants: dict[str, dict], config: MHAConfig, kind: str
+                        ) -> dict[str, dict]:
     """The ExecuTorch programs of a run, by model key, as ``model_variants`` gives the ONNX
     ones: the float one, and the ONNX variants ExecuTorch holds too (int4 with int8
-    activations, torchao's 8da4w)."""
+    activations, torchao's 8da4w); a static-cache run: each also on ExecuTorch's LLM kernels
+    (``executorch-llm...``) where they compute the layer and load here."""
+    from ..export.executorch_rows import llm_kernels_missing, llm_kernels_refusal
     from ..lossy.projections.torchao import refusal
     held = {f"executorch-{key[len(v['form']) + 1:]}": {"specs": v["specs"], "record": v["record"]}
             for key, v in variants.items()
             if list(v["specs"]) == ["quantize"] and refusal(v["specs"]["quantize"]) is None}
-    return {"executorch": {"specs": {}, "record": {}}, **held}
+    programs = {key: {**v, "kernels": "aten"}
+                for key, v in {"executorch": {"specs": {}, "record": {}}, **held}.items()}
+    if kind != "static-cache" or llm_kernels_refusal(config) or llm_kernels_missing():
+        return programs
+    return {**programs, **{"executorch-llm" + key[len("executorch"):]: {**v, "kernels": "llm"}
+                           for key, v in programs.items()}}
 
 
 # the model key (prepare_models) of each runner's file that is not an ONNX model
@@ -237,7 +246,8 @@ def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192
         specs = variant_specs(config, onnx_models, models, providers, cuda_ok, kind, runners, cpp,
                               dtype, cuda_graph)
         records = {str(models[k]): v["record"] for k, v in
-                   {**variants, **executorch_variants(variants)}.items() if k in models}
+                   {**variants, **executorch_variants(variants, config, kind)}.items()
+                   if k in models}
         specs = [{**spec, **records.get(spec.get("model"), {})} for spec in specs]
         if static_cache:
             specs = _static_specs(specs, capacity)

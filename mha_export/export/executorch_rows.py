@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from ..config import MHAConfig
 from ..errors import UsageError
+from ..kinds.registry import kind_of
 from ..layer.attention import grouped_attention
 
 
@@ -165,7 +166,11 @@ class RowsStep(nn.Module):
 
 def llm_kernels_refusal(config: MHAConfig) -> Optional[str]:
     """Why ExecuTorch's LLM kernels cannot compute this layer (None: they can): custom_sdpa
-    is plain causal attention with one scale, keys and values of one width."""
+    is plain causal attention with one scale, keys and values of one width, over a standard
+    layer's cache."""
+    if kind_of(config).name != "standard":
+        return (f"--kernels llm: ExecuTorch's LLM kernels compute a standard layer's attention, "
+                f"not {kind_of(config).summary}")
     lacks = [name for name, on in (
         ("sliding window", config.sliding_window), ("chunked attention",
                                                       config.attention_chunk),

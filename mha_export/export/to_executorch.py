@@ -94,9 +94,9 @@ def check(config: MHAConfig, sig: Signature, backend: str = "xnnpack",
         raise UsageError(f"unknown --kernels {kernels!r}: choose one of "
                          f"{', '.join(ROW_KERNELS)}")
     if kernels != DEFAULT_KERNELS:
-        if not sig.static_cache or kind_of(config).name != "standard":
-            raise UsageError(f"--kernels {kernels}: ExecuTorch's LLM kernels compute a "
-                             "standard layer's --static-cache step (export --static-cache)")
+        if not sig.static_cache:
+            raise UsageError(f"--kernels {kernels}: ExecuTorch's LLM kernels compute the "
+                             "--static-cache step (export --static-cache)")
         if why := llm_kernels_refusal(config):
             raise UsageError(why)
     if specs and backend == "portable":

@@ -31,8 +31,8 @@ class ExecuTorchRunner(Runner):
         from executorch.runtime import Runtime
         self.name = "executorch-cpu"
         export = _recorded(Path(path).parent)
-        kernels = export.get("cache", {}).get("kernels", "")
-        if kernels == "llm":  # registered into the runtime before the program loads
+        llm = uses_llm_kernels(Path(path))
+        if llm:  # registered into the runtime before the program loads
             from ...export.executorch_rows import load_llm_kernels
             load_llm_kernels()
         if threads:  # XNNPACK's and the kernels' pool (the process's: one program at a time)
@@ -47,7 +47,7 @@ class ExecuTorchRunner(Runner):
         inside = "; the cache inside the program (steps move none)" if self.cache else ""
         if self.rows:
             inside += (f"; {self.rows} static row{'s' if self.rows != 1 else ''}, "
-                       f"{'ExecuTorch LLM kernels' if kernels == 'llm' else 'ATen ops'}")
+                       f"{'ExecuTorch LLM kernels' if llm else 'ATen ops'}")
         # a lossy step's kernels computing in other arithmetic (int8 activations): its tolerance
         self.tolerance_dtype = next((v["arithmetic"] for v in export.values()
                                      if isinstance(v, dict) and "arithmetic" in v), None)
@@ -132,6 +132,13 @@ def _fitted(buffer: np.ndarray, length: int, beyond: Optional[np.ndarray] = None
              else np.zeros(buffer.shape[:2] + (length - buffer.shape[2],) + buffer.shape[3:],
                            buffer.dtype))
     return np.concatenate([buffer, extra], axis=2)
+
+
+def uses_llm_kernels(path: Path) -> bool:
+    """Whether the program calls ExecuTorch's LLM kernels (--kernels llm): it names their
+    llama:: operators (a program says which operators it needs, by name)."""
+    with path.open("rb") as f:
+        return any(b"llama::custom_sdpa" in chunk for chunk in iter(lambda: f.read(1 << 24), b""))
 
 
 def _recorded(folder: Path) -> dict:
