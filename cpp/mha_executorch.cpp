@@ -12,6 +12,8 @@
 
 #include <cstdio>
 #include <iostream>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -172,6 +174,13 @@ std::vector<mha::Array> run_case(Module& module, const Program& p, const mha::Ca
     return outputs;
 }
 
+// Whether the program names ExecuTorch's LLM operators (a program lists its operators by name).
+bool names_llm_kernels(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return bytes.find("llama::custom_sdpa") != std::string::npos;
+}
+
 int main_executorch(int argc, char** argv) {
     const mha::Args args = mha::parse_args(argc, argv, kUsage, {"--repeat"}, {"--info", "--carry"}, {"--info"});
     mha::require_file(args.model, "model");
@@ -183,8 +192,9 @@ int main_executorch(int argc, char** argv) {
         throw mha::UsageError("cannot load program " + args.model + " (not an ExecuTorch program?)");
     const Program program = describe(module, args.model);
     // a program of ExecuTorch's LLM kernels (mha-export executorch --kernels llm) names
-    // llama:: operators that only executorch's custom_ops library registers
-    if (module.load_method("forward") == et::runtime::Error::OperatorMissing)
+    // llama:: operators that only executorch's custom_ops library registers (the runtime
+    // would log its own lines on loading it: refused before)
+    if (names_llm_kernels(args.model))
         throw mha::UsageError(args.model + ": forward uses operators this program does not link (a --kernels llm "
                               "program: ExecuTorch's llama::update_cache / custom_sdpa, in executorch's custom_ops "
                               "library; docs/executorch.md says what to link, or export with --kernels aten)");

@@ -893,7 +893,8 @@ def test_the_docs_own_project_and_case_folder_recipes_work(binaries, artifacts, 
 
 # --- mha_executorch: model.pte with the executorch wheel's runtime ------------------------------
 
-STATIC_CASES = [Case(2, 5, 3), Case(1, 1, 7), Case(3, 4, 0)]
+ROWS = 2  # the static-cache programs' rows (a static batch)
+STATIC_CASES = [Case(ROWS, 5, 3), Case(ROWS, 1, 7), Case(ROWS, 4, 0)]
 
 
 @pytest.fixture(scope="session")
@@ -903,7 +904,7 @@ def static_program(binaries, tmp_path_factory) -> Path:
     pytest.importorskip("executorch.runtime")
     from mha_export import export_executorch
     return export_executorch(KV_CONFIG, tmp_path_factory.mktemp("et") / "static",
-                             static_cache=True, validate=False).path
+                             static_cache=True, max_batch=ROWS, validate=False).path
 
 
 def test_executorch_matches_python_executorch_and_eager(binaries, static_program, tmp_path):
@@ -926,20 +927,21 @@ def test_executorch_steps_a_prefill_on_the_cache_it_holds(binaries, static_progr
     sig = signature_of(static_program)
     rng = np.random.default_rng(4)
     module = read_artifact(static_program).load_source_module().eval()
-    key, value = (torch.zeros(sig.cache_buffer(n, 1, 12)) for n in ("past_key", "past_value"))
+    key, value = (torch.zeros(sig.cache_buffer(n, ROWS, 12)) for n in ("past_key",
+                                                                        "past_value"))
     dirs, want, length = [], [], 0
     for i, t in enumerate((5, 1, 1, 1)):
         d = tmp_path / f"step{i}"
         d.mkdir()
-        x = rng.standard_normal((1, t, KV_CONFIG.d_in), dtype=np.float32)
-        feeds = {"x": x, "past_lengths": np.array([length]),
-                 "position_ids": np.arange(length, length + t)[None],
+        x = rng.standard_normal((ROWS, t, KV_CONFIG.d_in), dtype=np.float32)
+        feeds = {"x": x, "past_lengths": np.full(ROWS, length),
+                 "position_ids": np.tile(np.arange(length, length + t), (ROWS, 1)),
                  "past_key": np.zeros_like(key.numpy()), "past_value": np.zeros_like(key.numpy())}
         for name, array in feeds.items():
             np.save(d / f"{name}.npy", array)
         with torch.inference_mode():
             want.append(module.forward_static(torch.from_numpy(x), key, value,
-                                              torch.tensor([length]))[0].numpy())
+                                              torch.full((ROWS,), length))[0].numpy())
         dirs.append(d)
         length += t
     r = run(BUILD / "mha_executorch", static_program / "model.pte", *dirs, "--carry")
@@ -961,7 +963,7 @@ def test_executorch_runs_an_int4_program_as_python_does(binaries, tmp_path):
     from mha_export.lossy.projections.rtn import QuantSpec
     config = MHAConfig(dim=64, heads=4, kv_heads=2, rotary="half", max_seq_len=64)
     folder = export_executorch(config, tmp_path / "int4", static_cache=True, validate=False,
-                               quantize=QuantSpec(bits=4)).path
+                               max_batch=ROWS, quantize=QuantSpec(bits=4)).path
     python = ExecuTorchRunner(signature_of(folder), folder / "model.pte")
     dirs = write_case_dirs(tmp_path / "cases", folder, STATIC_CASES, seed=5)
     r = run(BUILD / "mha_executorch", folder / "model.pte", *[d for d, _, _ in dirs])
@@ -969,6 +971,18 @@ def test_executorch_runs_an_int4_program_as_python_does(binaries, tmp_path):
     for d, case, feeds in dirs:
         assert_outputs_match(read_outputs(d, signature_of(folder)), python.run(feeds), feeds,
                              case, "mha_executorch (int4) vs python")
+
+
+def test_executorch_refuses_a_program_of_the_llm_kernels_in_one_line(binaries, tmp_path):
+    """--kernels llm: the llama:: operators live in executorch's custom_ops library, which the
+    wheel's C++ SDK does not ship: one line naming them, exit 2."""
+    pytest.importorskip("executorch.runtime")
+    from mha_export import export_executorch
+    folder = export_executorch(KV_CONFIG, tmp_path / "llm", static_cache=True, kernels="llm",
+                               validate=False).path
+    dirs = write_case_dirs(tmp_path / "cases", folder, [Case(1, 1, 3)], seed=6)
+    line = one_error_line(run(BUILD / "mha_executorch", folder / "model.pte", dirs[0][0]))
+    assert "--kernels llm" in line and "custom_ops" in line
 
 
 def test_executorch_carry_without_a_cache_is_one_line(binaries, tmp_path):

@@ -100,28 +100,66 @@ def _planted(path, tmp_path, fault: Optional[Callable[[torch.nn.Module], None]])
         if fault:
             fault(module)
     to_executorch.prepare(module, artifact.config, artifact.signature,
+                          max_batch=artifact.export["bounds"]["batch"],
+                          kernels=artifact.export.get("cache", {}).get("kernels") or "aten",
                           specs=recorded(artifact.export)).write(copy / "model.pte")
     return copy
 
 
-def test_the_static_cache_lives_inside_the_program_and_passes_its_check(programs):
-    path = programs("static", static_cache=True)
+ROWS = 3  # the static-cache programs' rows: the check's ragged batch of three rows runs
+
+
+@pytest.mark.parametrize("kernels", ["aten", "llm"])
+def test_the_static_cache_lives_inside_the_program_and_passes_its_check(programs, kernels):
+    path = programs(f"static-{kernels}", static_cache=True, max_batch=ROWS, kernels=kernels)
     export = read_artifact(path).export
-    assert export["bounds"] == {"batch": 4, "seq": 16, "cache": 16}
+    assert export["bounds"] == {"batch": ROWS, "seq": 16, "cache": 16, "rows": ROWS}
     assert export["cache"]["methods"] == ["forward", "get_cache", "set_cache", "reset_cache"]
-    assert export["cache"]["key_cache"] == [4, 2, 16, 16]
+    assert export["cache"]["key_cache"] == [ROWS, 2, 16, 16]
+    assert export["cache"]["kernels"] == kernels
     report = check_parity(path, **SWEEP)
-    assert report.passed
+    assert report.passed and {r.batch for r in report.results} == {ROWS}
     row = next(r for r in report.runners if r.name == "executorch-cpu")
-    assert "the cache inside the program" in row.device
+    assert "the cache inside the program" in row.device and f"{ROWS} static rows" in row.device
     assert {r.scenario for r in report.results if r.runner == "executorch-cpu"} >= {
         "static generate 5+1+1+1+3+1", "static ragged 7|5|3+1+1"}
+
+
+@pytest.mark.parametrize("kernels", ["aten", "llm"])
+def test_the_step_reads_each_buffer_where_it_lies(programs, kernels):
+    """The forward method's graph: a cache buffer (or the write that returns it) feeds only its
+    in-place write and the attention that reads it (a delegated bmm, or custom_sdpa): no
+    slice, expand, permute or view copy of it, no write-back copy_."""
+    from executorch.exir import to_edge
+    from mha_export.export import executorch_cache
+    path = programs(f"static-{kernels}", static_cache=True, max_batch=ROWS, kernels=kernels)
+    artifact = read_artifact(path)
+    module = to_executorch.without_empty_buffers(artifact.load_source_module())
+    sig = artifact.signature
+    bounds = {"batch": ROWS, "seq": 16, "cache": 16, "rows": ROWS}
+    methods = executorch_cache.cache_methods(
+        module, sig, ROWS, 16, *to_executorch._step_example(sig, bounds, {"past_key",
+                                                                           "past_value"},
+                                                            static_batch=True),
+        kernels=kernels)
+    program = to_executorch._lowered({"forward": methods["forward"]}, bounds, "xnnpack",
+                                     to_executorch.io_names(sig))
+    graph = program.to_executorch(executorch_cache.backend_config(True)) \
+        .exported_program("forward").graph
+    buffers = {n for n in graph.nodes if n.op == "placeholder" and n.name.startswith("b_cache_")}
+    assert len(buffers) == 2 * ROWS
+    readers = {str(u.target) for b in buffers for u in b.users}
+    readers |= {str(u.target) for b in buffers for w in b.users if "index_put_" in str(w.target)
+                for u in w.users}  # the in-place write returns the buffer
+    allowed = ("index_put_", "executorch_call_delegate", "update_cache", "custom_sdpa",
+               "getitem", "output")
+    assert readers and all(any(a in r for a in allowed) for r in readers), readers
 
 
 def test_a_prefill_and_its_steps_move_no_cache_across_the_api(programs):
     """The runner writes the first call's buffers into the program; every later step runs on
     what the program holds (no write), and the buffers read back equal the eager module's."""
-    path = programs("static", static_cache=True)
+    path = programs("static-aten", static_cache=True, max_batch=ROWS, kernels="aten")
     artifact = read_artifact(path)
     runner = ExecuTorchRunner(artifact.signature, path / "model.pte")
     writes = []
@@ -137,33 +175,39 @@ def test_a_prefill_and_its_steps_move_no_cache_across_the_api(programs):
         assert abs(got[name] - want[name]).max() < 1e-5, name
 
 
-def test_a_program_of_one_row_has_no_batch_axis_and_checks_within_it(programs):
-    """--max-batch 1: the batch axis is the program's size 1 (torch.export takes no Dim of
-    one value); the check's batch-3 cases and scenarios stay out."""
-    path = programs("one-row", static_cache=True, max_batch=1)
-    assert read_artifact(path).export["bounds"]["batch"] == 1
-    report = check_parity(path, **SWEEP)
+def test_a_static_cache_program_runs_one_row_by_default_and_checks_within_it(programs):
+    """A static-cache program's rows default to one (an app's one stream): batch is no axis;
+    the check's batch-3 cases and scenarios stay out, and asking for them is refused."""
+    path = programs("one-row", static_cache=True)
+    assert read_artifact(path).export["bounds"] == {"batch": 1, "seq": 16, "cache": 16,
+                                                    "rows": 1}
+    report = check_parity(path, seq_lens=[1, 5, 16])
     assert report.passed and {r.batch for r in report.results} == {1}
     assert "static generate 5+1+1+1+3+1" in {r.scenario for r in report.results}
+    r = CliRunner().invoke(cli, ["check", str(path), "--batch-sizes", "2,3"])
+    assert r.exit_code == 2 and "runs exactly 1 row a call" in r.stderr, r.output
 
 
 def test_reset_and_write_reach_the_buffers_the_step_writes(programs):
     from executorch.runtime import Runtime
-    program = Runtime.get().load_program(str(programs("static", static_cache=True)
+    program = Runtime.get().load_program(str(programs("static-aten", static_cache=True,
+                                                      max_batch=ROWS, kernels="aten")
                                              / "model.pte"))
     write, read, reset = (program.load_method(m) for m in ("set_cache", "get_cache",
                                                            "reset_cache"))
-    key, value = torch.randn(2, 2, 16, 16), torch.randn(2, 2, 16, 16)
+    key, value = torch.randn(ROWS, 2, 16, 16), torch.randn(ROWS, 2, 16, 16)
     reset.execute([])
     write.execute([key, value])
     k, v = read.execute([])
-    assert torch.equal(k[:2], key) and torch.equal(v[:2], value) and not k[2:].any()
+    assert torch.equal(k, key) and torch.equal(v, value)
     reset.execute([])
     assert not any(t.any() for t in read.execute([]))
 
 
-def test_a_planted_fault_in_the_cached_values_fails_the_check(programs, tmp_path):
-    path = _planted(programs("static", static_cache=True), tmp_path, _nudge("W_value"))
+@pytest.mark.parametrize("kernels", ["aten", "llm"])
+def test_a_planted_fault_in_the_cached_values_fails_the_check(programs, tmp_path, kernels):
+    path = _planted(programs(f"static-{kernels}", static_cache=True, max_batch=ROWS,
+                             kernels=kernels), tmp_path, _nudge("W_value"))
     report = check_parity(path, **SWEEP)
     assert not report.passed
     assert any(r.output == "present_value" and not r.passed for r in report.results)
@@ -187,6 +231,10 @@ def test_a_planted_fault_in_the_cached_values_fails_the_check(programs, tmp_path
     (["--quantize", "int4", "--block-size", "128"], "q_proj has 64 input features, not whole "
                                                     "blocks of 128"),
     (["--max-batch", "0"], "--max-batch must be a positive integer"),
+    (["--static-cache", "--kernels", "llm", "--softcap", "30"],
+     "--kernels llm: ExecuTorch's custom_sdpa has no softcapping"),
+    (["--static-cache", "--kernels", "llm", "--sinks"], "custom_sdpa has no attention sinks"),
+    (["--kernels", "llm"], "--kernels llm: ExecuTorch's LLM kernels compute the --static-cache"),
     # DeepSeek Sparse Attention's stable top-k: ExecuTorch's edge dialect has no such operator
     (["--kv-lora-rank", "32", "--q-lora-rank", "48", "--qk-rope-head-dim", "8",
       "--index-topk", "4", "--index-heads", "8", "--index-head-dim", "16", "--max-seq-len", "16"],
@@ -219,6 +267,20 @@ def test_a_planted_fault_in_a_real_layers_program_fails_its_check(smollm2_gguf, 
                              max_seq_len=16, max_batch=3, validate=False).path
     assert check_parity(path, **SWEEP).passed
     assert not check_parity(_planted(path, tmp_path, _swap_value_heads), **SWEEP).passed
+
+
+@pytest.mark.parametrize("kernels", ["aten", "llm"])
+def test_a_planted_fault_in_a_real_layers_static_cache_program_fails_its_check(
+        smollm2_gguf, tmp_path, kernels):
+    """SmolLM2's layer 5 as a static-cache program, on each kernel set, passes its check
+    (prefill, steps, the ragged rows); rebuilt with two heads' values swapped, it fails."""
+    path = export_executorch(weights=smollm2_gguf, layer=5, output=tmp_path / "layer-5",
+                             max_seq_len=16, max_batch=ROWS, static_cache=True,
+                             kernels=kernels, validate=False).path
+    assert check_parity(path, **SWEEP).passed
+    faulty = check_parity(_planted(path, tmp_path, _swap_value_heads), **SWEEP)
+    assert not faulty.passed
+    assert any(r.output == "present_value" and not r.passed for r in faulty.results)
 
 
 def test_a_fused_projection_is_exported_split_and_keeps_its_batch_axis(tmp_path):
