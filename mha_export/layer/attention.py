@@ -200,7 +200,9 @@ def grouped_attention(q: Tensor, keys_t: Tensor, values: Tensor, scale: float,
             k_heads, g, t, c).to(scores.dtype)  # (1, N, T, C) -> (K, G, T, C)
     masked = score_mask(t, c, True, None, q.device, window, query_start, chunk)  # (1, 1, T, C)
     assert masked is not None
-    scores = scores.masked_fill(masked.view(1, 1, t, c), lowest_value(q.dtype))
+    bias = torch.zeros(masked.shape, dtype=scores.dtype, device=q.device).masked_fill(
+        masked, lowest_value(q.dtype))  # (1, 1, T, C): filled once, added over the heads
+    scores = scores + bias
     if sinks is None:
         probs = torch.softmax(scores, dim=-1)  # (K, G, T, C)
     else:
