@@ -156,6 +156,17 @@ def test_the_step_reads_each_buffer_where_it_lies(programs, kernels):
     assert readers and all(any(a in r for a in allowed) for r in readers), readers
 
 
+@pytest.mark.parametrize("options", [dict(sliding_window=5, softcap=30.0, sinks=True),
+                                     dict(alibi=True, rotary="none", attention_chunk=4)])
+def test_a_static_cache_step_with_the_layers_options_passes_its_check(tmp_path, options):
+    """The ATen step's attention (grouped_attention) with the options the LLM kernels lack."""
+    config = MHAConfig(**{**CONFIG, **options})
+    path = export_executorch(config, tmp_path / "p", static_cache=True, max_batch=ROWS,
+                             validate=False).path
+    report = check_parity(path, **SWEEP)
+    assert report.passed, [r.error for r in report.results if not r.passed][:3]
+
+
 def test_a_prefill_and_its_steps_move_no_cache_across_the_api(programs):
     """The runner writes the first call's buffers into the program; every later step runs on
     what the program holds (no write), and the buffers read back equal the eager module's."""

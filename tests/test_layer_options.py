@@ -333,3 +333,27 @@ def test_the_sweep_crosses_a_window_longer_than_the_context(tmp_path, kind, loca
     report = check_parity(path, seq_lens=[3], batch_sizes=[1], past_lens=[0])
     assert report.passed
     assert ((41, 0) if kind == "full" else (2, 40)) in {(r.seq, r.past) for r in report.results}
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("option", [dict(), dict(window=3), dict(chunk=4), dict(softcap=0.5),
+                                    dict(sinks=True), dict(alibi=True)])
+def test_grouped_attention_over_a_whole_buffer_is_attention_over_the_valid_prefix(kv_heads,
+                                                                                  option):
+    """The ExecuTorch step's core (query heads grouped per kv head, the keys stored
+    transposed, every slot of the buffer read and those past the row's queries masked) equals
+    ``attention`` over the row's valid prefix, with each option."""
+    from mha_export.layer.attention import attention, grouped_attention
+    torch.manual_seed(0)
+    n, h, c, t, start = 4, 8, 16, 3, 5
+    q = torch.randn(n, t, h, dtype=torch.float64)
+    keys, values = (torch.randn(kv_heads, c, h, dtype=torch.float64) for _ in range(2))
+    sinks = torch.randn(n, dtype=torch.float64) if option.get("sinks") else None
+    alibi = torch.rand(n, dtype=torch.float64) if option.get("alibi") else None
+    kw = dict(window=option.get("window", 0), softcap=option.get("softcap", 0.0),
+              sinks=sinks, chunk=option.get("chunk", 0), alibi=alibi)
+    got = grouped_attention(q, keys.transpose(1, 2), values, 0.3, torch.tensor([start]), **kw)
+    end = start + t
+    want, _ = attention(q[None], keys[None, :, :end], values[None, :, :end], 0.3, True, 0.0,
+                        False, query_start=torch.tensor([start]), **kw)
+    torch.testing.assert_close(got, want[0], rtol=1e-12, atol=1e-12)
