@@ -258,14 +258,18 @@ def test_what_is_not_built_is_one_line(tmp_path, args, msg):
     assert len(r.stderr.splitlines()) == 1 and msg in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("kernels", ["aten", "llm"])
 def test_eval_runs_a_real_layer_as_its_program_with_the_cache_inside(smollm2_gguf,
-                                                                     smollm2_model, tmp_path):
-    """SmolLM2's layer 5 as an ExecuTorch program (the static cache inside it) in the real
-    model: the model notices nothing, and cached generation gives eager's tokens."""
+                                                                     smollm2_model, tmp_path,
+                                                                     kernels):
+    """SmolLM2's layer 5 as an ExecuTorch program (the static cache inside it), on each kernel
+    set, in the real model: the model notices nothing, and cached generation gives eager's
+    tokens."""
     from conftest import REAL_TEXT
     from mha_export.model.eval import evaluate
     ev = evaluate(smollm2_gguf, REAL_TEXT, 16, "5", runner="executorch-cpu", generate=3,
-                  folder=tmp_path, options={"static_cache": True}, loaded=smollm2_model)
+                  folder=tmp_path, options={"static_cache": True, "kernels": kernels},
+                  loaded=smollm2_model)
     assert ev.main.kl_max < 1e-6 and ev.generation()["matched"] == 3
     assert "the cache inside the program" in ev.main.details[0].runner
 

@@ -132,7 +132,8 @@ def executorch_variants(variants: dict[str, dict], config: MHAConfig, kind: str
     ones: the float one, and the ONNX variants ExecuTorch holds too (int4 with int8
     activations, torchao's 8da4w); a static-cache run: each also on ExecuTorch's LLM kernels
     (``executorch-llm...``) where they compute the layer and load here."""
-    from ..export.executorch_rows import llm_kernels_missing, llm_kernels_refusal
+    from ..env import llm_kernels_missing
+    from ..export.executorch_rows import llm_kernels_refusal
     from ..lossy.projections.torchao import refusal
     held = {f"executorch-{key[len(v['form']) + 1:]}": {"specs": v["specs"], "record": v["record"]}
             for key, v in variants.items()

@@ -427,6 +427,9 @@ def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequen
 @click.option("--kv-cache", is_flag=True, help="Export decode artifacts (a growing cache).")
 @click.option("--static-cache", is_flag=True,
               help="Export decode artifacts over a static buffer written in place.")
+@click.option("--kernels", type=click.Choice(("aten", "llm")), default=None,
+              help="--runner executorch-cpu --static-cache: the step on ATen ops or on "
+                   "ExecuTorch's LLM kernels [default: aten].")
 @click.option("--exports", "folder", type=click.Path(file_okay=False), default=None,
               help="Keep the artifacts here (reused by a later run with the same options; a "
                    "checked `onnx --layers ... -o DIR` folder's passing layers are reused "

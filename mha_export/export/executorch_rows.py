@@ -27,7 +27,6 @@ import torch
 from torch import Tensor, nn
 
 from ..config import MHAConfig
-from ..errors import UsageError
 from ..kinds.registry import kind_of
 from ..layer.attention import grouped_attention
 
@@ -181,18 +180,3 @@ def llm_kernels_refusal(config: MHAConfig) -> Optional[str]:
         return (f"--kernels llm: ExecuTorch's custom_sdpa has no {', '.join(lacks)}; "
                 "the default --kernels aten computes this layer")
     return None
-
-
-def llm_kernels_missing() -> Optional[str]:
-    """Why the LLM kernels cannot be loaded here (None: they are, registered as torch ops and
-    in the Python runtime)."""
-    try:
-        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401
-    except (ImportError, OSError, AssertionError) as e:
-        return f"--kernels llm: ExecuTorch's LLM kernels could not be loaded ({e})"
-    return None
-
-
-def load_llm_kernels() -> None:
-    if why := llm_kernels_missing():
-        raise UsageError(why)

@@ -22,7 +22,7 @@ from torch import nn
 from torch.export import Dim
 
 from ..config import MHAConfig
-from ..env import executorch_missing
+from ..env import executorch_missing, load_llm_kernels
 from ..errors import UsageError
 from ..kinds.registry import convert, kind_of
 from ..layer.entry import entry_module
@@ -30,8 +30,7 @@ from ..lossy import registry as lossy
 from ..signature import CACHE_NAMES, Signature
 from . import executorch_cache as cache
 from .base import Prepared
-from .executorch_rows import DEFAULT_KERNELS, ROW_KERNELS, llm_kernels_refusal, \
-    load_llm_kernels
+from .executorch_rows import DEFAULT_KERNELS, ROW_KERNELS, llm_kernels_refusal
 
 MODEL_FILE = "model.pte"
 BACKENDS = ("xnnpack", "portable")

@@ -42,7 +42,16 @@ from .capture import checked_before_loading, read_text, token_block
 from .loading import LoadedModel, attention_name, attention_of, decoder_layers, load_model
 
 Progress = Callable[[int, int, str], None]
-EXPORT_KEYS = ("attention", "opset", "kv_cache", "static_cache") + lossy.api_keys()
+EXPORT_KEYS = ("attention", "opset", "kv_cache", "static_cache", "kernels") + lossy.api_keys()
+TARGET_KEYS = {"kernels": "executorch"}  # an export target's own option: the target it needs
+
+
+def _require_target_of(options: dict, runner: str) -> None:
+    """An export target's own option (``TARGET_KEYS``) needs a runner of that target."""
+    for key, target in TARGET_KEYS.items():
+        if options.get(key) and not runner.startswith(target):
+            raise UsageError(f"--{key} is an option of the {target} target: add --runner "
+                             f"{target}-cpu")
 
 
 # --- metrics --------------------------------------------------------------------------------
@@ -433,8 +442,10 @@ class Evaluator:
         record = folder / "eval-options.json"
         if not checked and not (record.is_file() and record.read_text() == stamp
                                 and (folder / self.kind.model_file).is_file()):
+            own = {k: v for k, v in options.items() if k in TARGET_KEYS}
             export_artifact(target.name, output=folder, weights=self.weights, layer=layer,
-                            validate=False, force=True, **options)
+                            validate=False, force=True, target_options=own or None,
+                            **{k: v for k, v in options.items() if k not in TARGET_KEYS})
             record.write_text(stamp)
         else:
             self.reused.add((name, layer))
@@ -527,6 +538,7 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
     unknown = sorted(set(options) - set(EXPORT_KEYS))
     if unknown:
         raise UsageError(f"eval: unknown export option {unknown[0]!r}")
+    _require_target_of(options, runner)
     for name, value in (("--max-kl", max_kl), ("--min-top1", min_top1),
                         ("--max-ppl-increase", max_ppl_increase)):
         if value is not None and not (np.isfinite(value) and value >= 0):
