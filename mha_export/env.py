@@ -2,13 +2,18 @@
 and what this process may use of it (its cores, the memory available)."""
 from __future__ import annotations
 
+import contextlib
 import datetime
+import logging
 import os
 import platform
+import re
 import sys
+import tempfile
+import warnings
 from importlib import metadata
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional, Sequence
 
 DISTRIBUTIONS = ("mha-export", "torch", "onnx", "onnxruntime-gpu", "onnxruntime", "openvino",
                  "executorch", "numpy")
@@ -111,3 +116,38 @@ def executorch_missing() -> Optional[str]:
     except ImportError as e:
         return f"ExecuTorch is not installed ({e}): {EXECUTORCH_INSTALL}"
     return None
+
+
+# the libraries whose log lines below an error are chatter to a user (-v shows them): torch's
+# (pytree's deprecations), torchao's (its CUDA-only kernels that fail to load on a CPU)
+CHATTY_LOGGERS = ("torch", "torchao")
+
+
+def quiet_libraries() -> None:
+    """Library warnings off, and the chatty loggers' lines below errors: a command prints its
+    own lines (an error is one line), not its libraries'."""
+    warnings.filterwarnings("ignore")
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def native_stderr_without(noise: Sequence[re.Pattern]) -> Iterator[None]:
+    """What C/C++ code writes to file descriptor 2 meanwhile (below Python's logging and
+    warnings), written back after it without the lines ``noise`` matches: a runtime's info
+    lines go, its errors stay."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().decode(errors="replace").splitlines(True)
+                    if not any(p.match(line) for p in noise)]
+            if kept:
+                os.write(2, "".join(kept).encode())

@@ -6,7 +6,8 @@ portable kernels, and serialized.
 
 The static cache lives inside the program as mutable buffers written in place
 (executorch_cache.py: forward, get_cache, set_cache, reset_cache). Refused in one line: the
-growing cache (buffers have fixed shapes), a KV-shared layer's cached calls.
+growing cache (buffers have fixed shapes), a KV-shared layer's cached calls, DeepSeek Sparse
+Attention (its kind's ``unexported``: a stable sort ExecuTorch has no operator for).
 """
 from __future__ import annotations
 
@@ -41,14 +42,15 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
     """``max_batch``: the batch axis's bound (seq's: config.max_seq_len; a static cache's
     buffers hold max_batch rows of max_seq_len entries, inside the program)."""
     check(config, sig, backend, max_batch, specs)
+    if why := executorch_missing():
+        raise UsageError(why)
     module, records = lossy.in_program(without_empty_buffers(in_split_layout(module)),
                                        specs or {}, config)
-    bounds = {"batch": max_batch, "seq": config.max_seq_len}
+    bounds = program_bounds(config, sig, max_batch)
     export: dict[str, Any] = {"file": MODEL_FILE, "method": "torch.export + ExecuTorch",
                               "backend": backend, "bounds": bounds,
                               "program_layout": module.config.layout, **records}
     if sig.static_cache:
-        bounds["cache"] = config.max_seq_len
         methods = cache.cache_methods(module, sig, max_batch, config.max_seq_len,
                                       *_step_example(sig, bounds, {"past_key", "past_value"}))
         export["cache"] = cache.cache_record(sig, max_batch, config.max_seq_len)
@@ -62,10 +64,19 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
     return Prepared(export, lambda path: path.write_bytes(buffer))
 
 
+def program_bounds(config: MHAConfig, sig: Signature, max_batch: int = MAX_BATCH,
+                   **options: Any) -> dict[str, int]:
+    """The program's axis bounds (config.json's export.bounds): batch, seq and, with the cache
+    inside, past + seq; ExecuTorch plans its memory for the largest call."""
+    bounds = {"batch": max_batch, "seq": config.max_seq_len}
+    return {**bounds, "cache": config.max_seq_len} if sig.static_cache else bounds
+
+
 def check(config: MHAConfig, sig: Signature, backend: str = "xnnpack",
           max_batch: int = MAX_BATCH, specs: Optional[dict] = None) -> None:
-    if why := executorch_missing():
-        raise UsageError(why)
+    """What prepare refuses of the request, without ExecuTorch's libraries (the pipeline asks
+    whether they are installed after this and the other request checks)."""
+    kind_of(config).refuse_target(config, "executorch")
     if specs and backend == "portable":
         raise UsageError(f"--backend portable cannot hold {', '.join(specs)}: torchao's "
                          "rounding ops have no ExecuTorch portable kernels (XNNPACK "
