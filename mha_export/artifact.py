@@ -150,9 +150,9 @@ def require_ours(folder: Path, force: bool, replaced: str = "replace it") -> Non
                          f"{replaced}")
 
 
-def prepare_destination(dest: Path, force: bool) -> None:
-    """Refuse to clobber an artifact without force, and anyone else's folder at all; fail
-    early on an unwritable parent."""
+def check_destination(dest: Path, force: bool) -> Path:
+    """Refuse to clobber an artifact without force, and anyone else's folder at all, creating
+    nothing (an export asks before it builds anything); where the staging folder goes."""
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"{dest} exists and is not a folder")
     require_ours(dest, force)
@@ -160,9 +160,19 @@ def prepare_destination(dest: Path, force: bool) -> None:
     if where.exists() and where.resolve() in Path.cwd().resolve().parents:
         raise UsageError(f"the working folder is inside {dest}, which would be replaced: run "
                          "from elsewhere")
-    parent = where if _holds_cwd(where) else where.parent  # where the staging folder goes
-    if (blocker := _file_ancestor(parent)) is not None:
-        raise UsageError(f"cannot create output folder {dest}: {blocker} is a file")
+    parent = where if _holds_cwd(where) else where.parent
+    found = _existing_ancestor(parent)  # where the folders up to the staging folder start
+    if found is not None and not found.is_dir():
+        raise UsageError(f"cannot create output folder {dest}: {found} is a file")
+    if found is not None and not os.access(found, os.W_OK):
+        raise UsageError(f"output folder {found} is not writable")
+    return parent
+
+
+def prepare_destination(dest: Path, force: bool) -> None:
+    """``check_destination``, then the staging folder's parent made; fail early on an
+    unwritable parent."""
+    parent = check_destination(dest, force)
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -176,12 +186,9 @@ def _absolute(path: Path) -> Path:
     return Path(os.path.abspath(path))
 
 
-def _file_ancestor(folder: Path) -> Optional[Path]:
-    """The first ancestor of ``folder`` (or itself) that exists as a file, if any."""
-    for p in (folder, *folder.parents):
-        if p.exists():
-            return None if p.is_dir() else p
-    return None
+def _existing_ancestor(folder: Path) -> Optional[Path]:
+    """``folder`` or its nearest ancestor that exists."""
+    return next((p for p in (folder, *folder.parents) if p.exists()), None)
 
 
 def _holds_cwd(folder: Path) -> bool:

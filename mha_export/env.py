@@ -2,13 +2,18 @@
 and what this process may use of it (its cores, the memory available)."""
 from __future__ import annotations
 
+import contextlib
 import datetime
+import logging
 import os
 import platform
+import re
 import sys
+import tempfile
+import warnings
 from importlib import metadata
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional, Sequence
 
 from .errors import UsageError
 
@@ -132,3 +137,38 @@ def load_llm_kernels() -> None:
     """ExecuTorch's LLM kernels registered (a --kernels llm program's export and run)."""
     if why := llm_kernels_missing():
         raise UsageError(f"--kernels llm: {why}")
+
+
+# the libraries whose log lines below an error are chatter to a user (-v shows them): torch's
+# (pytree's deprecations), torchao's (its CUDA-only kernels that fail to load on a CPU)
+CHATTY_LOGGERS = ("torch", "torchao")
+
+
+def quiet_libraries() -> None:
+    """Library warnings off, and the chatty loggers' lines below errors: a command prints its
+    own lines (an error is one line), not its libraries'."""
+    warnings.filterwarnings("ignore")
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def native_stderr_without(noise: Sequence[re.Pattern]) -> Iterator[None]:
+    """What C/C++ code writes to file descriptor 2 meanwhile (below Python's logging and
+    warnings), written back after it without the lines ``noise`` matches: a runtime's info
+    lines go, its errors stay."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().decode(errors="replace").splitlines(True)
+                    if not any(p.match(line) for p in noise)]
+            if kept:
+                os.write(2, "".join(kept).encode())

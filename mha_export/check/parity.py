@@ -144,7 +144,8 @@ def _plain(result):
 
 def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = None,
                  atol: Optional[float] = None, rtol: Optional[float] = None,
-                 seq_lens: Optional[Sequence[int]] = None, batch_sizes: Sequence[int] = (1, 3),
+                 seq_lens: Optional[Sequence[int]] = None,
+                 batch_sizes: Optional[Sequence[int]] = None,
                  past_lens: Optional[Sequence[int]] = None, seed: int = 0,
                  require_cuda: bool = False, tf32: bool = True,
                  runners: Optional[Sequence[str]] = None,
@@ -172,7 +173,8 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
         providers, atol, rtol, seq_lens, batch_sizes, past_lens, require_cuda, tf32, runners,
         threads, sweep))
     sig = artifact.signature
-    report = CheckReport(str(artifact_dir), seed, list(batch_sizes), plan.sweep.seq_lens,
+    report = CheckReport(str(artifact_dir), seed, list(plan.sweep.batch_sizes),
+                         plan.sweep.seq_lens,
                          plan.sweep.past_lens if sig.follows_past else [], sig.input_names,
                          sig.output_names, plan.runners, versions=versions(),
                          export_versions=artifact.meta.get("versions", {}), sweep=sweep)

@@ -27,8 +27,8 @@ from .real_inputs import RealInputs
 from .runners import (RUNNERS, Runner, RunnerKind, RunnerUnavailable, RunOptions, get_runner,
                       ort_runner_names)
 from .runners.pytorch import EagerRunner
-from .sweep import (SWEEPS, Case, case_bytes, default_past_lens, default_seq_lens, make_cases,
-                    require_fits, window_cases, within_bounds)
+from .sweep import (BATCH_SIZES, SWEEPS, Case, case_bytes, default_past_lens, default_seq_lens,
+                    make_cases, require_fits, require_runnable, window_cases, within_bounds)
 
 BASELINE = "eager-fp32"
 
@@ -41,7 +41,7 @@ class CheckOptions:
     atol: Optional[float] = None
     rtol: Optional[float] = None
     seq_lens: Optional[Sequence[int]] = None
-    batch_sizes: Sequence[int] = (1, 3)
+    batch_sizes: Optional[Sequence[int]] = None  # None: sweep.BATCH_SIZES
     past_lens: Optional[Sequence[int]] = None
     require_cuda: bool = False
     tf32: bool = True
@@ -86,37 +86,25 @@ class Plan:
     truth: Truth
 
 
-def program_batch_sizes(asked: Sequence[int], bounds: Optional[dict]) -> Sequence[int]:
-    """The sweep's batch sizes: a program of a static batch (bounds["rows"]: an ExecuTorch
-    static-cache step) runs exactly its rows; others, those asked."""
-    rows = (bounds or {}).get("rows")
-    if rows is None:
-        return asked
-    if tuple(asked) != tuple(CheckOptions.batch_sizes) and set(asked) != {rows}:
-        raise UsageError(f"--batch-sizes {','.join(map(str, asked))}: this program runs "
-                         f"exactly {rows} row{'s' if rows != 1 else ''} a call (its static "
-                         f"batch, --max-batch at export)")
-    return (rows,)
-
-
 def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) -> Plan:
     """Runners chosen and opened, cases sized, tolerances set, before any case runs."""
     Tolerance(o.atol or 0.0, o.rtol or 0.0)  # a negative or NaN tolerance is bad input, now
     kinds = selected_kinds(artifact, o.runners, o.providers)
     if o.require_cuda:
         kinds += _cuda_kinds(artifact, kinds)
-    sig, config = artifact.signature, artifact.config
+    sig, config, bounds = artifact.signature, artifact.config, artifact.export.get("bounds")
+    require_runnable(sig, bounds, o.seq_lens, o.batch_sizes, o.past_lens)
     sweep = sweep_plan(config, artifact.export.get("attention"), o)
-    batch_sizes = program_batch_sizes(o.batch_sizes, artifact.export.get("bounds"))
-    cases = within_bounds(_single_cases(config, sig, sweep, batch_sizes),
-                          artifact.export.get("bounds"))  # the calls a bounded program takes
+    if bounds and "rows" in bounds:  # a static batch (asked sizes were refused above)
+        sweep = replace(sweep, batch_sizes=(bounds["rows"],))
+    cases = within_bounds(_single_cases(config, sig, sweep),
+                          bounds)  # the calls a bounded program takes
     require_fits(config, cases, sweep.scores_at, sig.has_mask)
     options = RunOptions(tf32=o.tf32, threads=o.threads)
     opened, infos = _open_runners(artifact, kinds, options, o.require_cuda)
     multi_call = (scenarios.static_scenario_cases(sweep.static_chunks) if sig.static_cache
                   else scenarios.scenario_cases(sweep.switch, scenarios.padding_sides(config))
                   if sig.has_cache else [])
-    bounds = artifact.export.get("bounds")
     multi_call = [(case, split) for case, split in multi_call if within_bounds([case], bounds)]
     if real and sig.shared_kv:
         raise UsageError("--inputs: capture records a layer's hidden states, not the keys and "
@@ -230,6 +218,7 @@ class SweepPlan:
     scores_at: Callable[[int], bool]  # T -> whether the form materialises (N, T, S) scores
     static_chunks: bool  # a static cache: the form runs several tokens over a cache at B > 1
     sweep: str = "full"  # sweep.SWEEPS
+    batch_sizes: tuple[int, ...] = BATCH_SIZES
 
 
 def sweep_plan(config: MHAConfig, form_name: Optional[str], o: CheckOptions) -> SweepPlan:
@@ -242,13 +231,12 @@ def sweep_plan(config: MHAConfig, form_name: Optional[str], o: CheckOptions) -> 
         list(o.seq_lens) if o.seq_lens else default_seq_lens(config.max_seq_len, switch),
         list(o.past_lens) if o.past_lens else default_past_lens(config.max_seq_len), switch,
         form.memory.quadratic_at if form else (lambda t: True),
-        form.static_chunks if form else True, o.sweep)
+        form.static_chunks if form else True, o.sweep, tuple(o.batch_sizes or BATCH_SIZES))
 
 
-def _single_cases(config: MHAConfig, sig: Signature, plan: SweepPlan,
-                  batch_sizes: Sequence[int]) -> list[Case]:
+def _single_cases(config: MHAConfig, sig: Signature, plan: SweepPlan) -> list[Case]:
     """The sweep's single calls (and a window-crossing call)."""
-    cases = make_cases(sig, batch_sizes, plan.seq_lens, plan.past_lens,
+    cases = make_cases(sig, plan.batch_sizes, plan.seq_lens, plan.past_lens,
                        switch_length(config.rope_scaling) if config.rotary != "none" else 0,
                        plan.static_chunks, plan.sweep)
     return cases + window_cases(config, sig, plan.seq_lens, plan.scores_at)
@@ -260,7 +248,7 @@ def largest_case_bytes(config: MHAConfig, sig: Signature, form_name: Optional[st
     exported: how much memory a check of such a layer asks for."""
     plan = sweep_plan(config, form_name, o)
     return max(case_bytes(config, case, plan.scores_at, sig.has_mask)
-               for case in _single_cases(config, sig, plan, o.batch_sizes))
+               for case in _single_cases(config, sig, plan))
 
 
 def _tolerances(opened: list[Runner], artifact: Artifact, options: RunOptions,

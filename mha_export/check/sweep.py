@@ -20,6 +20,7 @@ from ..signature import CACHE, FLOAT, INT8, Signature
 
 PADDINGS = ("none", "left", "right")
 SWEEPS = ("full", "quick")  # check's default; the export-time check's default
+BATCH_SIZES = (1, 3)  # the sweep's batch sizes unless told
 QUICK_LONG_T = 64  # the quick sweep runs longer calls at batch 1 over an empty or short cache
 
 
@@ -87,12 +88,43 @@ def within_bounds(cases: Sequence[Case], bounds: Optional[dict]) -> list[Case]:
     """The cases a program with stated axis bounds accepts (an ExecuTorch program: batch <=
     bounds["batch"], seq <= bounds["seq"], past + seq <= bounds["cache"] where its cache lives
     inside it; its memory is planned for them; batch == bounds["rows"] where it runs a static
-    batch); all without."""
+    batch); all without. The defaults' cases past them are left out; lengths asked for are
+    refused first (``require_runnable``)."""
     if not bounds:
         return list(cases)
     return [c for c in cases if c.batch <= bounds["batch"] and c.seq <= bounds["seq"]
             and c.past + c.seq <= bounds.get("cache", c.past + c.seq)
             and c.batch == bounds.get("rows", c.batch)]
+
+
+def require_runnable(sig: Signature, bounds: Optional[dict], seq_lens: Optional[Sequence[int]],
+                     batch_sizes: Optional[Sequence[int]],
+                     past_lens: Optional[Sequence[int]]) -> None:
+    """The sweep's lengths asked for (None: the defaults) that the call cannot take, refused
+    before any work: cache lengths of a call that has no past, and values past a program's
+    bounds (``within_bounds``), each asked-for value run or refused, never dropped."""
+    if past_lens and not sig.follows_past:
+        raise UsageError("--past-lens: a full-sequence call has no past (cache lengths are the "
+                         "--kv-cache and --static-cache calls')")
+    if not bounds:
+        return
+    rows = bounds.get("rows")  # a static batch: exactly these rows
+    over = ([f"--batch-sizes {b}" for b in batch_sizes or ()
+             if b > bounds["batch"] or b != (rows or b)]
+            + [f"--seq-lens {t}" for t in seq_lens or () if t > bounds["seq"]]
+            + [f"--past-lens {p}" + (f" with --seq-lens {t}" if seq_lens else "")
+               for p in past_lens or () for t in sorted(seq_lens or (1,))
+               if "cache" in bounds and p + t > bounds["cache"]])
+    if over:
+        raise UsageError(f"{over[0]} is past the program's bounds ({bounds_text(bounds)}, "
+                         "set at export by --max-batch and --max-seq-len)")
+
+
+def bounds_text(bounds: dict) -> str:
+    """'batch <= 4, seq <= 1024, past + seq <= 1024' ('batch = 1' for a static batch)."""
+    batch = f"batch = {bounds['rows']}" if "rows" in bounds else f"batch <= {bounds['batch']}"
+    return f"{batch}, seq <= {bounds['seq']}" + (
+        f", past + seq <= {bounds['cache']}" if "cache" in bounds else "")
 
 
 def in_quick_sweep(case: Case, pasts: Sequence[int], seq_lens: Sequence[int]) -> bool:
@@ -255,7 +287,11 @@ def window_cases(config: MHAConfig, sig: Signature, seq_lens: Sequence[int],
 
 def require_fits(config: MHAConfig, cases: Sequence[Case], scores_at: ScoresAt,
                  masked: bool) -> None:
-    """A sweep whose largest case cannot fit is bad input, refused before anything is allocated."""
+    """A sweep whose largest case cannot fit is bad input, refused before anything is allocated
+    (as is one with no case: nothing would be checked)."""
+    if not cases:
+        raise UsageError("the sweep has no case this artifact's call can take: choose other "
+                         "--batch-sizes / --seq-lens / --past-lens")
     worst = max(cases, key=lambda k: case_bytes(config, k, scores_at, masked))
     need, have = case_bytes(config, worst, scores_at, masked), available_bytes()
     if need > have:

@@ -9,12 +9,10 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import logging
 import shlex
 import signal
 import sys
 import traceback
-import warnings
 from typing import Callable, Optional
 
 import click
@@ -22,6 +20,7 @@ import click
 from .. import __version__
 from ..check.parity import check_parity
 from ..check.sweep import SWEEPS
+from ..env import quiet_libraries
 from ..errors import Interrupted, UsageError, interrupt, raise_if_interrupted
 from ..export.pipeline import ATTENTION_FORMS, EXPORTERS
 from ..graph.forms import DEFAULT, MAX_OPSET
@@ -49,8 +48,7 @@ def _guard(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args, verbose: bool = False, **kwargs):
         if not verbose:
-            warnings.filterwarnings("ignore")
-            logging.getLogger("torch").setLevel(logging.ERROR)
+            quiet_libraries()
         if "verbose" in inspect.signature(fn).parameters:  # check prints every row with -v
             kwargs["verbose"] = verbose
         try:
@@ -308,10 +306,12 @@ def aoti(verbose: bool, **kw) -> None:
 @click.option("--rtol", type=float, default=None, help="Relative tolerance for every runner.")
 @click.option("--seq-lens", callback=int_list, default=None,
               help="Comma-separated T values [default: 1,2,7,64,100,257,max-1,max,max+1].")
-@click.option("--batch-sizes", callback=int_list, default="1,3", show_default=True)
+@click.option("--batch-sizes", callback=int_list, default=None,
+              help="Comma-separated batch sizes [default: 1,3; a bounded program's: those "
+                   "within its bounds].")
 @click.option("--past-lens", callback=functools.partial(int_list, lowest=0), default=None,
-              help="Cache lengths for --kv-cache models [default: 0,1,5,max-1]. 0 is allowed.",
-              )
+              help="Cache lengths for --kv-cache / --static-cache models [default: "
+                   "0,1,5,max-1]. 0 is allowed.")
 @click.option("--sweep", type=click.Choice(SWEEPS), default="full", show_default=True,
               help="full: every batch size x length x cache length; quick (the export-time "
                    "check's): lengths over 64 at batch 1 over the two shortest caches.")

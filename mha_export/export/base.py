@@ -30,6 +30,19 @@ Prepare = Callable[..., Prepared]
 # (config, signature, target options) -> None: what prepare would refuse, before anything is
 # built (export/pipeline.py's request checks; prepare checks it again)
 Check = Callable[..., Any]
+# (config, signature, target options) -> the axis bounds of the file it would write (None:
+# none), so that a check asked past them is refused before anything is built
+Bounds = Callable[..., Optional[dict]]
+
+
+def unbounded(*args: Any, **options: Any) -> None:
+    """A target whose file takes any batch and length."""
+    return None
+
+
+def available() -> Optional[str]:
+    """A target whose libraries are this package's own requirements."""
+    return None
 
 
 @dataclass(frozen=True)
@@ -39,3 +52,7 @@ class ExportTarget:
     prepare: Prepare  # takes ``specs``: the lossy steps' (a step says which targets refuse it)
     check: Check  # takes ``specs`` too: the lossy steps asked for
     stages: tuple[str, str] = ("preparing", "writing")  # what prepare and write do, for errors
+    bounds: Bounds = unbounded
+    # why this machine cannot build it (an extra not installed), or None: asked after the
+    # request's own refusals, which need none of its libraries (an import can take seconds)
+    missing: Callable[[], Optional[str]] = available

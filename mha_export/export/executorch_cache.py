@@ -26,7 +26,6 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from ..layer.base import AttentionBase
 from ..signature import Signature
 from .executorch_rows import ROW_KERNELS, CacheRows, RowsStep
 
@@ -128,20 +127,15 @@ class ResetRows(nn.Module):
             t.zero_()
 
 
-def by_rows(inner: nn.Module) -> bool:
-    """Whether the layer's program holds a buffer pair per row (executorch_rows.py): a
-    standard layer's; another kind's keeps ``Step``."""
-    return isinstance(inner, AttentionBase)
-
-
 def cache_methods(inner: nn.Module, sig: Signature, max_batch: int, capacity: int,
-                  step_args: tuple, step_dynamic: tuple, kernels: str = "aten"
+                  step_args: tuple, step_dynamic: tuple, kernels: Optional[str] = None
                   ) -> dict[str, Method]:
     """The program's methods over the cache of ``max_batch`` rows of ``capacity`` entries in
     the layer's dtype; ``step_args``/``step_dynamic``: forward's example and axes, in its
-    argument order (a standard layer's: M rows, static)."""
+    argument order. ``kernels`` (ROW_KERNELS: a standard layer's): M static rows, a buffer
+    pair each; None: ``Step`` over one buffer pair, batch dynamic."""
     dtype = next(inner.parameters()).dtype
-    if not by_rows(inner):
+    if kernels is None:
         return _batch_methods(inner, sig, max_batch, capacity, step_args, step_dynamic, dtype)
     heads, width = sig.cache_buffer("past_key", 1, 1)[1::2]
     value_width = sig.cache_buffer("past_value", 1, 1)[3]

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from ..artifact import CONFIG_FILE, REPORT_FILE, WEIGHTS_FILE, default_folder, staged_folder, \
-    write_json_atomic
+from ..artifact import (CONFIG_FILE, REPORT_FILE, WEIGHTS_FILE, check_destination,
+                        default_folder, staged_folder, write_json_atomic)
+from ..check.sweep import require_runnable
 from ..config import MHAConfig
 from ..env import utc_now, versions
-from ..errors import stage
+from ..errors import UsageError, stage
 from ..kinds.registry import FORMS
 from ..lossy import registry as lossy
 from ..signature import FLOAT, Signature, make_signature, signature_kind
@@ -61,17 +62,20 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
     ``value_scale`` ("channel" | "tensor")."""
     asked = checked_request(target, config, weights=weights, layer=layer, seed=seed,
                             kv_cache=kv_cache, attention_mask=attention_mask,
-                            static_cache=static_cache, target_options=target_options, **fields)
+                            static_cache=static_cache, target_options=target_options,
+                            check_options=(check_options or {}) if validate else None, **fields)
     chosen, source, options = asked.target, asked.source, asked.options
     specs = lossy.prepared(source, asked.steps, seed, asked.dtype)
     sig = make_signature(source.config, asked.kind, lossy.cache_dtype(specs, FLOAT))
+    dest = Path(output) if output is not None else default_folder(
+        source.config, target, sig.kind, specs=specs)
+    check_destination(dest, force)
+    require_installed(chosen)  # last: its libraries' import alone can take seconds
     what = f"{target} export of {source.config.slug()}" + (
         f", layer {layer}" if layer is not None else "")
     with stage(f"{what}: {chosen.stages[0]}"):
         prepared = chosen.prepare(source.module, source.config, sig, specs=specs, **options)
     meta = _describe(source, sig, target, prepared.export)
-    dest = Path(output) if output is not None else default_folder(
-        source.config, target, sig.kind, specs=specs)
     report = None
     with staged_folder(dest, force) as folder:
         save_weights(source.module, folder / WEIGHTS_FILE)
@@ -105,11 +109,13 @@ def checked_request(target: str, config: Optional[MHAConfig] = None, *,
                     weights: str | Path | None = None, layer: Optional[int] = None,
                     seed: int = 0, kv_cache: bool = False, attention_mask: bool = False,
                     static_cache: bool = False, target_options: Optional[dict] = None,
-                    **fields) -> Request:
+                    check_options: Optional[dict] = None, **fields) -> Request:
     """What ``export_artifact`` with these keywords refuses, refused before any work: the lossy
     steps' options for this target, call kind and layer, config fields the checkpoint
-    contradicts, the target's own options (an opset the form cannot be written in, ...). The
-    layer's source is loaded; nothing is built."""
+    contradicts, the target's own options (an opset the form cannot be written in, ...), the
+    check's lengths (``check_options``) that the call or the file's bounds cannot take. The
+    layer's source is loaded; nothing is built, and the target's libraries are not asked for
+    (``require_installed``)."""
     chosen, options = TARGETS[target], dict(target_options or {})
     kind = signature_kind(kv_cache, attention_mask, static_cache)
     steps = lossy.requested(fields, target, kind, options.get("dtype", "float32"))
@@ -117,16 +123,30 @@ def checked_request(target: str, config: Optional[MHAConfig] = None, *,
     lossy.refuse_unbuilt(source.config, steps)
     sig = make_signature(source.config, kind, lossy.cache_dtype(steps, FLOAT))
     chosen.check(source.config, sig, specs=steps, **options)
+    if check_options is not None:
+        require_runnable(sig, chosen.bounds(source.config, sig, **options),
+                         *(check_options.get(k) for k in ("seq_lens", "batch_sizes",
+                                                          "past_lens")))
     return Request(chosen, kind, steps, source, options)
 
 
-def checked_export(target: str, **options) -> Request:
-    """``EXPORTERS[target](**options)``'s request, checked (``checked_request``): a fan-out's
-    preflight, so that what every layer's export would refuse is one error before any work."""
+def require_installed(target: ExportTarget) -> None:
+    """The target's libraries, where they are an extra: one line naming the install."""
+    if why := target.missing():
+        raise UsageError(why)
+
+
+def checked_export(target: str, check_options: Optional[dict] = None, **options) -> Request:
+    """``EXPORTERS[target](**options)``'s request, checked (``checked_request``, and the
+    target's libraries installed): a fan-out's preflight, so that what every layer's export
+    would refuse is one error before any work."""
     own = [name for name, p in inspect.signature(EXPORTERS[target]).parameters.items()
            if p.kind is p.KEYWORD_ONLY]  # the target's options, as its function takes them
-    return checked_request(target, target_options={k: options.pop(k) for k in own
-                                                   if k in options}, **options)
+    asked = checked_request(target, target_options={k: options.pop(k) for k in own
+                                                    if k in options},
+                            check_options=check_options, **options)
+    require_installed(asked.target)
+    return asked
 
 
 def _describe(source: Source, sig: Signature, target: str, export: dict) -> dict:

@@ -9,6 +9,7 @@ step the target cannot write is refused by the step (lossy/*/step.py's ``refusal
 """
 from __future__ import annotations
 
+from ..env import executorch_missing
 from . import to_aoti, to_executorch, to_onnx, to_torchscript
 from .base import ExportTarget
 
@@ -22,6 +23,7 @@ _TARGETS = (
                  ("torch.export", "AOTInductor's compile of model.pt2")),
     ExportTarget("executorch", to_executorch.MODEL_FILE, to_executorch.prepare,
                  to_executorch.check,
-                 ("torch.export and ExecuTorch's lowering", "writing model.pte")),
+                 ("torch.export and ExecuTorch's lowering", "writing model.pte"),
+                 to_executorch.program_bounds, executorch_missing),
 )
 TARGETS: dict[str, ExportTarget] = {t.name: t for t in _TARGETS}

@@ -8,7 +8,8 @@ The static cache lives inside the program as mutable buffers written in place
 (executorch_cache.py: forward, get_cache, set_cache, reset_cache); a standard layer's step
 runs M static rows, each row's buffers read where they lie, by ATen ops or by ExecuTorch's LLM
 kernels (``kernels``; executorch_rows.py). Refused in one line: the growing cache (buffers
-have fixed shapes), a KV-shared layer's cached calls.
+have fixed shapes), a KV-shared layer's cached calls, DeepSeek Sparse Attention (its kind's
+``unexported``: a stable sort ExecuTorch has no operator for).
 """
 from __future__ import annotations
 
@@ -49,23 +50,22 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
     on ATen ops ("aten") or on ExecuTorch's LLM kernels ("llm")."""
     max_batch = max_batch if max_batch is not None else default_max_batch(sig)
     check(config, sig, backend, max_batch, specs, kernels)
+    if why := executorch_missing():
+        raise UsageError(why)
     module, records = lossy.in_program(without_empty_buffers(in_split_layout(module)),
                                        specs or {}, config)
-    bounds = {"batch": max_batch, "seq": config.max_seq_len}
+    bounds = program_bounds(config, sig, max_batch)
     export: dict[str, Any] = {"file": MODEL_FILE, "method": "torch.export + ExecuTorch",
                               "backend": backend, "bounds": bounds,
                               "program_layout": module.config.layout, **records}
     if sig.static_cache:
-        bounds["cache"] = config.max_seq_len
-        rows = cache.by_rows(module)
-        if rows:  # a static batch: M rows every call
-            bounds["rows"] = max_batch
-            if kernels == "llm":
-                load_llm_kernels()
+        rows = by_rows(config, sig)
+        if rows and kernels == "llm":
+            load_llm_kernels()
         methods = cache.cache_methods(
             module, sig, max_batch, config.max_seq_len,
             *_step_example(sig, bounds, {"past_key", "past_value"}, static_batch=rows),
-            kernels=kernels)
+            kernels=kernels if rows else None)
         export["cache"] = cache.cache_record(sig, max_batch, config.max_seq_len,
                                              kernels if rows else "")
     else:
@@ -83,11 +83,32 @@ def default_max_batch(sig: Signature) -> int:
     return STATIC_ROWS if sig.static_cache else MAX_BATCH
 
 
+def by_rows(config: MHAConfig, sig: Signature) -> bool:
+    """Whether the program's step runs a static batch of rows, each row's cache its own
+    buffers (executorch_rows.py): a standard layer's static cache."""
+    return sig.static_cache and kind_of(config).name == "standard"
+
+
+def program_bounds(config: MHAConfig, sig: Signature, max_batch: Optional[int] = None,
+                   **options: Any) -> dict[str, int]:
+    """The program's axis bounds (config.json's export.bounds): batch, seq and, with the cache
+    inside, past + seq (ExecuTorch plans its memory for the largest call); rows: a static
+    batch, exactly that many."""
+    max_batch = max_batch if max_batch is not None else default_max_batch(sig)
+    bounds = {"batch": max_batch, "seq": config.max_seq_len}
+    if sig.static_cache:
+        bounds["cache"] = config.max_seq_len
+    if by_rows(config, sig):
+        bounds["rows"] = max_batch
+    return bounds
+
+
 def check(config: MHAConfig, sig: Signature, backend: str = "xnnpack",
           max_batch: Optional[int] = None, specs: Optional[dict] = None,
           kernels: str = DEFAULT_KERNELS) -> None:
-    if why := executorch_missing():
-        raise UsageError(why)
+    """What prepare refuses of the request, without ExecuTorch's libraries (the pipeline asks
+    whether they are installed after this and the other request checks)."""
+    kind_of(config).refuse_target(config, "executorch")
     max_batch = max_batch if max_batch is not None else default_max_batch(sig)
     if kernels not in ROW_KERNELS:
         raise UsageError(f"unknown --kernels {kernels!r}: choose one of "

@@ -10,10 +10,11 @@ tolerances and the bench read these records; nothing else changes.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional
 
-from ...env import executorch_missing
+from ...env import executorch_missing, native_stderr_without
 from ...errors import UsageError
 from ...signature import Signature
 from ..comparator import (BFLOAT16, FLOAT16, FP32, FP32_TF32, INT8_ACTIVATIONS, Tolerance,
@@ -58,9 +59,17 @@ def _open_aoti(device: str):
     return open_
 
 
+# ExecuTorch's runtime logs to the process's stderr, from C++, when its thread pool starts or
+# is resized (executorch 1.5.1): info lines, not the check's
+EXECUTORCH_INFO = (re.compile(r"\[cpuinfo_utils\.cpp:\d+\] (Reading file|Failed to open midr "
+                              r"file|CPU info and manual query)"),
+                   re.compile(r"\[threadpool\.cpp:\d+\] Resetting threadpool to"))
+
+
 def _open_executorch(sig: Signature, path: Path, options: RunOptions) -> Runner:
     from .executorch import ExecuTorchRunner
-    return ExecuTorchRunner(sig, path, options.threads)
+    with native_stderr_without(EXECUTORCH_INFO):
+        return ExecuTorchRunner(sig, path, options.threads)
 
 
 def _no_torch_cuda() -> Optional[str]:

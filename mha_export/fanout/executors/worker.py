@@ -21,10 +21,10 @@ import socket
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Iterator, Optional
 
+from ...env import quiet_libraries
 from ..plan import LayerJob
 from ..records import CRASHED, TIMEOUT, LayerRecord
 from .base import Work
@@ -40,7 +40,7 @@ class LayerTimeout(BaseException):
 
 def in_worker(work: Work, job: LayerJob) -> LayerRecord:
     """An executor's worker entry: ``work(job)``'s record, or the layer's timeout row."""
-    warnings.filterwarnings("ignore")  # library chatter; the record says what matters
+    quiet_libraries()  # library chatter; the record says what matters
     start = time.perf_counter()
     pin_threads(job.threads)
     try:
