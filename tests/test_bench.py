@@ -321,3 +321,13 @@ def test_presets_are_published_shapes_and_given_options_win():
 def test_bad_presets_are_one_line_exit_2(args, message):
     r = CliRunner().invoke(cli, ["bench", *args, "--budget", "0"])
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+
+
+def test_an_executorch_program_is_bounded_by_the_runs_longest_call():
+    """ExecuTorch plans its memory for the longest call its bounds allow: the bench's program
+    for one-token steps over an 8192-entry cache plans no 8192-token prefill (it peaked at
+    10 GB for 12 x 768 when seq's bound was the capacity)."""
+    from mha_export.bench.driver import _program_bounds
+    bounds = _program_bounds(["executorch-cpu"], 1, [(1, 1024), (1, 4096)], 8192)
+    assert bounds == {"batch": 1, "length": 8192, "seq": 1}
+    assert _program_bounds(["ort-cpu"], 1, [(1, 1024)], 8192) is None

@@ -21,6 +21,7 @@ from mha_export.check.runners.executorch import ExecuTorchRunner  # noqa: E402
 from mha_export.check.sweep import Case  # noqa: E402
 from mha_export.cli.commands import cli  # noqa: E402
 from mha_export.config import MHAConfig  # noqa: E402
+from mha_export.errors import UsageError  # noqa: E402
 from mha_export.export import to_executorch  # noqa: E402
 from mha_export.kinds.registry import build_module  # noqa: E402
 from mha_export.lossy.projections.rtn import QuantSpec  # noqa: E402
@@ -243,6 +244,13 @@ def test_a_planted_fault_in_the_cached_values_fails_the_check(programs, tmp_path
     (["--quantize", "int4", "--block-size", "128"], "q_proj has 64 input features, not whole "
                                                     "blocks of 128"),
     (["--max-batch", "0"], "--max-batch must be a positive integer"),
+    (["--max-batch", "-3"], "--max-batch must be a positive integer"),
+    (["--seq-lens", "2000"], "--seq-lens 2000 is past the program's bounds (batch <= 4, seq "
+                             "<= 1024"),
+    (["--max-batch", "1", "--batch-sizes", "1,3"], "--batch-sizes 3 is past the program's "
+                                                   "bounds (batch <= 1"),
+    (["--static-cache", "--batch-sizes", "2"], "--batch-sizes 2 is past the program's bounds "
+                                               "(batch = 1"),
     (["--static-cache", "--kernels", "llm", "--softcap", "30"],
      "--kernels llm: ExecuTorch's custom_sdpa has no softcapping"),
     (["--static-cache", "--kernels", "llm", "--sinks"], "custom_sdpa has no attention sinks"),
@@ -250,9 +258,11 @@ def test_a_planted_fault_in_the_cached_values_fails_the_check(programs, tmp_path
     # DeepSeek Sparse Attention's stable top-k: ExecuTorch's edge dialect has no such operator
     (["--kv-lora-rank", "32", "--q-lora-rank", "48", "--qk-rope-head-dim", "8",
       "--index-topk", "4", "--index-heads", "8", "--index-head-dim", "16", "--max-seq-len", "16"],
-     "aten.sort.stable is not in Core ATen opset"),
+     "DeepSeek Sparse Attention (--index-topk) is not built for ExecuTorch"),
 ])
-def test_what_is_not_built_is_one_line(tmp_path, args, msg):
+def test_what_is_not_built_is_one_line(tmp_path, monkeypatch, args, msg):
+    """Refused before anything is captured or lowered (the lowering made to fail here)."""
+    monkeypatch.setattr(to_executorch, "_lowered", _never)
     r = CliRunner().invoke(cli, ["executorch", "--heads", "4", "--dim", "64", *args, "-o",
                                  str(tmp_path / "x")])
     assert r.exit_code == 2 and not (tmp_path / "x").exists(), r.output
@@ -260,6 +270,73 @@ def test_what_is_not_built_is_one_line(tmp_path, args, msg):
 
 
 @pytest.mark.parametrize("kernels", ["aten", "llm"])
+def _never(*args, **kwargs):
+    raise AssertionError("lowered: the request should have been refused before")
+
+
+def test_a_folder_of_the_users_and_an_artifact_without_force_are_refused_before_lowering(
+        programs, tmp_path, monkeypatch):
+    artifact = programs("full")
+    monkeypatch.setattr(to_executorch, "_lowered", _never)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    for out, msg in ((mine, "not an mha-export artifact"),
+                     (artifact, "already holds an mha-export artifact")):
+        r = CliRunner().invoke(cli, ["executorch", *_cli_config(), "-o", str(out)])
+        assert r.exit_code == 2 and msg in r.stderr, r.output
+    assert (mine / "notes.txt").read_text() == "keep"
+
+
+@pytest.mark.parametrize("name, options, args, msg", [
+    ("full", {}, ["--seq-lens", "2000"], "--seq-lens 2000 is past the program's bounds"),
+    ("full", {}, ["--batch-sizes", "5"], "--batch-sizes 5 is past the program's bounds"),
+    ("full", {}, ["--past-lens", "5"], "--past-lens: a full-sequence call has no past"),
+    ("static-aten", dict(static_cache=True, max_batch=ROWS, kernels="aten"),
+     ["--past-lens", "2000", "--seq-lens", "1"], "--past-lens 2000 with --seq-lens 1 is past"),
+    ("static-aten", dict(static_cache=True, max_batch=ROWS, kernels="aten"),
+     ["--past-lens", "5,2000"], "--past-lens 2000 is past the program's bounds (batch = 3"),
+])
+def test_a_check_past_the_programs_bounds_is_one_line_not_a_traceback(programs, name,
+                                                                       options, args, msg):
+    """Every length asked for runs or is refused: none dropped without a word."""
+    r = CliRunner().invoke(cli, ["check", str(programs(name, **options)), *args])
+    assert r.exit_code == 2 and msg in r.stderr, r.output
+    assert len(r.stderr.splitlines()) == 1
+
+
+def test_eval_refuses_what_its_programs_cannot_hold_before_loading_the_model(
+        smollm2_gguf, monkeypatch):
+    from conftest import REAL_TEXT
+    from mha_export.model import eval as model_eval
+
+    def loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+    monkeypatch.setattr(model_eval, "_model_layers_tokens", loading)
+    for options, msg in (({"kv_cache": True}, "a growing cache cannot live inside"),
+                         ({"static_cache": True, "quantize": QuantSpec(bits=8)},
+                          "--quantize int8 for ExecuTorch")):
+        with pytest.raises(UsageError, match=msg):
+            model_eval.evaluate(smollm2_gguf, REAL_TEXT, 16, "5", runner="executorch-cpu",
+                                options=options)
+
+
+def test_a_refusal_prints_one_line_without_library_noise(tmp_path):
+    """The executorch command's refusal in a fresh process: one line on stderr (no torchao
+    CUDA-kernel lines, no ExecuTorch cpuinfo lines)."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "mha_export", "executorch", *_cli_config(),
+                        "--kv-cache", "-o", str(tmp_path / "x")], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def _cli_config() -> list[str]:
+    return ["--heads", "4", "--dim", "64", "--kv-heads", "2", "--max-seq-len", "16",
+            "--rotary", "half", "--qk-norm", "head"]
+
+
 def test_eval_runs_a_real_layer_as_its_program_with_the_cache_inside(smollm2_gguf,
                                                                      smollm2_model, tmp_path,
                                                                      kernels):
@@ -273,6 +350,9 @@ def test_eval_runs_a_real_layer_as_its_program_with_the_cache_inside(smollm2_ggu
                   loaded=smollm2_model)
     assert ev.main.kl_max < 1e-6 and ev.generation()["matched"] == 3
     assert "the cache inside the program" in ev.main.details[0].runner
+    from mha_export.model.report import format_evaluation
+    assert "speed (" in format_evaluation(ev)  # no ONNX Runtime pool named: none ran
+    assert "ONNX Runtime thread pool" not in format_evaluation(ev)
 
 
 def test_a_planted_fault_in_a_real_layers_program_fails_its_check(smollm2_gguf, tmp_path):

@@ -101,7 +101,8 @@ def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, m
     """One model file per variant (``model_variants``), all from the same weights, of one
     signature kind, written by the export targets (export/targets.py) as an export would write
     them; and the TorchScript file (and the AOTInductor package; with ``executorch``, {"batch",
-    "length"}: the ExecuTorch program, its bounds those, a static cache of that length)."""
+    "length", "seq"}: the ExecuTorch program, its bounds those, a static cache of that
+    length)."""
     from ..export.targets import TARGETS
     from ..signature import make_signature
     paths = {}
@@ -121,8 +122,8 @@ def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, m
         for key, v in executorch_variants(variants, config, kind).items():
             paths[key] = folder / f"{key}.pte"
             TARGETS["executorch"].prepare(module, bounded, sig, max_batch=executorch["batch"],
-                                          specs=v["specs"], kernels=v["kernels"]
-                                          ).write(paths[key])
+                                          specs=v["specs"], kernels=v["kernels"],
+                                          max_seq=executorch["seq"]).write(paths[key])
     return paths
 
 
@@ -278,11 +279,13 @@ def _require_consistent(config: MHAConfig, providers: Sequence[str], static_cach
 
 def _program_bounds(runners: Sequence[str], batch: int, points: list[tuple[int, int]],
                     capacity: int) -> Optional[dict]:
-    """An ExecuTorch program's bounds for the run (None: no executorch runner): its batch, and
-    the static cache's capacity or the longest call."""
+    """An ExecuTorch program's bounds for the run (None: no executorch runner): its batch, the
+    static cache's capacity or the longest call, and the longest call's seq (ExecuTorch plans
+    its memory for the longest call its bounds allow: a step's program plans no prefill)."""
     if not any(r.startswith("executorch") for r in runners):
         return None
-    return {"batch": batch, "length": capacity or max(t + p for t, p in points)}
+    return {"batch": batch, "length": capacity or max(t + p for t, p in points),
+            "seq": max(t for t, _ in points)}
 
 
 def _machine_figures(report: BenchReport, ceiling: Optional[float], threads: int,

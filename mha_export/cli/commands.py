@@ -90,9 +90,12 @@ def _export(target: str, kw: dict, verbose: bool) -> None:
     sweep = check_sweep(kw)
     settings, options = fanout_settings(kw, ""), export_options(kw)
     weights, output = options.pop("weights", None), options.pop("output", None)
-    if weights is None or output is None:
-        raise UsageError("--layers needs --weights (a checkpoint folder or a .gguf file) and "
-                         "-o DIR")
+    missing = [what for what, given in (
+        ("--weights (a checkpoint folder or a .gguf file)", weights),
+        ("-o DIR (the folder of every layer's artifact and layers.json)", output))
+        if given is None]
+    if missing:
+        raise UsageError(f"--layers needs {' and '.join(missing)}")
     if options.pop("layer", None) is not None:
         raise UsageError("--layer and --layers: pass one")
     from ..fanout import export_layers

@@ -56,3 +56,7 @@ class ExportTarget:
     # why this machine cannot build it (an extra not installed), or None: asked after the
     # request's own refusals, which need none of its libraries (an import can take seconds)
     missing: Callable[[], Optional[str]] = available
+    # what a worker exporting one layer to it holds beyond the common estimate (fanout/plan.py:
+    # torch, ONNX Runtime, the module's copies and the check's largest case): its libraries and
+    # the memory its file plans for the largest call
+    worker_bytes: int = 0

@@ -43,18 +43,19 @@ DELEGATE = "executorch_call_delegate"
 
 def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str = "xnnpack",
             max_batch: Optional[int] = None, specs: Optional[dict] = None,
-            kernels: str = DEFAULT_KERNELS) -> Prepared:
+            kernels: str = DEFAULT_KERNELS, max_seq: Optional[int] = None) -> Prepared:
     """``max_batch``: the batch axis's bound (seq's: config.max_seq_len); a static cache's: the
     program's rows, M static (a standard layer's; default 1), each holding max_batch rows of
     max_seq_len entries inside the program. ``kernels``: a standard layer's static-cache step
-    on ATen ops ("aten") or on ExecuTorch's LLM kernels ("llm")."""
+    on ATen ops ("aten") or on ExecuTorch's LLM kernels ("llm"). ``max_seq``: seq's bound
+    when below the cache's (the bench's steps: ExecuTorch plans memory for the longest call)."""
     max_batch = max_batch if max_batch is not None else default_max_batch(sig)
     check(config, sig, backend, max_batch, specs, kernels)
     if why := executorch_missing():
         raise UsageError(why)
     module, records = lossy.in_program(without_empty_buffers(in_split_layout(module)),
                                        specs or {}, config)
-    bounds = program_bounds(config, sig, max_batch)
+    bounds = program_bounds(config, sig, max_batch, max_seq)
     export: dict[str, Any] = {"file": MODEL_FILE, "method": "torch.export + ExecuTorch",
                               "backend": backend, "bounds": bounds,
                               "program_layout": module.config.layout, **records}
@@ -90,12 +91,12 @@ def by_rows(config: MHAConfig, sig: Signature) -> bool:
 
 
 def program_bounds(config: MHAConfig, sig: Signature, max_batch: Optional[int] = None,
-                   **options: Any) -> dict[str, int]:
+                   max_seq: Optional[int] = None, **options: Any) -> dict[str, int]:
     """The program's axis bounds (config.json's export.bounds): batch, seq and, with the cache
     inside, past + seq (ExecuTorch plans its memory for the largest call); rows: a static
     batch, exactly that many."""
     max_batch = max_batch if max_batch is not None else default_max_batch(sig)
-    bounds = {"batch": max_batch, "seq": config.max_seq_len}
+    bounds = {"batch": max_batch, "seq": min(max_seq or config.max_seq_len, config.max_seq_len)}
     if sig.static_cache:
         bounds["cache"] = config.max_seq_len
     if by_rows(config, sig):

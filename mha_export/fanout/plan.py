@@ -15,6 +15,7 @@ from ..check.plan import CheckOptions, largest_case_bytes
 from ..errors import UsageError, require_positive
 from ..export.fingerprint import export_stamp
 from ..export.pipeline import checked_export
+from ..export.targets import TARGETS
 from ..graph.forms import DEFAULT
 from ..signature import make_signature
 from ..weights.source import checkpoint_layers, non_attention_layers, select_layers
@@ -47,8 +48,10 @@ class LayerJob:
     timeout: Optional[float] = None  # seconds, from the layer's start
 
 
-def estimate_bytes(weight_bytes: int, case_bytes: int) -> int:
-    return int(BASE_BYTES + WEIGHT_COPIES * weight_bytes + CASE_FACTOR * case_bytes)
+def estimate_bytes(weight_bytes: int, case_bytes: int, target: str = "onnx") -> int:
+    """A worker's bytes for one layer of ``target`` (its ``worker_bytes`` on top)."""
+    extra = TARGETS[target].worker_bytes if target in TARGETS else 0
+    return int(BASE_BYTES + extra + WEIGHT_COPIES * weight_bytes + CASE_FACTOR * case_bytes)
 
 
 def export_jobs(target: str, weights: str, spec: str, output: str | Path, options: dict,
@@ -78,12 +81,13 @@ def _preflight(target: str, weights: str, layer: int, options: dict,
                check_options: Optional[dict]) -> int:
     """Refuse what the export refuses for every layer, as it refuses it (its request checks,
     export/pipeline.py, on this layer); the layer's memory estimate."""
-    asked = checked_export(target, weights=weights, layer=layer, **options)
+    asked = checked_export(target, weights=weights, layer=layer, check_options=check_options,
+                           **options)
     source = asked.source
     case = 0 if check_options is None else largest_case_bytes(
         source.config, make_signature(source.config, asked.kind),
         options.get("attention") or DEFAULT, _check_opts(check_options))
-    return estimate_bytes(_weight_bytes(source.module), case)
+    return estimate_bytes(_weight_bytes(source.module), case, target)
 
 
 def _weight_bytes(module) -> int:
@@ -133,7 +137,7 @@ def check_jobs(folder: str | Path, check_options: dict, threads: int,
         need = memory or estimate_bytes(
             weights.stat().st_size if weights.is_file() else 0,
             largest_case_bytes(art.config, art.signature, art.export.get("attention"),
-                               _check_opts(check_options)))
+                               _check_opts(check_options)), art.meta.get("format", "onnx"))
         jobs.append(LayerJob(CHECK, layer, str(path.resolve()), art.meta.get("format", ""),
                              None, {}, check_options, threads, need,
                              (made or {}).get(layer, ""), timeout))

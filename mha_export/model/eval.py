@@ -46,6 +46,19 @@ EXPORT_KEYS = ("attention", "opset", "kv_cache", "static_cache", "kernels") + lo
 TARGET_KEYS = {"kernels": "executorch"}  # an export target's own option: the target it needs
 
 
+def _preflight(weights: str | Path, runner: str, options: dict, layer: int) -> None:
+    """The layers' export request checked before the model loads (tens of seconds): what the
+    runner's target refuses of these options is one line now, not after the loading."""
+    from ..check.runners import RUNNERS
+    from ..export.pipeline import checked_request, require_installed
+    from ..export.targets import TARGETS
+    target = next(t for t in TARGETS.values() if t.model_file == RUNNERS[runner].model_file)
+    own = {k: v for k, v in options.items() if k in TARGET_KEYS}
+    asked = checked_request(target.name, weights=weights, layer=layer, target_options=own,
+                            **{k: v for k, v in options.items() if k not in TARGET_KEYS})
+    require_installed(asked.target)
+
+
 def _require_target_of(options: dict, runner: str) -> None:
     """An export target's own option (``TARGET_KEYS``) needs a runner of that target."""
     for key, target in TARGET_KEYS.items():
@@ -420,7 +433,8 @@ class Evaluator:
                         for k, v in seconds.items()},
                      eager_decoded=decoded.get("eager_generation", []),
                      exported_decoded=decoded.get("exported_generation", []),
-                     thread_pool=self.thread_pool, repeats=REPEATS,
+                     thread_pool=self.thread_pool if self.kind.runtime.startswith(
+                         "ONNX Runtime") else "", repeats=REPEATS,
                      torch_openmp=openmp_wait())
 
     def _folder(self, name: str, layer: int) -> Path:
@@ -552,6 +566,7 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
     mark = folder is not None and claim_exports_folder(Path(folder), weights)
     chosen, others = attention_layers(
         weights, select_layers(layers, checkpoint_layers(weights)), layers)
+    _preflight(weights, runner, options, chosen[0])  # what an export would refuse, now
     loaded, _, ids = _model_layers_tokens(weights, read_text(text), tokens, layers, loaded)
     with contextlib.ExitStack() as stack:
         where = Path(folder) if folder is not None else Path(

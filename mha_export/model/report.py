@@ -38,8 +38,9 @@ def format_evaluation(ev: Evaluation) -> str:
     lines += [_row(f"  {r.name}", r, ev.eager_perplexity) for r in ev.per_layer]
     if sp := ev.main.speed:
         ratios = sp.ratios()
+        pool = f"ONNX Runtime thread pool: {sp.thread_pool}; " if sp.thread_pool else ""
         lines.append(f"speed (median of {sp.repeats} runs each, eager and exported in turn; "
-                     f"ONNX Runtime thread pool: {sp.thread_pool}; torch's OpenMP wait: "
+                     f"{pool}torch's OpenMP wait: "
                      f"{sp.torch_openmp or 'not recorded'}): prefill eager "
                      f"{sp.eager_prefill:.1f}, exported {sp.exported_prefill:.1f} tokens/s "
                      f"({ratios['prefill']:.2f}x)" + (
