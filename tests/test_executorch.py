@@ -30,6 +30,7 @@ from mha_export.signature import make_signature  # noqa: E402
 
 CONFIG = dict(dim=64, heads=4, kv_heads=2, max_seq_len=16, rotary="half", qk_norm="head")
 SWEEP = dict(seq_lens=[1, 5, 16], batch_sizes=[1, 3])
+STATIC_SWEEP = dict(seq_lens=[1, 5, 16])  # a static-cache program runs its rows, no other
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +75,11 @@ def test_calls_past_the_bounds_are_refused_and_the_sweep_stays_within(programs):
     x = torch.zeros(5, 2, 64).numpy()
     with pytest.raises(RuntimeError, match="bounds are batch <= 4, seq <= 16"):
         runner.run({"x": x, "position_ids": torch.zeros(5, 2, dtype=torch.long).numpy()})
-    report = check_parity(path, batch_sizes=[1, 8], seq_lens=[1, 17, 16])
+    report = check_parity(path, batch_sizes=[1], seq_lens=[1, 16])
     assert {(r.batch, r.seq) for r in report.results} == {(1, 1), (1, 16)} and report.passed
+    for asked in (dict(batch_sizes=[1, 8]), dict(seq_lens=[1, 17])):  # refused, not dropped
+        with pytest.raises(UsageError, match="past the program's bounds"):
+            check_parity(path, **asked)
 
 
 def _nudge(projection: str) -> Callable[[torch.nn.Module], None]:
@@ -118,7 +122,7 @@ def test_the_static_cache_lives_inside_the_program_and_passes_its_check(programs
     assert export["cache"]["methods"] == ["forward", "get_cache", "set_cache", "reset_cache"]
     assert export["cache"]["key_cache"] == [ROWS, 2, 16, 16]
     assert export["cache"]["kernels"] == kernels
-    report = check_parity(path, **SWEEP)
+    report = check_parity(path, **STATIC_SWEEP)
     assert report.passed and {r.batch for r in report.results} == {ROWS}
     row = next(r for r in report.runners if r.name == "executorch-cpu")
     assert "the cache inside the program" in row.device and f"{ROWS} static rows" in row.device
@@ -165,7 +169,7 @@ def test_a_static_cache_step_with_the_layers_options_passes_its_check(tmp_path, 
     config = MHAConfig(**{**CONFIG, **options})
     path = export_executorch(config, tmp_path / "p", static_cache=True, max_batch=ROWS,
                              validate=False).path
-    report = check_parity(path, **SWEEP)
+    report = check_parity(path, **STATIC_SWEEP)
     assert report.passed, [r.error for r in report.results if not r.passed][:3]
 
 
@@ -198,7 +202,7 @@ def test_a_static_cache_program_runs_one_row_by_default_and_checks_within_it(pro
     assert report.passed and {r.batch for r in report.results} == {1}
     assert "static generate 5+1+1+1+3+1" in {r.scenario for r in report.results}
     r = CliRunner().invoke(cli, ["check", str(path), "--batch-sizes", "2,3"])
-    assert r.exit_code == 2 and "runs exactly 1 row a call" in r.stderr, r.output
+    assert r.exit_code == 2 and "past the program's bounds (batch = 1," in r.stderr, r.output
 
 
 def test_reset_and_write_reach_the_buffers_the_step_writes(programs):
@@ -221,7 +225,7 @@ def test_reset_and_write_reach_the_buffers_the_step_writes(programs):
 def test_a_planted_fault_in_the_cached_values_fails_the_check(programs, tmp_path, kernels):
     path = _planted(programs(f"static-{kernels}", static_cache=True, max_batch=ROWS,
                              kernels=kernels), tmp_path, _nudge("W_value"))
-    report = check_parity(path, **SWEEP)
+    report = check_parity(path, **STATIC_SWEEP)
     assert not report.passed
     assert any(r.output == "present_value" and not r.passed for r in report.results)
 
@@ -373,8 +377,8 @@ def test_a_planted_fault_in_a_real_layers_static_cache_program_fails_its_check(
     path = export_executorch(weights=smollm2_gguf, layer=5, output=tmp_path / "layer-5",
                              max_seq_len=16, max_batch=ROWS, static_cache=True,
                              kernels=kernels, validate=False).path
-    assert check_parity(path, **SWEEP).passed
-    faulty = check_parity(_planted(path, tmp_path, _swap_value_heads), **SWEEP)
+    assert check_parity(path, **STATIC_SWEEP).passed
+    faulty = check_parity(_planted(path, tmp_path, _swap_value_heads), **STATIC_SWEEP)
     assert not faulty.passed
     assert any(r.output == "present_value" and not r.passed for r in faulty.results)
 

@@ -100,12 +100,10 @@ def within_bounds(cases: Sequence[Case], bounds: Optional[dict]) -> list[Case]:
 def require_runnable(sig: Signature, bounds: Optional[dict], seq_lens: Optional[Sequence[int]],
                      batch_sizes: Optional[Sequence[int]],
                      past_lens: Optional[Sequence[int]]) -> None:
-    """The sweep's lengths asked for (None: the defaults) that the call cannot take, refused
-    before any work: cache lengths of a call that has no past, and values past a program's
-    bounds (``within_bounds``), each asked-for value run or refused, never dropped."""
-    if past_lens and not sig.follows_past:
-        raise UsageError("--past-lens: a full-sequence call has no past (cache lengths are the "
-                         "--kv-cache and --static-cache calls')")
+    """The sweep's lengths asked for (None: the defaults) that a program's bounds cannot take
+    (``within_bounds``), refused before any work: each asked-for value runs or is refused,
+    never dropped. (Cache lengths apply to the cached calls: a full-sequence call has none;
+    the CLI refuses --past-lens for one, ``require_past``.)"""
     if not bounds:
         return
     rows = bounds.get("rows")  # a static batch: exactly these rows
@@ -118,6 +116,17 @@ def require_runnable(sig: Signature, bounds: Optional[dict], seq_lens: Optional[
     if over:
         raise UsageError(f"{over[0]} is past the program's bounds ({bounds_text(bounds)}, "
                          "set at export by --max-batch and --max-seq-len)")
+
+
+PAST_WITHOUT_CACHE = ("--past-lens: a full-sequence call has no past (cache lengths are the "
+                      "--kv-cache and --static-cache calls')")
+
+
+def require_past(past_lens: Optional[Sequence[int]], follows_past: bool) -> None:
+    """--past-lens given on the command line for a call without a past: refused, not ignored
+    (the Python API applies a sweep's cache lengths to the calls that have one)."""
+    if past_lens and not follows_past:
+        raise UsageError(PAST_WITHOUT_CACHE)
 
 
 def bounds_text(bounds: dict) -> str:

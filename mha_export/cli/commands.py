@@ -19,7 +19,7 @@ import click
 
 from .. import __version__
 from ..check.parity import check_parity
-from ..check.sweep import SWEEPS
+from ..check.sweep import SWEEPS, require_past
 from ..env import quiet_libraries
 from ..errors import Interrupted, UsageError, interrupt, raise_if_interrupted
 from ..export.pipeline import ATTENTION_FORMS, EXPORTERS
@@ -120,6 +120,7 @@ def check_sweep(kw: dict) -> dict:
     check takes it (only those given); with --no-check there is no sweep to narrow."""
     sweep = {k: v for k in ("seq_lens", "batch_sizes", "past_lens", "sweep")
              if (v := kw.pop(k, None)) is not None}
+    require_past(sweep.get("past_lens"), bool(kw.get("kv_cache") or kw.get("static_cache")))
     if sweep and not kw.get("validate", True):
         raise UsageError("--seq-lens, --batch-sizes, --past-lens and --sweep choose the "
                          "check's cases: not with --no-check")
@@ -354,7 +355,9 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
         _report_layers(summary, artifact, json_path)
         return
     fanout_settings(kw, "a folder of layer folders (onnx --layers ... -o DIR)")
+    from ..artifact import read_artifact
     from ..check.report import format_report
+    require_past(kw.get("past_lens"), read_artifact(artifact).signature.follows_past)
     report = check_parity(artifact, progress=_progress, **kw)
     if json_path:
         from ..artifact import write_json_atomic
