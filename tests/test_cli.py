@@ -479,6 +479,14 @@ def test_named_runners_that_all_skip_are_exit_3_naming_those_that_can(tmp_path):
     assert "within tolerance" not in r.output and "ort-cuda-graph SKIPPED" in r.output
 
 
+def test_a_file_given_for_its_folder_is_one_line_naming_the_folder(tmp_path):
+    (tmp_path / "art").mkdir()
+    (tmp_path / "art" / "model.pte").write_bytes(b"")
+    line = one_line_error(run("check", tmp_path / "art" / "model.pte"))
+    assert line == (f"Error: {tmp_path / 'art' / 'model.pte'} is a file: give the artifact "
+                    f"folder that holds it ({tmp_path / 'art'})")
+
+
 # --- random configurations: every target passes its check or refuses in one line --------------
 def random_export_args(rng: np.random.Generator) -> list[str]:
     """A layer (plain or MLA), a call kind, a form and lossy steps drawn at random: many
