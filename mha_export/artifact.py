@@ -76,6 +76,9 @@ class Artifact:
 
 def read_artifact(path: str | Path) -> Artifact:
     path = Path(path)
+    if path.is_file():
+        raise UsageError(f"{path} is a file: give the artifact folder that holds it "
+                         f"({path.parent})")
     if not path.is_dir():
         raise UsageError(f"artifact folder not found: {path}")
     cfg = path / CONFIG_FILE

@@ -10,6 +10,19 @@ def small_config():
     return MHAConfig(**SMALL)
 
 
+# the runners that could run a bfloat16 ONNX file: a GPU's, and OpenVINO's on the CPU
+BF16_CAPABLE = ("ort-cuda", "ort-cuda-graph", "openvino-cpu", "openvino-cpu-default")
+
+
+def unavailable_here(monkeypatch, *names: str) -> None:
+    """These runners cannot run on this machine, as where their runtime or GPU is missing."""
+    import dataclasses
+    from mha_export.check import runners
+    for name in names:
+        monkeypatch.setitem(runners.RUNNERS, name, dataclasses.replace(
+            runners.RUNNERS[name], unavailable=lambda: "not on this machine (test)"))
+
+
 def cuda_expected() -> bool:
     """Whether ONNX Runtime's CUDA runner must run here, decided without the runner under test: an
     NVIDIA GPU the driver lists, and an onnxruntime build with the CUDA provider."""

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from mha_export.cli.commands import cli
 
 import faults
+from conftest import BF16_CAPABLE, unavailable_here
 
 SMALL = ["--heads", "4", "--dim", "64", "--max-seq-len", "16"]
 
@@ -431,6 +432,59 @@ def test_dtype_bfloat16_is_accepted_and_what_it_cannot_build_is_one_line(tmp_pat
     line = one_line_error(run("onnx", *SMALL, "--dtype", "bfloat16", "--static-cache",
                               "--kv-cache-dtype", "int8", "-o", tmp_path / "int8"))
     assert "float32" in line and "bfloat16" in line
+
+
+BF16_EXPORT = ["onnx", *SMALL, "--kv-heads", "2", "--rotary", "half", "--dtype", "bfloat16"]
+
+
+def test_a_bfloat16_export_on_a_cpu_is_checked_on_openvino_and_says_why(tmp_path, monkeypatch):
+    """ONNX Runtime's CPU provider has no bf16 kernels (and no GPU here): the export's check
+    picks OpenVINO, says so in one line, and passes on it."""
+    pytest.importorskip("openvino")
+    unavailable_here(monkeypatch, "ort-cuda", "ort-cuda-graph")
+    r = run(*BF16_EXPORT, "-o", tmp_path / "bf16")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert any(line.startswith("openvino-cpu ran on cpu") for line in lines), r.output
+    assert ("openvino-cpu picked in place of the file's default runners (ort-cpu, ort-cuda), "
+            "which cannot run it here") in lines
+    assert lines[-1].startswith("PASS: ")
+
+
+def test_nothing_here_can_check_it_is_exit_3_and_said_so(tmp_path, monkeypatch):
+    """No runner here can run a bf16 file (no OpenVINO, no GPU): the export is written, its
+    last line says nothing here could check it, exit 3: neither a pass nor a parity failure."""
+    unavailable_here(monkeypatch, *BF16_CAPABLE)
+    r = run(*BF16_EXPORT, "-o", tmp_path / "bf16")
+    assert r.exit_code == 3, r.output
+    last = r.output.splitlines()[-1]
+    assert last.startswith("UNCHECKED: nothing here could check it: no runner under test ran; "
+                           "no runner installed here can run its file"), last
+    assert "FAIL" not in r.output and "openvino-cpu SKIPPED" in r.output
+    assert json.loads((tmp_path / "bf16" / "parity.json").read_text())["verdict"] == "unchecked"
+    r = run("check", tmp_path / "bf16", "--seq-lens", "2")
+    assert r.exit_code == 3 and r.output.splitlines()[-1].startswith("UNCHECKED: "), r.output
+
+
+def test_named_runners_that_all_skip_are_exit_3_naming_those_that_can(tmp_path):
+    """A CUDA graph replays only a static-cache step: named alone on a full-sequence folder,
+    nothing under test ran; the last line names the runners that can run it here."""
+    out = tmp_path / "art"
+    assert run("onnx", *SMALL, "-o", out, "--no-check").exit_code == 0
+    r = run("check", out, "--runners", "ort-cuda-graph", "--seq-lens", "2")
+    assert r.exit_code == 3, r.output
+    last = r.output.splitlines()[-1]
+    assert last.startswith("UNCHECKED: nothing here could check it: no runner under test ran; "
+                           "runners that can run it here: ort-cpu"), last
+    assert "within tolerance" not in r.output and "ort-cuda-graph SKIPPED" in r.output
+
+
+def test_a_file_given_for_its_folder_is_one_line_naming_the_folder(tmp_path):
+    (tmp_path / "art").mkdir()
+    (tmp_path / "art" / "model.pte").write_bytes(b"")
+    line = one_line_error(run("check", tmp_path / "art" / "model.pte"))
+    assert line == (f"Error: {tmp_path / 'art' / 'model.pte'} is a file: give the artifact "
+                    f"folder that holds it ({tmp_path / 'art'})")
 
 
 # --- random configurations: every target passes its check or refuses in one line --------------

@@ -265,3 +265,25 @@ def test_an_executorch_workers_estimate_holds_its_runtime():
                                                                               200 << 20)
     assert extra == TARGETS["executorch"].worker_bytes >= 600 * 2**20
     assert estimate_bytes(4 << 20, 200 << 20, "executorch") > 1257 * 2**20
+
+
+def test_a_layer_nothing_here_could_check_is_unchecked_not_failed(tmp_path, monkeypatch):
+    """A layer's check in which no runner under test ran is its "unchecked" row, and a run whose
+    other layers passed is UNCHECKED (exit 3), not a parity failure."""
+    from types import SimpleNamespace
+    from conftest import BF16_CAPABLE, unavailable_here
+    from mha_export import MHAConfig, check_parity, export_onnx
+    from mha_export.fanout.records import LayerRecord, Summary, format_summary
+    from mha_export.fanout.work import _record
+    unavailable_here(monkeypatch, *BF16_CAPABLE)
+    path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "layer-1", dtype="bfloat16",
+                       validate=False).path
+    job = SimpleNamespace(layer=1, folder=str(path), memory=0, fingerprint="")
+    record = _record(job, check_parity(path, seq_lens=[2], batch_sizes=[1]))
+    assert record.status == "unchecked" and "nothing here could check it" in record.message
+    summary = Summary("export", "onnx", None, {}, {}, {"name": "local"}, complete=True,
+                      records=[LayerRecord(0, "pass", "layer-0"), record])
+    assert summary.unchecked and not summary.passed
+    assert format_summary(summary).splitlines()[-1].startswith("UNCHECKED: 2 layers")
+    summary.records.append(LayerRecord(2, "fail", "layer-2"))
+    assert not summary.unchecked

@@ -14,7 +14,8 @@ from mha_export.check.sweep import (QUICK_LONG_T, Case, default_past_lens, defau
 from mha_export.signature import make_signature
 
 import faults
-from conftest import cuda_expected
+from mha_export.check.parity import NOTHING_RAN, UNCHECKED
+from conftest import BF16_CAPABLE, cuda_expected, unavailable_here
 
 CFG = MHAConfig(dim=64, heads=4, max_seq_len=32)
 # Multi-head Latent Attention: its forms' artifacts (q LoRA, yarn's mscale on the softmax)
@@ -136,8 +137,37 @@ def test_a_check_of_nothing_never_passes(onnx_artifact, monkeypatch):
     assert [(i.name, i.status) for i in report.runners] == [("eager-fp32", "ran"),
                                                              ("ort-absent", "skipped")]
     assert not report.tested and not report.passed
-    assert report.outcome().why_failed == "nothing was tested"
+    assert report.verdict == UNCHECKED  # not a parity failure: nothing was compared
+    assert report.outcome().why_failed == NOTHING_RAN
     assert report.outcome().worst_rel is None
+    assert "ort-cpu" in report.runnable_here and not report.picked  # named: none run instead
+    assert "ort-absent" not in report.runnable_here
+
+
+def test_a_bfloat16_file_is_checked_on_a_runner_that_can_run_it(tmp_path, monkeypatch):
+    """ONNX Runtime's CPU provider has no bf16 kernels and no GPU is here: the default check
+    picks OpenVINO, which has them, says so in one line, and its rows are the verdict."""
+    pytest.importorskip("openvino")
+    unavailable_here(monkeypatch, "ort-cuda", "ort-cuda-graph")
+    path = export_onnx(CFG, tmp_path / "bf16", dtype="bfloat16", validate=False).path
+    report = check_parity(path, seq_lens=[1, 7], batch_sizes=[1])
+    status = {i.name: i.status for i in report.runners}
+    assert status == {"eager-fp32": "ran", "ort-cpu": "skipped", "ort-cuda": "skipped",
+                      "openvino-cpu": "ran"}
+    assert report.picked.startswith("openvino-cpu picked") and "ort-cpu, ort-cuda" in report.picked
+    assert report.passed and any(r.runner == "openvino-cpu" for r in report.results)
+
+
+def test_a_file_no_runner_here_can_run_is_unchecked_not_failed(tmp_path, monkeypatch):
+    """Nor OpenVINO nor a GPU here: each runner tried says why not, and the verdict says nothing
+    here could check it (not a pass, not a parity failure)."""
+    unavailable_here(monkeypatch, *BF16_CAPABLE)
+    path = export_onnx(CFG, tmp_path / "bf16", dtype="bfloat16", validate=False).path
+    report = check_parity(path, seq_lens=[1, 7], batch_sizes=[1])
+    assert {i.name: i.status for i in report.runners} == {
+        "eager-fp32": "ran", **{name: "skipped" for name in ("ort-cpu", *BF16_CAPABLE)}}
+    assert report.verdict == UNCHECKED and not report.picked and not report.runnable_here
+    assert report.to_dict()["verdict"] == UNCHECKED and not report.to_dict()["passed"]
 
 
 @pytest.mark.parametrize("form", PARITY_FORMS)

@@ -58,6 +58,46 @@ def test_cuda_runner_never_runs_on_cpu(tmp_path):
             OrtRunner(sig, path, "cuda")
 
 
+# what ONNX Runtime 1.31 logs when its CUDA provider's library does not load (then it falls
+# back to the CPU provider); before it, preload_dlls' own lines for libraries it did not find
+CUDA_NOT_LOADED_LOG = (
+    "Failed to load libcublasLt.so.13: libcublasLt.so.13: cannot open shared object file\n"
+    "\x1b[1;31m2026 [E:onnxruntime:Default, provider_bridge_ort.cc:2458 operator()] [ONNXRuntime"
+    "Error] : 1 : FAIL : Failed to load library /venv/onnxruntime/capi/libonnxruntime_providers_"
+    "cuda.so with error: libcublasLt.so.13: cannot open shared object file: No such file or "
+    "directory\x1b[m\n")
+
+
+@pytest.mark.parametrize("log, reason", [
+    (CUDA_NOT_LOADED_LOG, "CUDAExecutionProvider could not load: libcublasLt.so.13: cannot open "
+                          "shared object file: No such file or directory"),
+    # the provider loaded (preload_dlls' lines aside): the session's own error is the reason
+    (CUDA_NOT_LOADED_LOG.splitlines()[0], "CUDAExecutionProvider could not start: "
+                                          "[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED"),
+])
+def test_a_cuda_provider_that_never_loaded_is_the_reason_given(tmp_path, monkeypatch, log,
+                                                               reason):
+    """A bf16 file on a host whose CUDA libraries are missing: ONNX Runtime falls back to the
+    CPU provider, whose missing bf16 MatMul is the error it raises; the reason given is the
+    provider's load failure, read from its log, not that kernel."""
+    import os
+    import onnxruntime
+    from mha_export.check.runners import ort
+
+    def session(*args, **kwargs):
+        os.write(2, log.encode())
+        raise RuntimeError("[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an "
+                           "implementation for MatMul(13) node with name 'q_proj_matmul'")
+
+    monkeypatch.setattr(ort, "cuda_provider_missing", lambda: None)
+    monkeypatch.setattr(onnxruntime, "InferenceSession", session)
+    monkeypatch.setattr(onnxruntime, "preload_dlls", lambda: None, raising=False)
+    path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", validate=False).path
+    with pytest.raises(RunnerUnavailable) as e:
+        ort._session(path / "model.onnx", "cuda", None, True)
+    assert str(e.value).startswith(reason) and "\n" not in str(e.value)
+
+
 def test_registry_records_and_default_selection(tmp_path):
     """Every runner's file is one an export target writes; by default a check runs every runner
     for the folder's files, and reports what each really ran on (or why it could not)."""

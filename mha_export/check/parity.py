@@ -28,6 +28,10 @@ from .runners import Feeds, Runner
 from .runners.pytorch import EagerRunner
 from .sweep import Case, in_model_dtype, make_feeds, valid_entries, written_key
 
+PASS, FAIL, UNCHECKED = "pass", "fail", "unchecked"  # a check's verdicts (CheckReport.verdict)
+NOTHING_RAN = "nothing here could check it: no runner under test ran"
+
+
 @dataclass
 class OutputResult:
     """One output of one runner on one case."""
@@ -68,9 +72,10 @@ class Outcome:
 
 @dataclass
 class CheckReport:
-    """A parity check's verdict (``passed``) and everything behind it: the sweep, which
-    runners ran where (or why not), one OutputResult per (runner, case, output), and each lossy
-    step's cost reported apart. ``to_dict`` is parity.json."""
+    """A parity check's verdict (``verdict``: pass, fail, or unchecked where no runner under
+    test ran; ``passed``) and everything behind it: the sweep, which runners ran where (or why
+    not, and which was picked in the default runners' place), one OutputResult per (runner,
+    case, output), and each lossy step's cost reported apart. ``to_dict`` is parity.json."""
 
     artifact: str
     seed: int
@@ -89,12 +94,24 @@ class CheckReport:
     # and "real_" + each on the captured inputs; every field present (empty: no such step)
     costs: dict = field(default_factory=lambda: {**lossy.empty_fields(),
                                                  **lossy.empty_fields(real=True)})
+    # none of the runners asked for could run the file here (plan.Fallback): the runner picked
+    # in the default runners' place and why, or (runners named) the others that can run it here
+    picked: str = ""
+    runnable_here: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return (all(r.passed for r in self.results) and self.tested
-                and all(Cost.passed(result) for result in self.costs.values())
-                and not any(r.status == "failed" for r in self.runners))
+        return self.verdict == PASS
+
+    @property
+    def verdict(self) -> str:
+        """PASS; FAIL: a comparison, a runner (--require-cuda) or a lossy step's budget failed;
+        UNCHECKED: nothing under test ran, so nothing was compared (not a parity failure)."""
+        if ((self.tested and not all(r.passed for r in self.results))
+                or not all(Cost.passed(result) for result in self.costs.values())
+                or any(r.status == "failed" for r in self.runners)):
+            return FAIL
+        return PASS if self.tested else UNCHECKED
 
     @property
     def tested(self) -> bool:
@@ -110,6 +127,8 @@ class CheckReport:
                        "" if self.passed else self._why_failed())
 
     def _why_failed(self) -> str:
+        if self.verdict == UNCHECKED:
+            return NOTHING_RAN
         failed = next((r for r in self.results if not r.passed), None)
         if failed is not None:
             rel = f" rel {failed.vs_eager.rel:.2e}" if failed.vs_eager else ""
@@ -119,7 +138,7 @@ class CheckReport:
         if broken:
             return f"runner failed: {', '.join(broken)}"
         titles = lossy.failed_titles(self.costs)
-        return f"over budget: {', '.join(titles)}" if titles else "nothing was tested"
+        return f"over budget: {', '.join(titles)}" if titles else NOTHING_RAN
 
     def to_dict(self) -> dict:
         """parity.json: the fields, each cost's result under its own key."""
@@ -131,7 +150,7 @@ class CheckReport:
                             if not n.startswith(lossy.REAL)})
             out[key] = value
         out.update({n: _plain(r) for n, r in self.costs.items() if n.startswith(lossy.REAL)})
-        return {**out, "passed": self.passed}
+        return {**out, "passed": self.passed, "verdict": self.verdict}
 
 
 def _plain(result):
@@ -191,6 +210,7 @@ def check_parity(artifact_dir: str | Path, providers: Optional[Sequence[str]] = 
                     budgets)
     progress(total, total, "")
     report.runners = with_ran_notes(plan.runners, plan.truth.opened)
+    report.picked, report.runnable_here = plan.fallback.picked, list(plan.fallback.runnable)
     return report
 
 

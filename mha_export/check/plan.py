@@ -73,6 +73,16 @@ class Truth:
     float_dtype: str = "float32"  # the file's: every runner is fed floats representable in it
 
 
+@dataclass(frozen=True)
+class Fallback:
+    """When none of the runners asked for could run the file here: the runner picked in the
+    default runners' place and why (one line), or, where the runners were named (none is run in
+    their place), the others that can run the file here."""
+
+    picked: str = ""
+    runnable: tuple[str, ...] = ()
+
+
 @dataclass
 class Plan:
     """The check's whole plan: sweep, cases (single calls, multi-call scenarios, real inputs),
@@ -84,6 +94,7 @@ class Plan:
     real_cases: list
     runners: list[RunnerInfo]
     truth: Truth
+    fallback: Fallback = Fallback()
 
 
 def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) -> Plan:
@@ -101,7 +112,7 @@ def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) 
                           bounds)  # the calls a bounded program takes
     require_fits(config, cases, sweep.scores_at, sig.has_mask)
     options = RunOptions(tf32=o.tf32, threads=o.threads)
-    opened, infos = _open_runners(artifact, kinds, options, o.require_cuda)
+    opened, infos, fallback = _open_runners(artifact, kinds, options, o)
     multi_call = (scenarios.static_scenario_cases(sweep.static_chunks) if sig.static_cache
                   else scenarios.scenario_cases(sweep.switch, scenarios.padding_sides(config))
                   if sig.has_cache else [])
@@ -118,7 +129,7 @@ def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) 
     truth = Truth(opened, reference, lossy.given_of(artifact, opened[0], reference),
                   _tolerances(opened, artifact, options, o.atol, o.rtol),
                   artifact.export.get("dtype", "float32"))
-    return Plan(sweep, cases, multi_call, real_cases, infos, truth)
+    return Plan(sweep, cases, multi_call, real_cases, infos, truth, fallback)
 
 
 def selected_kinds(artifact: Artifact, runners: Optional[Sequence[str]],
@@ -139,9 +150,14 @@ def selected_kinds(artifact: Artifact, runners: Optional[Sequence[str]],
         kinds = [k for k in RUNNERS.values()
                  if k.by_default and (artifact.path / k.model_file).is_file()
                  and (ort is None or not k.ort_provider or k.name in ort)]
-    chosen = {k.name for k in kinds}  # + the runners that accompany a chosen one on such files
-    return kinds + [k for k in RUNNERS.values() if k.also_with in chosen
-                    and k.name not in chosen and k.also_for(artifact.export)]
+    return kinds + _companions(artifact, kinds)
+
+
+def _companions(artifact: Artifact, kinds: Sequence[RunnerKind]) -> list[RunnerKind]:
+    """The runners that accompany a chosen one on such files (``also_with``)."""
+    chosen = {k.name for k in kinds}
+    return [k for k in RUNNERS.values() if k.also_with in chosen
+            and k.name not in chosen and k.also_for(artifact.export)]
 
 
 def _cuda_kinds(artifact: Artifact, chosen: list[RunnerKind]) -> list[RunnerKind]:
@@ -173,20 +189,85 @@ def _open(kind: RunnerKind, artifact: Artifact, options: RunOptions) -> Runner:
 
 
 def _open_runners(artifact: Artifact, kinds: Sequence[RunnerKind], options: RunOptions,
-                  require_cuda: bool) -> tuple[list[Runner], list[RunnerInfo]]:
-    """The runners under test, eager fp32 first, and what each really ran on (or why not)."""
-    runners: list[Runner] = [EagerRunner(artifact.signature, artifact.load_source_module())]
-    infos = [_runner_info(runners[0], False)]
+                  o: CheckOptions) -> tuple[list[Runner], list[RunnerInfo], Fallback]:
+    """The runners under test, eager fp32 first, and what each really ran on (or why not);
+    where none of them can run the file here (and --require-cuda does not fail the check
+    already): the default runners' stand-in, or the runners that could have run it."""
+    eager = EagerRunner(artifact.signature, artifact.load_source_module())
+    runners, infos = _opened(artifact, kinds, options, o.require_cuda)
+    fallback = Fallback()
+    if not runners and not o.require_cuda:
+        if o.runners is None and o.providers is None:
+            runners, tried, fallback = _stand_in(artifact, kinds, options)
+            infos += tried
+        else:
+            fallback = Fallback(runnable=_runnable_here(artifact, kinds, options))
+    return [eager, *runners], [_runner_info(eager, False), *infos], fallback
+
+
+def _opened(artifact: Artifact, kinds: Sequence[RunnerKind], options: RunOptions,
+            require_cuda: bool = False) -> tuple[list[Runner], list[RunnerInfo]]:
+    """Each runner opened, and what it really runs on (or why it cannot run here)."""
+    runners, infos = [], []
     for kind in kinds:
+        strict = require_cuda and kind.device == "cuda"
         try:
             runner = _open(kind, artifact, options)
         except RunnerUnavailable as e:
-            strict = require_cuda and kind.device == "cuda"
             infos.append(RunnerInfo(kind.name, "failed" if strict else "skipped", reason=str(e)))
             continue
         runners.append(runner)
-        infos.append(_runner_info(runner, require_cuda and kind.device == "cuda"))
+        infos.append(_runner_info(runner, strict))
     return runners, infos
+
+
+def _others(artifact: Artifact, tried: Sequence[RunnerKind]) -> list[RunnerKind]:
+    """The registry's other runners for the folder's files, in its order (not those that only
+    accompany another: they come with it)."""
+    names = {k.name for k in tried}
+    return [k for k in RUNNERS.values() if k.name not in names and not k.also_with
+            and (artifact.path / k.model_file).is_file()]
+
+
+def _open_other(kind: RunnerKind, artifact: Artifact, options: RunOptions) -> Runner:
+    """A runner not asked for, or RunnerUnavailable: a file only it cannot load is no bad
+    input."""
+    try:
+        return _open(kind, artifact, options)
+    except UsageError as e:
+        raise RunnerUnavailable(str(e)) from None
+
+
+def _stand_in(artifact: Artifact, defaults: Sequence[RunnerKind], options: RunOptions
+              ) -> tuple[list[Runner], list[RunnerInfo], Fallback]:
+    """None of the file's default runners can run it here (a bfloat16 file on a CPU: ONNX
+    Runtime's CPU provider has no bf16 kernels): the first other runner that can (OpenVINO),
+    with those that accompany it, and the line saying why; none can: each one's SKIPPED line."""
+    skipped = []
+    for kind in _others(artifact, defaults):
+        try:
+            runner = _open_other(kind, artifact, options)
+        except RunnerUnavailable as e:
+            skipped.append(RunnerInfo(kind.name, "skipped", reason=str(e)))
+            continue
+        runners, infos = _opened(artifact, _companions(artifact, [kind]), options)
+        why = (f"{kind.name} picked in place of the file's default runners "
+               f"({', '.join(k.name for k in defaults)}), which cannot run it here")
+        return [runner, *runners], [_runner_info(runner, False), *infos], Fallback(picked=why)
+    return [], skipped, Fallback()
+
+
+def _runnable_here(artifact: Artifact, named: Sequence[RunnerKind], options: RunOptions
+                   ) -> tuple[str, ...]:
+    """The runners not named that can run the folder's files here (each opened to know)."""
+    runnable = []
+    for kind in _others(artifact, named):
+        try:
+            _open_other(kind, artifact, options)
+        except RunnerUnavailable:
+            continue
+        runnable.append(kind.name)
+    return tuple(runnable)
 
 
 def with_ran_notes(infos: list[RunnerInfo], opened: list[Runner]) -> list[RunnerInfo]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from ..lossy import costs as lossy
-from .parity import CheckReport, OutputResult
+from .parity import NOTHING_RAN, UNCHECKED, CheckReport, OutputResult
 
 SUMMARY = ("runner", "output", "max|d| eager", "rel eager", "max|d| fp64", "tolerance",
            "worst case", "result")
@@ -73,13 +73,27 @@ def format_report(report: CheckReport, verbose: bool = False) -> str:
             lines.append(f"{info.name:12s} ran on {info.device}{note}")
         else:
             lines.append(f"{info.name:12s} {info.status.upper()}: {info.reason}")
+    if report.picked:
+        lines.append(report.picked)
+    lines.append(_verdict_line(report))
+    return "\n".join(lines)
+
+
+def _verdict_line(report: CheckReport) -> str:
+    """The last line: PASS / FAIL over the comparisons, or what failed when nothing under test
+    ran, or UNCHECKED: nothing here could check it (never a pass, never a parity failure)."""
+    where = f"({report.artifact})"
+    failed = [f"{info.name} FAILED" for info in report.runners if info.status == "failed"]
+    failed += [f"{title} cost FAILED" for title in lossy.failed_titles(report.costs)]
+    if report.verdict == UNCHECKED:
+        others = (f"runners that can run it here: {', '.join(report.runnable_here)}"
+                  if report.runnable_here else "no runner installed here can run its file")
+        return f"UNCHECKED: {NOTHING_RAN}; {others} {where}"
     if not report.tested:
-        lines.append("nothing under test ran (no model runner produced output)")
+        return f"FAIL: {'; '.join(failed)}; nothing under test ran {where}"
     n_pass = sum(r.passed for r in report.results)
     n_cases = len({r.case for r in report.results})
     quick = " (the quick sweep: `mha-export check` runs the full one)" * (report.sweep == "quick")
     over = "".join(f" — {title} cost FAILED" for title in lossy.failed_titles(report.costs))
-    lines.append(f"{'PASS' if report.passed else 'FAIL'}: {n_pass}/{len(report.results)} "
-                 f"comparisons within tolerance over {n_cases} cases{quick}{over} "
-                 f"({report.artifact})")
-    return "\n".join(lines)
+    return (f"{report.verdict.upper()}: {n_pass}/{len(report.results)} comparisons within "
+            f"tolerance over {n_cases} cases{quick}{over} {where}")

@@ -1,8 +1,9 @@
 """Command line: a thin click layer over mha_export's Python API.
 
 Exit codes: 0 success, 1 parity failure, 2 bad input (one line on stderr, no traceback),
-130 interrupted (Ctrl-C), 143 terminated (SIGTERM): an interrupted run never reads as a verdict,
-and an interrupted export leaves no staging folder behind.
+3 nothing here could check it (no runner under test ran), 130 interrupted (Ctrl-C), 143
+terminated (SIGTERM): an interrupted run never reads as a verdict, and an interrupted export
+leaves no staging folder behind.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Callable, Optional
 import click
 
 from .. import __version__
-from ..check.parity import check_parity
+from ..check.parity import FAIL, UNCHECKED, check_parity
 from ..check.sweep import SWEEPS, require_past
 from ..env import quiet_libraries
 from ..errors import Interrupted, UsageError, interrupt, raise_if_interrupted
@@ -33,9 +34,9 @@ from ..lossy.projections.step import kept_blocks
 from ..check.runners import RUNNERS
 from ..presets import PRESETS, preset_options
 from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, POLICIES as THREAD_POLICIES
-from .options import (budget_options, config_options, explicit, export_options,
-                      fanout_options, fanout_settings, int_list, model_options, provider_list,
-                      runner_list)
+from .options import (CHECK_EXITS, VERDICT_EXIT, budget_options, config_options, explicit,
+                      export_options, fanout_options, fanout_settings, int_list, model_options,
+                      provider_list, runner_list)
 
 
 class BadInput(click.ClickException):
@@ -70,8 +71,13 @@ def _report_export(result) -> None:
     if result.report is not None:
         from ..check.report import format_report
         click.echo(format_report(result.report))
-        if not result.passed:
-            raise SystemExit(1)
+        exit_on(result.report)
+
+
+def exit_on(report) -> None:
+    """A check's verdict as the exit code (VERDICT_EXIT): 0 returns."""
+    if code := VERDICT_EXIT[report.verdict]:
+        raise SystemExit(code)
 
 
 def _export(target: str, kw: dict, verbose: bool) -> None:
@@ -150,7 +156,7 @@ def _report_layers(summary, folder: str, json_path: Optional[str] = None) -> Non
     click.echo(format_summary(summary))
     click.echo(f"wrote {folder}/layers.json")
     if not summary.passed:
-        raise SystemExit(1)
+        raise SystemExit(VERDICT_EXIT[UNCHECKED if summary.unchecked else FAIL])
 
 
 def _progress(i: int, n: int, label: str) -> None:
@@ -194,7 +200,8 @@ def cli() -> None:
 
     \b
     mha-export onnx --heads 12 --dim 768          # -> models/split-h12-d768-onnx/
-    mha-export check models/split-h12-d768-onnx   # CI: exit 0 pass, 1 parity failure, 2 bad input
+    mha-export check models/split-h12-d768-onnx   # CI: exit 0 pass, 1 parity failure, 2 bad input,
+                                                  # 3 nothing here could check it
     """
 
 
@@ -296,14 +303,17 @@ def aoti(verbose: bool, **kw) -> None:
     _export("aoti", kw, verbose)
 
 
-@cli.command()
+@cli.command(epilog=f"Exit codes: {CHECK_EXITS}; a layers folder: 0 when every layer "
+                    "passed, 3 when the others are unchecked, else 1.")
 @click.argument("artifact", type=click.Path())
 @click.option("--runners", callback=runner_list, default=None,
               help="Runners to check, by name: " + "; ".join(
                   f"{k.name} ({k.runtime})" for k in RUNNERS.values()) + " [default: the "
                   "runners of the file's own runtime (ort-cpu, ort-cuda; torchscript; aoti-*), "
                   "SKIPPED with the reason where they cannot run here; the others (OpenVINO, "
-                  "ort-cuda-graph) run when named, or beside the runner they accompany].")
+                  "ort-cuda-graph) run when named, or beside the runner they accompany, or "
+                  "the first that can in their place where none of them can run the file "
+                  "here (a bf16 file on a CPU: openvino-cpu), said in one line].")
 @click.option("--providers", default=None, callback=provider_list,
               help="ONNX Runtime's shorthand: cpu,cuda = runners ort-cpu,ort-cuda.")
 @click.option("--atol", type=float, default=None, help="Absolute tolerance for every runner.")
@@ -363,8 +373,7 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
         from ..artifact import write_json_atomic
         write_json_atomic(json_path, report.to_dict())
     click.echo(format_report(report, verbose))
-    if not report.passed:
-        raise SystemExit(1)
+    exit_on(report)
 
 
 @cli.command()

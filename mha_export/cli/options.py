@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 
 import click
 
+from ..check.parity import FAIL, PASS, UNCHECKED
 from ..check.runners import RUNNERS, ort_runner_names
 from ..check.sweep import SWEEPS
 from ..config import (LAYOUTS, QK_NORM_TYPES, QK_NORMS, QUERY_SCALE_BY, ROPE_LAYOUTS, ROTARY,
@@ -17,6 +18,12 @@ from ..fanout.executors import EXECUTORS
 from ..lossy.costs import BUDGETS
 from ..weights.families import FAMILIES
 from ..lossy import registry as lossy
+
+# a check's exit code by its verdict (CheckReport.verdict); 2 is bad input (docs/cli.md)
+VERDICT_EXIT = {PASS: 0, FAIL: 1, UNCHECKED: 3}
+CHECK_EXITS = (f"{VERDICT_EXIT[PASS]} pass, {VERDICT_EXIT[FAIL]} parity failure, 2 bad "
+               f"input, {VERDICT_EXIT[UNCHECKED]} nothing here could check it (no runner under "
+               f"test ran: not a pass, not a parity failure)")
 
 # The layer's defaults are MHAConfig's: the CLI shows them, never re-declares them.
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(MHAConfig)}
@@ -183,7 +190,8 @@ ARTIFACT_OPTIONS = [
                  help="Replace a folder mha-export wrote (an artifact or layers folder); any "
                       "other non-empty folder is refused, its files kept."),
     click.option("--check/--no-check", "validate", default=True, show_default=True,
-                 help="Run the parity check on the new artifact."),
+                 help=f"Run the parity check on the new artifact (written whatever its "
+                      f"verdict, parity.json saying it); exit codes {CHECK_EXITS}."),
     click.option("--seq-lens", callback=int_list, default=None,
                  help="The check's T values, as check's (to narrow it) [default: check's]."),
     click.option("--batch-sizes", callback=int_list, default=None,

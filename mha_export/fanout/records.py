@@ -14,11 +14,13 @@ from ..artifact import SUMMARY_FILE
 from ..errors import UsageError
 
 # what a layer's row may say; only "pass" (and "exported": --no-check) is a success;
+# "unchecked": no runner under test could run it here (neither a pass nor a parity failure);
 # "not-attention": a hybrid model's other layers (linear attention, convolution), left to it
-PASS, FAIL, ERROR, OOM, CRASHED, TIMEOUT, INFEASIBLE, EXPORTED, NOT_ATTENTION = (
-    "pass", "fail", "error", "oom", "crashed", "timeout", "infeasible", "exported",
-    "not-attention")
-STATUSES = (PASS, FAIL, ERROR, OOM, CRASHED, TIMEOUT, INFEASIBLE, EXPORTED, NOT_ATTENTION)
+PASS, FAIL, UNCHECKED, ERROR, OOM, CRASHED, TIMEOUT, INFEASIBLE, EXPORTED, NOT_ATTENTION = (
+    "pass", "fail", "unchecked", "error", "oom", "crashed", "timeout", "infeasible",
+    "exported", "not-attention")
+STATUSES = (PASS, FAIL, UNCHECKED, ERROR, OOM, CRASHED, TIMEOUT, INFEASIBLE, EXPORTED,
+            NOT_ATTENTION)
 SUCCESS = (PASS, EXPORTED)
 
 
@@ -90,6 +92,13 @@ class Summary:
         attention = [r for r in self.records if r.status != NOT_ATTENTION]
         return self.complete and bool(attention) and all(r.ok for r in attention)
 
+    @property
+    def unchecked(self) -> bool:
+        """Complete, nothing failed, but some attention layer could not be checked here."""
+        attention = [r for r in self.records if r.status != NOT_ATTENTION]
+        return (self.complete and any(r.status == UNCHECKED for r in attention)
+                and all(r.ok or r.status == UNCHECKED for r in attention))
+
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for r in self.records:
@@ -144,7 +153,7 @@ def format_summary(s: Summary) -> str:
              for row in [header, *rows]]
     lines.insert(1, "-" * len(lines[0]))
     counts = ", ".join(f"{n} {status}" for status, n in sorted(s.counts().items()))
-    verdict = "PASS" if s.passed else "FAIL"
+    verdict = "PASS" if s.passed else "UNCHECKED" if s.unchecked else "FAIL"
     lines.append(f"{verdict}: {len(s.records)} layers ({counts}) in {s.seconds:.0f} s, "
                  f"executor {s.executor.get('name', '?')}")
     return "\n".join(lines)

@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Optional
 
 from ..errors import UsageError
 from .plan import EXPORT, LayerJob
-from .records import ERROR, EXPORTED, FAIL, OOM, PASS, LayerRecord, first_line
+from .records import ERROR, EXPORTED, FAIL, OOM, PASS, UNCHECKED, LayerRecord, first_line
 
 if TYPE_CHECKING:
     from ..check.parity import CheckReport
 
+# a layer's row by its check's verdict (check/parity.py's CheckReport.verdict)
+STATUS_OF = {"pass": PASS, "fail": FAIL, "unchecked": UNCHECKED}
 # what runtimes say when an allocation fails (ONNX Runtime, torch, OpenVINO, the C++ runtime)
 OUT_OF_MEMORY = ("failed to allocate memory", "bad_alloc", "out of memory",
                  "defaultcpuallocator: can't allocate")
@@ -60,7 +62,7 @@ def _record(job: LayerJob, report: Optional[CheckReport]) -> LayerRecord:
     if report is None:
         return LayerRecord.for_job(job, EXPORTED)
     outcome = report.outcome()
-    record = LayerRecord.for_job(job, PASS if outcome.passed else FAIL, outcome.why_failed)
+    record = LayerRecord.for_job(job, STATUS_OF[report.verdict], outcome.why_failed)
     record.worst_rel, record.worst_runner = outcome.worst_rel, outcome.worst_runner
     record.costs = list(outcome.costs)
     return record

@@ -4,7 +4,8 @@ Adding a runner (another runtime, say): one module here with its ``Runner`` subc
 its runtime), and one record in ``_KINDS`` below whose ``open`` imports that module lazily. A
 runner of another runtime than the one the file was made for (OpenVINO on model.onnx) is
 ``by_default=False``: it runs when named (``--runners openvino-cpu``), so an export's own check
-never fails on another runtime's bugs. The
+never fails on another runtime's bugs, unless no default runner can run the file here (a bf16
+file on a CPU): then the first that can runs in their place (plan.py), and says so. The
 check's selection (``--runners``), its SKIPPED lines, the CUDA requirement, the default
 tolerances and the bench read these records; nothing else changes.
 """

@@ -69,10 +69,36 @@ def node_placements(log: str) -> dict[str, list[str]]:
     return placed
 
 
+# ONNX Runtime's line when a provider's own library does not load (then it falls back to the CPU)
+_PROVIDER_NOT_LOADED = re.compile(r"Failed to load library \S*onnxruntime_providers_\w+\S* "
+                                  r"with error: ([^\n]+)")
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # the terminal colours of ONNX Runtime's log lines
+
+
+def _provider_not_loaded(log: str) -> str:
+    """The loader's reason when the provider's library did not load, e.g. 'libcublasLt.so.13:
+    cannot open shared object file: ...', else ''."""
+    m = _PROVIDER_NOT_LOADED.search(log)
+    return _COLOUR.sub("", m.group(1)).strip()[:200] if m else ""
+
+
 def _load_failure(log: str) -> str:
-    """The useful part of ORT's provider-load error line, e.g. 'libcublasLt.so.13: cannot open'."""
-    m = re.search(r"with error: ([^\n]+)", log) or re.search(r"(Failed to load[^\n]+)", log)
-    return m.group(1).strip()[:200] if m else ""
+    """The useful part of ORT's provider-load error line, e.g. 'libcublasLt.so.13: cannot open'
+    (else preload_dlls' first 'Failed to load' line)."""
+    if cause := _provider_not_loaded(log):
+        return cause
+    m = re.search(r"(Failed to load[^\n]+)", log)
+    return _COLOUR.sub("", m.group(1)).strip()[:200] if m else ""
+
+
+def _start_failure(provider: str, error: Exception, log: str) -> str:
+    """Why a session on ``provider`` could not be made, in one line: the provider's library did
+    not load where ONNX Runtime logged so (it then falls back to the CPU provider, whose error,
+    e.g. no bfloat16 MatMul, is not the cause), else the session's own error."""
+    if cause := _provider_not_loaded(log):
+        return f"{provider} could not load: {cause}"
+    lines = str(error).strip().splitlines() or [type(error).__name__]
+    return f"{provider} could not start: {lines[0][:300]}"
 
 
 class OrtRunner(Runner):
@@ -599,6 +625,7 @@ def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf
             raise RunnerUnavailable(missing)
         providers = [(wanted, {"use_tf32": "1" if tf32 else "0",
                                "enable_cuda_graph": "1" if cuda_graph else "0"})]
+    failure: Optional[Exception] = None
     with native_stderr() as log:
         if provider == "cuda" and hasattr(ort, "preload_dlls"):
             with contextlib.suppress(Exception):
@@ -612,7 +639,9 @@ def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf
                 if why := _no_cpu_kernel(path, e):  # unless it has no kernel for its dtype
                     raise RunnerUnavailable(why) from None
                 raise
-            raise RunnerUnavailable(f"{wanted} could not start: {str(e).splitlines()[0]}")
+            failure = e
+    if failure is not None:  # the load log is complete only once its capture has ended
+        raise RunnerUnavailable(_start_failure(wanted, failure, log["text"]))
     used = session.get_providers()
     if used[0] != wanted:
         cause = _load_failure(log["text"]) or "provider library or GPU not available"
