@@ -104,7 +104,8 @@ def default_folder(config: MHAConfig, fmt: str, kind: str = "full",
     """models/split-h12-d768-onnx, models/split-h12-d768-kv-onnx (decode-step model),
     models/split-h12-d768-static-int4-onnx (quantized projections),
     models/split-h12-d768-static-int4-kv8-onnx (and an int8 cache), ...: ``specs``, the lossy
-    steps' by name, tag it."""
+    steps' by name, tag it. ``kind``: the call asked for (signature.signature_kind's: a
+    KV-shared layer's calls are named alike, its slug saying what it is)."""
     return Path(root) / f"{config.slug()}{KIND_SUFFIX[kind]}{folder_tag(specs or {})}-{fmt}"
 
 

@@ -129,3 +129,35 @@ def test_cli_refusals_are_one_line(tmp_path, args, msg):
                                  str(tmp_path / "x")])
     assert r.exit_code == 2 and not (tmp_path / "x").exists(), r.output
     assert len(r.stderr.splitlines()) == 1 and msg in r.stderr, r.stderr
+
+
+FLAGS = {"full": [], "masked": ["--attention-mask"], "kv-cache": ["--kv-cache"],
+         "static-cache": ["--static-cache"]}
+SUFFIX = {"full": "", "masked": "-masked", "kv-cache": "-kv", "static-cache": "-static"}
+SHARED_FLAGS = ["--heads", "4", "--dim", "64", "--kv-heads", "2", "--rotary", "half",
+                "--max-seq-len", "16", "--kv-shared-layer", "99"]
+
+
+@pytest.mark.parametrize("target", ["onnx", "torchscript"])
+@pytest.mark.parametrize("call", sorted(CALLS))
+def test_every_call_without_o_lands_in_its_default_folder(tmp_path, monkeypatch, target, call):
+    """No -o: models/<slug>-<call>-<target>, as a standard layer's (was KeyError: 'shared')."""
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, [target, *SHARED_FLAGS, *FLAGS[call], "--no-check"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    folder = tmp_path / "models" / f"shared-h4-d64-kv2-rope16-of99{SUFFIX[call]}-{target}"
+    assert (folder / "config.json").is_file()
+
+
+@pytest.mark.parametrize("call", ["full", "masked"])  # its cached calls: refused (one line)
+def test_an_executorch_export_without_o_names_its_default_folder(tmp_path, monkeypatch, call):
+    """Refused before lowering where the default folder already holds an artifact: the name is
+    made (was KeyError: 'shared') and said."""
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "models" / f"shared-h4-d64-kv2-rope16-of99{SUFFIX[call]}-executorch"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"config": {}, "export": {"file": "model.pte"}}')
+    r = CliRunner().invoke(cli, ["executorch", *SHARED_FLAGS, *FLAGS[call], "--no-check"])
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert f"{folder.relative_to(tmp_path)} already holds an mha-export artifact" in r.stderr, \
+        r.output
