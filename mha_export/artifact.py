@@ -100,13 +100,16 @@ def read_artifact(path: str | Path) -> Artifact:
 
 
 def default_folder(config: MHAConfig, fmt: str, kind: str = "full",
-                   root: str | Path = "models", specs: Optional[dict[str, Any]] = None) -> Path:
+                   root: str | Path = "models", specs: Optional[dict[str, Any]] = None,
+                   tag: str = "") -> Path:
     """models/split-h12-d768-onnx, models/split-h12-d768-kv-onnx (decode-step model),
     models/split-h12-d768-static-int4-onnx (quantized projections),
-    models/split-h12-d768-static-int4-kv8-onnx (and an int8 cache), ...: ``specs``, the lossy
-    steps' by name, tag it. ``kind``: the call asked for (signature.signature_kind's: a
+    models/split-h12-d768-static-int4-kv8-onnx (and an int8 cache),
+    models/split-h12-d768-bf16-onnx (the target's options: ``tag``), ...: ``specs``, the
+    lossy steps' by name, tag it. ``kind``: the call asked for (signature.signature_kind's: a
     KV-shared layer's calls are named alike, its slug saying what it is)."""
-    return Path(root) / f"{config.slug()}{KIND_SUFFIX[kind]}{folder_tag(specs or {})}-{fmt}"
+    return Path(root) / (f"{config.slug()}{KIND_SUFFIX[kind]}{folder_tag(specs or {})}{tag}"
+                         f"-{fmt}")
 
 
 def is_artifact_folder(folder: Path) -> bool:

@@ -55,6 +55,55 @@ def test_default_folder_and_no_overwrite_without_force(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.joinpath("models").iterdir()] == ["split-h4-d64-onnx"]
 
 
+def test_exports_of_one_layer_in_each_dtype_land_apart(tmp_path, monkeypatch):
+    """The README tour's --force on every line: an fp16 or bf16 export never replaces the
+    fp32 one (float32 keeps its name: models/split-h4-d64-onnx, as the docs say)."""
+    monkeypatch.chdir(tmp_path)
+    for dtype, name in (("float32", "split-h4-d64-onnx"), ("float16", "split-h4-d64-fp16-onnx"),
+                        ("bfloat16", "split-h4-d64-bf16-onnx")):
+        path = export_onnx(heads=4, dim=64, max_seq_len=16, dtype=dtype, validate=False,
+                           force=True).path
+        assert str(path) == f"models/{name}"
+    for name, dtype in (("split-h4-d64-onnx", "float32"),
+                        ("split-h4-d64-bf16-onnx", "bfloat16")):
+        meta = json.loads((tmp_path / "models" / name / "config.json").read_text())
+        assert meta["export"]["dtype"] == dtype
+
+
+@pytest.mark.parametrize("target, call, options, tag", [
+    ("onnx", "full", dict(attention="decomposed", opset=20), ""),  # the same function
+    ("onnx", "static-cache", dict(dtype="float16"), "-fp16"),
+    ("executorch", "full", dict(backend="xnnpack", max_batch=4, kernels="aten"), ""),
+    ("executorch", "static-cache", dict(max_batch=1), ""),
+    ("executorch", "full", dict(backend="portable"), "-portable"),
+    ("executorch", "full", dict(max_batch=8), "-b8"),
+    ("executorch", "static-cache", dict(max_batch=3, kernels="llm"), "-b3-llm"),
+    ("aoti", "full", dict(device="cpu"), ""),
+    ("aoti", "full", dict(device="cuda"), "-cuda"),
+    ("torchscript", "full", {}, ""),
+])
+def test_default_folder_names_each_target_option_away_from_its_default(target, call, options,
+                                                                       tag):
+    from mha_export.export.targets import TARGETS
+    from mha_export.signature import make_signature
+    assert TARGETS[target].folder_tag(CFG, make_signature(CFG, call), **options) == tag
+
+
+def test_an_executorch_export_without_o_names_its_options_folder(tmp_path, monkeypatch):
+    """The tag reaches the export's folder (refused before lowering: that folder is taken)."""
+    from click.testing import CliRunner
+    from mha_export.cli.commands import cli
+    monkeypatch.chdir(tmp_path)
+    taken = tmp_path / "models" / "split-h4-d64-portable-b2-executorch"
+    taken.mkdir(parents=True)
+    (taken / "config.json").write_text('{"config": {}, "export": {"file": "model.pte"}}')
+    r = CliRunner().invoke(cli, ["executorch", "--heads", "4", "--dim", "64",
+                                 "--max-seq-len", "16", "--backend", "portable",
+                                 "--max-batch", "2"])
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert f"{taken.relative_to(tmp_path)} already holds" in r.stderr, r.stderr
+
+
 def test_existing_empty_folder_is_fine(tmp_path):
     (tmp_path / "empty").mkdir()
     export_onnx(CFG, tmp_path / "empty", validate=False)

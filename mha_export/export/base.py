@@ -40,6 +40,11 @@ def unbounded(*args: Any, **options: Any) -> None:
     return None
 
 
+def untagged(*args: Any, **options: Any) -> str:
+    """A target whose options (none, or only how the file is built) leave its name alone."""
+    return ""
+
+
 def available() -> Optional[str]:
     """A target whose libraries are this package's own requirements."""
     return None
@@ -60,3 +65,6 @@ class ExportTarget:
     # torch, ONNX Runtime, the module's copies and the check's largest case): its libraries and
     # the memory its file plans for the largest call
     worker_bytes: int = 0
+    # (config, signature, target options) -> the options' part of a default folder's name,
+    # "" at their defaults ("-bf16", "-portable-b8"): files that differ in them land apart
+    folder_tag: Callable[..., str] = untagged

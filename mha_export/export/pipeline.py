@@ -68,7 +68,8 @@ def export_artifact(target: str, config: Optional[MHAConfig] = None,
     specs = lossy.prepared(source, asked.steps, seed, asked.dtype)
     sig = make_signature(source.config, asked.kind, lossy.cache_dtype(specs, FLOAT))
     dest = Path(output) if output is not None else default_folder(
-        source.config, target, asked.kind, specs=specs)  # the call's (sig.kind: the layer's)
+        source.config, target, asked.kind, specs=specs,  # the call's (sig.kind: the layer's)
+        tag=chosen.folder_tag(source.config, sig, **options))
     check_destination(dest, force)
     require_installed(chosen)  # last: its libraries' import alone can take seconds
     what = f"{target} export of {source.config.slug()}" + (

@@ -16,17 +16,19 @@ from .base import ExportTarget
 
 _TARGETS = (
     ExportTarget("onnx", to_onnx.MODEL_FILE, to_onnx.prepare, to_onnx.check,
-                 ("building the ONNX graph", "writing model.onnx")),
+                 ("building the ONNX graph", "writing model.onnx"),
+                 folder_tag=to_onnx.folder_tag),
     ExportTarget("torchscript", to_torchscript.MODEL_FILE, to_torchscript.prepare,
                  to_torchscript.check, ("torch.jit.script", "saving model.pt")),
     ExportTarget("aoti", to_aoti.MODEL_FILE, to_aoti.prepare, to_aoti.check,
-                 ("torch.export", "AOTInductor's compile of model.pt2")),
+                 ("torch.export", "AOTInductor's compile of model.pt2"),
+                 folder_tag=to_aoti.folder_tag),
     ExportTarget("executorch", to_executorch.MODEL_FILE, to_executorch.prepare,
                  to_executorch.check,
                  ("torch.export and ExecuTorch's lowering", "writing model.pte"),
                  to_executorch.program_bounds, executorch_missing,
                  # measured: a SmolLM2 layer's worker peaked at 1,257 MiB against 648 MiB
                  # estimated without it (AMD Zen 4, 2026-11-28)
-                 worker_bytes=640 * 2**20),
+                 worker_bytes=640 * 2**20, folder_tag=to_executorch.folder_tag),
 )
 TARGETS: dict[str, ExportTarget] = {t.name: t for t in _TARGETS}

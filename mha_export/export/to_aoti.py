@@ -41,6 +41,11 @@ def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
     return Prepared(export, lambda path: compile_package(program, path, sig, device))
 
 
+def folder_tag(config: MHAConfig, sig: Signature, device: str = "cpu") -> str:
+    """A CUDA package's mark in its default folder's name ("-cuda": it runs on no CPU)."""
+    return "" if device == DEVICES[0] else f"-{device}"
+
+
 def check(config: MHAConfig, sig: Signature, device: str = "cpu",
           specs: Optional[dict] = None) -> None:
     require_no_lossy_steps(specs, MODEL_FILE)

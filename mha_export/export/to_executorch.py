@@ -104,6 +104,17 @@ def program_bounds(config: MHAConfig, sig: Signature, max_batch: Optional[int] =
     return bounds
 
 
+def folder_tag(config: MHAConfig, sig: Signature, backend: str = "xnnpack",
+               max_batch: Optional[int] = None, kernels: str = DEFAULT_KERNELS) -> str:
+    """The default folder's marks of the options away from their defaults: "-portable" (the
+    backend), "-b8" (--max-batch: the batch bound, or a static cache's rows), "-llm" (the
+    kernels)."""
+    marks = (backend if backend != BACKENDS[0] else "",
+             f"b{max_batch}" if max_batch not in (None, default_max_batch(sig)) else "",
+             kernels if kernels != DEFAULT_KERNELS else "")
+    return "".join(f"-{mark}" for mark in marks if mark)
+
+
 def check(config: MHAConfig, sig: Signature, backend: str = "xnnpack",
           max_batch: Optional[int] = None, specs: Optional[dict] = None,
           kernels: str = DEFAULT_KERNELS) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import onnx
 from onnx import helper
 
 from ..config import MHAConfig
+from ..graph.builder import FLOAT_TYPES
 from ..graph.forms import GraphForm, resolve_opset
 from ..graph.model import build_model, check_buildable
 from ..kinds.registry import FORMS, default_form, get_form
@@ -53,6 +54,13 @@ def check(config: MHAConfig, sig: Signature, attention: Optional[str] = None,
     check_buildable(config, form, sig, dtype, FORMS.values())  # naming every kind's forms
     resolve_opset(form, opset)
     return form
+
+
+def folder_tag(config: MHAConfig, sig: Signature, dtype: str = "float32", **built: Any) -> str:
+    """A half-precision file's mark in its default folder's name ("-fp16", "-bf16");
+    ``built``: the options that choose only how the same function is written (form, opset)."""
+    tag = FLOAT_TYPES[dtype].tag
+    return f"-{tag}" if tag else ""
 
 
 def _write(model: onnx.ModelProto, path: Path, external: bool) -> None:

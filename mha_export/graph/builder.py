@@ -27,12 +27,14 @@ class FloatType:
     onnx: int  # TensorProto element type of the graph's float I/O and initializers
     numpy: type  # its numpy scalar type (bfloat16: ml_dtypes', numpy has none)
     torch: torch.dtype
+    tag: str = ""  # a default folder's mark of a file in it ("bf16"; float32: none)
 
 
 # every dtype an ONNX export can be built in: what varies with --dtype lives here
 FLOAT_TYPES = {"float32": FloatType(TensorProto.FLOAT, np.float32, torch.float32),
-               "float16": FloatType(TensorProto.FLOAT16, np.float16, torch.float16),
-               "bfloat16": FloatType(TensorProto.BFLOAT16, ml_dtypes.bfloat16, torch.bfloat16)}
+               "float16": FloatType(TensorProto.FLOAT16, np.float16, torch.float16, "fp16"),
+               "bfloat16": FloatType(TensorProto.BFLOAT16, ml_dtypes.bfloat16, torch.bfloat16,
+                                     "bf16")}
 ONNX_DTYPES = {name: t.onnx for name, t in FLOAT_TYPES.items()}
 NUMPY_DTYPES = {name: t.numpy for name, t in FLOAT_TYPES.items()}
 
