@@ -29,6 +29,7 @@ WEIGHTS_FILE = "weights.safetensors"
 REPORT_FILE = "parity.json"
 SUMMARY_FILE = "layers.json"  # a fan-out folder's summary (fanout/records.py)
 EVAL_EXPORTS_FILE = "eval-exports.json"  # eval --exports: whose layers the folder keeps
+EVAL_OPTIONS_FILE = "eval-options.json"  # eval: the options a kept layer was exported with
 KIND_SUFFIX = {"full": "", "masked": "-masked", "kv-cache": "-kv", "static-cache": "-static"}
 
 
@@ -143,15 +144,44 @@ def _json_with(path: Path, key: str, kind: type) -> bool:
     return isinstance(data, dict) and isinstance(data.get(key), kind)
 
 
+def foreign_files(folder: Path) -> list[str]:
+    """What an artifact folder holds that mha-export did not write there (a user's notes, a
+    folder), sorted: replacing the folder would delete it. Its own: the model file its record
+    names (and ONNX's external data), config.json, the source weights, the report, eval's
+    record of its options."""
+    own = {CONFIG_FILE, WEIGHTS_FILE, REPORT_FILE, EVAL_OPTIONS_FILE}
+    try:
+        model = json.loads((folder / CONFIG_FILE).read_text())["export"]["file"]
+    except (OSError, ValueError, KeyError, TypeError):
+        model = None
+    if isinstance(model, str):
+        own |= {model, f"{model}.data"}
+    return sorted(p.name for p in folder.iterdir() if p.name not in own or not p.is_file())
+
+
+def refuse_foreign(folder: Path, foreign: list[str]) -> None:
+    """--force replaces only what mha-export wrote: anything else in the folder is named, and
+    nothing is touched."""
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if foreign[3:] else "")
+        raise UsageError(f"{folder} holds {shown}, which mha-export did not write: --force "
+                         "replaces only an artifact's own files; move "
+                         f"{'it' if len(foreign) == 1 else 'them'} or choose another folder")
+
+
 def require_ours(folder: Path, force: bool, replaced: str = "replace it") -> None:
     """A non-empty folder is written into only when mha-export made it and --force says so;
-    a folder of anyone else's files is refused whatever the flags: every file is kept."""
+    a folder of anyone else's files, or an artifact holding a file mha-export did not write,
+    is refused whatever the flags: every file is kept."""
     if not (folder.is_dir() and any(folder.iterdir())):
         return
-    if made_by_us(folder) is None:
+    made = made_by_us(folder)
+    if made is None:
         raise UsageError(f"{folder} holds files but is not an mha-export artifact or layers "
                          "folder: its files are kept; choose a new or empty folder (--force "
                          "replaces only those)")
+    if made == "artifact":
+        refuse_foreign(folder, foreign_files(folder))
     if not force:
         raise UsageError(f"{folder} already holds an mha-export artifact: pass --force to "
                          f"{replaced}")
@@ -162,11 +192,11 @@ def check_destination(dest: Path, force: bool) -> Path:
     nothing (an export asks before it builds anything); where the staging folder goes."""
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"{dest} exists and is not a folder")
-    require_ours(dest, force)
     where = _absolute(dest)
     if where.exists() and where.resolve() in Path.cwd().resolve().parents:
         raise UsageError(f"the working folder is inside {dest}, which would be replaced: run "
                          "from elsewhere")
+    require_ours(dest, force)
     parent = where if _holds_cwd(where) else where.parent
     found = _existing_ancestor(parent)  # where the folders up to the staging folder start
     if found is not None and not found.is_dir():

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -140,6 +141,32 @@ def test_force_never_replaces_a_folder_mha_export_did_not_write(tmp_path, users)
         msg = one_line_error(run("onnx", *SMALL, "-o", out, "--no-check", *flags))
         assert "not an mha-export artifact" in msg and "kept" in msg
     assert _files(out) == before and (out / next(iter(users))).read_text() == next(iter(users.values()))
+
+
+@pytest.mark.parametrize("users", [{"notes.txt": "mine"}, {"runs/1.log": "log"},
+                                   {"a.txt": "1", "b.txt": "2", "c.txt": "3", "d.txt": "4"}])
+def test_force_over_an_artifact_never_deletes_a_file_mha_export_did_not_write(tmp_path, users):
+    """Refused in one line naming the file (with or without --force), every file kept; once
+    it is moved, --force replaces the artifact's own files (the report and eval's record
+    included)."""
+    out = tmp_path / "art"
+    assert run("onnx", *SMALL, "-o", out, "--sweep", "quick").exit_code == 0  # + parity.json
+    (out / "eval-options.json").write_text("{}")  # eval's record: written by mha-export
+    for name, text in users.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    before = {f: (out / f).read_bytes() for f in _files(out) if (out / f).is_file()}
+    for flags in ([], ["--force"]):
+        msg = one_line_error(run("torchscript", *SMALL, "-o", out, "--no-check", *flags))
+        assert "which mha-export did not write" in msg, msg
+        assert sorted(users)[0].split("/")[0] in msg and ("and 1 more" in msg) == (
+            len(users) == 4)
+    assert {f: (out / f).read_bytes() for f in _files(out) if (out / f).is_file()} == before
+    for name in users:
+        (out / name).unlink()
+    shutil.rmtree(out / "runs", ignore_errors=True)
+    assert run("torchscript", *SMALL, "-o", out, "--no-check", "--force").exit_code == 0
+    assert _files(out) == ["config.json", "model.pt", "weights.safetensors"]
 
 
 def test_force_replaces_an_artifact_and_a_layers_folder_is_one_of_ours(tmp_path):

@@ -134,6 +134,21 @@ def test_only_a_layers_folder_is_ever_replaced(smollm2_gguf, tmp_path):
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["notes.txt"]
 
 
+def test_force_never_deletes_a_file_the_user_put_in_a_layer_folder(tmp_path):
+    """--force replaces each layer folder whole: one holding a file mha-export did not write is
+    refused before any work, naming it, every file kept."""
+    layer = tmp_path / "run" / "layer-0"
+    layer.mkdir(parents=True)
+    (tmp_path / "run" / "layers.json").write_text('{"layers": []}')
+    (layer / "config.json").write_text('{"config": {}, "export": {"file": "model.onnx"}}')
+    (layer / "model.onnx").write_text("x")
+    (layer / "notes.txt").write_text("mine")
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(UsageError, match="layer-0/notes.txt, which mha-export did not write"):
+        export_layers("onnx", tmp_path / "never-read.gguf", "0", tmp_path / "run", force=True)
+    assert sorted(tmp_path.rglob("*")) == before and (layer / "notes.txt").read_text() == "mine"
+
+
 def test_eval_reuses_a_checked_folder(smollm2_layers, smollm2_gguf, smollm2_model):
     """eval --exports DIR runs DIR's passing layers as they are (their fingerprint: the same
     weights and options), exporting nothing anew."""

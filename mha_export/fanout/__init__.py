@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from ..artifact import made_by_us
+from ..artifact import foreign_files, made_by_us, refuse_foreign
 from ..errors import UsageError
 from ..lossy import registry as lossy
 from .executors import DEFAULT as DEFAULT_EXECUTOR, EXECUTORS, Work, make_executor
@@ -93,7 +93,8 @@ def _plain(options: dict) -> dict:
 
 def _require_free(root: Path, force: bool, resume: bool) -> None:
     """An existing folder is replaced only when asked (--force), or gone on from (--resume),
-    and only when it is a fan-out folder (its layers.json): anyone else's files are kept."""
+    and only when it is a fan-out folder (its layers.json): anyone else's files are kept (a
+    layer folder holding one is refused)."""
     if root.exists() and not root.is_dir():
         raise UsageError(f"{root} exists and is not a folder")
     if force and resume:
@@ -107,6 +108,9 @@ def _require_free(root: Path, force: bool, resume: bool) -> None:
     if not (force or resume):
         raise UsageError(f"{root} already holds layers: pass --force to replace them "
                          "or --resume to keep the passing ones")
+    if force:  # each layer folder goes whole (_clear): a file mha-export did not write stays
+        refuse_foreign(root, [f"{sub.name}/{name}" for sub in layer_folders(root).values()
+                              for name in foreign_files(sub)])
 
 
 def _clear(root: Path) -> None:

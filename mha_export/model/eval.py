@@ -444,7 +444,7 @@ class Evaluator:
         """The layer's artifact (exported here, or reused when the folder holds one made with
         the same options: an earlier eval's, or a checked `onnx --layers` run's layer-{L}/,
         by its layers.json), opened in the runner."""
-        from ..artifact import read_artifact
+        from ..artifact import EVAL_OPTIONS_FILE, read_artifact
         from ..check.runners import RunOptions
         from ..export.pipeline import export_artifact
         from ..export.targets import TARGETS
@@ -453,7 +453,7 @@ class Evaluator:
         checked = checked_layer(self.folder, target.name, self.weights, options, layer)
         folder = self.folders[name, layer] = checked or self._folder(name, layer)
         stamp = export_stamp(target.name, self.weights, options, None, layer)
-        record = folder / "eval-options.json"
+        record = folder / EVAL_OPTIONS_FILE
         if not checked and not (record.is_file() and record.read_text() == stamp
                                 and (folder / self.kind.model_file).is_file()):
             own = {k: v for k, v in options.items() if k in TARGET_KEYS}
