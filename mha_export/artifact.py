@@ -148,7 +148,8 @@ def foreign_files(folder: Path) -> list[str]:
     """What an artifact folder holds that mha-export did not write there (a user's notes, a
     folder), sorted: replacing the folder would delete it. Its own: the model file its record
     names (and ONNX's external data), config.json, the source weights, the report, eval's
-    record of its options."""
+    record of its options, and a check's report on it (`check DIR --json DIR/ci.json`: by
+    its contents)."""
     own = {CONFIG_FILE, WEIGHTS_FILE, REPORT_FILE, EVAL_OPTIONS_FILE}
     try:
         model = json.loads((folder / CONFIG_FILE).read_text())["export"]["file"]
@@ -156,7 +157,14 @@ def foreign_files(folder: Path) -> list[str]:
         model = None
     if isinstance(model, str):
         own |= {model, f"{model}.data"}
-    return sorted(p.name for p in folder.iterdir() if p.name not in own or not p.is_file())
+    return sorted(p.name for p in folder.iterdir() if not p.is_file() or not (
+        p.name in own or p.suffix == ".json" and _is_check_report(p)))
+
+
+def _is_check_report(path: Path) -> bool:
+    """A JSON report of mha-export's check (CheckReport.to_dict: the artifact checked and the
+    results)."""
+    return _json_with(path, "artifact", str) and _json_with(path, "results", list)
 
 
 def refuse_foreign(folder: Path, foreign: list[str]) -> None:
