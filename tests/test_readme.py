@@ -44,3 +44,11 @@ def test_architecture_tree_names_every_stage_folder():
         assert f"  {name}/" in section, name
     for where in ("graph/forms/", "check/runners/", "weights/families/", "export/targets.py"):
         assert where in section, where
+
+
+def test_readme_names_every_gguf_architecture_read():
+    from mha_export.weights.gguf import ARCHITECTURES
+    row = next(line for line in (ROOT / "README.md").read_text().splitlines()
+               if line.startswith("| GGUF files |"))
+    named = re.findall(r"`([\w.-]+)`", row.split(";")[0])
+    assert sorted(named) == sorted(ARCHITECTURES)

@@ -195,8 +195,8 @@ def require_extra(module: str, extra: str, flag: str) -> None:
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="mha-export")
 def cli() -> None:
-    """Export causal multi-head attention to ONNX / TorchScript and prove parity with eager
-    PyTorch.
+    """Export causal multi-head attention to ONNX, TorchScript, AOTInductor (aoti) or
+    ExecuTorch, and prove parity with eager PyTorch.
 
     \b
     mha-export onnx --heads 12 --dim 768          # -> models/split-h12-d768-onnx/
