@@ -29,7 +29,8 @@ def test_parity_json_keeps_0_3s_key_order():
     keys = list(CheckReport("a", 0, [1], [1]).to_dict())
     assert keys[keys.index("export_versions"):] == [
         "export_versions", "quantization", "kv_cache", "half_weights", "real_inputs",
-        "real_quantization", "real_kv_cache", "real_half_weights", "passed"]
+        "real_quantization", "real_kv_cache", "real_half_weights", "passed", "picked",
+        "runnable_here", "verdict"]  # 0.7's keys after 0.3's
 
 
 def test_requests_are_refused_before_any_work():

@@ -144,13 +144,14 @@ class CheckReport:
         """parity.json: the fields, each cost's result under its own key."""
         d, out = asdict(self), {}
         del d["costs"]
+        later = {k: d.pop(k) for k in ("picked", "runnable_here")}  # 0.7's: after 0.3's keys
         for key, value in d.items():  # each cost beside its kind of inputs, as 0.3 wrote them
             if key == "real_inputs":
                 out.update({n: _plain(r) for n, r in self.costs.items()
                             if not n.startswith(lossy.REAL)})
             out[key] = value
         out.update({n: _plain(r) for n, r in self.costs.items() if n.startswith(lossy.REAL)})
-        return {**out, "passed": self.passed, "verdict": self.verdict}
+        return {**out, "passed": self.passed, **later, "verdict": self.verdict}
 
 
 def _plain(result):
