@@ -130,7 +130,7 @@ class LlmRows(CacheRows):
         keys, values = self.key(m), self.value(m)
         t = q.size(1)
         first = start[0].item()  # the kernels take the row's start as a number
-        torch._check_is_size(first)
+        torch._check(first >= 0)
         torch._check(first + t <= self.capacity)
         torch.ops.llama.update_cache(k.transpose(0, 1).unsqueeze(0), keys, first)  # (1,T,K,H)
         torch.ops.llama.update_cache(v.transpose(0, 1).unsqueeze(0), values, first)
