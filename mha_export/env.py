@@ -154,21 +154,25 @@ def quiet_libraries() -> None:
 
 @contextlib.contextmanager
 def native_stderr_without(noise: Sequence[re.Pattern]) -> Iterator[None]:
-    """What C/C++ code writes to file descriptor 2 meanwhile (below Python's logging and
-    warnings), written back after it without the lines ``noise`` matches: a runtime's info
+    """What is written to stderr meanwhile, by C/C++ code (file descriptor 2, below Python's
+    logging and warnings) or through Python's sys.stderr (ExecuTorch's binding logs there),
+    written back to sys.stderr after it without the lines ``noise`` matches: a runtime's info
     lines go, its errors stay."""
-    sys.stderr.flush()
+    python_stderr = sys.stderr
+    python_stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as caught:
         os.dup2(caught.fileno(), 2)
+        sys.stderr = open(2, "w", closefd=False)
         try:
             yield
         finally:
             sys.stderr.flush()
+            sys.stderr = python_stderr
             os.dup2(saved, 2)
             os.close(saved)
             caught.seek(0)
             kept = [line for line in caught.read().decode(errors="replace").splitlines(True)
                     if not any(p.match(line) for p in noise)]
-            if kept:
-                os.write(2, "".join(kept).encode())
+            python_stderr.write("".join(kept))
+            python_stderr.flush()

@@ -769,3 +769,19 @@ def exit_on_layer(layer: int, job):
     if job.layer == layer:
         os._exit(3)
     return run_layer(job)
+
+
+HELD = []  # what a worker holds until it exits
+
+
+def holding_a_semaphore(job):
+    """A fan-out's unit of work (the real one) whose worker holds a multiprocessing lock until it
+    exits, as tqdm's class-level lock in torch.export's worker does, and takes a second to exit
+    (a large runtime's teardown): ``work=`` this."""
+    import multiprocessing
+    import time
+    from multiprocessing.util import Finalize
+    from mha_export.fanout.work import run_layer
+    HELD.append(multiprocessing.RLock())
+    Finalize(None, time.sleep, (1.0,), exitpriority=10)  # before the lock's own (0)
+    return run_layer(job)

@@ -302,3 +302,20 @@ def test_a_layer_nothing_here_could_check_is_unchecked_not_failed(tmp_path, monk
     assert format_summary(summary).splitlines()[-1].startswith("UNCHECKED: 2 layers")
     summary.records.append(LayerRecord(2, "fail", "layer-2"))
     assert not summary.unchecked
+
+
+def test_a_worker_that_sent_its_record_exits_on_its_own(smollm2_gguf, tmp_path):
+    """Killed right after its record, a worker left its libraries' semaphores to the run's
+    resource tracker, which warned at exit (issue 62: 'leaked semaphore objects' after an
+    ExecuTorch --layers run, whose torch.export takes tqdm's lock)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import faults; from mha_export.fanout import export_layers; "
+            f"export_layers('onnx', {str(smollm2_gguf)!r}, '0', {str(tmp_path / 'run')!r}, "
+            "validate=False, work=faults.holding_a_semaphore)")
+    tests = Path(__file__).parent
+    done = subprocess.run([sys.executable, "-c", code], cwd=tests, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and (tmp_path / "run" / "layer-0").is_dir(), done.stderr
+    assert "leaked" not in done.stderr, done.stderr

@@ -163,3 +163,18 @@ def test_half_precision_models_get_their_tolerance_on_every_onnx_runner():
         tolerance = RUNNERS[name].tolerance
         assert tolerance("bfloat16", RunOptions()) == BFLOAT16
         assert tolerance("float16", RunOptions()) == FLOAT16
+
+
+def test_a_runtimes_info_lines_are_dropped_and_its_errors_kept(capfd):
+    """ExecuTorch's runtime prints thread-pool info lines to stderr, from C++ and through
+    Python's sys.stderr (issue 62); what else is written meanwhile reaches stderr."""
+    import os
+    import sys
+    from mha_export.check.runners import EXECUTORCH_INFO
+    from mha_export.env import native_stderr_without
+    with native_stderr_without(EXECUTORCH_INFO):
+        os.write(2, b"[cpuinfo_utils.cpp:87] Failed to open midr file /sys/x\n"
+                    b"[method.cpp:12] a real error\n")
+        sys.stderr.write("[threadpool.cpp:66] Resetting threadpool to 1 threads.\n")
+        sys.stderr.write("a Python error\n")
+    assert capfd.readouterr().err == "[method.cpp:12] a real error\na Python error\n"

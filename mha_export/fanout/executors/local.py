@@ -23,6 +23,7 @@ from .base import Capacity, Done, Started, Work
 from .worker import STOPPED_PAST_TIMEOUT, WATCHDOG_GRACE, in_worker, lost
 
 GRACE = 2 * WATCHDOG_GRACE  # seconds past --timeout before the executor kills a worker
+EXIT_GRACE = 10.0  # seconds a worker that sent its record has to exit before it is killed
 
 
 def _child(work: Work, job: LayerJob, send: Connection) -> None:
@@ -105,6 +106,8 @@ class LocalExecutor:
                 except EOFError:  # the worker died before sending its record
                     pass
         finally:
+            if record is not None:  # done: its exit runs its finalizers (a killed worker
+                proc.join(EXIT_GRACE)  # leaves a library's semaphore to the run's tracker)
             if proc.is_alive():
                 proc.kill()
             proc.join()
