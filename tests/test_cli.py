@@ -449,6 +449,23 @@ def test_bench_plot_without_matplotlib_is_refused_before_any_work(tmp_path, monk
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command, flag", [
+    (["bench", *SMALL], "--json"), (["bench", *SMALL], "--plot"),
+    (["check", "models/nowhere"], "--json"),
+    (["eval", "--weights", "nowhere.gguf", "--text", "nowhere.txt"], "--json"),
+    (["eval", "--weights", "nowhere.gguf", "--text", "nowhere.txt"], "--plot")])
+def test_an_output_files_folder_is_checked_before_any_work(tmp_path, monkeypatch, command,
+                                                           flag):
+    """performance.md's `--json benchmarks/results/...` run outside the repository measured
+    for minutes, then failed to write: the folder is refused first, in one line."""
+    import mha_export.bench.driver as driver
+    monkeypatch.setattr(driver, "run_bench", lambda *a, **k: pytest.fail("measured first"))
+    missing = tmp_path / "benchmarks" / "results"
+    line = one_line_error(run(*command, flag, missing / "out.json"))
+    assert f"folder {missing} not found" in line and flag in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_check_selects_runners_by_name(tmp_path):
     out = tmp_path / "ts"
     assert run("torchscript", *SMALL, "-o", out, "--no-check").exit_code == 0

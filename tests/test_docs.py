@@ -26,13 +26,20 @@ SMALL = (("--heads 12 --dim 768", "--heads 4 --dim 64 --max-seq-len 16"),
          ("--heads 8 --dim 2048 --kv-heads 2 --head-dim 256",  # a KV-shared layer
           "--heads 4 --dim 64 --kv-heads 2 --head-dim 16 --max-seq-len 16"),
          ("SmolLM2-135M-Instruct.Q4_1.gguf --layers 0,5",  # the tiny checkpoint's first two
-          "path/to/Qwen3-0.6B --layers 0,1"))
+          "path/to/Qwen3-0.6B --layers 0,1"),
+         ("--past-lens 1024 --capacity 2048",  # ExecuTorch's static-cache step, timed briefly
+          "--past-lens 8 --capacity 16 --budget 0.05"),
+         ("--json benchmarks/results/", "--json "))  # a recorded run's file: the test's folder
 CHECKPOINT = "path/to/Qwen3-0.6B"
+# performance.md's ExecuTorch step run (its 8B-shape run: the same command, another shape)
+EXECUTORCH_STEP = ("mha-export bench --heads 12 --dim 768 --static-cache --seq-lens 1 "
+                   "--past-lens 1024 --capacity 2048")
 # Commands of pages not run whole (a checkpoint the tests lack, minutes of work), each run on
 # its own in a fresh folder, shrunk as above: (page, how the command starts).
 RUN_ALONE = (("kv-sharing.md", "mha-export onnx --heads 8 --dim 2048"),
              ("executorch.md", "mha-export executorch --weights SmolLM2-135M-Instruct.Q4_1.gguf "
-                               "--layers"))
+                               "--layers"),
+             ("performance.md", EXECUTORCH_STEP))
 
 
 def fenced_blocks(text: str, language: str) -> list[str]:
@@ -113,13 +120,34 @@ def test_every_command_and_snippet_on_the_page_runs(page, tmp_path):
 def test_a_command_of_a_page_not_run_whole_runs_as_written(page, start, tmp_path):
     found = [c for c in page_commands(DOCS / page) if c.startswith(start)]
     assert len(found) == 1, found
-    if found[0].startswith("mha-export executorch"):
+    if "executorch" in found[0]:  # its target, or its runners
         pytest.importorskip("executorch.runtime")
     if CHECKPOINT in small(found[0]):
         tiny_qwen3(tmp_path / CHECKPOINT)
     done = run_step("sh", found[0], tmp_path)
     assert done.returncode == 0, (f"{page}: {small(found[0])}\n"
                                   f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
+
+
+def test_performance_pages_executorch_runs_differ_only_in_the_shape_and_file():
+    """The ExecuTorch step's 8B-shape run is the 12 x 768 one (run above) at another shape;
+    the batch the text gives is the one its commands, without --max-batch, run."""
+    from mha_export.export.to_executorch import STATIC_ROWS
+    runs = [c for c in page_commands(DOCS / "performance.md")
+            if "--runners executorch-cpu" in c]
+    assert len(runs) == 2 and not any("--max-batch" in run for run in runs), runs
+    text = " ".join((DOCS / "performance.md").read_text().split())
+    assert f"batch {STATIC_ROWS} (one static row, the default)" in text
+    shapes = {"--heads 12 --dim 768": "SHAPE", "--preset llama3-8b": "SHAPE",
+              "12x768": "NAME", "llama3-8b": "NAME"}
+    for run in runs:
+        assert run.startswith(("mha-export bench --heads 12", "mha-export bench --preset")), run
+    same = []
+    for run in runs:
+        for shape, mark in shapes.items():
+            run = run.replace(shape, mark)
+        same.append(run)
+    assert same[0] == same[1], same
 
 
 def test_readme_tour_is_run_by_the_getting_started_page():

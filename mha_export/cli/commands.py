@@ -36,7 +36,7 @@ from ..presets import PRESETS, preset_options
 from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, POLICIES as THREAD_POLICIES
 from .options import (CHECK_EXITS, VERDICT_EXIT, budget_options, config_options, explicit,
                       export_options, fanout_options, fanout_settings, int_list, model_options,
-                      provider_list, runner_list)
+                      output_file, provider_list, runner_list)
 
 
 class BadInput(click.ClickException):
@@ -330,7 +330,8 @@ def aoti(verbose: bool, **kw) -> None:
               help="full: every batch size x length x cache length; quick (the export-time "
                    "check's): lengths over 64 at batch 1 over the two shortest caches.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              callback=output_file, default=None,
               help="Write the report as JSON.")
 @click.option("--require-cuda", is_flag=True,
               help="Fail (exit 1) when the CUDA provider cannot run, instead of skipping it.")
@@ -461,8 +462,10 @@ def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequen
 @click.option("--max-ppl-increase", type=float, default=None,
               help="Fail (exit 1) when perplexity rises by more than this fraction (0.001 = "
                    "0.1%).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              callback=output_file, default=None)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              callback=output_file, default=None,
               help="A PNG of the per-token KL (and of each attribution step).")
 @_lossy_options
 @_guard
@@ -561,8 +564,10 @@ def cpp_programs(folder: Optional[str], runners: tuple | list):
               help="Seconds of timed runs per measurement (at least 3-5 runs).")
 @click.option("--mem-limit-gib", type=click.FloatRange(min=1), default=16.0, show_default=True,
               help="Address-space cap per measurement process (over it: 'out of memory').")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None)
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--json", "json_path", type=click.Path(dir_okay=False),
+              callback=output_file, default=None)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              callback=output_file, default=None,
               help="PNG: latency and memory vs T (vs the past length for decode steps), "
                    "log-log.")
 @click.option("--from-json", "from_json", type=click.Path(exists=True, dir_okay=False),

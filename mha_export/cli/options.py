@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import click
@@ -51,6 +53,18 @@ def json_object(ctx, param, value: Optional[str]) -> Optional[dict]:
     if not isinstance(d, dict):
         raise click.BadParameter(f"expected a JSON object, got {value!r}")
     return d
+
+
+def output_file(ctx, param, value: Optional[str]) -> Optional[str]:
+    """A file written when the command is done (--json, --plot): its folder is checked before
+    any work, so that a mistyped or unwritable folder is not found after minutes of it."""
+    if value is not None:
+        folder = Path(value).parent
+        if not folder.is_dir():
+            raise click.BadParameter(f"folder {folder} not found: create it or choose another")
+        if not os.access(folder, os.W_OK):
+            raise click.BadParameter(f"folder {folder} is not writable")
+    return value
 
 
 def provider_list(ctx, param, value: Optional[str]) -> Optional[list[str]]:
