@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .errors import UsageError, require_positive as _positive
+from .layer_option import check_declared, option
 from .kinds.kv_shared.settings import SharedKV
 from .kinds.mla.settings import ROPE_LAYOUTS, Latent  # noqa: F401 (ROPE_LAYOUTS: the CLI's)
 from .rope_types import SCALING_FIELDS, SCALINGS, normalized_scaling  # noqa: F401
@@ -62,28 +63,48 @@ class MHAConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None  # {"rope_type": "linear" | "llama3", "factor": ..., ...}
     qk_norm: str = "none"  # QK_NORMS: RMSNorm on q and k before rotary
-    qk_norm_eps: float = 1e-6
+    qk_norm_eps: float = option(1e-6, "The q/k norm's eps.", positive=True)
     qk_norm_type: str = "rms"  # QK_NORM_TYPES
     qk_norm_bias: bool = False  # the norm adds a learned bias (Phi's LayerNorm)
     qk_norm_per_head: bool = False  # one weight (and bias) per head, (N, H) (StableLM, Cohere)
     qk_norm_after_rope: bool = False  # the q/k norm after rotary, not before (Hunyuan)
     qk_norm_weightless: bool = False  # an RMSNorm without weight (Llama 4's L2 norm)
-    qkv_clip: float | None = None  # q, k, v clamped to [-clip, clip] before rotary (DBRX, OLMo)
+    qkv_clip: float | None = option(
+        None, "Clamp q, k and v to [-clip, clip] after the projections (and q/k norm), before "
+        "rotary (DBRX, OLMo, OLMoE: clip_qkv).", positive=True, refused_by={
+            "latent": "qkv_clip",
+            "kv_shared": "qkv_clip (it clamps the source layer's keys and values)"})
     # queries scaled by position after rotary: q * (1 + beta * log(1 + floor(pos / length)))
     # (Ministral 3's llama_4_scaling_beta over original_max_position_embeddings)
-    query_scale_beta: float | None = None
+    query_scale_beta: float | None = option(
+        None, "Queries times 1 + beta * log(1 + floor(position / length)) after rotary "
+        "(Ministral 3's llama_4_scaling_beta); with --query-scale-length.", positive=True,
+        refused_by={"latent": "query_scale_beta", "kv_shared": "query_scale_beta"})
     query_scale_length: int | None = None
     query_scale_by: str = "position"  # QUERY_SCALE_BY
     norm_offset: float = 0.0  # the norm multiplies by (norm_offset + weight): 1 for Gemma, Qwen3.5
-    softmax_scale: float | None = None  # default 1/sqrt(head_dim) (Gemma, Granite set their own)
-    softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
+    softmax_scale: float | None = option(
+        None, "Softmax scale [default: 1/sqrt(head_dim)] (Gemma: query_pre_attn_scalar^-0.5, "
+        "Granite: attention_multiplier).", positive=True,
+        refused_by={"latent": "softmax_scale (MLA's is (Hn + Hr)^-0.5 and yarn's mscale)"})
+    softcap: float | None = option(
+        None, "Logit softcapping cap*tanh(s/cap), before the mask (Gemma 2).", positive=True,
+        refused_by={"latent": "softcap"})
     sinks: bool = False  # a learned logit per head joins the softmax denominator (gpt-oss)
     # head h's score of query i and key j gains alibi_slopes[h] * (j - i) (BLOOM, MPT, Falcon)
     alibi: bool = False
     output_gate: bool = False  # y = out_proj(attention * sigmoid(x @ W_gate)) (Qwen3.5)
-    out_norm_eps: float | None = None  # an RMSNorm (this eps) before out_proj (BitNet)
-    v_norm_eps: float | None = None  # values RMS-normalised per head, no weight (Gemma 3n)
-    value_multiplier: float | None = None  # values times this after the projection (MiMo-V2)
+    out_norm_eps: float | None = option(
+        None, "An RMSNorm of the attention output before the output projection, with this eps "
+        "(BitNet's attn_sub_norm).", positive=True, refused_by={"latent": "out_norm_eps"})
+    v_norm_eps: float | None = option(
+        None, "Values RMS-normalised over each head's features, without a weight, with this "
+        "eps (Gemma 3n's v_norm).", positive=True, refused_by={
+            "latent": "v_norm_eps", "kv_shared": "a value norm (the source layer's)"})
+    value_multiplier: float | None = option(
+        None, "Values times this right after their projection (MiMo-V2's "
+        "attention_value_scale) [default: none].", positive=True, refused_by={
+            "latent": "value_multiplier", "kv_shared": "value_multiplier (the source layer's)"})
     layout: Optional[str] = None  # LAYOUTS (default: "latent" with a latent section, else split)
     latent: Optional[Latent] = None  # Multi-head Latent Attention (kinds/mla/), or a plain layer
     kv_shared: Optional[SharedKV] = None  # attends with another layer's keys and values
@@ -269,12 +290,7 @@ class MHAConfig:
         if self.qk_norm_per_head and self.qk_norm != "head":
             raise UsageError("qk_norm_per_head gives each head its own norm weights: it needs "
                              f"qk_norm head, got {self.qk_norm!r}")
-        for name in ("qk_norm_eps", "softmax_scale", "softcap", "qkv_clip", "out_norm_eps",
-                     "query_scale_beta", "v_norm_eps", "value_multiplier"):
-            value = getattr(self, name)
-            if value is not None and not (isinstance(value, (int, float)) and not isinstance(
-                    value, bool) and math.isfinite(value) and value > 0):
-                raise UsageError(f"{name} must be a positive number, got {value!r}")
+        check_declared(self)
         if not (isinstance(self.norm_offset, (int, float)) and math.isfinite(self.norm_offset)):
             raise UsageError(f"norm_offset must be a finite number, got {self.norm_offset!r}")
 

@@ -17,6 +17,7 @@ from ..config import (LAYOUTS, QK_NORM_TYPES, QK_NORMS, QUERY_SCALE_BY, ROPE_LAY
                       SCALINGS, SECTIONS, MHAConfig)
 from ..errors import UsageError
 from ..fanout.executors import EXECUTORS
+from ..layer_option import declared, flag
 from ..lossy.costs import BUDGETS
 from ..weights.families import FAMILIES
 from ..lossy import registry as lossy
@@ -96,6 +97,10 @@ def _apply(options: list, fn: Callable) -> Callable:
     return fn
 
 
+# the layer options declared on their config field (layer_option.py)
+DECLARED_OPTIONS = [click.option(flag(f), type=how.type, default=f.default,
+                                 show_default=f.default is not None, help=how.help)
+                    for f, how in declared(MHAConfig)]
 CONFIG_OPTIONS = [
     click.option("--heads", type=int, default=DEFAULTS["heads"], show_default=True,
                  help="Attention heads."),
@@ -131,7 +136,6 @@ CONFIG_OPTIONS = [
     click.option("--qk-norm", type=click.Choice(QK_NORMS), default=DEFAULTS["qk_norm"],
                  show_default=True, help="RMSNorm of q and k before rotary: head = over each "
                  "head's features (Qwen3, Gemma 3), full = over the whole projection (OLMo 2)."),
-    click.option("--qk-norm-eps", type=float, default=DEFAULTS["qk_norm_eps"], show_default=True),
     click.option("--qk-norm-type", type=click.Choice(QK_NORM_TYPES),
                  default=DEFAULTS["qk_norm_type"], show_default=True,
                  help="rms = RMSNorm; layer = LayerNorm, the mean subtracted first (Phi, "
@@ -144,34 +148,15 @@ CONFIG_OPTIONS = [
                  help="The q/k norm after rotary, not before (Hunyuan)."),
     click.option("--qk-norm-weightless", is_flag=True, default=False,
                  help="The q/k norm without a weight: x / rms(x) (Llama 4's L2 norm)."),
-    click.option("--query-scale-beta", type=float, default=None,
-                 help="Queries times 1 + beta * log(1 + floor(position / length)) after rotary "
-                      "(Ministral 3's llama_4_scaling_beta); with --query-scale-length."),
     click.option("--query-scale-length", type=int, default=None,
                  help="The length of --query-scale-beta (original_max_position_embeddings)."),
     click.option("--query-scale-by", type=click.Choice(QUERY_SCALE_BY), default="position",
                  show_default=True,
                  help="What --query-scale-beta scales by: position (position_ids), or slot: "
                       "floor((cache slot + 1) / length) (Llama 4's temperature tuning)."),
-    click.option("--value-multiplier", type=float, default=None,
-                 help="Values times this right after their projection (MiMo-V2's "
-                      "attention_value_scale) [default: none]."),
-    click.option("--v-norm-eps", type=float, default=None,
-                 help="Values RMS-normalised over each head's features, without a weight, "
-                      "with this eps (Gemma 3n's v_norm)."),
-    click.option("--out-norm-eps", type=float, default=None,
-                 help="An RMSNorm of the attention output before the output projection, with "
-                      "this eps (BitNet's attn_sub_norm)."),
-    click.option("--qkv-clip", type=float, default=None,
-                 help="Clamp q, k and v to [-clip, clip] after the projections (and q/k norm), "
-                      "before rotary (DBRX, OLMo, OLMoE: clip_qkv)."),
+    *DECLARED_OPTIONS,
     click.option("--norm-offset", type=float, default=DEFAULTS["norm_offset"], show_default=True,
                  help="The q/k norm multiplies by (offset + weight): 1 for Gemma 3, Qwen3.5."),
-    click.option("--softmax-scale", type=float, default=None,
-                 help="Softmax scale [default: 1/sqrt(head_dim)] (Gemma: query_pre_attn_scalar"
-                      "^-0.5, Granite: attention_multiplier)."),
-    click.option("--softcap", type=float, default=None,
-                 help="Logit softcapping cap*tanh(s/cap), before the mask (Gemma 2)."),
     click.option("--sinks/--no-sinks", default=DEFAULTS["sinks"], show_default=True,
                  help="A learned logit per head joins the softmax denominator (gpt-oss)."),
     click.option("--alibi/--no-alibi", default=DEFAULTS["alibi"], show_default=True,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
 from ...errors import UsageError
+from ...layer_option import refused_by
 from ..section import section_from_json
 
 NAME = "cross-layer KV sharing"
@@ -39,11 +40,7 @@ class SharedKV:
     def resolve(self, c: Any) -> Dict[str, Any]:
         """The layout it decides; the options that act on keys or values refused (the source
         layer applies them before its cache)."""
-        refused = {"a value norm (the source layer's)": c.v_norm_eps,
-                   "value_multiplier (the source layer's)": c.value_multiplier,
-                   "qkv_clip (it clamps the source layer's keys and values)": c.qkv_clip,
-                   "query_scale_beta": c.query_scale_beta,
-                   "qk_norm_after_rope": c.qk_norm_after_rope,
+        refused = {**refused_by(c, "kv_shared"), "qk_norm_after_rope": c.qk_norm_after_rope,
                    "layout " + repr(c.layout): c.layout not in (None, LAYOUT)}
         for name, on in refused.items():
             if on:

@@ -22,6 +22,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from ... import rope_types
 from ...errors import UsageError, require_positive as _positive
+from ...layer_option import refused_by
 from ..section import section_from_json
 from ..dsa.settings import SparseIndex
 
@@ -65,13 +66,9 @@ class Latent:
         """The MHAConfig fields this section decides, derived from it (a given one must agree);
         the options that do not apply to MLA refused. ``c``: the MHAConfig being built."""
         refused = {"a sliding window": c.sliding_window, "attention chunks": c.attention_chunk,
-                   "v_head_dim (the latent section's)": c.v_head_dim,
-                   "value_multiplier": c.value_multiplier, "alibi": c.alibi,
-                   "qk_norm": c.qk_norm != "none",
-                   "qkv_clip": c.qkv_clip, "out_norm_eps": c.out_norm_eps,
-                   "query_scale_beta": c.query_scale_beta, "v_norm_eps": c.v_norm_eps,
-                   "softcap": c.softcap, "sinks": c.sinks, "output_gate": c.output_gate,
-                   "softmax_scale (MLA's is (Hn + Hr)^-0.5 and yarn's mscale)": c.softmax_scale,
+                   "v_head_dim (the latent section's)": c.v_head_dim, "alibi": c.alibi,
+                   "qk_norm": c.qk_norm != "none", **refused_by(c, "latent"),
+                   "sinks": c.sinks, "output_gate": c.output_gate,
                    "a non-causal layer": not c.causal, "dropout": c.dropout,
                    "norm_offset": c.norm_offset, "layout " + repr(c.layout):
                    c.layout not in (None, LAYOUT)}
