@@ -343,17 +343,17 @@ def test_grouped_attention_over_a_whole_buffer_is_attention_over_the_valid_prefi
     """The ExecuTorch step's core (query heads grouped per kv head, the keys stored
     transposed, every slot of the buffer read and those past the row's queries masked) equals
     ``attention`` over the row's valid prefix, with each option."""
-    from mha_export.layer.attention import attention, grouped_attention
+    from mha_export.layer.attention import Scoring, attention, grouped_attention
     torch.manual_seed(0)
     n, h, c, t, start = 4, 8, 16, 3, 5
     q = torch.randn(n, t, h, dtype=torch.float64)
     keys, values = (torch.randn(kv_heads, c, h, dtype=torch.float64) for _ in range(2))
     sinks = torch.randn(n, dtype=torch.float64) if option.get("sinks") else None
     alibi = torch.rand(n, dtype=torch.float64) if option.get("alibi") else None
-    kw = dict(window=option.get("window", 0), softcap=option.get("softcap", 0.0),
-              sinks=sinks, chunk=option.get("chunk", 0), alibi=alibi)
-    got = grouped_attention(q, keys.transpose(1, 2), values, 0.3, torch.tensor([start]), **kw)
+    scoring = Scoring(0.3, True, option.get("window", 0), option.get("chunk", 0),
+                      option.get("softcap", 0.0), sinks, alibi)
+    got = grouped_attention(q, keys.transpose(1, 2), values, scoring, torch.tensor([start]))
     end = start + t
-    want, _ = attention(q[None], keys[None, :, :end], values[None, :, :end], 0.3, True, 0.0,
-                        False, query_start=torch.tensor([start]), **kw)
+    want, _ = attention(q[None], keys[None, :, :end], values[None, :, :end], scoring,
+                        query_start=torch.tensor([start]))
     torch.testing.assert_close(got, want[0], rtol=1e-12, atol=1e-12)

@@ -104,9 +104,7 @@ class AtenRows(CacheRows):
         slots = start + torch.arange(k.size(1), device=k.device)  # (T,)
         keys[:, :, slots] = k.transpose(1, 2).contiguous().to(keys.dtype)  # (K, H, T)
         values[:, slots] = v.to(values.dtype)  # (K, T, Hv)
-        return grouped_attention(q, keys, values, inner.scale, start, inner.window,
-                                 inner.softcap, inner.sinks if inner.has_sinks else None,
-                                 inner.chunk, inner.alibi_slopes if inner.has_alibi else None)
+        return grouped_attention(q, keys, values, inner.scoring(), start)
 
 
 class LlmRows(CacheRows):

@@ -5,11 +5,24 @@ Shape legend: B = batch, N = heads, Tq = queries, Tk = keys (past + this call), 
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+
+class Scoring(NamedTuple):
+    """How a layer scores its keys, fixed per layer: the softmax scale, causal or not, a sliding
+    window or chunks (0: none), softcapping (0.0: none), the sinks' logits (N,) and ALiBi's
+    slopes (N,) (None: none). A NamedTuple: torch.jit.script compiles it."""
+    scale: float
+    causal: bool = True
+    window: int = 0
+    chunk: int = 0
+    softcap: float = 0.0
+    sinks: Optional[Tensor] = None
+    alibi: Optional[Tensor] = None
 
 
 def causal_mask(t_q: int, t_k: int, device: torch.device, window: int = 0) -> Tensor:
@@ -105,11 +118,10 @@ def lowest_value(dtype: torch.dtype) -> float:
     return -3.4028234663852886e38
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropout_p: float,
-              need_weights: bool, attention_mask: Optional[Tensor] = None, window: int = 0,
-              softcap: float = 0.0, sinks: Optional[Tensor] = None,
-              query_start: Optional[Tensor] = None, chunk: int = 0,
-              alibi: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+def attention(q: Tensor, k: Tensor, v: Tensor, scoring: Scoring,
+              attention_mask: Optional[Tensor] = None, query_start: Optional[Tensor] = None,
+              dropout_p: float = 0.0, need_weights: bool = False
+              ) -> Tuple[Tensor, Optional[Tensor]]:
     """Scaled dot-product attention: q (B, N, Tq, H), k/v (B, K, Tk, H) -> ((B, N, Tq, H), probs);
     with K < N heads, query head h reads key/value head h // (N / K) (grouped-query).
 
@@ -118,11 +130,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, dropo
     explicit bottom-right + padding mask filled with the dtype's lowest finite value (a row with
     nothing to attend stays finite). Plain path: scores -> softcap -> mask -> softmax (with the
     sinks' column) -> dropout, when the probabilities are wanted or SDPA cannot compute the layer
-    (softcapping, sinks). ``query_start`` (B,): row b's queries sit at key positions
-    query_start[b] + i (a static cache), instead of bottom-right alignment; ``chunk``: keys of
-    the query's own chunk only (``other_chunks``); ``alibi`` (N,): each head's slope of a linear
-    bias on the scores (``alibi_bias``, plain path).
+    (softcapping, sinks, ALiBi). ``query_start`` (B,): row b's queries sit at key positions
+    query_start[b] + i (a static cache), instead of bottom-right alignment; ``scoring.chunk``:
+    keys of the query's own chunk only (``other_chunks``); ``scoring.alibi`` (N,): each head's
+    slope of a linear bias on the scores (``alibi_bias``, plain path).
     """
+    scale, causal, window, chunk = scoring.scale, scoring.causal, scoring.window, scoring.chunk
+    softcap, sinks, alibi = scoring.softcap, scoring.sinks, scoring.alibi
     t_q, t_k = q.size(-2), k.size(-2)
     gqa = q.size(1) != k.size(1)  # SDPA reads the shared heads in place (no copies)
     plain = need_weights or softcap > 0.0 or sinks is not None or alibi is not None
@@ -178,16 +192,17 @@ def merge_heads(ctx: Tensor) -> Tensor:
     return ctx.transpose(1, 2).reshape(b, t, nh * hs)  # (B, T, N*H)
 
 
-def grouped_attention(q: Tensor, keys_t: Tensor, values: Tensor, scale: float,
-                      query_start: Tensor, window: int = 0, softcap: float = 0.0,
-                      sinks: Optional[Tensor] = None, chunk: int = 0,
-                      alibi: Optional[Tensor] = None) -> Tensor:
+def grouped_attention(q: Tensor, keys_t: Tensor, values: Tensor, scoring: Scoring,
+                      query_start: Tensor) -> Tensor:
     """One row's queries over a whole static buffer, the query heads grouped per kv head so
     that the buffer is read where it lies (no expand, no transpose of it): q (N, T, H), keys
     stored transposed (K, H, C), values (K, C, Hv) -> (N, T, Hv). Query i sits at key position
     query_start + i (query_start (1,)); the entries past it are masked (they must be finite).
-    The same function as ``attention`` over a static cache; G = N / K query heads per kv head.
+    The same function as ``attention`` over a static cache (causal); G = N / K query heads per
+    kv head.
     """
+    scale, window, chunk = scoring.scale, scoring.window, scoring.chunk
+    softcap, sinks, alibi = scoring.softcap, scoring.sinks, scoring.alibi
     n, t, h = q.shape
     k_heads, _, c = keys_t.shape
     g = n // k_heads

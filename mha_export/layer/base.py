@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from ..alibi import geometric_slopes
 from ..config import MHAConfig
-from .attention import attention, merge_heads
+from .attention import Scoring, attention, merge_heads
 from .norm import QKNorm
 from .rotary import RopeTables, cos_sin, rope_tables, rotate
 
@@ -151,11 +151,9 @@ class AttentionBase(nn.Module):
             k = torch.cat([past_key, k], dim=2)  # (B, N, P+T, H)
             v = torch.cat([past_value, v], dim=2)
         p = self.dropout if self.training else 0.0
-        sinks = self.sinks if self.has_sinks else None
         keys, values = self._read_cache(k, v, q.dtype)  # (B, K, S, H): K heads (the cache)
-        ctx, probs = attention(q, keys, values, self.scale, self.causal, p, need_weights,
-                               attention_mask, self.window, self.softcap, sinks,
-                               chunk=self.chunk, alibi=self._alibi())
+        ctx, probs = attention(q, keys, values, self.scoring(), attention_mask,
+                               dropout_p=p, need_weights=need_weights)
         return self._output(x, ctx), k, v, probs
 
     def forward_static(self, x: Tensor, past_key: Tensor, past_value: Tensor,
@@ -212,17 +210,18 @@ class AttentionBase(nn.Module):
         (rows [0, B) of the buffers)."""
         end = valid_end(past_lengths, q.size(2), past_key.size(2),
                         self.whole_buffer)  # the longest row's valid prefix
-        sinks = self.sinks if self.has_sinks else None
         b = q.size(0)  # the buffers may hold more rows (an ExecuTorch program's): the call's
         keys, values = self._read_cache(past_key[:b, :, :end], past_value[:b, :, :end],
                                         q.dtype)  # (B, K, S, H)
-        ctx, _ = attention(q, keys, values, self.scale, self.causal, 0.0, False, None,
-                           self.window, self.softcap, sinks, query_start=past_lengths,
-                           chunk=self.chunk, alibi=self._alibi())  # (B, N, T, H)
+        ctx, _ = attention(q, keys, values, self.scoring(),
+                           query_start=past_lengths)  # (B, N, T, H)
         return self._output(x, ctx)
 
-    def _alibi(self) -> Optional[Tensor]:
-        return self.alibi_slopes if self.has_alibi else None
+    def scoring(self) -> Scoring:
+        """How this layer scores its keys (attention's record)."""
+        return Scoring(self.scale, self.causal, self.window, self.chunk, self.softcap,
+                       self.sinks if self.has_sinks else None,
+                       self.alibi_slopes if self.has_alibi else None)
 
     def _read_cache(self, keys: Tensor, values: Tensor, dtype: torch.dtype
                     ) -> Tuple[Tensor, Tensor]:

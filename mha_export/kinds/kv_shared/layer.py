@@ -71,10 +71,8 @@ class SharedKVAttention(AttentionBase):
             position_ids = torch.arange(s - t, s, device=x.device).view(1, -1).expand(
                 x.size(0), t)  # (B, T)
         q = self.queries(x, position_ids)  # (B, N, T, H)
-        sinks = self.sinks if self.has_sinks else None
-        ctx, _ = attention(q, shared_key.to(q.dtype), shared_value.to(q.dtype), self.scale,
-                           self.causal, 0.0, False, attention_mask, self.window, self.softcap,
-                           sinks, chunk=self.chunk, alibi=self._alibi())  # (B, N, T, Hv)
+        ctx, _ = attention(q, shared_key.to(q.dtype), shared_value.to(q.dtype), self.scoring(),
+                           attention_mask)  # (B, N, T, Hv)
         return self._output(x, ctx)
 
     def static_queries(self, x: Tensor, past_lengths: Tensor,

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from ...config import MHAConfig
-from ...layer.attention import attention, lowest_value, merge_heads, score_mask
+from ...layer.attention import Scoring, attention, lowest_value, merge_heads, score_mask
 from ...layer.base import valid_end
 from ...layer.norm import RMSNorm
 from ...layer.rotary import cos_sin, rope_tables, rotate
@@ -215,7 +215,7 @@ class MLAttention(nn.Module):
         keys = torch.cat([k_nope, k_rot.expand(-1, self.heads, -1, -1)], dim=-1)  # (B,N,S,Hn+Hr)
         query = torch.cat([q_nope, q_rot], dim=-1)  # (B, N, T, Hn+Hr)
         if dropped is None:
-            ctx, _ = attention(query, keys, v, self.scale, True, 0.0, False, attention_mask)
+            ctx, _ = attention(query, keys, v, Scoring(self.scale), attention_mask)
             return ctx  # (B, N, T, Hv)
         hidden = dropped if masked is None else masked | dropped  # (B, 1, T, S)
         scores = (query @ keys.transpose(-2, -1)) * self.scale  # (B, N, T, S)
