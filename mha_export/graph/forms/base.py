@@ -170,6 +170,7 @@ class GraphForm:
     memory: Memory
     switch_seq_lens: tuple = ()  # lengths where the form changes code path (checked both sides)
     supports: frozenset[Feature] = frozenset()
+    requires: frozenset[Feature] = frozenset()  # what every model it builds has (a static cache)
     refuse: Callable[[MHAConfig], Optional[str]] = lambda c: None  # why a config cannot be built
     standard: bool = True  # only standard ONNX ops (runs outside ONNX Runtime)
     # a static cache: can it run several new tokens over a non-empty cache at batch > 1? (no:
@@ -191,9 +192,13 @@ class GraphForm:
         """Why this form cannot build config with this signature, or None."""
         if config.kind != self.kind:
             return f"builds {self.kind} layers only (this layer is {config.kind})"
-        missing = sorted(str(f) for f in required_features(config, sig) - self.supports)
+        wanted = required_features(config, sig)
+        missing = sorted(str(f) for f in wanted - self.supports)
         if missing:
             return f"does not support {', '.join(missing)}"
+        lacking = sorted(str(f) for f in self.requires - wanted)
+        if lacking:
+            return f"builds {', '.join(lacking)} models only"
         return self.refuse(config)
 
 

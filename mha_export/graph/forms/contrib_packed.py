@@ -14,7 +14,10 @@ pairs). The node reads cos/sin rows up to total_sequence_length, which is the bu
 for a decode step: a static buffer longer than ``max_seq_len`` is refused by ONNX Runtime
 (an error, never a wrong number), and the check keeps its calls within it (``max_cache``).
 
-A batch of prompts (T > 1 at batch > 1) is NaN, never a wrong number: ONNX Runtime 1.31's CPU
+Static-cache models only: without a cache the node takes every call as a first prompt, whose
+rotary ONNX Runtime 1.31's CPU kernel took at positions 0 .. T-1 rather than position_ids
+(measured: a call of 300 tokens whose positions jump, 2e-2 off). A batch of prompts
+(T > 1 at batch > 1) is NaN, never a wrong number: ONNX Runtime 1.31's CPU
 kernel writes the keys of rows after the first at other positions than their position_ids
 there (measured: y right, the cache wrong), and the decode step is the form's purpose; auto
 sends such calls to the blocked loop.
@@ -128,6 +131,7 @@ CONTRIB_GQA_PACKED = GraphForm(
     summary="ONNX Runtime's com.microsoft.GroupQueryAttention as its CUDA decode kernel (XQA) "
             "takes it: q/k/v packed by one projection, rotary inside the node (do_rotary, "
             "cos/sin tables of max_seq_len positions), past and present one buffer",
-    supports=frozenset({Feature.GQA, Feature.STATIC_CACHE}), refuse=packed_problem,
+    supports=frozenset({Feature.GQA, Feature.STATIC_CACHE}),
+    requires=frozenset({Feature.STATIC_CACHE}), refuse=packed_problem,
     standard=False, static_chunks=False, batch_prompts=False, inputs=packed_qkv,
     max_cache=table_length)
