@@ -28,7 +28,8 @@ from .runners import (RUNNERS, Runner, RunnerKind, RunnerUnavailable, RunOptions
                       ort_runner_names)
 from .runners.pytorch import EagerRunner
 from .sweep import (BATCH_SIZES, SWEEPS, Case, case_bytes, default_past_lens, default_seq_lens,
-                    make_cases, require_fits, require_runnable, window_cases, within_bounds)
+                    make_cases, require_fits, require_runnable, static_capacity, window_cases,
+                    within_bounds)
 
 BASELINE = "eager-fp32"
 
@@ -113,10 +114,12 @@ def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) 
     require_fits(config, cases, sweep.scores_at, sig.has_mask)
     options = RunOptions(tf32=o.tf32, threads=o.threads)
     opened, infos, fallback = _open_runners(artifact, kinds, options, o)
-    multi_call = (scenarios.static_scenario_cases(sweep.static_chunks) if sig.static_cache
+    multi_call = (scenarios.static_scenario_cases(sweep.static_chunks, sweep.batch_prompts)
+                  if sig.static_cache
                   else scenarios.scenario_cases(sweep.switch, scenarios.padding_sides(config))
                   if sig.has_cache else [])
-    multi_call = [(case, split) for case, split in multi_call if within_bounds([case], bounds)]
+    multi_call = [(case, split) for case, split in multi_call if within_bounds([case], bounds)
+                  and (sweep.max_cache is None or case.seq + scenarios.SPARE <= sweep.max_cache)]
     if real and sig.shared_kv:
         raise UsageError("--inputs: capture records a layer's hidden states, not the keys and "
                          "values a KV-shared layer reads from its source layer: check it with "
@@ -298,6 +301,8 @@ class SweepPlan:
     switch: tuple  # the form's switch lengths (checked on both sides)
     scores_at: Callable[[int], bool]  # T -> whether the form materialises (N, T, S) scores
     static_chunks: bool  # a static cache: the form runs several tokens over a cache at B > 1
+    max_cache: Optional[int] = None  # the longest static buffer (and call) the form runs
+    batch_prompts: bool = True  # the form runs T > 1 at B > 1 (over an empty cache too)
     sweep: str = "full"  # sweep.SWEEPS
     batch_sizes: tuple[int, ...] = BATCH_SIZES
 
@@ -312,7 +317,10 @@ def sweep_plan(config: MHAConfig, form_name: Optional[str], o: CheckOptions) -> 
         list(o.seq_lens) if o.seq_lens else default_seq_lens(config.max_seq_len, switch),
         list(o.past_lens) if o.past_lens else default_past_lens(config.max_seq_len), switch,
         form.memory.quadratic_at if form else (lambda t: True),
-        form.static_chunks if form else True, o.sweep, tuple(o.batch_sizes or BATCH_SIZES))
+        form.static_chunks if form else True,
+        form.max_cache(config) if form and form.max_cache else None,
+        form.batch_prompts if form else True, o.sweep,
+        tuple(o.batch_sizes or BATCH_SIZES))
 
 
 def _single_cases(config: MHAConfig, sig: Signature, plan: SweepPlan) -> list[Case]:
@@ -320,6 +328,10 @@ def _single_cases(config: MHAConfig, sig: Signature, plan: SweepPlan) -> list[Ca
     cases = make_cases(sig, plan.batch_sizes, plan.seq_lens, plan.past_lens,
                        switch_length(config.rope_scaling) if config.rotary != "none" else 0,
                        plan.static_chunks, plan.sweep)
+    if plan.max_cache is not None:  # the form's table of positions: longer buffers refused
+        cases = [c for c in cases if static_capacity(c) <= plan.max_cache]
+    if not plan.batch_prompts:  # NaN by design (the form's record)
+        cases = [c for c in cases if c.batch == 1 or c.seq == 1]
     return cases + window_cases(config, sig, plan.seq_lens, plan.scores_at)
 
 

@@ -32,6 +32,8 @@ from .sweep import Case, padding_mask, positions, random_values
 Expect = Callable[[np.ndarray, np.ndarray], dict]  # (x, mask) -> {"y", "present_key", ...}
 
 
+SPARE = 3  # a static scenario's buffer: entries beyond its calls' (never read)
+
 def eager_full(module) -> Expect:
     """One full-sequence call of the eager module (padding mask, no cache), in its dtype."""
     dtype = next(module.parameters()).dtype
@@ -89,7 +91,7 @@ def generate_static(runner: Runner, x: np.ndarray, mask: np.ndarray,
     b, length = x.shape[:2]
     rng = np.random.default_rng(11)
     dtype = runner.signature.cache_dtype  # an int8 cache: random codes
-    cache = {n: random_values(rng, runner.signature.cache_buffer(n, b, length + 3), dtype)
+    cache = {n: random_values(rng, runner.signature.cache_buffer(n, b, length + SPARE), dtype)
              for n in ("past_key", "past_value")}
     lengths, ys, start = np.zeros(b, np.int64), [], 0
     for n in split:
@@ -111,13 +113,16 @@ def static_valid(case: Case, mask: np.ndarray) -> dict:
             "present_value": entries[:, None, :, None]}
 
 
-def static_scenario_cases(static_chunks: bool = True) -> list[tuple[Case, list[int]]]:
+def static_scenario_cases(static_chunks: bool = True, batch_prompts: bool = True
+                          ) -> list[tuple[Case, list[int]]]:
     """One buffer: prefill + steps (+ a chunk of 3 at batch 1, and at batch 3 where the form
-    runs chunks), and a ragged batch (right-padded prefill of rows of 7, 5 and 3 tokens)."""
+    runs chunks), and a ragged batch (right-padded prefill of rows of 7, 5 and 3 tokens);
+    the batch-3 ones only where the form runs prompts at batch > 1."""
     splits = [(1, [5, 1, 1, 1, 3, 1]), (3, [5, 1, 1, 1, 3, 1] if static_chunks else [5, 1, 1])]
     cases = [(Case(b, sum(s), 0, "none", "static generate " + "+".join(map(str, s))), s)
              for b, s in splits]
-    return cases + [(Case(3, 9, 0, "right", "static ragged 7|5|3+1+1"), [7, 1, 1])]
+    cases += [(Case(3, 9, 0, "right", "static ragged 7|5|3+1+1"), [7, 1, 1])]
+    return cases if batch_prompts else [(case, split) for case, split in cases if case.batch == 1]
 
 
 def padding_sides(config: MHAConfig) -> tuple[str, ...]:

@@ -47,6 +47,13 @@ class ProjectionWriter(Protocol):
     def __call__(self, g: "GraphBuilder", x: str, name: str,
                  weight: torch.Tensor) -> str | None: ...
 
+    def packed(self, g: "GraphBuilder", x: str, name: str,
+               weights: list[tuple[str, torch.Tensor]]) -> tuple[str | None, str]:
+        """x @ [W_1; W_2; ...].T, the weights (N_i, K) of the named projections concatenated
+        along their outputs, as one node under ``name``; (None, why) where they cannot be
+        one node (their block layouts differ)."""
+        ...
+
 
 @dataclass
 class GraphBuilder:

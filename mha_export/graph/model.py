@@ -112,18 +112,20 @@ def _attention_layer(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, form: G
                      sig: Signature, opset: int, kv_cache: Any) -> dict[str, str]:
     """The layer's nodes: projections, the form's core, gate, output projection; returns the
     graph values of y (and present_key / present_value)."""
-    project = functools.partial(_queries_keys_values, c=c, w=w, opset=opset, sig=sig)
-    q, k, v = (None, None, None) if form.projects_per_branch else project(g)
     named = set(sig.input_names)
     sinks = None if w.sinks is None else g.const("attn.sinks", w.sinks.reshape(1, -1, 1, 1))
     alibi = None if w.alibi_slopes is None else g.const(
         "attn.alibi_slopes", w.alibi_slopes.reshape(1, -1, 1, 1))  # (1, N, 1, 1)
-    io = AttentionIO(q, k, v, *(n if n in named else None
-                                for n in ("past_key", "past_value", "attention_mask")),
+    io = AttentionIO(None, None, None, *(n if n in named else None
+                                         for n in ("past_key", "past_value", "attention_mask")),
                      sinks=sinks, alibi=alibi,  # (1, N, 1, 1) each
                      past_lengths="past_lengths" if "past_lengths" in named else None,
-                     project=project, int8_cache=_int8_cache(g, c, kv_cache))
-    out = form.core(g, io, c)
+                     project=functools.partial(_queries_keys_values, c=c, w=w, opset=opset,
+                                               sig=sig),
+                     int8_cache=_int8_cache(g, c, kv_cache),
+                     project_packed=functools.partial(packed_projection, c=c, w=w),
+                     position_ids="position_ids" if "position_ids" in named else None)
+    out = form.core(g, form.inputs(g, io), c)
     y = layer_output(g, c, w, out.context)  # (B, T, dim)
     return {"y": y, "present_key": out.present_key, "present_value": out.present_value}
 
@@ -238,6 +240,30 @@ def _project_qkv(g: GraphBuilder, c: MHAConfig, w: AttentionWeights) -> list[str
     1267 -> 986 MiB)."""
     return [g.linear("x", name, weight, bias) for name, weight, bias in (
         ("q_proj", w.wq, w.bq), ("k_proj", w.wk, w.bk), ("v_proj", w.wv, w.bv))]
+
+
+def packed_projection(g: GraphBuilder, c: MHAConfig, w: AttentionWeights) -> str:
+    """x (B, T, d_in) -> one projection of the q, k and v weights concatenated along their
+    outputs (biases too, zeros for a missing one) -> (B, T, (N + 2K)*H), unrotated, clamped
+    where the layer clamps (the same Clip on q, k and v). Quantized projections: one
+    MatMulNBits where their block layouts concatenate (``ProjectionWriter.packed``), else
+    their three nodes and a Concat whose doc_string says why."""
+    parts = (("q_proj", w.wq, w.bq), ("k_proj", w.wk, w.bk), ("v_proj", w.wv, w.bv))
+    bias = None
+    if any(b is not None for _, _, b in parts):
+        bias = torch.cat([torch.zeros(wt.shape[0]) if b is None else b for _, wt, b in parts])
+    if g.projections is None:
+        qkv = g.linear("x", "qkv_proj", torch.cat([wt for _, wt, _ in parts]), bias)
+    else:
+        qkv, why = g.projections.packed(g, "x", "qkv_proj", [(n, wt) for n, wt, _ in parts])
+        if qkv is None:  # three nodes, their biases added each
+            qkv = Ops(g).Concat(*_project_qkv(g, c, w), axis=-1, name="qkv_concat")
+            g.nodes[-1].doc_string = f"q, k and v projected by three nodes: {why}"
+        elif bias is not None:
+            qkv = Ops(g).Add(qkv, g.const("qkv_proj.bias", bias), name="qkv_proj_add")
+    if c.qkv_clip:
+        qkv = _clamp(g, c.qkv_clip, qkv)[0]
+    return qkv  # (B, T, (N + 2K)*H)
 
 
 def _normalize_qk(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, q: str, k: str

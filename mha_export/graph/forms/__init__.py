@@ -8,12 +8,13 @@ in ``STANDARD_FORMS`` below (the default, ``auto``, first).
 from __future__ import annotations
 
 from ...errors import UsageError
-from . import attention_op, auto, blocked, contrib, decomposed
+from . import attention_op, auto, blocked, contrib, contrib_packed, decomposed
 from .base import (ALL_FEATURES, AttentionIO, AttentionOut, Feature, GraphForm, Memory,
                    required_features)
 
 STANDARD_FORMS = (auto.FORM, decomposed.FORM, attention_op.FORM, blocked.BLOCKED,
-                  blocked.BLOCKED_PLAIN, contrib.CONTRIB_MHA, contrib.CONTRIB_GQA)
+                  blocked.BLOCKED_PLAIN, contrib.CONTRIB_MHA, contrib.CONTRIB_GQA,
+                  contrib_packed.CONTRIB_GQA_PACKED)
 DEFAULT = auto.FORM.name
 # Highest opset ONNX Runtime 1.31 loads (27+ is refused).
 MAX_OPSET = 26

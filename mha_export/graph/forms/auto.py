@@ -22,7 +22,6 @@ prefill, benchmarks/results/gpu-speed-h200-2026-11-27.json: 12 x 768 T=16384 1.9
 loop's 52.6; the 8B shape T=4096 1.34 vs 6.12)."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 from onnx import helper
@@ -31,11 +30,13 @@ from ...config import MHAConfig
 from ...signature import STATIC, make_signature
 from ..builder import GraphBuilder, dim
 from ..ops import Ops
-from .attention_op import attention_op_core
-from .base import ATTENTION_NODE_FEATURES, AttentionIO, AttentionOut, Feature, GraphForm, Memory
+from .attention_op import FORM as ATTENTION_OP, attention_op_core
+from .base import (ATTENTION_NODE_FEATURES, AttentionIO, AttentionOut, Feature, GraphForm, Memory,
+                   per_branch, separate_qkv)
 from .blocked import BLOCK, BLOCK_EDGES, blocked_core
 from .contrib import CONTRIB_GQA, contrib_gqa_core
-from .decomposed import decomposed_core
+from .contrib_packed import CONTRIB_GQA_PACKED, xqa_problem
+from .decomposed import FORM as DECOMPOSED
 
 AUTO_THRESHOLD = 512
 GPU_DTYPES = ("float16", "bfloat16")  # models for the GPU: the node at every T (above)
@@ -46,23 +47,26 @@ def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
     """Each branch projects q, k and v itself (io.project) from x, sharing the weights: what
     the If captures stays small, and the long branch frees k and v once it has used them."""
     if g.dtype in GPU_DTYPES and not (io.has_cache or io.attention_mask):  # the node, any T
-        q, k, v = io.project(g)  # (B, T, N*H), 2 x (B, T, K*H)
-        return attention_op_core(g, dataclasses.replace(io, q=q, k=k, v=v), c)
+        return attention_op_core(g, separate_qkv(g, io), c)
     op = Ops(g)
     t = dim(g, "x", 1, "auto_seq_len")  # () T
     short = op.Less(t, g.ints("auto_threshold", threshold))  # () T < threshold
-    short_core = attention_op_core
+    short_form, why = ATTENTION_OP, ""
     if io.past_lengths is not None:  # the node's calls: one token, or a short call at batch 1
         single = op.Equal(t, g.ints("auto_one", 1))  # () T == 1
         batch_1 = op.Equal(dim(g, "x", 0, "auto_batch"), g.ints("auto_one", 1))  # () B == 1
         short = op.Or(single, op.And(short, batch_1))  # ()
-        short_core = contrib_gqa_core if _gqa_builds(c) else decomposed_core
+        short_form, why = decode_form(g.dtype, c)
+        if short_form.max_cache:  # and a buffer within its cos/sin table
+            capacity = dim(g, io.past_key, 2, "auto_capacity")  # () C
+            short = op.And(short, op.LessOrEqual(capacity, g.ints(
+                "auto_max_cache", short_form.max_cache(c))))  # ()
     branches = []
-    for tag, core in (("short", short_core),
-                      ("long", functools.partial(blocked_core, block=block))):
+    for tag, core, inputs in (("short", short_form.core, short_form.inputs),
+                              ("long", functools.partial(blocked_core, block=block),
+                               separate_qkv)):
         s = g.sub(f"{tag}/", share_constants=True)
-        q, k, v = io.project(s)  # (B, T, N*H), 2 x (B, T, K*H), inside the branch
-        out = core(s, dataclasses.replace(io, q=q, k=k, v=v), c)  # context (B, T, D) [+ present]
+        out = core(s, inputs(s, io), c)  # context (B, T, D) [+ present]: q/k/v inside
         results = [(out.context, g.elem)] + ([(out.present_key, io.cache_elem(g)),
                                               (out.present_value, io.cache_elem(g))]
                                              if io.has_cache else [])
@@ -70,6 +74,7 @@ def auto_core(g: GraphBuilder, io: AttentionIO, c: MHAConfig,
             helper.make_tensor_value_info(r, elem, None) for r, elem in results]))
     outs = op.If(short, n_out=3 if io.has_cache else 1, then_branch=branches[0],
                  else_branch=branches[1])
+    g.nodes[-1].doc_string = f"short calls: {short_form.name}" + (f" ({why})" if why else "")
     return AttentionOut(*outs) if io.has_cache else AttentionOut(outs)
 
 
@@ -77,6 +82,19 @@ def _gqa_builds(c: MHAConfig) -> bool:
     """contrib-gqa's own record can build this layer's static-cache model (causal, no window,
     no softcap, head_dim % 8 == 0): with an int8 cache too (the node's own int8 buffers)."""
     return CONTRIB_GQA.problem(c, make_signature(c, STATIC)) is None
+
+
+def decode_form(dtype: str, c: MHAConfig) -> tuple[GraphForm, str]:
+    """The form of a static cache's short calls (one token, or a short call at batch 1), and
+    why: contrib-gqa-packed for a float16 / bfloat16 model (the CUDA decode step) whose layer
+    it builds and XQA takes; else contrib-gqa where it builds the layer; else decomposed."""
+    packed = CONTRIB_GQA_PACKED.problem(c, make_signature(c, STATIC)) or xqa_problem(c)
+    if dtype in GPU_DTYPES and not packed:
+        return CONTRIB_GQA_PACKED, "the CUDA decode step as XQA takes it"
+    why = f"not {CONTRIB_GQA_PACKED.name}: " + (packed or f"{dtype} is not a GPU dtype")
+    if _gqa_builds(c):
+        return CONTRIB_GQA, why
+    return DECOMPOSED, f"{why}; not {CONTRIB_GQA.name}: {CONTRIB_GQA.problem(c, make_signature(c, STATIC))}"
 
 
 FORM = GraphForm(
@@ -88,4 +106,4 @@ FORM = GraphForm(
     switch_seq_lens=(AUTO_THRESHOLD - 1, AUTO_THRESHOLD) + tuple(
         AUTO_THRESHOLD + e for e in BLOCK_EDGES),
     supports=ATTENTION_NODE_FEATURES | {Feature.STATIC_CACHE, Feature.INT8_CACHE},
-    projects_per_branch=True)
+    inputs=per_branch)

@@ -6,6 +6,7 @@ N = query heads, K = key/value heads, H = head size, D = N * H.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -108,10 +109,15 @@ class AttentionIO:
     sinks: Optional[str] = None  # (1, N, 1, 1): one logit per head in the softmax denominator
     alibi: Optional[str] = None  # (1, N, 1, 1): ALiBi's slope per head
     past_lengths: Optional[str] = None  # (B,) int64: a static cache's valid entries per row
-    # builds q, k, v from x in a builder (a branch of an If): for a form whose GraphForm says
-    # projects_per_branch, so that no q/k/v of the whole call is captured by the If
+    # builds q, k, v from x in a builder (a branch of an If too: a form whose GraphForm's
+    # inputs are per_branch, so that no q/k/v of the whole call is captured by the If)
     project: Optional[Callable[["GraphBuilder"], tuple[str, str, str]]] = None
     int8_cache: Optional[Int8Cache] = None  # the static buffers hold int8 codes
+    # x -> q, k and v packed, (B, T, (N + 2K)*H), unrotated: one projection of the concatenated
+    # weights, for a core that applies rotary itself (``GraphForm.inputs`` = packed_qkv)
+    project_packed: Optional[Callable[["GraphBuilder"], str]] = None
+    qkv: Optional[str] = None  # (B, T, (N + 2K)*H): project_packed's, where the form asks
+    position_ids: Optional[str] = None  # (B, T) int64: a rotary layer's positions
 
     @property
     def has_cache(self) -> bool:
@@ -130,6 +136,26 @@ class AttentionOut:
 
 
 Core = Callable[[GraphBuilder, AttentionIO, MHAConfig], AttentionOut]
+# (builder, the layer's io) -> the io its core reads: which projections are built before it
+Inputs = Callable[[GraphBuilder, AttentionIO], AttentionIO]
+
+
+def separate_qkv(g: GraphBuilder, io: AttentionIO) -> AttentionIO:
+    """The layer's three projections, normalised and rotated (io.project) before the core."""
+    q, k, v = io.project(g)  # (B, T, N*H), 2 x (B, T, K*H)
+    return dataclasses.replace(io, q=q, k=k, v=v)
+
+
+def packed_qkv(g: GraphBuilder, io: AttentionIO) -> AttentionIO:
+    """One projection of the concatenated weights, unrotated: the core applies rotary."""
+    return dataclasses.replace(io, qkv=io.project_packed(g))  # (B, T, (N + 2K)*H)
+
+
+def per_branch(g: GraphBuilder, io: AttentionIO) -> AttentionIO:
+    """Nothing before the core: it projects inside each If branch itself (an If that captured
+    the whole call's q, k and v kept them live until it returned: +3 x 48 MiB at T = 16384,
+    12 x 768)."""
+    return io
 # (builder, config, weights, form, signature, opset, int8 cache scales) -> the graph values of
 # the signature's outputs: the layer around a form's core (graph/model.py: the standard one)
 LayerBuilder = Callable[..., dict]
@@ -144,14 +170,21 @@ class GraphForm:
     memory: Memory
     switch_seq_lens: tuple = ()  # lengths where the form changes code path (checked both sides)
     supports: frozenset[Feature] = frozenset()
+    requires: frozenset[Feature] = frozenset()  # what every model it builds has (a static cache)
     refuse: Callable[[MHAConfig], Optional[str]] = lambda c: None  # why a config cannot be built
     standard: bool = True  # only standard ONNX ops (runs outside ONNX Runtime)
     # a static cache: can it run several new tokens over a non-empty cache at batch > 1? (no:
     # such a call is refused by the runtime with an error, never answered wrongly)
     static_chunks: bool = True
-    # the core builds q/k/v itself inside each If branch (io.project): an If that captured the
-    # whole call's q, k and v kept them live until it returned (+3 x 48 MiB at T = 16384, 12 x 768)
-    projects_per_branch: bool = False
+    # what is built before the core: the three projections and rotary (separate_qkv), one
+    # packed projection whose rotary the core applies (packed_qkv), nothing (per_branch)
+    inputs: Inputs = separate_qkv
+    # the longest static buffer (and call) it runs, from the layer (None: any): a table of
+    # that many positions is in the graph; longer ones are refused by the runtime, never wrong
+    max_cache: Optional[Callable[[MHAConfig], int]] = None
+    # can it run T > 1 at batch > 1 at all (over an empty cache too)? (no: NaN, never a wrong
+    # number; the check leaves such calls out)
+    batch_prompts: bool = True
     kind: str = "standard"  # the attention kind whose layers it builds (MHAConfig.kind)
     layer: Optional[LayerBuilder] = None  # its kind's layer around the core (None: standard)
 
@@ -159,9 +192,13 @@ class GraphForm:
         """Why this form cannot build config with this signature, or None."""
         if config.kind != self.kind:
             return f"builds {self.kind} layers only (this layer is {config.kind})"
-        missing = sorted(str(f) for f in required_features(config, sig) - self.supports)
+        wanted = required_features(config, sig)
+        missing = sorted(str(f) for f in wanted - self.supports)
         if missing:
             return f"does not support {', '.join(missing)}"
+        lacking = sorted(str(f) for f in self.requires - wanted)
+        if lacking:
+            return f"builds {', '.join(lacking)} models only"
         return self.refuse(config)
 
 

@@ -54,6 +54,29 @@ class MatMulNBitsProjections:
             y = Ops(g).Add(y, part, name=f"{name}_sum")  # (.., N)
         return y
 
+    def packed(self, g: GraphBuilder, x: str, name: str,
+               weights: list[tuple[str, torch.Tensor]]) -> tuple[Optional[str], str]:
+        """The projections ``weights`` (name, (N_i, K)) as one node of their weights stacked
+        along the outputs: one MatMulNBits of their blocks' rows concatenated (a block spans
+        inputs of one row, so rows move whole), or one float MatMul where none is quantized;
+        (None, why) where they are not one node's (a mix of float and quantized, weights in
+        two parts, or block layouts that differ)."""
+        forms = [self.spec.forms(n, w.detach().to(torch.float32).numpy()) for n, w in weights]
+        names = ", ".join(n for n, _ in weights)
+        if not any(forms):
+            w = torch.cat([w for _, w in weights])  # (sum N_i, K)
+            return Ops(g).MatMul(x, g.const(f"{name}.weight", w.t()),
+                                 name=f"{name}_matmul"), ""  # (.., sum N_i)
+        if not all(len(f) == 1 for f in forms):
+            return None, f"{names}: not each one quantized weight of one part"
+        blocks = [f[0] for f in forms]
+        why = _rows_differ(blocks)
+        if why:
+            return None, f"{names}: {why}"
+        stacked = dataclasses.replace(blocks[0], **{
+            a: np.concatenate([getattr(b, a) for b in blocks]) for a in _ROW_ARRAYS})
+        return self._write(g, x, name, stacked), ""  # (.., sum N_i)
+
     def _write(self, g: GraphBuilder, x: str, name: str, q) -> str:
         """One node of a weight, by its kind (kept.py; round to nearest's are blocks)."""
         write = {BLOCKS: self._blocks, FLOAT8: self._dequantize_linear}[q.kind]
@@ -118,3 +141,24 @@ class MatMulNBitsProjections:
         offset = op.MatMul(sums, g.const(f"{name}.weight_mins_t", mins.T),
                            name=f"{name}_mins")  # (B, T, N)
         return op.Add(codes, offset, name=f"{name}_affine")
+
+
+_ROW_ARRAYS = ("codes", "scales", "zero_points")  # (N, n_blocks, ...): one row per output
+
+
+def _rows_differ(blocks: list) -> Optional[str]:
+    """Why the blocks of several weights cannot be stacked by rows into one MatMulNBits (their
+    kind, record, bits, block size, inputs, zero points' type or input order differ), or
+    None. (Integer zero points of some rows only: the stacked weight writes them all.)"""
+    if any(b.kind != BLOCKS for b in blocks):
+        return "float8 weights (DequantizeLinear), not blocks"
+    for label, value in (("records", lambda b: type(b).__name__), ("bits", lambda b: b.bits),
+                         ("block sizes", lambda b: b.block_size), ("inputs", lambda b: b.k),
+                         ("zero points", lambda b: b.zero_points.dtype.name)):
+        if len({value(b) for b in blocks}) > 1:
+            return f"their {label} differ ({', '.join(str(value(b)) for b in blocks)})"
+    orders = [getattr(b, "input_order", None) for b in blocks]
+    if any(o is not None for o in orders) and not all(
+            o is not None and np.array_equal(o, orders[0]) for o in orders):
+        return "their input orders (act-order) differ"
+    return None
