@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ...artifact import Artifact
-from ...check.comparator import Deviation, deviation, worst
-from ..base import Cost, check_budget, verdict, within
+from ...check.comparator import Deviation
+from ..base import check_budget
 from ..int8_cache.cost import float_cache_feeds, float_cache_layer
+from ..source_cost import SourceLayerCost
 from .step import STEP
 
 
@@ -27,27 +28,33 @@ class QuantizationError:
     budget: Optional[float]  # the largest rel allowed (--max-quant-error); None: reported only
     passed: bool
 
+    @property
+    def label(self) -> str:
+        return self.spec
 
-class QuantizationCost(Cost):
-    """Collects, case by case, how far the dequantized layer (the check's fp64 reference) is
-    from the unquantized source layer run in fp64 on the same inputs."""
+
+class QuantizationCost(SourceLayerCost):
+    """How far the dequantized layer (the check's fp64 reference) is from the unquantized
+    source layer run in fp64 on the same inputs."""
 
     field, empty, title = "quantization", [], "quantization"
     budgets = {"max_quant_error": "Quantized artifacts: fail (exit 1) when quantizing cost "
                                   "more than this max|d| / max|y| on any output (the "
                                   "dequantized vs the unquantized layer) [default: reported "
                                   "only]."}
+    row, flag = QuantizationError, "--max-quant-error"
+    header = "quantization cost ({label}): the dequantized layer vs the unquantized layer, " \
+             "fp64, worst over {over}"
 
     def __init__(self, artifact: Artifact, budget: Optional[float]):
-        self.artifact, self.spec, self.budget = artifact, artifact.spec(STEP.name), budget
-        self.source = float_cache_layer(artifact, artifact.load_plain_module())
+        super().__init__(artifact.signature.output_names, artifact.spec(STEP.name).label(),
+                         budget, float_cache_layer(artifact, artifact.load_plain_module()))
+        self.artifact = artifact
         # an int8 cache: the dequantized layer with a float cache, fed the codes dequantized
         # (what the cache costs is its own Cost's, apart)
         cached = artifact.spec("int8-cache") is not None
         self.lossy = float_cache_layer(artifact, artifact.load_source_module(
             without=("int8-cache",))) if cached else None
-        self.deviations: dict[str, list[Deviation]] = {
-            n: [] for n in artifact.signature.output_names}
 
     @classmethod
     def of(cls, artifact: Artifact, budgets: dict) -> Optional["QuantizationCost"]:
@@ -63,28 +70,4 @@ class QuantizationCost(Cost):
         if self.lossy is not None:
             feeds = float_cache_feeds(self.artifact, feeds)
             reference = self.lossy.run(feeds)
-        unquantized = self.source.run(feeds)
-        for n, found in self.deviations.items():
-            found.append(deviation(reference[n], unquantized[n], valid.get(n)))
-
-    def result(self) -> list[QuantizationError]:
-        out = []
-        for n, found in self.deviations.items():
-            d = worst(found)
-            out.append(QuantizationError(n, self.spec.label(), d, self.budget,
-                                         within(d.rel, self.budget)))
-        return out
-
-    @staticmethod
-    def lines(result: list[QuantizationError], over: str) -> list[str]:
-        """What quantizing cost, per output, apart from the runners' kernel parity."""
-        if not result:
-            return []
-        lines = [f"quantization cost ({result[0].spec}): the dequantized layer vs "
-                 f"the unquantized layer, fp64, worst over {over}"]
-        for q in result:
-            d = q.deviation
-            lines.append(f"  {q.output:13s} max|d| {d.max_abs:.2e}  {d.rel:.2e} of max|y|  "
-                         f"cosine {d.cosine:.6f}  "
-                         f"{verdict(q.passed, q.budget, '--max-quant-error')}")
-        return lines
+        super().add_case(feeds, reference, valid, case)
