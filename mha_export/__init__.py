@@ -23,8 +23,8 @@ _EXPORTS = {
     "ExportResult": "export.pipeline",
     "check_parity": "check.parity", "CheckReport": "check.parity",
     "make_signature": "signature", "Signature": "signature", "FORMS": "kinds.registry",
-    "compare": "check.comparator", "Comparison": "check.comparator",
-    "Tolerance": "check.comparator",
+    "compare": "comparison.comparator", "Comparison": "comparison.comparator",
+    "Tolerance": "comparison.comparator",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -135,7 +135,7 @@ def test_onnx_runtime_runners_never_import_torch():
 def test_the_cycle_test_sees_a_planted_cycle(tmp_path, monkeypatch):
     """The boundary tests read the real import graph: a planted import shows up in it."""
     graph = _graph()
-    assert "mha_export.layer.layouts" in graph["mha_export.check.runners.pytorch"]
+    assert "mha_export.layer.layouts" in graph["mha_export.comparison.torch_runners"]
     assert "mha_export.export.pipeline" in _reaches(graph, "mha_export.cli.commands")
 
 

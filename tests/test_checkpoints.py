@@ -23,8 +23,8 @@ from hf_decode import capture, decode
 from mha_export import UsageError, export_onnx, export_torchscript
 from mha_export.artifact import read_artifact
 from mha_export.check.runners.ort import OrtRunner
-from mha_export.check.runners.pytorch import TorchScriptRunner
-from mha_export.check.sweep import positions
+from mha_export.comparison.torch_runners import TorchScriptRunner
+from mha_export.comparison.runner import positions
 from mha_export.weights.families import FAMILIES, Settings, supported_types
 from mha_export.weights.huggingface import _layer_pattern
 

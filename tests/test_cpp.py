@@ -25,7 +25,7 @@ from mha_export import MHAConfig, export_onnx, export_torchscript
 from mha_export.artifact import read_artifact
 from mha_export.check.runners import RunnerUnavailable
 from mha_export.check.runners.ort import OrtRunner
-from mha_export.check.runners.pytorch import EagerRunner, TorchScriptRunner
+from mha_export.comparison.torch_runners import EagerRunner, TorchScriptRunner
 from mha_export.signature import make_signature
 from mha_export.check.sweep import Case, make_feeds, real_queries
 from mha_export.lossy.projections.rtn import QuantSpec

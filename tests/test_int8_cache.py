@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from faults import KV_FAULTS, NotApplicable
 from mha_export import MHAConfig, export_onnx
 from mha_export.artifact import default_folder, read_artifact
-from mha_export.check.comparator import FP32
+from mha_export.comparison.comparator import FP32
 from mha_export.check.parity import check_parity
 from mha_export.cli.commands import cli
 from mha_export.kinds.registry import build_module

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import faults
 from hf_decode import capture, decode
-from mha_export.check.sweep import positions
+from mha_export.comparison.runner import positions
 from mha_export.config import MHAConfig
 from mha_export.errors import UsageError
 from mha_export.kinds.mla.settings import MLAConfig

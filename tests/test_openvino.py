@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from mha_export import MHAConfig, check_parity, export_onnx
-from mha_export.check.comparator import FP32
+from mha_export.comparison.comparator import FP32
 from mha_export.check.report import format_report
 from mha_export.check.runners import BFLOAT16
 from faults import nudge_weight
@@ -185,7 +185,7 @@ def test_the_runner_reports_what_the_plugin_did_with_activations(quantized_model
     """On every CPU: int8 activations reported (and judged at their tolerance) exactly where the
     plugin really quantized them (VNNI/AMX CPUs), fp32 where it did not (AVX2-only CPUs)."""
     from mha_export.artifact import read_artifact
-    from mha_export.check.comparator import INT8_ACTIVATIONS
+    from mha_export.comparison.comparator import INT8_ACTIVATIONS
     from mha_export.check.runners.openvino import OpenVinoRunner
     path = quantized_model / "model.onnx"
     runner = OpenVinoRunner(read_artifact(quantized_model).signature, path)
@@ -222,7 +222,7 @@ def test_a_flipped_code_fails_the_exact_openvino_row(quantized_model, tmp_path):
 def test_quantized_activations_are_never_an_fp32_result(quantized_model, monkeypatch):
     """On any CPU: when the probe says the plugin quantized activations (what a VNNI CPU does),
     the runner says so and the check applies int8 activations' tolerance, not fp32's."""
-    from mha_export.check.comparator import INT8_ACTIVATIONS
+    from mha_export.comparison.comparator import INT8_ACTIVATIONS
     from mha_export.check.runners import openvino as ov_runner
     monkeypatch.setattr(ov_runner, "activations_quantized", lambda *args: True)
     report = check_parity(quantized_model, runners=["openvino-cpu"], seq_lens=[3],

@@ -273,7 +273,7 @@ def test_the_fp32_compute_twin_accompanies_ort_cpu_only(tmp_path):
 
 def test_nan_weights_are_refused_and_a_nan_cost_never_passes(tmp_path):
     from mha_export.errors import UsageError
-    from mha_export.check.comparator import Deviation
+    from mha_export.comparison.comparator import Deviation
     from mha_export.lossy.projections.cost import QuantizationCost
     with pytest.raises(UsageError, match="NaN or Inf"):
         quantize(np.array([[np.nan, 1.0]], np.float32), INT4)

@@ -157,7 +157,7 @@ def test_bfloat16_crosses_onnx_runtime_as_ortvalues():
 
 
 def test_half_precision_models_get_their_tolerance_on_every_onnx_runner():
-    from mha_export.check.comparator import BFLOAT16, FLOAT16
+    from mha_export.comparison.comparator import BFLOAT16, FLOAT16
     from mha_export.check.runners import RUNNERS, RunOptions
     for name in ("ort-cpu", "ort-cuda", "openvino-cpu"):
         tolerance = RUNNERS[name].tolerance

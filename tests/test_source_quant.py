@@ -21,7 +21,7 @@ from test_gguf import NEW, Tiny, _hf_model, _metadata  # noqa: E402
 from test_gguf_blocks import FP16_FIELDS, random_raw  # noqa: E402
 from mha_export import check_parity, export_onnx  # noqa: E402
 from mha_export.artifact import read_artifact  # noqa: E402
-from mha_export.check.comparator import FP32  # noqa: E402
+from mha_export.comparison.comparator import FP32  # noqa: E402
 from mha_export.check.report import format_report  # noqa: E402
 from mha_export.cli.commands import cli  # noqa: E402
 from mha_export.lossy.projections.source import SourceQuantSpec, kept_quantization  # noqa: E402

@@ -53,7 +53,7 @@ import torch  # noqa: E402  (before onnxruntime: its CUDA libraries)
 import onnxruntime as ort  # noqa: E402
 from onnx import TensorProto  # noqa: E402
 
-from mha_export.check.comparator import (BFLOAT16, FLOAT16, FP32, FP32_TF32,  # noqa: E402
+from mha_export.comparison.comparator import (BFLOAT16, FLOAT16, FP32, FP32_TF32,  # noqa: E402
                                          INT8_ACTIVATIONS, Tolerance, compare, loosest)
 from mha_export.check.runners.ort import native_stderr, _file_settings  # noqa: E402
 from mha_export.config import MHAConfig  # noqa: E402
@@ -268,7 +268,7 @@ def parity(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> dict
 
 
 def parity_numpy_agrees(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> bool:
-    """Smoke check that ``parity`` decides as mha_export.check.comparator.compare does."""
+    """Smoke check that ``parity`` decides as mha_export.comparison.comparator.compare does."""
     mine = parity(actual, expected, tol)
     theirs = compare(actual.detach().float().cpu().numpy(),
                      expected.detach().double().cpu().numpy(), tol)

@@ -21,11 +21,11 @@ from ..lossy import costs as lossy
 from ..lossy.base import Cost
 from ..rope_types import switch_length
 from . import scenarios
-from .comparator import Comparison, Tolerance, compare
+from ..comparison.comparator import Comparison, Tolerance, compare
 from .plan import BASELINE, CheckOptions, RunnerInfo, Truth, plan_check, with_ran_notes
 from .real_inputs import RealInputs, read_real_inputs
 from .runners import Feeds, Runner
-from .runners.pytorch import EagerRunner
+from ..comparison.torch_runners import EagerRunner
 from .sweep import Case, in_model_dtype, make_feeds, valid_entries, written_key
 
 PASS, FAIL, UNCHECKED = "pass", "fail", "unchecked"  # a check's verdicts (CheckReport.verdict)

@@ -22,11 +22,11 @@ from ..lossy import costs as lossy
 from ..rope_types import switch_length
 from ..signature import Signature
 from . import scenarios
-from .comparator import FP32, Tolerance
+from ..comparison.comparator import FP32, Tolerance
 from .real_inputs import RealInputs
 from .runners import (RUNNERS, Runner, RunnerKind, RunnerUnavailable, RunOptions, get_runner,
                       ort_runner_names)
-from .runners.pytorch import EagerRunner
+from ..comparison.torch_runners import EagerRunner
 from .sweep import (BATCH_SIZES, SWEEPS, Case, case_bytes, default_past_lens, default_seq_lens,
                     make_cases, require_fits, require_runnable, static_capacity, window_cases,
                     within_bounds)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..config import MHAConfig
-from .runners.base import Feeds, Runner
+from ..comparison.runner import Feeds, Runner
 from .sweep import Case, padding_mask, positions, random_values
 
 Expect = Callable[[np.ndarray, np.ndarray], dict]  # (x, mask) -> {"y", "present_key", ...}

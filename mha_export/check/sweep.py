@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence
 import ml_dtypes
 import numpy as np
 
+from ..comparison.runner import positions
 from ..config import MHAConfig
 from ..env import available_bytes
 from ..errors import UsageError
@@ -163,12 +164,6 @@ def padding_mask(case: Case) -> np.ndarray:
         else:
             mask[r, s - n:] = 0
     return mask
-
-
-def positions(mask: np.ndarray) -> np.ndarray:
-    """(B, S) int64 rotary positions from an attention_mask: each row's real tokens count 0, 1,
-    ... (what transformers' generate does: cumsum - 1), padding at 0."""
-    return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
 
 
 def shifts(case: Case) -> np.ndarray:

@@ -13,7 +13,8 @@ check apart from the runners' kernel parity, judged only against a budget the us
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
@@ -135,6 +136,21 @@ def verdict(passed: bool, budget: Optional[float], flag: str, percent: bool = Fa
         return "FAIL (not finite)" if not passed else f"reported (no {flag})"
     shown = f"{budget:.3%}" if percent else f"{budget:g}"
     return f"{'PASS' if passed else 'FAIL'} (budget {shown})"
+
+
+class CheckedArtifact(Protocol):
+    """What a Cost reads of the artifact under check (artifact.Artifact; the artifact reads
+    the lossy steps' records, so they know it by this protocol, never by import)."""
+
+    path: Path
+    config: Any  # MHAConfig
+    signature: Any  # Signature
+
+    def spec(self, step: str) -> Any: ...
+
+    def load_source_module(self, without: tuple[str, ...] = ()) -> Any: ...
+
+    def load_plain_module(self) -> Any: ...
 
 
 class Cost:

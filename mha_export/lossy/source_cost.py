@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..check.comparator import Deviation, deviation, worst
+from ..comparison.comparator import Deviation, deviation, worst
 from .base import Cost, verdict, within
 
 

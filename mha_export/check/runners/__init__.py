@@ -18,9 +18,9 @@ from typing import Optional
 from ...env import executorch_missing, native_stderr_without
 from ...errors import UsageError
 from ...signature import Signature
-from ..comparator import (BFLOAT16, FLOAT16, FP32, FP32_TF32, INT8_ACTIVATIONS, Tolerance,
-                          loosest)
-from .base import Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions
+from ...comparison.comparator import (BFLOAT16, FLOAT16, FP32, FP32_TF32, INT8_ACTIVATIONS,
+                                      Tolerance, loosest)
+from ...comparison.runner import Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions
 
 __all__ = ["RUNNERS", "Feeds", "Runner", "RunnerKind", "RunnerUnavailable", "RunOptions",
            "get_runner", "ort_runner_names"]
@@ -49,7 +49,7 @@ def _quantized_export(export: dict) -> bool:
 
 
 def _open_torchscript(sig: Signature, path: Path, options: RunOptions) -> Runner:
-    from .pytorch import TorchScriptRunner
+    from ...comparison.torch_runners import TorchScriptRunner
     return TorchScriptRunner(sig, path)
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ...signature import Signature
-from .base import Feeds, Runner, RunnerUnavailable, require_in_place
+from ...comparison.runner import Feeds, Runner, RunnerUnavailable, require_in_place
 
 
 class AotiRunner(Runner):

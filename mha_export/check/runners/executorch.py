@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ...signature import Signature
-from .base import Feeds, Runner
+from ...comparison.runner import Feeds, Runner
 
 CACHE_INPUTS = ("past_key", "past_value")
 

@@ -30,7 +30,7 @@ import numpy as np
 from ...graph.nodes import all_nodes
 from ...lossy.projections.kernels import matmul_nbits_kinds, matmul_nbits_probe
 from ...signature import Signature
-from .base import Feeds, Runner, RunnerUnavailable
+from ...comparison.runner import Feeds, Runner, RunnerUnavailable
 from .ort import INT8_ACTIVATION_DTYPE
 
 INSTALL = "pip install 'mha-export[openvino]'"

@@ -21,7 +21,7 @@ from ...graph.nodes import all_nodes
 from ...lossy.projections import session_options
 from ...lossy.projections.kernels import matmul_nbits_kinds, matmul_nbits_probe
 from ...signature import Signature
-from .base import Feeds, Runner, RunnerUnavailable
+from ...comparison.runner import Feeds, Runner, RunnerUnavailable
 from .ort_threads import DEFAULT as DEFAULT_THREAD_POOL, follow_process_pool, get_policy
 
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}

@@ -94,7 +94,8 @@ def decode_form(dtype: str, c: MHAConfig) -> tuple[GraphForm, str]:
     why = f"not {CONTRIB_GQA_PACKED.name}: " + (packed or f"{dtype} is not a GPU dtype")
     if _gqa_builds(c):
         return CONTRIB_GQA, why
-    return DECOMPOSED, f"{why}; not {CONTRIB_GQA.name}: {CONTRIB_GQA.problem(c, make_signature(c, STATIC))}"
+    gqa_problem = CONTRIB_GQA.problem(c, make_signature(c, STATIC))
+    return DECOMPOSED, f"{why}; not {CONTRIB_GQA.name}: {gqa_problem}"
 
 
 FORM = GraphForm(

@@ -7,10 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ...artifact import Artifact
-from ...check.comparator import Deviation
-from ...check.runners.pytorch import EagerRunner
-from ..base import check_budget
+from ...comparison.comparator import Deviation
+from ...comparison.torch_runners import EagerRunner
+from ..base import CheckedArtifact, check_budget
 from ..source_cost import SourceLayerCost
 from .step import STEP
 
@@ -43,13 +42,13 @@ class HalfWeightsCost(SourceLayerCost):
     header = "weight rounding cost ({label}): the rounded vs the float32 layer, fp64, worst " \
              "over {over}"
 
-    def __init__(self, artifact: Artifact, budget: Optional[float]):
+    def __init__(self, artifact: CheckedArtifact, budget: Optional[float]):
         super().__init__(artifact.signature.output_names, artifact.spec(STEP.name), budget,
                          EagerRunner(artifact.signature, artifact.load_plain_module(),
                                      torch.float64))
 
     @classmethod
-    def of(cls, artifact: Artifact, budgets: dict) -> Optional["HalfWeightsCost"]:
+    def of(cls, artifact: CheckedArtifact, budgets: dict) -> Optional["HalfWeightsCost"]:
         half = artifact.spec(STEP.name) is not None
         check_budget("--max-rounding-error", budgets.get("max_rounding_error"), half,
                      f"{artifact.path} holds float32 weights, or quantized ones (export "

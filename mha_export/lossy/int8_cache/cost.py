@@ -6,18 +6,16 @@ runtime's own codes (given_codes.py), the codes compared as codes."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from ...artifact import Artifact
-from ...check.comparator import FP32, Deviation, Tolerance, deviation, worst
-from ...check.runners import Feeds
-from ...check.runners.pytorch import EagerRunner
-from ...check.sweep import Case, positions
+from ...comparison.comparator import FP32, Deviation, Tolerance, deviation, worst
+from ...comparison.runner import Feeds, positions
+from ...comparison.torch_runners import EagerRunner
 from ...signature import INT8, STATIC, make_signature
-from ..base import Cost, check_budget, verdict, within
+from ..base import CheckedArtifact, Cost, check_budget, verdict, within
 from .given_codes import GivenCodes
 from .step import STEP
 
@@ -28,7 +26,7 @@ CACHE_OUTPUTS = {"present_key": "key", "present_value": "value"}
 INT8_CODES = Tolerance(atol=1.0, rtol=0.0, changed=1e-3)
 
 
-def float_cache_feeds(artifact: Artifact, feeds: Feeds) -> Feeds:
+def float_cache_feeds(artifact: CheckedArtifact, feeds: Feeds) -> Feeds:
     """An int8 cache's inputs for the same layer with a float cache: its codes dequantized."""
     spec = artifact.spec(STEP.name)
     if spec is None:
@@ -37,7 +35,7 @@ def float_cache_feeds(artifact: Artifact, feeds: Feeds) -> Feeds:
             "past_value": spec.value.dequantize(feeds["past_value"])}
 
 
-def float_cache_layer(artifact: Artifact, module) -> EagerRunner:
+def float_cache_layer(artifact: CheckedArtifact, module) -> EagerRunner:
     """``module`` (a float cache) run in fp64 by the static signature with float buffers."""
     cached = artifact.spec(STEP.name) is not None
     sig = make_signature(artifact.config, STATIC) if cached else artifact.signature
@@ -86,7 +84,7 @@ class KVCacheCost(Cost):
                                 "beyond the calibrated scales (clipped) [default: reported "
                                 "only]."}
 
-    def __init__(self, artifact: Artifact, budget: Optional[float],
+    def __init__(self, artifact: CheckedArtifact, budget: Optional[float],
                  clip_budget: Optional[float]):
         self.spec, self.budget, self.clip_budget = artifact.spec(STEP.name), budget, clip_budget
         self.float_layer = float_cache_layer(artifact, artifact.load_source_module(
@@ -95,7 +93,7 @@ class KVCacheCost(Cost):
         self.clipped = {n: [0, 0] for n in CACHE_OUTPUTS}  # output -> [clipped, written]
 
     @classmethod
-    def of(cls, artifact: Artifact, budgets: dict) -> Optional["KVCacheCost"]:
+    def of(cls, artifact: CheckedArtifact, budgets: dict) -> Optional["KVCacheCost"]:
         cached = artifact.spec(STEP.name) is not None
         why = f"{artifact.path} has no int8 cache (export with --kv-cache-dtype int8)"
         check_budget("--max-kv-error", budgets.get("max_kv_error"), cached, why)
@@ -105,14 +103,14 @@ class KVCacheCost(Cost):
         return cls(artifact, budgets.get("max_kv_error"), budgets.get("max_clip_rate"))
 
     @classmethod
-    def given(cls, artifact: Artifact, baseline, reference: EagerRunner
+    def given(cls, artifact: CheckedArtifact, baseline, reference: EagerRunner
               ) -> Optional[GivenCodes]:
         """y judged over each runtime's own codes (given_codes.py)."""
         return GivenCodes(baseline, reference) if artifact.signature.cache_dtype == INT8 \
             else None
 
     @classmethod
-    def tolerance(cls, artifact: Artifact, output: str, default: Tolerance
+    def tolerance(cls, artifact: CheckedArtifact, output: str, default: Tolerance
                   ) -> Optional[Tolerance]:
         """The codes compared as codes: INT8_CODES (one code, rarely); for a runner whose
         arithmetic errs with the output's scale (quantized projections at int8 activations:
@@ -141,7 +139,7 @@ class KVCacheCost(Cost):
             self.clipped[name][0] += scale.clipped_count(kept)
             self.clipped[name][1] += kept.size
 
-    def add_case(self, feeds: Feeds, reference: dict, valid: dict, case: Case) -> None:
+    def add_case(self, feeds: Feeds, reference: dict, valid: dict, case: Any) -> None:
         """A single call of the sweep: row b's tokens at past_lengths[b] + i (or its
         position_ids)."""
         pos = feeds.get("position_ids")

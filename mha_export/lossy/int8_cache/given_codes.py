@@ -18,8 +18,8 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ...check.runners.base import Feeds, Runner
-from ...check.runners.pytorch import EagerRunner
+from ...comparison.runner import Feeds, Runner
+from ...comparison.torch_runners import EagerRunner
 
 
 BUFFERS = ("present_key", "present_value")  # what a call wrote and y's truth reads

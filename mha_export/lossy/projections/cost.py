@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ...artifact import Artifact
-from ...check.comparator import Deviation
-from ..base import check_budget
+from ...comparison.comparator import Deviation
+from ..base import CheckedArtifact, check_budget
 from ..int8_cache.cost import float_cache_feeds, float_cache_layer
 from ..source_cost import SourceLayerCost
 from .step import STEP
@@ -46,7 +45,7 @@ class QuantizationCost(SourceLayerCost):
     header = "quantization cost ({label}): the dequantized layer vs the unquantized layer, " \
              "fp64, worst over {over}"
 
-    def __init__(self, artifact: Artifact, budget: Optional[float]):
+    def __init__(self, artifact: CheckedArtifact, budget: Optional[float]):
         super().__init__(artifact.signature.output_names, artifact.spec(STEP.name).label(),
                          budget, float_cache_layer(artifact, artifact.load_plain_module()))
         self.artifact = artifact
@@ -57,7 +56,7 @@ class QuantizationCost(SourceLayerCost):
             without=("int8-cache",))) if cached else None
 
     @classmethod
-    def of(cls, artifact: Artifact, budgets: dict) -> Optional["QuantizationCost"]:
+    def of(cls, artifact: CheckedArtifact, budgets: dict) -> Optional["QuantizationCost"]:
         quantized = artifact.spec(STEP.name) is not None
         check_budget("--max-quant-error", budgets.get("max_quant_error"), quantized,
                      f"{artifact.path} has no quantized projections (export with --quantize "

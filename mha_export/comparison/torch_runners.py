@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from ...layer.entry import entry_module
-from ...layer.layouts import AttentionBase
-from ...signature import Signature
-from .base import Feeds, Runner, require_in_place
+from ..layer.entry import entry_module
+from ..layer.layouts import AttentionBase
+from ..signature import Signature
+from .runner import Feeds, Runner, require_in_place
 
 
 class TorchRunner(Runner):

@@ -15,8 +15,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from ...signature import Signature
-from ..comparator import Tolerance
+from ..signature import Signature
+from .comparator import Tolerance
 
 
 class RunnerUnavailable(Exception):
@@ -113,3 +113,9 @@ class RunnerKind:
     also_with: str = ""
     also_for: Callable[[dict], bool] = lambda export: False
     also_for_doc: str = ""
+
+
+def positions(mask: np.ndarray) -> np.ndarray:
+    """(B, S) int64 rotary positions from an attention_mask: each row's real tokens count 0, 1,
+    ... (what transformers' generate does: cumsum - 1), padding at 0."""
+    return np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int64)
