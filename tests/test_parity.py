@@ -26,7 +26,8 @@ MLA_CFG = MHAConfig(dim=64, heads=4, max_seq_len=32, rope_scaling={
 
 
 # every kind's forms but the KV-shared layer's (its check and faults: tests/test_kv_shared.py)
-PARITY_FORMS = sorted(f for f in FORMS if FORMS[f].kind != "kv_shared")
+# the forms that build a full-sequence model (contrib-gqa-packed: static-cache models only)
+PARITY_FORMS = sorted(f for f in FORMS if FORMS[f].kind != "kv_shared" and not FORMS[f].requires)
 
 
 def config_for(form: str) -> MHAConfig:
