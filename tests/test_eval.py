@@ -300,3 +300,18 @@ def test_a_hybrid_model_runs_with_its_attention_layers_exported(tmp_path):
     assert all(x["rel"] < 1e-4 for x in d["layers"])
     assert "2 left to the model (linear_attention 0, 2)" in \
         format_evaluation(ev)
+
+
+def test_longcat_runs_with_both_attention_modules_of_each_layer_exported(tmp_path):
+    """LongCat-Flash (tiny): each layer's self_attn.0 and .1 exported (rows 0.0 ... 1.1) and run
+    by ONNX Runtime inside the model, with cached generation; nothing a model would notice."""
+    pytest.importorskip("transformers")
+    from hybrid import save_tiny_longcat
+    ckpt = save_tiny_longcat(tmp_path / "ckpt")
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog, again and again. " * 4)
+    ev = evaluate(ckpt, text, 40, "all", generate=3, folder=tmp_path / "exports")
+    d = ev.to_dict()
+    assert [x["layer"] for x in d["layers"]] == ["0.0", "0.1", "1.0", "1.1"]
+    assert d["exported"]["kl_max"] < 1e-6 and d["generation"]["matched"] == 3
+    assert all(x["rel"] < 1e-4 for x in d["layers"])

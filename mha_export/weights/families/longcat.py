@@ -43,7 +43,7 @@ RECORDS = (
             "max_position_embeddings": 131072},
            longcat_fields, lora_scales, layer_count="num_layers", modules=MODULES,
            summary="deepseek_v3's MLA with q LoRA, rope pairs in, halves out; two modules a "
-                   "layer (--layer L.0, L.1); the constant LoRA scales (hidden_size / "
+                   "layer (--layer N.0, N.1); the constant LoRA scales (hidden_size / "
                    "q_lora_rank)^0.5 and (hidden_size / kv_lora_rank)^0.5 folded into "
                    "q_b_proj's rows and kv_a_layernorm's weight; head_dim must equal "
                    "qk_rope_head_dim"),
