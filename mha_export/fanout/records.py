@@ -109,7 +109,8 @@ class Summary:
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "records"}
-        return {**d, "layers": [r.to_dict() for r in sorted(self.records, key=lambda r: address_key(r.layer))],
+        rows = sorted(self.records, key=lambda r: address_key(r.layer))
+        return {**d, "layers": [r.to_dict() for r in rows],
                 "counts": self.counts(), "passed": self.passed}
 
     @classmethod

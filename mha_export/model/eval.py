@@ -318,7 +318,8 @@ class Evaluation:
     transformers_perplexity: float = float("nan")  # transformers' own loss on the same tokens
     budgets: dict = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
-    left_to_model: dict[Address, str] = field(default_factory=dict)  # layer -> its non-attention type
+    # layer -> its non-attention type
+    left_to_model: dict[Address, str] = field(default_factory=dict)
     machine: dict = field(default_factory=dict)
 
     @property
@@ -479,8 +480,7 @@ def _model_layers_tokens(weights: str | Path, body: str, tokens: int, layers: st
     """The model, the chosen layers and the text's first ``tokens`` ids; the layers and the
     text's length are checked before the model loads (unless it is given)."""
     if loaded is None:
-        chosen = select_layers(layers, checkpoint_layers(weights),
-                               modules=checkpoint_modules(weights))
+        chosen = chosen_layers(weights, layers)
         tokenizer, block = checked_before_loading(weights, body, tokens, 1, chosen)
         loaded = load_model(weights, tokenizer)
     else:
@@ -488,6 +488,12 @@ def _model_layers_tokens(weights: str | Path, body: str, tokens: int, layers: st
                                modules=checkpoint_modules(weights))
         block = token_block(loaded.tokenizer, body, tokens, 1)
     return loaded, chosen, torch.from_numpy(block[0])
+
+
+def chosen_layers(weights: str | Path, spec: str) -> list[Address]:
+    """--layers of the checkpoint: its layers' addresses (N, or N.M where a layer holds several
+    attention modules)."""
+    return select_layers(spec, checkpoint_layers(weights), modules=checkpoint_modules(weights))
 
 
 def attention_layers(weights: str | Path, chosen: list[Address], spec: str
@@ -567,9 +573,7 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
         options["kv_cache"] = True  # generation steps run the decode artifacts
     runs = lossy.attribution(options, runner) if attribute else []  # refused before any work
     mark = folder is not None and claim_exports_folder(Path(folder), weights)
-    chosen, others = attention_layers(
-        weights, select_layers(layers, checkpoint_layers(weights),
-                               modules=checkpoint_modules(weights)), layers)
+    chosen, others = attention_layers(weights, chosen_layers(weights, layers), layers)
     _preflight(weights, runner, options, chosen[0])  # what an export would refuse, now
     loaded, _, ids = _model_layers_tokens(weights, read_text(text), tokens, layers, loaded)
     with contextlib.ExitStack() as stack:
