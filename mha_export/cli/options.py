@@ -270,8 +270,9 @@ def sections(kw: dict) -> dict:
 # every layer of a checkpoint (fanout/): the executor's options, on the export commands and check
 LAYERS_OPTIONS = [
     click.option("--layers", "layers", default=None,
-                 help="Every layer of the checkpoint (all), a range (0-7) or several (0,5,29): "
-                      "-o DIR gets DIR/layer-{L}/ each and DIR/layers.json (docs: layers.md)."),
+                 help="Every layer of the checkpoint (all), a range (0-7) or several (0,5,29; "
+                      "3.1: one of a layer's attention modules, longcat_flash): -o DIR gets "
+                      "DIR/layer-{L}/ each and DIR/layers.json (docs: layers.md)."),
     click.option("--resume", is_flag=True,
                  help="With --layers: keep the layers DIR already holds passing, made from "
                       "the same options and weights; do the rest."),
