@@ -1,6 +1,7 @@
 """A tiny hybrid checkpoint, Qwen3-Next-shaped (layers 0 and 2 gated-delta-net linear attention,
 1 and 3 softmax attention), saved by transformers with a character-level tokenizer: what
-`--layers all` and `eval` meet in a hybrid model (shared by the fan-out and eval tests)."""
+`--layers all` and `eval` meet in a hybrid model (shared by the fan-out and eval tests); and a
+tiny LongCat-Flash (two attention modules a layer) with the same tokenizer."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,6 +34,22 @@ def save_tiny_qwen3_next(folder: Path) -> Path:
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
         linear_value_head_dim=8, layer_types=LAYER_TYPES, pad_token_id=None,
         bos_token_id=None, eos_token_id=0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    save_tokenizer(folder)
+    return folder
+
+
+def save_tiny_longcat(folder: Path) -> Path:
+    """Two layers of two MLA modules each (self_attn.0, .1), q LoRA, yarn."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        "longcat_flash", hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+        num_layers=2, vocab_size=len(CHARS) + 1, max_position_embeddings=128,
+        initializer_range=0.2, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=24, head_dim=8, ffn_hidden_size=32,
+        expert_ffn_hidden_size=16, n_routed_experts=4, zero_expert_num=2, moe_topk=2,
+        pad_token_id=None, bos_token_id=None, eos_token_id=0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     save_tokenizer(folder)
     return folder

@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageText
 
 from hf_decode import capture, decode
 from mha_export import UsageError, export_onnx, export_torchscript
+from mha_export.address import parse_address, split_address
 from mha_export.artifact import read_artifact
 from mha_export.check.runners.ort import OrtRunner
 from mha_export.comparison.torch_runners import TorchScriptRunner
@@ -51,6 +52,12 @@ MLA = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, num_hid
 DSA = dict(index_topk=4, index_n_heads=8, index_head_dim=16)
 MLA_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.9,
             "mscale_all_dim": 0.8, "original_max_position_embeddings": 16}
+# LongCat-Flash: two MLA modules a layer (self_attn.0, .1), yarn's mscale, every bias
+LONGCAT = dict({k: v for k, v in MLA.items() if k not in (
+    "num_hidden_layers", "intermediate_size", "num_experts_per_tok", "n_group", "topk_group",
+    "moe_intermediate_size", "first_k_dense_replace")}, num_layers=2, q_lora_rank=48, head_dim=8,
+    ffn_hidden_size=32, expert_ffn_hidden_size=16, zero_expert_num=2, moe_topk=2,
+    attention_bias=True, rope_parameters=MLA_YARN)
 LONGROPE = {"type": "longrope", "short_factor": [1.0, 1.3, 2.1, 3.7],
             "long_factor": [1.5, 2.5, 4.0, 9.0]}  # rotary_dim / 2 = 4 entries
 
@@ -58,7 +65,7 @@ LONGROPE = {"type": "longrope", "short_factor": [1.0, 1.3, 2.1, 3.7],
 class Spec(NamedTuple):
     kind: str  # model_type
     config: dict  # AutoConfig.for_model kwargs
-    layers: tuple[int, ...]  # the layers exported and compared
+    layers: tuple  # the layers exported and compared (addresses: 1, or "1.0" for LongCat)
     multimodal: bool = False  # built as ...ForConditionalGeneration (text_config nested)
     attn: str = "eager"  # transformers' attention implementation compared against
 
@@ -268,6 +275,7 @@ MODELS = {
     # DeepSeek Sparse Attention: each query keeps its top 4 keys (B, L = 3, 11: it acts)
     "deepseek_v32": Spec("deepseek_v32", dict(MLA, q_lora_rank=48, **DSA), (1,)),
     "glm_moe_dsa": Spec("glm_moe_dsa", dict(MLA, q_lora_rank=48, **DSA), (1,)),
+    "longcat_flash": Spec("longcat_flash", LONGCAT, ("0.1", "1.0")),
 }
 CASES = [f"{name}@{layer}" for name, spec in MODELS.items() for layer in spec.layers]
 # onnx: the default form; onnx-standard: a standard-ops one (decomposed; MLA: latent-expanded,
@@ -276,7 +284,10 @@ FORMATS = ["onnx", "onnx-standard", "torchscript"]
 B, L, PREFILL = 3, 11, 6
 
 
-def _attention(model, kind: str, layer: int):
+def _attention(model, kind: str, layer):
+    if isinstance(layer, str):  # "L.M": module M of layer L (LongCat-Flash's self_attn.M)
+        index, module = split_address(layer)
+        return model.model.layers[index].self_attn[module]
     if kind == "dbrx":
         return model.transformer.blocks[layer].norm_attn_norm.attn
     if kind == "mpt":
@@ -327,7 +338,7 @@ def built(tmp_path_factory):
 def checkpoint(request, built):
     name, layer = request.param.split("@")
     model, folder = built(name)
-    return name, MODELS[name].kind, model, folder, int(layer)
+    return name, MODELS[name].kind, model, folder, parse_address(layer)
 
 
 def _capture(model, kind, layer):
@@ -388,9 +399,10 @@ def test_full_sequence_layer_equals_transformers(checkpoint, fmt, tmp_path):
 def _decode_in_transformers(model, kind, layer, ids, mask, pos):
     """Prefill PREFILL tokens, then single-token steps with the model's own cache: the layer's
     calls and the final cache."""
-    calls, cache = decode(model, _attention(model, kind, layer), ids, mask, pos, PREFILL,
-                          residual=kind == "bloom")
-    return calls, cache.layers[layer]
+    attn = _attention(model, kind, layer)
+    calls, cache = decode(model, attn, ids, mask, pos, PREFILL, residual=kind == "bloom")
+    # LongCat's module L.M caches at transformers' layer_idx 2L + M
+    return calls, cache.layers[layer if isinstance(layer, int) else attn.layer_idx]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -566,12 +578,17 @@ EXPECT = {
     "glm_moe_dsa@1": ((4, 1, 24, None, "deinterleaving", 8), dict(out_bias=False)),
     "deepseek_v3-halves-bias@0": ((4, 1, 24, None, "half", 8), dict(qkv_bias=True,
                                                                     out_bias=True)),
+    "longcat_flash@0.1": ((4, 1, 24, None, "deinterleaving", 8), dict(qkv_bias=True,
+                                                                      out_bias=True)),
+    "longcat_flash@1.0": ((4, 1, 24, None, "deinterleaving", 8), dict(qkv_bias=True,
+                                                                      out_bias=True)),
 }
 
 
 # the rope type each model (or case) reads; the others none
 SCALED = {"llama-mqa-llama3": "llama3", "phi3": "longrope", "gpt_oss": "yarn",
           "ministral3": "yarn", "phimoe": "longrope", "deepseek_v3": "yarn", "apertus": "llama3",
+          "longcat_flash": "yarn",
           "gemma4_text@1": "proportional", "gemma4_text@3": "proportional"}
 
 
@@ -1151,6 +1168,92 @@ def test_malformed_config_json_is_a_clear_error(tmp_path, kind, change, msg):
     (folder / "config.json").write_text("[1, 2]")
     with pytest.raises(UsageError):
         export_onnx(weights=folder, layer=1, output=tmp_path / "x")
+
+
+# --- LongCat-Flash: two attention modules a layer, addressed L.M ---------------------------------
+
+def _full_sequence_error(model, kind, folder, layer, output) -> float:
+    """The largest difference of the layer's y from transformers' module on the padded batch."""
+    ids, mask, pos = _batch()
+    calls, handle = _capture(model, kind, layer)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=pos)
+    handle.remove()
+    art, runner = _export("onnx", folder, layer, output, attention_mask=True)
+    got = runner.run(_feeds(read_artifact(art).signature, x=calls[0][0],
+                            attention_mask=mask.numpy(), position_ids=pos.numpy()))["y"]
+    return float(np.abs(got - calls[0][1])[mask.numpy().astype(bool)].max())
+
+
+def _longcat_faults():
+    """Planted faults of the LongCat record: a LoRA scale left out, the other module read."""
+    import dataclasses
+
+    from mha_export.weights.families.longcat import lora_scales
+    record = FAMILIES["longcat_flash"]
+    return {
+        "q scale left out": dataclasses.replace(record, convert=lambda f, t: {
+            **lora_scales(f, t), "q_b_proj.weight": t["q_b_proj.weight"]}),
+        "kv scale left out": dataclasses.replace(record, convert=lambda f, t: {
+            **lora_scales(f, t), "kv_a_layernorm.weight": t["kv_a_layernorm.weight"]}),
+        "module 0 read for every address": dataclasses.replace(
+            record, attention="layers.{layer}.self_attn.0"),
+    }
+
+
+@pytest.mark.parametrize("fault", ["q scale left out", "kv scale left out",
+                                   "module 0 read for every address"])
+def test_a_planted_longcat_fault_fails_against_transformers(built, fault, tmp_path,
+                                                            monkeypatch):
+    model, folder = built("longcat_flash")
+    assert _full_sequence_error(model, "longcat_flash", folder, "0.1", tmp_path / "ok") <= 2e-5
+    monkeypatch.setitem(FAMILIES, "longcat_flash", _longcat_faults()[fault])
+    assert _full_sequence_error(model, "longcat_flash", folder, "0.1", tmp_path / "bad") > 1e-2
+
+
+def test_layers_all_lists_every_attention_module_of_a_longcat_checkpoint(built, tmp_path):
+    """`--layers all`: a row and a folder per module (layer-0.0 ... layer-1.1), in order; a list
+    picks modules or whole layers; `check DIR` finds the folders again."""
+    from mha_export.fanout import check_layers, export_layers
+    _, folder = built("longcat_flash")
+    summary = export_layers("onnx", folder, "all", tmp_path / "run", validate=False)
+    assert summary.passed
+    rows = json.loads((tmp_path / "run" / "layers.json").read_text())["layers"]
+    assert [(r["layer"], r["status"], r["folder"]) for r in rows] == [
+        (a, "exported", f"layer-{a}") for a in ("0.0", "0.1", "1.0", "1.1")]
+    checked = check_layers(tmp_path / "run", seq_lens=[3], batch_sizes=[1])
+    assert sorted(r.layer for r in checked.records) == ["0.0", "0.1", "1.0", "1.1"]
+    assert checked.passed
+    picked = export_layers("onnx", folder, "1,0.1", tmp_path / "some", validate=False)
+    assert sorted(r.layer for r in picked.records) == ["0.1", "1.0", "1.1"]
+
+
+@pytest.mark.parametrize("kind, args, msg", [
+    ("longcat_flash", ["--layer", "1"], "--layer 1: each layer of a longcat_flash checkpoint "
+     "holds 2 attention modules: --layer 1.0 to 1.1"),
+    ("longcat_flash", ["--layer", "1.2"], "--layer 1.2: layer 1's attention modules are 1.0 to "
+     "1.1"),
+    ("longcat_flash", ["--layer", "2.0"], "--layer 2.0 is out of range: the checkpoint has 2 "
+     "layers (0.0-1.1)"),
+    ("longcat_flash", ["--layers", "0.2"], "--layers 0.2: the model has 2 layers of 2 "
+     "attention modules (0.0-1.1)"),
+    ("llama", ["--layer", "1.0"], "--layer 1.0: each layer of a llama checkpoint holds one "
+     "attention module: --layer 1"),
+    ("llama", ["--layers", "0,1.1"], "--layers 0,1.1: 1.1 picks a layer's attention module; "
+     "the model's layers hold one each"),
+    ("llama", ["--layer", "1.x"], "Invalid value for '--layer': expected N or N.M (3, 3.1), "
+     "got '1.x'"),
+])
+def test_a_bad_layer_address_is_one_line_exit_2(built, tmp_path, kind, args, msg):
+    from click.testing import CliRunner
+
+    from mha_export.cli.commands import cli
+    _, folder = built(kind)
+    r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), *args, "-o",
+                                 str(tmp_path / "x")])
+    assert r.exit_code == 2 and not (tmp_path / "x").exists(), r.output
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"Error: {msg}"), r.stderr
 
 
 # --- the static cache against transformers --------------------------------------------------------

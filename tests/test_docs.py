@@ -435,7 +435,8 @@ def families_table() -> str:
     lines = ["| `model_type` | layer N's tensors | exported as | read from config.json |",
              "|---|---|---|---|"]
     for f in FAMILIES.values():
-        where = f"…{f.attention.replace('{layer}', 'N')}.{{{', '.join(f.tensors)}}}"
+        path = f.attention.replace("{layer}", "N").replace("{module}", "M")  # M: --layer N.M
+        where = f"…{path}.{{{', '.join(f.tensors)}}}"
         if f.nested:
             where += f"; the language model's only, config from `{f.nested}`"
         lines.append(f"| `{f.model_type}` | `{where}` | `{f.layout}` | {f.summary} |")

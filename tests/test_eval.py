@@ -283,20 +283,34 @@ def test_a_damaged_gguf_is_one_line_exit_2(smollm2_gguf, tmp_path, command, dama
     assert not (tmp_path / "c.safetensors").exists()
 
 
-def test_a_hybrid_model_runs_with_its_attention_layers_exported(tmp_path):
-    """Qwen3-Next-shaped (tiny): layers 1 and 3 exported and run by ONNX Runtime inside the
-    model, the gated-delta-net layers 0 and 2 left to torch; nothing a model would notice, and
-    the report says which layers were left."""
+def _tiny_evaluation(saver: str, tmp_path):
+    """A tiny checkpoint of tests/hybrid.py (``saver``: its function) evaluated with every
+    attention layer exported, 40 tokens of text and 3 generated: (the result, as a dict)."""
     pytest.importorskip("transformers")
-    from hybrid import save_tiny_qwen3_next
-    ckpt = save_tiny_qwen3_next(tmp_path / "ckpt")
+    import hybrid
+    ckpt = getattr(hybrid, saver)(tmp_path / "ckpt")
     text = tmp_path / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog, again and again. " * 4)
     ev = evaluate(ckpt, text, 40, "all", generate=3, folder=tmp_path / "exports")
     d = ev.to_dict()
-    assert [x["layer"] for x in d["layers"]] == [1, 3]
-    assert d["left_to_model"] == {"0": "linear_attention", "2": "linear_attention"}
     assert d["exported"]["kl_max"] < 1e-6 and d["generation"]["matched"] == 3
     assert all(x["rel"] < 1e-4 for x in d["layers"])
+    return ev, d
+
+
+def test_a_hybrid_model_runs_with_its_attention_layers_exported(tmp_path):
+    """Qwen3-Next-shaped (tiny): layers 1 and 3 exported and run by ONNX Runtime inside the
+    model, the gated-delta-net layers 0 and 2 left to torch; nothing a model would notice, and
+    the report says which layers were left."""
+    ev, d = _tiny_evaluation("save_tiny_qwen3_next", tmp_path)
+    assert [x["layer"] for x in d["layers"]] == [1, 3]
+    assert d["left_to_model"] == {"0": "linear_attention", "2": "linear_attention"}
     assert "2 left to the model (linear_attention 0, 2)" in \
         format_evaluation(ev)
+
+
+def test_longcat_runs_with_both_attention_modules_of_each_layer_exported(tmp_path):
+    """LongCat-Flash (tiny): each layer's self_attn.0 and .1 exported (rows 0.0 ... 1.1) and run
+    by ONNX Runtime inside the model, with cached generation; nothing a model would notice."""
+    _, d = _tiny_evaluation("save_tiny_longcat", tmp_path)
+    assert [x["layer"] for x in d["layers"]] == ["0.0", "0.1", "1.0", "1.1"]

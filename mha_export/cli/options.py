@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 
 import click
 
+from ..address import Address, parse_address
 from ..check.parity import FAIL, PASS, UNCHECKED
 from ..check.runners import RUNNERS, ort_runner_names
 from ..check.sweep import SWEEPS
@@ -30,6 +31,16 @@ CHECK_EXITS = (f"{VERDICT_EXIT[PASS]} pass, {VERDICT_EXIT[FAIL]} parity failure,
 
 # The layer's defaults are MHAConfig's: the CLI shows them, never re-declares them.
 DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(MHAConfig)}
+
+
+def layer_address(ctx, param, value: Optional[str]) -> Optional[Address]:
+    """--layer: N, or N.M (module M of layer N, where a checkpoint's layers hold several)."""
+    if value is None:
+        return None
+    try:
+        return parse_address(value)
+    except ValueError:
+        raise click.BadParameter(f"expected N or N.M (3, 3.1), got {value!r}") from None
 
 
 def int_list(ctx, param, value: Optional[str], lowest: int = 1) -> Optional[list[int]]:
@@ -177,8 +188,9 @@ CONFIG_OPTIONS = [
     click.option("--weights", type=click.Path(), default=None,
                  help="State dict (.pt/.pth/.bin) or .safetensors in any layout's keys, or a "
                       f"Hugging Face checkpoint folder ({', '.join(FAMILIES)})."),
-    click.option("--layer", type=int, default=None,
-                 help="Which layer's attention in a full checkpoint."),
+    click.option("--layer", default=None, callback=layer_address, metavar="N|N.M",
+                 help="Which layer's attention in a full checkpoint (N.M: module M of layer N, "
+                      "where each layer holds several: longcat_flash)."),
     click.option("--seed", type=int, default=0, show_default=True,
                  help="Seed for random weights (without --weights)."),
 ]
@@ -243,8 +255,9 @@ def sections(kw: dict) -> dict:
 # every layer of a checkpoint (fanout/): the executor's options, on the export commands and check
 LAYERS_OPTIONS = [
     click.option("--layers", "layers", default=None,
-                 help="Every layer of the checkpoint (all), a range (0-7) or several (0,5,29): "
-                      "-o DIR gets DIR/layer-{L}/ each and DIR/layers.json (docs: layers.md)."),
+                 help="Every layer of the checkpoint (all), a range (0-7) or several (0,5,29; "
+                      "3.1: one of a layer's attention modules, longcat_flash): -o DIR gets "
+                      "DIR/layer-{L}/ each and DIR/layers.json (docs: layers.md)."),
     click.option("--resume", is_flag=True,
                  help="With --layers: keep the layers DIR already holds passing, made from "
                       "the same options and weights; do the rest."),

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from ..address import Address
 from ..artifact import SUMMARY_FILE
 from ..lossy import registry as lossy
 from ..weights.source import weights_version
@@ -24,14 +25,14 @@ def fingerprint(*parts: Any) -> str:
 
 
 def export_stamp(target: str, weights: str | Path, options: dict,
-                 check_options: Optional[dict], layer: int) -> str:
+                 check_options: Optional[dict], layer: Address) -> str:
     files = {k: weights_version(f) for k, f in lossy.files(options).items()}
     return fingerprint(STAMPED, target, weights_version(weights), files, lossy.as_json(options),
                        check_options, layer)
 
 
 def checked_layer(root: str | Path, target: str, weights: str | Path, options: dict,
-                  layer: int) -> Optional[Path]:
+                  layer: Address) -> Optional[Path]:
     """DIR/layer-{L} where DIR's layers.json says it passed, made by ``target`` from these
     weights and export options: what ``eval --exports DIR`` reuses; else None (a damaged
     layers.json too)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from ..address import Address
 from ..artifact import (CONFIG_FILE, REPORT_FILE, WEIGHTS_FILE, check_destination,
                         default_folder, staged_folder, write_json_atomic)
 from ..check.sweep import require_runnable
@@ -43,7 +44,7 @@ class ExportResult:
 
 def export_artifact(target: str, config: Optional[MHAConfig] = None,
                     output: str | Path | None = None, *, weights: str | Path | None = None,
-                    layer: Optional[int] = None, seed: int = 0, kv_cache: bool = False,
+                    layer: Optional[Address] = None, seed: int = 0, kv_cache: bool = False,
                     attention_mask: bool = False, static_cache: bool = False,
                     force: bool = False, validate: bool = True,
                     check_options: Optional[dict] = None,
@@ -107,7 +108,7 @@ class Request:
 
 
 def checked_request(target: str, config: Optional[MHAConfig] = None, *,
-                    weights: str | Path | None = None, layer: Optional[int] = None,
+                    weights: str | Path | None = None, layer: Optional[Address] = None,
                     seed: int = 0, kv_cache: bool = False, attention_mask: bool = False,
                     static_cache: bool = False, target_options: Optional[dict] = None,
                     check_options: Optional[dict] = None, **fields) -> Request:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..address import Address, address_key, parse_address
 from ..artifact import CONFIG_FILE, WEIGHTS_FILE, read_artifact
 from ..check.plan import CheckOptions, largest_case_bytes
 from ..errors import UsageError, require_positive
@@ -18,10 +19,11 @@ from ..export.pipeline import checked_export
 from ..export.targets import TARGETS
 from ..graph.forms import DEFAULT
 from ..signature import make_signature
-from ..weights.source import checkpoint_layers, non_attention_layers, select_layers
+from ..weights.source import (checkpoint_layers, checkpoint_modules, non_attention_layers,
+                              select_layers)
 
 EXPORT, CHECK = "export", "check"  # a job's action
-LAYER_FOLDER = "layer-{layer}"
+LAYER_FOLDER = "layer-{layer}"  # layer-3, or layer-3.1 (an N.M address: address.py)
 # A worker's memory, estimated (measured on SmolLM2-135M's layers, AMD Zen 3, 2026-11-25: a
 # worker with torch, ONNX Runtime and the GGUF reader loaded 421 MiB, its peak 724-754 MiB,
 # the sweep's largest case 191 MiB): the runtimes, the module's copies (eager fp32, the fp64
@@ -36,7 +38,7 @@ class LayerJob:
     """Everything one worker needs for one layer (picklable; no open files)."""
 
     action: str  # EXPORT | CHECK
-    layer: int
+    layer: Address
     folder: str  # absolute: the workers write there (a filesystem they all see)
     target: str  # the export target: onnx, torchscript, aoti
     weights: Optional[str]
@@ -56,14 +58,15 @@ def estimate_bytes(weight_bytes: int, case_bytes: int, target: str = "onnx") -> 
 
 def export_jobs(target: str, weights: str, spec: str, output: str | Path, options: dict,
                 check_options: Optional[dict], threads: int, timeout: Optional[float],
-                memory: Optional[int]) -> tuple[list[LayerJob], dict[int, str]]:
+                memory: Optional[int]) -> tuple[list[LayerJob], dict[Address, str]]:
     """One job per chosen attention layer of the checkpoint: DIR/layer-{L}/; and the chosen
     layers that are not softmax attention, by type (a hybrid model's: rows of their own). The
     first attention layer is loaded here, so that options the checkpoint or the target refuse
     are bad input before any work; its memory estimate is every layer's (a checkpoint's
     attention layers share a shape) unless given."""
     _require_settings(threads, timeout, memory)
-    chosen = select_layers(spec, checkpoint_layers(weights))
+    chosen = select_layers(spec, checkpoint_layers(weights),
+                           modules=checkpoint_modules(weights))
     others = non_attention_layers(weights, chosen)
     layers = [layer for layer in chosen if layer not in others]
     if not layers:
@@ -77,7 +80,7 @@ def export_jobs(target: str, weights: str, spec: str, output: str | Path, option
             for layer in layers], others
 
 
-def _preflight(target: str, weights: str, layer: int, options: dict,
+def _preflight(target: str, weights: str, layer: Address, options: dict,
                check_options: Optional[dict]) -> int:
     """Refuse what the export refuses for every layer, as it refuses it (its request checks,
     export/pipeline.py, on this layer); the layer's memory estimate."""
@@ -101,17 +104,26 @@ def _check_opts(check_options: dict) -> CheckOptions:
                            **{k: check_options[k] for k in keys if check_options.get(k)}})
 
 
-def layer_folders(folder: str | Path) -> dict[int, Path]:
-    """DIR's layer folders (layer-{L} holding config.json), by layer."""
+def layer_folders(folder: str | Path) -> dict[Address, Path]:
+    """DIR's layer folders (layer-{L} holding config.json), by layer address."""
     root = Path(folder)
     if not root.is_dir():
         raise UsageError(f"{folder}: no such folder")
     found = {}
     for sub in root.iterdir():
         prefix, _, index = sub.name.partition("-")
-        if prefix == "layer" and index.isdigit() and (sub / CONFIG_FILE).is_file():
-            found[int(index)] = sub
-    return dict(sorted(found.items()))
+        address = _address(index)
+        if prefix == "layer" and address is not None and (sub / CONFIG_FILE).is_file():
+            found[address] = sub
+    return dict(sorted(found.items(), key=lambda item: address_key(item[0])))
+
+
+def _address(text: str) -> Optional[Address]:
+    """A layer folder's address (layer-3: 3, layer-3.1: "3.1"), or None: not one."""
+    try:
+        return parse_address(text) if text.strip() == text else None
+    except ValueError:
+        return None
 
 
 def is_layers_folder(folder: str | Path) -> bool:
@@ -123,7 +135,7 @@ def is_layers_folder(folder: str | Path) -> bool:
 
 def check_jobs(folder: str | Path, check_options: dict, threads: int,
                timeout: Optional[float], memory: Optional[int],
-               made: Optional[dict[int, str]] = None) -> list[LayerJob]:
+               made: Optional[dict[Address, str]] = None) -> list[LayerJob]:
     """One job per layer folder of DIR, each checked as `check DIR/layer-{L}` would be;
     ``made``: each layer's export fingerprint (kept in its row, for --resume)."""
     _require_settings(threads, timeout, memory)

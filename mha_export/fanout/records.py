@@ -2,6 +2,7 @@
 run's summary, DIR/layers.json (``Summary``), with its terminal table.
 
     {"layers": [{"layer": L, "status": ..., "folder": "layer-L", ...}, ...], "passed": bool, ...}
+    (L: the layer's address, 3 or "3.1": address.py)
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from ..address import Address, address_key
 from ..artifact import SUMMARY_FILE
 from ..errors import UsageError
 
@@ -28,7 +30,7 @@ SUCCESS = (PASS, EXPORTED)
 class LayerRecord:
     """One layer's outcome: its verdict, its worst error, its costs, what it took, where."""
 
-    layer: int
+    layer: Address
     status: str
     folder: str  # relative to DIR
     message: str = ""  # one line: why it failed, errored, crashed, ...
@@ -49,7 +51,7 @@ class LayerRecord:
                    estimate_mib=round(job.memory / 2**20, 1), fingerprint=job.fingerprint)
 
     @classmethod
-    def not_attention(cls, layer: int, kind: str, why: str) -> "LayerRecord":
+    def not_attention(cls, layer: Address, kind: str, why: str) -> "LayerRecord":
         """The row of a layer that is not exported (not softmax attention, or attention that
         reads another layer's keys and values): nothing exported, nothing run."""
         return cls(layer, NOT_ATTENTION, "", f"a {kind} layer, {why}: left to the model")
@@ -107,7 +109,8 @@ class Summary:
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k != "records"}
-        return {**d, "layers": [r.to_dict() for r in sorted(self.records, key=lambda r: r.layer)],
+        rows = sorted(self.records, key=lambda r: address_key(r.layer))
+        return {**d, "layers": [r.to_dict() for r in rows],
                 "counts": self.counts(), "passed": self.passed}
 
     @classmethod
@@ -147,7 +150,7 @@ def format_summary(s: Summary) -> str:
     rows = [(str(r.layer), r.status + (" (resumed)" if r.resumed else ""),
              _num(r.worst_rel, ".2e"), (r.costs[0][:48] if r.costs else "-"),
              f"{r.seconds:.1f}", _num(r.peak_mib, ".0f"), r.message[:100])
-            for r in sorted(s.records, key=lambda r: r.layer)]
+            for r in sorted(s.records, key=lambda r: address_key(r.layer))]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
              for row in [header, *rows]]

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from ..address import Address
 from ..artifact import REPORT_FILE, write_json_atomic
 from ..env import machine_info, utc_now
 from .executors import Capacity, Executor, Work
@@ -27,7 +28,7 @@ Progress = Callable[[Summary, int, Optional[LayerRecord]], None]
 
 
 def run_jobs(jobs: Sequence[LayerJob], executor: Executor, summary: Summary,
-             root: str | Path, kept: Optional[dict[int, LayerRecord]] = None,
+             root: str | Path, kept: Optional[dict[Address, LayerRecord]] = None,
              progress: Progress = lambda s, running, r: None, work: Work = run_layer) -> Summary:
     """``kept``: rows carried over as they are (layers --resume keeps, or a check leaves)."""
     root, kept = Path(root), kept or {}
@@ -89,7 +90,7 @@ def _tidy(root: Path, name: str) -> None:
         shutil.rmtree(left, ignore_errors=True) if left.is_dir() else left.unlink()
 
 
-def resumable(root: Path, jobs: Sequence[LayerJob]) -> dict[int, LayerRecord]:
+def resumable(root: Path, jobs: Sequence[LayerJob]) -> dict[Address, LayerRecord]:
     """The layers an earlier run left passing, made from the same options and weights, whose
     folder still holds its passing parity.json."""
     earlier = read_summary(root)

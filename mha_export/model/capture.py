@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from ..address import split_address
 from ..artifact import readable
 from ..errors import UsageError
 from .loading import LoadedModel, attention_of, decoder_layers, load_model, load_tokenizer, tokenize
@@ -60,7 +61,7 @@ def _asked(tokens: int, sequences: int) -> str:
 
 
 def require_layers(layers: Sequence[int], count: int) -> None:
-    bad = [layer for layer in layers if not 0 <= layer < count]
+    bad = [layer for layer in layers if not 0 <= split_address(layer)[0] < count]
     if bad:
         raise UsageError(f"--layers {bad[0]} is out of range: the model has {count} "
                          f"layers (0-{count - 1})")

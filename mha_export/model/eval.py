@@ -33,20 +33,22 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
+from ..address import Address
 from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, get_policy
 from ..errors import UsageError
 from ..env import openmp_wait
 from ..lossy import registry as lossy
-from ..weights.source import checkpoint_layers, non_attention_layers, select_layers
+from ..weights.source import (checkpoint_layers, checkpoint_modules, non_attention_layers,
+                              select_layers)
 from .capture import checked_before_loading, read_text, token_block
-from .loading import LoadedModel, attention_name, attention_of, decoder_layers, load_model
+from .loading import LoadedModel, attention_at, decoder_layers, load_model, set_attention
 
 Progress = Callable[[int, int, str], None]
 EXPORT_KEYS = ("attention", "opset", "kv_cache", "static_cache", "kernels") + lossy.api_keys()
 TARGET_KEYS = {"kernels": "executorch"}  # an export target's own option: the target it needs
 
 
-def _preflight(weights: str | Path, runner: str, options: dict, layer: int) -> None:
+def _preflight(weights: str | Path, runner: str, options: dict, layer: Address) -> None:
     """The layers' export request checked before the model loads (tens of seconds): what the
     runner's target refuses of these options is one line now, not after the loading."""
     from ..check.runners import RUNNERS
@@ -87,7 +89,7 @@ class LayerDetail:
     """One exported layer inside the model: its artifact, what ran it, and how far its output
     was from the eager attention on the hidden states it received (prefill)."""
 
-    layer: int
+    layer: Address
     artifact: str
     runner: str
     rel: float = float("nan")  # max|d| / max|y|
@@ -101,7 +103,7 @@ class RunResult:
 
     name: str
     options: dict
-    layers: list[int]
+    layers: list[Address]
     perplexity: float
     top1_agreement: float
     kl_mean: float
@@ -205,12 +207,12 @@ class ExportedAttention(torch.nn.Module):
         self.deviations.append((float(d / scale), float(cos)))
 
 
-def _reset(stand_ins: dict[int, "ExportedAttention"]) -> None:
+def _reset(stand_ins: dict[Address, "ExportedAttention"]) -> None:
     for s in stand_ins.values():
         s.reset()
 
 
-def _incremental(stand_ins: dict[int, "ExportedAttention"], call: Callable[[], Any]
+def _incremental(stand_ins: dict[Address, "ExportedAttention"], call: Callable[[], Any]
                  ) -> Callable[[], Any]:
     """``call`` with the stand-ins taking new tokens only (the model runs its own cache)."""
     def run() -> Any:
@@ -225,17 +227,16 @@ def _incremental(stand_ins: dict[int, "ExportedAttention"], call: Callable[[], A
 
 
 @contextlib.contextmanager
-def exported_layers(model: Any, stand_ins: dict[int, ExportedAttention]) -> Iterator[None]:
-    """The model with the chosen layers' attention replaced by their stand-ins, restored after."""
-    layers = decoder_layers(model)
-    names = {i: attention_name(layers[i]) for i in stand_ins}
-    for i, stand_in in stand_ins.items():
-        setattr(layers[i], names[i], stand_in)
+def exported_layers(model: Any, stand_ins: dict[Address, ExportedAttention]) -> Iterator[None]:
+    """The model with the chosen layers' attention replaced by their stand-ins, restored after
+    (keyed by layer address: N, or N.M for one of a layer's attention modules)."""
+    for address, stand_in in stand_ins.items():
+        set_attention(model, address, stand_in)
     try:
         yield
     finally:
-        for i, stand_in in stand_ins.items():
-            setattr(layers[i], names[i], stand_in.original)
+        for address, stand_in in stand_ins.items():
+            set_attention(model, address, stand_in.original)
 
 
 # --- running the text -----------------------------------------------------------------------
@@ -317,7 +318,8 @@ class Evaluation:
     transformers_perplexity: float = float("nan")  # transformers' own loss on the same tokens
     budgets: dict = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
-    left_to_model: dict[int, str] = field(default_factory=dict)  # layer -> its non-attention type
+    # layer -> its non-attention type
+    left_to_model: dict[Address, str] = field(default_factory=dict)
     machine: dict = field(default_factory=dict)
 
     @property
@@ -371,7 +373,7 @@ class Evaluator:
         self.reused: set[tuple[str, int]] = set()  # the stand-ins found made, not exported
         self.eager_logits = logits_of(loaded.model, ids)
 
-    def run(self, name: str, options: dict, layers: Sequence[int],
+    def run(self, name: str, options: dict, layers: Sequence[Address],
             time_generation: bool = True) -> RunResult:
         """``time_generation`` False: only the prefill is timed (attribution and per-layer runs:
         their speed is a side figure, and timing generation 6 x 2 times each adds minutes)."""
@@ -399,7 +401,7 @@ class Evaluator:
                          float(kl.mean()), float(kl.max()), kl.tolist(), speed.exported_prefill,
                          generated, details, speed)
 
-    def _speed(self, stand_ins: dict[int, ExportedAttention], steps: int) -> Speed:
+    def _speed(self, stand_ins: dict[Address, ExportedAttention], steps: int) -> Speed:
         """Eager and exported timed alternately in one loop, so that both see the same machine
         (a 2-core host's speed drifts by tens of percent between minutes)."""
         model, ids = self.loaded.model, self.ids
@@ -468,27 +470,34 @@ class Evaluator:
         art = read_artifact(folder)
         runner = self.kind.open(art.signature, folder / self.kind.model_file,
                                 RunOptions(thread_pool=self.thread_pool))
-        original = attention_of(decoder_layers(self.loaded.model)[layer])
+        original = attention_at(self.loaded.model, layer)
         return ExportedAttention(original, runner, len(self.ids) + self.generate + 1)
 
 
 def _model_layers_tokens(weights: str | Path, body: str, tokens: int, layers: str,
                          loaded: Optional[LoadedModel]
-                         ) -> tuple[LoadedModel, list[int], torch.Tensor]:
+                         ) -> tuple[LoadedModel, list[Address], torch.Tensor]:
     """The model, the chosen layers and the text's first ``tokens`` ids; the layers and the
     text's length are checked before the model loads (unless it is given)."""
     if loaded is None:
-        chosen = select_layers(layers, checkpoint_layers(weights))
+        chosen = chosen_layers(weights, layers)
         tokenizer, block = checked_before_loading(weights, body, tokens, 1, chosen)
         loaded = load_model(weights, tokenizer)
     else:
-        chosen = select_layers(layers, len(decoder_layers(loaded.model)))
+        chosen = select_layers(layers, len(decoder_layers(loaded.model)),
+                               modules=checkpoint_modules(weights))
         block = token_block(loaded.tokenizer, body, tokens, 1)
     return loaded, chosen, torch.from_numpy(block[0])
 
 
-def attention_layers(weights: str | Path, chosen: list[int], spec: str
-                     ) -> tuple[list[int], dict[int, str]]:
+def chosen_layers(weights: str | Path, spec: str) -> list[Address]:
+    """--layers of the checkpoint: its layers' addresses (N, or N.M where a layer holds several
+    attention modules)."""
+    return select_layers(spec, checkpoint_layers(weights), modules=checkpoint_modules(weights))
+
+
+def attention_layers(weights: str | Path, chosen: list[Address], spec: str
+                     ) -> tuple[list[Address], dict[Address, str]]:
     """The chosen layers that are softmax attention (exported), and the others by type (a
     hybrid model's linear-attention or convolution layers, and KV-shared layers, whose keys
     come from another layer: left to torch)."""
@@ -564,8 +573,7 @@ def evaluate(weights: str | Path, text: str | Path, tokens: int = 256,
         options["kv_cache"] = True  # generation steps run the decode artifacts
     runs = lossy.attribution(options, runner) if attribute else []  # refused before any work
     mark = folder is not None and claim_exports_folder(Path(folder), weights)
-    chosen, others = attention_layers(
-        weights, select_layers(layers, checkpoint_layers(weights)), layers)
+    chosen, others = attention_layers(weights, chosen_layers(weights, layers), layers)
     _preflight(weights, runner, options, chosen[0])  # what an export would refuse, now
     loaded, _, ids = _model_layers_tokens(weights, read_text(text), tokens, layers, loaded)
     with contextlib.ExitStack() as stack:

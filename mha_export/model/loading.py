@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..address import Address, split_address
 from ..errors import UsageError
 
 INSTALL = "pip install 'mha-export[model]'"
@@ -143,6 +144,29 @@ def attention_name(layer: Any) -> str:
 
 def attention_of(layer: Any) -> Any:
     return getattr(layer, attention_name(layer))
+
+
+def attention_slot(model: Any, address: Address) -> tuple[Any, str | int]:
+    """Where the attention module at a layer address is held: (its decoder layer, the
+    attribute), or for N.M (LongCat-Flash) (layer N's list of attention modules, M)."""
+    layer, module = split_address(address)
+    block = decoder_layers(model)[layer]
+    return (block, attention_name(block)) if module is None else (attention_of(block), module)
+
+
+def attention_at(model: Any, address: Address) -> Any:
+    """The attention module at a layer address."""
+    owner, key = attention_slot(model, address)
+    return owner[key] if isinstance(key, int) else getattr(owner, key)
+
+
+def set_attention(model: Any, address: Address, module: Any) -> None:
+    """The attention module at a layer address replaced by ``module``."""
+    owner, key = attention_slot(model, address)
+    if isinstance(key, int):
+        owner[key] = module
+    else:
+        setattr(owner, key, module)
 
 
 def tokenize(tokenizer: Any, text: str) -> list[int]:

@@ -1,7 +1,8 @@
 """Hugging Face checkpoints: one layer's attention, its config read from config.json.
 
     --weights FOLDER (config.json + model.safetensors | model.safetensors.index.json (sharded) |
-    pytorch_model.bin), or one weights file with its config.json beside it; --layer N.
+    pytorch_model.bin), or one weights file with its config.json beside it; --layer N (--layer
+    N.M: module M of layer N, where the model type's layers hold several: LongCat-Flash's).
 
 What varies by model type is a record in ``families`` (tensor names, config.json fields and their
 defaults, conversion to our layout); this module reads: it finds config.json, picks the record
@@ -21,6 +22,7 @@ from typing import Any, Iterable, Iterator, NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from ..address import Address, split_address
 from ..config import SECTIONS
 from ..errors import NotAttentionLayer, UsageError
 from .families import FAMILIES, INDEXED, NOT_YET, Family, Settings, supported_types
@@ -100,12 +102,14 @@ def quantization(cfg_path: Path) -> tuple[Optional[QuantFormat], dict]:
     return checkpoint_format(qcfg, str(cfg_path)), qcfg
 
 
-def _layer_pattern(family: Family, layer: int, parts: tuple[str, ...] = ()) -> re.Pattern:
+def _layer_pattern(family: Family, layer: Address, parts: tuple[str, ...] = ()) -> re.Pattern:
     """Names of the layer's attention tensors after the family's prefix (by default any), e.g.
-    model.layers.2.self_attn.q_proj.weight: groups "module" (the checkpoint's) and "part"
+    model.layers.2.self_attn.q_proj.weight (LongCat-Flash's layer 2.1:
+    model.layers.2.self_attn.1.q_b_proj.weight): groups "module" (the checkpoint's) and "part"
     (weight or bias, or a quantization format's ``parts``; none for a bare parameter such as
     gpt-oss's self_attn.sinks)."""
-    attention = re.escape(family.attention.format(layer=layer))
+    index, module = split_address(layer)
+    attention = re.escape(family.attention.format(layer=index, module=module))
     modules = "|".join(re.escape(m[:-len(INDEXED)]) + r"\.\d+" if m.endswith(INDEXED)
                        else re.escape(m) for m in family.tensors)
     names = "|".join(map(re.escape, sorted({"weight", "bias", *parts}, key=len, reverse=True)))
@@ -148,12 +152,13 @@ def _layer_tensors(file: Path, pattern: re.Pattern) -> dict[str, Tensor]:
     return {k: v for k, v in state.items() if pattern.search(k)}
 
 
-def layer_fields(cfg_path: Path, family: Family, cfg: dict, layer: int) -> dict:
-    """MHAConfig fields of the layer: the family's, its layout (a layer's own where its fields
-    say: a KV-shared layer's), and the checked context."""
+def layer_fields(cfg_path: Path, family: Family, cfg: dict, layer: Address) -> dict:
+    """MHAConfig fields of the layer (of its decoder layer: the modules of one share them): the
+    family's, its layout (a layer's own where its fields say: a KV-shared layer's), and the
+    checked context."""
     settings = Settings(cfg, family.defaults)
     try:
-        return {"layout": family.layout, **family.fields(settings, layer),
+        return {"layout": family.layout, **family.fields(settings, split_address(layer)[0]),
                 "max_seq_len": min(settings.get(family.context, CHECKED_CONTEXT),
                                    CHECKED_CONTEXT)}
     except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
@@ -163,7 +168,7 @@ def layer_fields(cfg_path: Path, family: Family, cfg: dict, layer: int) -> dict:
 Modules = dict[str, tuple[str, dict[str, Tensor]]]  # checkpoint module -> (full name, parts)
 
 
-def _layer_modules(path: Path, family: Family, layer: int,
+def _layer_modules(path: Path, family: Family, layer: Address,
                    fmt: Optional[QuantFormat]) -> Modules:
     """The layer's attention tensors grouped by checkpoint module: {"q_proj": (its full name,
     {"weight": ..., "bias": ...} or a quantization format's parts)}."""
@@ -206,7 +211,7 @@ def _decoded_modules(modules: Modules, fmt: Optional[QuantFormat],
         yield DecodedModule(module, full, fmt.decode(parts, qcfg, full), float_parts)
 
 
-def _read_tensors(path: Path, ckpt: Checkpoint, layer: int) -> dict[str, Tensor]:
+def _read_tensors(path: Path, ckpt: Checkpoint, layer: Address) -> dict[str, Tensor]:
     """The layer's attention tensors, float32, under our module names: a quantized module's
     weight as its format's own dequantization."""
     named = {}
@@ -239,7 +244,7 @@ def checkpoint_activations(path: str | Path) -> str:
     return fmt.activations(qcfg) if fmt else ""
 
 
-def kept_weights(path: str | Path, layer: int) -> tuple[str, dict[str, Decoded]]:
+def kept_weights(path: str | Path, layer: Address) -> tuple[str, dict[str, Decoded]]:
     """(the format's name, our module weight name -> the decoded weight) of a quantized
     checkpoint's layer: what ``--quantize source`` keeps. Modules the checkpoint stores as
     floats are not among them."""
@@ -280,23 +285,44 @@ def dequantized_state(path: str | Path) -> tuple[str, dict[str, Tensor]]:
     return fmt.name, state
 
 
-def require_layer(layer: Optional[int], count: int, what: str, holder: str) -> None:
+def require_layer(layer: Optional[int], count: int, what: str, holder: str,
+                  form: str = "N") -> None:
     """--layer given and in range: ``what`` names the checkpoint ("x is a llama checkpoint"),
-    ``holder`` what has the layers ("checkpoint", "file")."""
+    ``holder`` what has the layers ("checkpoint", "file"), ``form`` the address it takes."""
     if layer is None:
-        raise UsageError(f"{what} with {count} layers: pick one with --layer N")
+        raise UsageError(f"{what} with {count} layers: pick one with --layer {form}")
     if not 0 <= layer < count:
         raise UsageError(f"--layer {layer} is out of range: the {holder} has {count} layers "
                          f"(0-{count - 1})")
 
 
-def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict]:
+def _require_address(ckpt: Checkpoint, layer: Optional[Address], what: str) -> None:
+    """--layer given, of the form the checkpoint's layers take (N, or N.M where they hold
+    several attention modules: LongCat-Flash's), and in range."""
+    kind, modules, count = ckpt.family.model_type, ckpt.family.modules, _layer_count(ckpt)
+    if layer is None or modules == 1:
+        if isinstance(layer, str):
+            raise UsageError(f"--layer {layer}: each layer of a {kind} checkpoint holds one "
+                             f"attention module: --layer {split_address(layer)[0]}")
+        return require_layer(layer, count, what, "checkpoint", "N" if modules == 1 else "N.M")
+    index, module = split_address(layer)
+    if module is None:
+        raise UsageError(f"--layer {layer}: each layer of a {kind} checkpoint holds {modules} "
+                         f"attention modules: --layer {layer}.0 to {layer}.{modules - 1}")
+    if module >= modules:
+        raise UsageError(f"--layer {layer}: layer {index}'s attention modules are {index}.0 to "
+                         f"{index}.{modules - 1}")
+    if index >= count:
+        raise UsageError(f"--layer {layer} is out of range: the checkpoint has {count} layers "
+                         f"(0.0-{count - 1}.{modules - 1})")
+
+
+def read_layer(path: str | Path, layer: Optional[Address]) -> tuple[dict, dict, dict]:
     """(MHAConfig fields, state dict in their layout, source description) of one layer."""
     path = Path(path)
     ckpt = _read_config(path)
     family = ckpt.family
-    require_layer(layer, _layer_count(ckpt), f"{path} is a {family.model_type} checkpoint",
-                  "checkpoint")
+    _require_address(ckpt, layer, f"{path} is a {family.model_type} checkpoint")
     fields = layer_fields(ckpt.cfg_path, family, ckpt.cfg, layer)
     state = family.convert(fields, _read_tensors(path, ckpt, layer))
     source = {"kind": "huggingface", "path": str(path), "model_type": family.model_type,
@@ -306,8 +332,8 @@ def read_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict, dict
     return fields, state, source
 
 
-def non_attention_layers(path: str | Path, layers: Iterable[int],
-                         kv_shared: bool = False) -> dict[int, str]:
+def non_attention_layers(path: str | Path, layers: Iterable[Address],
+                         kv_shared: bool = False) -> dict[Address, str]:
     """Which of ``layers`` are not softmax attention (a hybrid model's linear-attention or
     convolution layers), by their type; with ``kv_shared``, the KV-shared layers too (what
     ``eval`` leaves to the model: their keys come from another layer); config.json alone."""
@@ -328,6 +354,11 @@ def non_attention_layers(path: str | Path, layers: Iterable[int],
 def layer_count(path: str | Path) -> int:
     """How many decoder layers a checkpoint folder's config.json declares."""
     return _layer_count(_read_config(path))
+
+
+def modules_per_layer(path: str | Path) -> int:
+    """How many attention modules each of its decoder layers holds (LongCat-Flash: 2)."""
+    return _read_config(path).family.modules
 
 
 def _layer_count(ckpt: Checkpoint) -> int:

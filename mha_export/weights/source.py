@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from ..address import Address, address_key, addresses, parse_address, split_address
 from ..config import MHAConfig
 from ..errors import UsageError
 from ..kinds.registry import build_module, convert
@@ -20,7 +21,8 @@ from .families.layer_types import why_left  # noqa: F401 (the fan-out's row text
 from .files import load_strict, module_from_block, read_block
 from .gguf import gguf_layer_count, gguf_non_attention_layers, is_gguf, read_gguf_layer
 from .huggingface import (hf_config_path, layer_count as hf_layer_count, merge_fields,
-                          non_attention_layers as hf_non_attention, read_layer)
+                          modules_per_layer, non_attention_layers as hf_non_attention,
+                          read_layer)
 
 
 @dataclass
@@ -31,7 +33,7 @@ class Source:
 
 
 def load_source(config: Optional[MHAConfig] = None, weights: str | Path | None = None,
-                layer: Optional[int] = None, seed: int = 0,
+                layer: Optional[Address] = None, seed: int = 0,
                 fields: Optional[dict[str, Any]] = None) -> Source:
     """The module and its config: ``config`` as given, or built here (the only place) from
     CLI-style ``fields``, a checkpoint's config.json, or the weights file's layout."""
@@ -43,6 +45,9 @@ def load_source(config: Optional[MHAConfig] = None, weights: str | Path | None =
             raise UsageError("--layer needs --weights")
         config = config or MHAConfig.from_dict(fields)
         return Source(config, build_module(config, seed=seed), {"kind": "random", "seed": seed})
+    if isinstance(layer, str) and not (config is None and hf_config_path(weights)):
+        raise UsageError(f"--layer {layer}: an N.M address picks one of a Hugging Face "
+                         f"checkpoint layer's attention modules; {weights} takes --layer N")
     if is_gguf(weights):
         if config is not None:
             raise UsageError(f"{weights}: a GGUF file's layer takes its config from the file: "
@@ -60,10 +65,10 @@ def load_source(config: Optional[MHAConfig] = None, weights: str | Path | None =
                   {"kind": "file", "file": str(weights), "layer": layer})
 
 
-Reader = Callable[[Any, Optional[int]], tuple[dict, dict, dict]]  # read_layer's signature
+Reader = Callable[[Any, Optional[Address]], tuple[dict, dict, dict]]  # read_layer's signature
 
 
-def _checkpoint_layer(path: str | Path, layer: Optional[int], fields: dict,
+def _checkpoint_layer(path: str | Path, layer: Optional[Address], fields: dict,
                       read: Reader = read_layer) -> Source:
     """One layer of a Hugging Face checkpoint (or a GGUF file): its config from config.json
     (given fields must agree), its weights in the checkpoint's layout, converted to the layout
@@ -88,8 +93,14 @@ def checkpoint_layers(weights: str | Path) -> int:
                      "folder or a .gguf file")
 
 
-def non_attention_layers(weights: str | Path, layers: Iterable[int],
-                         kv_shared: bool = False) -> dict[int, str]:
+def checkpoint_modules(weights: str | Path) -> int:
+    """How many attention modules each layer of a whole checkpoint holds (LongCat-Flash's 2,
+    addressed N.M; a GGUF file's: one)."""
+    return 1 if is_gguf(weights) else modules_per_layer(weights)
+
+
+def non_attention_layers(weights: str | Path, layers: Iterable[Address],
+                         kv_shared: bool = False) -> dict[Address, str]:
     """Which of a checkpoint's ``layers`` are not softmax attention, by type (a hybrid
     model's linear_attention, conv, ... layers: left to the model); with ``kv_shared``, the
     KV-shared layers too (a GGUF file's read have none)."""
@@ -114,25 +125,42 @@ def weights_version(weights: str | Path | None) -> Any:
     return [str(path), stat.st_size, stat.st_mtime_ns]
 
 
-def select_layers(spec: str, count: int, flag: str = "--layers") -> list[int]:
-    """``all``, ranges and indices (``0-3,7``) of a checkpoint's ``count`` layers, sorted."""
+def select_layers(spec: str, count: int, flag: str = "--layers",
+                  modules: int = 1) -> list[Address]:
+    """``all``, ranges and indices (``0-3,7``) of a checkpoint's ``count`` layers, sorted: each
+    layer's address, or, where layers hold several attention modules (``modules``), each
+    module's ("N.M"; a layer or a range: all its modules; ``0,3.1``: 0.0, 0.1, 3.1)."""
+    usage = (f"{flag}: expected all, A-B or comma-separated indices (0-3,7"
+             + (", 3.1" if modules > 1 else "") + f"), got {spec!r}")
     if spec.strip() == "all":
-        return list(range(count))
-    chosen: set[int] = set()
+        return addresses(range(count), modules)
+    chosen: set[Address] = set()
     try:
         for part in (p.strip() for p in spec.split(",")):
-            low, sep, high = part.partition("-")
-            first, last = int(low), int(high) if sep else int(low)
-            if first > last:
-                raise ValueError(part)
-            if first < 0 or last >= count:  # before the range is built: 0-10**12 is no hang
-                raise UsageError(f"{flag} {spec}: the model has {count} layers "
-                                 f"(0-{count - 1})")
-            chosen.update(range(first, last + 1))
+            chosen.update(_chosen(part, count, modules, f"{flag} {spec}"))
     except ValueError:
-        raise UsageError(f"{flag}: expected all, A-B or comma-separated indices (0-3,7), "
-                         f"got {spec!r}") from None
+        raise UsageError(usage) from None
     if not chosen:
-        raise UsageError(f"{flag}: expected all, A-B or comma-separated indices (0-3,7), "
-                         f"got {spec!r}")
-    return sorted(chosen)
+        raise UsageError(usage)
+    return sorted(chosen, key=address_key)
+
+
+def _chosen(part: str, count: int, modules: int, what: str) -> list[Address]:
+    """The addresses one part of a --layers list names: A, A-B or (modules > 1) A.M."""
+    low, sep, high = part.partition("-")
+    if not sep and "." in part:
+        address = parse_address(part)
+        layer, module = split_address(address)
+        if modules == 1:
+            raise UsageError(f"{what}: {part} picks a layer's attention module; the model's "
+                             "layers hold one each")
+        if module >= modules or layer >= count:
+            raise UsageError(f"{what}: the model has {count} layers of {modules} attention "
+                             f"modules (0.0-{count - 1}.{modules - 1})")
+        return [address]
+    first, last = int(low), int(high) if sep else int(low)
+    if first > last:
+        raise ValueError(part)
+    if first < 0 or last >= count:  # before the range is built: 0-10**12 is no hang
+        raise UsageError(f"{what}: the model has {count} layers (0-{count - 1})")
+    return addresses(range(first, last + 1), modules)

@@ -69,3 +69,6 @@ class Family:
     nested: Optional[str] = None  # multimodal: the key of the text model's config ("text_config")
     prefix: str = ANY_PREFIX  # regex matched right before `attention` in tensor names
     summary: str = ""  # what it reads from config.json, for the docs' table / help
+    # attention modules per decoder layer: more than one (LongCat-Flash's 2) are addressed
+    # "L.M" (--layer 3.1), `attention` naming each by {module}
+    modules: int = 1

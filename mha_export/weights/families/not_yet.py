@@ -9,7 +9,4 @@ NOT_YET: dict[str, str] = {
     "qwen4_exp": "block top-k sparse attention (QSA) and its GatedDeltaNet layers",
     "deepseek_v4": ("compressed sparse attention, one shared key = value head, sinks, inverse "
                     "rotary on the output and a grouped low-rank output projection"),
-    "longcat_flash": ("two attention modules per layer (self_attn.0, self_attn.1), each "
-                      "DeepSeek-V3's with constant LoRA scales (its *_scale_q_lora, "
-                      "*_scale_kv_lora)"),
 }
