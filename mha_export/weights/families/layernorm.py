@@ -6,7 +6,7 @@ from __future__ import annotations
 from .base import INDEXED, Family
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, decoder_fields, interleaved_rope,
                       layer_norm, stacked_heads)
-from .gguf_common import GGUFArch, GGUFExtra, Metadata, has, present
+from .gguf_common import GGUFArch, GGUFExtra, has, present
 from .layer_types import full_layers
 
 LAYERNORM_DEFAULTS = {**DECODER_DEFAULTS, "layer_norm_eps": 1e-5}
