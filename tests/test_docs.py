@@ -444,7 +444,7 @@ def families_table() -> str:
 
 
 def gguf_architectures() -> str:
-    """The GGUF architectures read, one record each (weights/gguf.py)."""
+    """The GGUF architectures read, one record each (weights/families/: each module's GGUF)."""
     from mha_export.weights.gguf import ARCHITECTURES
     return f"{len(ARCHITECTURES)}: " + ", ".join(f"`{a}`" for a in ARCHITECTURES) + "."
 

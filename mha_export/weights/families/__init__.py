@@ -20,6 +20,12 @@ small one, or a ``convert``, only where the new type's math differs. Multimodal 
 prediction head's). A record whose decoder layers hold several attention modules (LongCat-Flash)
 says how many (``modules``): each is addressed "L.M" (huggingface.py, ``address``).
 
+A module also says how llama.cpp's converter wrote its model types into GGUF files: its ``GGUF``
+(``general.architecture`` -> ``gguf_common.GGUFArch``, with the functions that read the
+architecture's metadata) and ``GGUF_REFUSED`` (an architecture refused, and why), gathered here
+into ``GGUF`` and ``GGUF_REFUSED`` for ``weights/gguf.py`` (docs/gguf.md's list is generated
+from them).
+
 Torch-free on purpose (``convert`` functions only call tensor methods): the CLI reads the
 registry for its help without importing torch.
 """
@@ -28,10 +34,11 @@ from __future__ import annotations
 from . import (alibi, classic, deepseek, gemma, gpt, layernorm, llama, llama4, local_global,
                longcat, mimo, olmo, pairs, qwen)
 from .base import ANY_PREFIX, INDEXED, Convert, Family, Fields, Settings, unchanged
+from .gguf_common import GGUFArch
 from .not_yet import NOT_YET
 
-__all__ = ["ANY_PREFIX", "INDEXED", "Convert", "FAMILIES", "Family", "Fields", "NOT_YET",
-           "Settings", "supported_types", "unchanged"]
+__all__ = ["ANY_PREFIX", "INDEXED", "Convert", "FAMILIES", "Family", "Fields", "GGUF",
+           "GGUFArch", "GGUF_REFUSED", "NOT_YET", "Settings", "supported_types", "unchanged"]
 
 # the order of the help's and the docs' lists
 GROUPS = (llama, llama4, olmo, pairs, local_global, mimo, layernorm, qwen, gemma, gpt, classic,
@@ -42,3 +49,26 @@ FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in grou
 def supported_types() -> str:
     """The model types the registry serves, for help texts and errors: "llama, mistral, ..."."""
     return ", ".join(FAMILIES)
+
+
+# The GGUF architectures in the order the lists (help, errors, docs/gguf.md) have named them since
+# before the records moved next to their families; one added later is listed after these.
+GGUF_LISTED = (
+    "llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "phi3", "qwen2moe", "starcoder2",
+    "olmo", "olmo2", "olmoe", "granite", "arcee", "smollm3", "llama4", "apertus", "seed_oss",
+    "hunyuan-dense", "dots1", "gemma", "nemotron", "ernie4_5", "glm4", "glm4moe", "ernie4_5-moe",
+    "minimax-m2", "afmoe", "command-r", "cohere2", "exaone4", "stablelm", "phi2", "bitnet",
+    "falcon", "starcoder", "bloom", "dbrx", "lfm2", "mistral3", "qwen3next", "mpt", "gemma3n")
+
+
+def _listed(item: tuple[str, GGUFArch]) -> int:
+    """Where an architecture stands in GGUF_LISTED (one added later: after them, in its group's
+    order)."""
+    return GGUF_LISTED.index(item[0]) if item[0] in GGUF_LISTED else len(GGUF_LISTED)
+
+
+GGUF: dict[str, GGUFArch] = dict(sorted(
+    ((arch, record) for group in GROUPS for arch, record in getattr(group, "GGUF", {}).items()),
+    key=_listed))
+GGUF_REFUSED: dict[str, str] = {arch: why for group in GROUPS
+                                for arch, why in getattr(group, "GGUF_REFUSED", {}).items()}

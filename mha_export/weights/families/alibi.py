@@ -13,6 +13,8 @@ from ...alibi import geometric_slopes, mpt_slopes
 from ...errors import UsageError
 from .base import Convert, Family, Settings
 from .decoder import per_head_split
+from .gguf_common import GGUFArch, Metadata, has
+from .llama import qkv_rows_convert
 
 Slopes = Callable[[dict], list]  # the layer's fields -> its slopes
 
@@ -85,3 +87,40 @@ RECORDS = (
                    "alibi_bias_max 8, on every layer as transformers applies it), "
                    "attn_config's clip_qkv and softmax_scale; qk_ln refused"),
 )
+
+
+# GGUF (llama.cpp's files) -----------------------------------------------------------------------
+
+def mpt(f: Metadata, layer: int) -> dict:
+    """MPT: its own config.json spelling, q/k/v clamped to attention.clamp_kqv. transformers
+    applies ALiBi with a bias max of 8 on every layer and reads no kv heads, biases or q/k
+    norms: a file whose llama.cpp layer has any other is refused."""
+    heads = f.require("attention.head_count", layer)
+    differ = {"ALiBi with another max bias than 8":
+              f.arch_value("attention.max_alibi_bias", 0.0) != 8.0,
+              "fewer key/value heads": f.arch_value("attention.head_count_kv", heads,
+                                                    layer) != heads,
+              "attention biases": has(f, layer, "attn_qkv.bias"),
+              "q/k norms": has(f, layer, "attn_q_norm.weight")}
+    for what, on in differ.items():
+        if on:
+            raise UsageError(f"{f.path}: an mpt layer with {what} is not read (transformers' MPT "
+                             "attention has none)")
+    return {"n_heads": heads, "d_model": f.require("embedding_length"),
+            "n_layers": f.require("block_count"), "max_seq_len": f.arch_value("context_length"),
+            "attn_config": {"clip_qkv": f.arch_value("attention.clamp_kqv") or None}}
+
+
+def bloom(f: Metadata, layer: int) -> dict:
+    """BLOOM: its own config.json spelling. llama.cpp's ALiBi (max bias 8, ggml's slopes) is
+    the paper's sequence, as transformers computes it."""
+    return {"n_head": f.require("attention.head_count", layer),
+            "n_layer": f.require("block_count")}
+
+
+GGUF = {
+    "bloom": GGUFArch("bloom", extra=bloom, prefix="transformer.",
+                      tensors={"query_key_value": "qkv_proj", "dense": "out_proj"},
+                      convert=with_slopes(paper_slopes, qkv_rows_convert)),  # [q; k; v]
+    "mpt": GGUFArch("mpt", extra=mpt, prefix="transformer."),
+}

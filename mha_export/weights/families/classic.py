@@ -5,10 +5,12 @@ one fused c_attn, multi-query), Persimmon (per-head fused QKV, LayerNorm q/k nor
 and kv heads in attn_config)."""
 from __future__ import annotations
 
+from ...errors import UsageError
 from .alibi import falcon_slopes, with_slopes
 from .base import Family, Settings
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, decoder_fields, layer_norm,
                       per_head_split)
+from .gguf_common import GGUFArch, Metadata, has
 from .layer_types import full_layers
 from .llama import qkv_rows_convert
 from .rope import rotary_fields
@@ -150,3 +152,51 @@ RECORDS = (
                    "clip_qkv; rope_parameters (transformers 5.23 ignores attn_config's "
                    "rope_theta)"),
 )
+
+
+# GGUF (llama.cpp's files) -----------------------------------------------------------------------
+
+def olmo(f: Metadata, layer: int) -> dict:
+    """OLMo: q, k, v clamped to attention.clamp_kqv (written from clip_qkv). llama.cpp's olmo
+    has no attention biases (the converter permutes q/k weights only)."""
+    if any(has(f, layer, f"attn_{n}.bias") for n in ("q", "k", "v", "output")):
+        raise UsageError(f"{f.path}: attention biases in an olmo file are not read (llama.cpp's "
+                         "olmo has none)")
+    return {"clip_qkv": f.arch_value("attention.clamp_kqv") or None}
+
+
+def falcon(f: Metadata, layer: int) -> dict:
+    """Falcon: the converter stacks query_key_value's rows as query, key, value (head_count_kv
+    key heads, any layout it came from); biases on all four or none."""
+    heads = f.require("attention.head_count", layer)
+    return {"new_decoder_architecture": True, "alibi": False,
+            "num_kv_heads": f.arch_value("attention.head_count_kv", heads, layer)}
+
+
+def starcoder(f: Metadata, layer: int) -> dict:
+    """StarCoder (gpt_bigcode): one key/value head (the converter writes 1, llama.cpp reads
+    c_attn so), scores scaled by 1 / sqrt(head_dim)."""
+    if f.arch_value("attention.head_count_kv", 1, layer) != 1:
+        raise UsageError(f"{f.path}: a starcoder file with several key/value heads is not read")
+    return {"n_head": f.require("attention.head_count", layer), "multi_query": True,
+            "n_embd": f.require("embedding_length"), "n_layer": f.require("block_count"),
+            "n_positions": f.arch_value("context_length"), "scale_attn_weights": True}
+
+
+def dbrx(f: Metadata, layer: int) -> dict:
+    """DBRX: its own config.json spelling; q, k, v clamped to attention.clamp_kqv."""
+    heads = f.require("attention.head_count", layer)
+    return {"n_heads": heads, "d_model": f.require("embedding_length"),
+            "n_layers": f.require("block_count"), "max_seq_len": f.arch_value("context_length"),
+            "attn_config": {"kv_n_heads": f.arch_value("attention.head_count_kv", heads, layer),
+                            "clip_qkv": f.arch_value("attention.clamp_kqv") or None}}
+
+
+GGUF = {
+    "olmo": GGUFArch("olmo", permuted=True, extra=olmo),
+    "falcon": GGUFArch("falcon", extra=falcon, bias="bias", prefix="transformer.",
+                       tensors={"query_key_value": "qkv_proj", "dense": "out_proj"},
+                       convert=qkv_rows_convert),
+    "starcoder": GGUFArch("gpt_bigcode", extra=starcoder, prefix="transformer."),
+    "dbrx": GGUFArch("dbrx", extra=dbrx, prefix="transformer."),
+}

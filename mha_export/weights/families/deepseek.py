@@ -10,6 +10,7 @@ from typing import Callable
 from ...errors import UsageError
 from .base import Family, Fields, Settings
 from .decoder import ATTN
+from .gguf_common import FROM_HF
 from .layer_types import ATTENTION_TYPES, FULL, not_attention, typed
 from .rope import rope
 
@@ -123,3 +124,13 @@ RECORDS += (
            summary="as deepseek_v32, the indexer's rope on pairs (written as halves); "
                    "indexer_types 'shared' layers (an earlier layer's top-k) refused"),
 )
+
+
+# GGUF (llama.cpp's files): refused, saying why
+MLA_STORED = ("Multi-head Latent Attention as llama.cpp stores it (kv_b_proj split into "
+              "transposed k_b/v_b, yarn's mscale folded into a log multiplier) is not read")
+GGUF_REFUSED = {
+    "deepseek2": MLA_STORED + FROM_HF,
+    "kimi-linear": MLA_STORED + FROM_HF,
+    "glm-dsa": MLA_STORED + " (nor the lightning indexer beside it)" + FROM_HF,
+}

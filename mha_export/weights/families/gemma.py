@@ -5,11 +5,13 @@ read from text_config."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from ...errors import UsageError
 from .base import Extra, Family, Settings, same_as
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, LANGUAGE_MODEL, NORM_TENSORS,
                       decoder_fields, head_norm)
+from .gguf_common import FROM_HF, GGUFArch, Metadata, head_dim, present
 from .layer_types import FULL, LayerType, full_layers, periodic, typed
 from .rope import rope_by_layer_type
 
@@ -172,3 +174,63 @@ RECORDS = (
     dataclasses.replace(GEMMA4, model_type="gemma4", nested="text_config",
                         prefix=LANGUAGE_MODEL, summary="gemma4_text's, from text_config"),
 )
+
+
+# GGUF (llama.cpp's files) -----------------------------------------------------------------------
+
+def gemma_scale(layers_27b: int) -> Callable[[Metadata, int], float]:
+    """Gemma's query_pre_attn_scalar, which no GGUF key holds: llama.cpp's rule (its
+    llama-model.cpp) — n_embd / n_head for the 27B model (known by its layer count), else
+    head_dim."""
+    def scalar(f: Metadata, layer: int) -> float:
+        if f.require("block_count") == layers_27b:
+            return f.require("embedding_length") / f.require("attention.head_count", layer)
+        return head_dim(f, layer)
+    return scalar
+
+
+def gemma2(f: Metadata, layer: int) -> dict:
+    """Softcapping and the window as written; every 2nd layer full (llama.cpp's pattern 2, the
+    family's default)."""
+    return present(query_pre_attn_scalar=gemma_scale(46)(f, layer),
+                   attn_logit_softcapping=f.arch_value("attn_logit_softcapping"),
+                   sliding_window=f.arch_value("attention.sliding_window"))
+
+
+def gemma3(f: Metadata, layer: int) -> dict:
+    """Every 6th layer full (llama.cpp's hard-coded pattern), local rope theta 10000 unless the
+    file says (rope.freq_base_swa); no window written (or 0): every layer full, as llama.cpp."""
+    window = f.arch_value("attention.sliding_window")
+    out = {"query_pre_attn_scalar": gemma_scale(62)(f, layer), "sliding_window_pattern": 6,
+           "rope_local_base_freq": f.arch_value("rope.freq_base_swa", 10000.0)}
+    if window:
+        return {**out, "sliding_window": window}
+    return {**out, "layer_types": ["full_attention"] * f.require("block_count")}
+
+
+GEMMA3N_SHARED_FROM = 20  # llama.cpp's n_layer_kv_from_start for gemma3n (hard-coded)
+
+
+def gemma3n(f: Metadata, layer: int) -> dict:
+    """Gemma 3n as llama.cpp runs it (hard-coded, whatever the file's pattern array and
+    shared_kv_layers say): every 5th layer full, the others sliding (rope.freq_base_swa, default
+    10000); the layers from 20 on attend with layer 18's (sliding) or 19's (full) keys and
+    values — transformers' rule gives the same sources for that split."""
+    count = f.require("block_count")
+    return {"layer_types": ["full_attention" if i % 5 == 4 else "sliding_attention"
+                            for i in range(count)],
+            "num_kv_shared_layers": max(count - GEMMA3N_SHARED_FROM, 0),
+            "sliding_window": f.require("attention.sliding_window"),
+            "rope_local_base_freq": f.arch_value("rope.freq_base_swa", 10000.0)}
+
+
+GGUF = {
+    "gemma2": GGUFArch("gemma2", norm_shift=1.0, extra=gemma2),
+    "gemma3": GGUFArch("gemma3_text", norm_shift=1.0, extra=gemma3),
+    "gemma": GGUFArch("gemma", norm_shift=1.0),
+    "gemma3n": GGUFArch("gemma3n_text", extra=gemma3n),  # norms stored as w (no shift)
+}
+GGUF_REFUSED = {
+    "gemma4": ("Gemma 4 as llama.cpp stores it (sliding layers' own head width key_length_swa, "
+               "the proportional rope as rope_freqs factors) is not read" + FROM_HF),
+}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from .base import INDEXED, Family
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, decoder_fields, interleaved_rope,
                       layer_norm, stacked_heads)
+from .gguf_common import GGUFArch, GGUFExtra, has, present
 from .layer_types import full_layers
 
 LAYERNORM_DEFAULTS = {**DECODER_DEFAULTS, "layer_norm_eps": 1e-5}
@@ -37,3 +38,22 @@ RECORDS = (
            summary="rotary in pairs, attention_bias; with use_qk_norm, a LayerNorm with a "
                    "weight per head (no bias)"),
 )
+
+
+# GGUF (llama.cpp's files) -----------------------------------------------------------------------
+
+def layer_norm_qk(key: str) -> GGUFExtra:
+    """StableLM (qk_layernorm), Command R (use_qk_norm): LayerNorm q/k norms when the file has
+    them, attention.layer_norm_epsilon their epsilon."""
+    return lambda f, layer: present(
+        **{key: has(f, layer, "attn_q_norm.weight")},
+        layer_norm_eps=f.arch_value("attention.layer_norm_epsilon"))
+
+
+GGUF = {
+    "command-r": GGUFArch("cohere", extra=layer_norm_qk("use_qk_norm")),
+    "stablelm": GGUFArch("stablelm", extra=layer_norm_qk("qk_layernorm"), bias="use_qkv_bias",
+                         tensors={**DECODER_TENSORS, "q_layernorm": "q_norm",
+                                  "k_layernorm": "k_norm"}),  # per-head norms stacked (N, H)
+    "phi2": GGUFArch("phi", extra=layer_norm_qk("qk_layernorm")),
+}

@@ -6,10 +6,14 @@ head), Nemotron (partial rotary), LFM2 (renamed q/k norms; its conv layers refus
 (q/k norm after rotary), BitNet (a norm before o_proj)."""
 from __future__ import annotations
 
+from typing import Optional
+
 from ...errors import UsageError
 from .base import Family, Settings, same_as
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, NOPE, NORM_TENSORS,
                       decoder_fields, fixed, head_norm)
+from .gguf_common import (FROM_HF, GGUFArch, Metadata, RopeScaling, has, head_dim, no_window,
+                          present)
 from .layer_types import FULL, SLIDING, full_layers, sliding_layers, typed
 from .rope import rotary_fields
 
@@ -226,3 +230,85 @@ RECORDS = (
                    "full-attention layers of layer_types (or full_attn_idxs), conv ones "
                    "refused"),
 )
+
+
+# GGUF (llama.cpp's files) -----------------------------------------------------------------------
+
+def phi3(f: Metadata, layer: int) -> dict:
+    """A window of 0 means none (the converter writes 0 for Phi-4)."""
+    return {"sliding_window": f.arch_value("attention.sliding_window") or None}
+
+
+def granite(f: Metadata, layer: int) -> dict:
+    """Granite: the softmax scale is attention.scale (attention_multiplier), else llama.cpp's
+    1 / sqrt(head_dim); rope.scaling.finetuned false turns its rope off: refused."""
+    if f.arch_value("rope.scaling.finetuned") is False:
+        raise UsageError(f"{f.path}: a granite file without rope (rope.scaling.finetuned false) "
+                         "is not read")
+    return {"attention_multiplier": f.arch_value("attention.scale")
+            or head_dim(f, layer) ** -0.5}
+
+
+def smollm3(f: Metadata, layer: int) -> dict:
+    """SmolLM3: llama.cpp's every 4th layer NoPE (hard-coded), no window."""
+    return {"no_rope_layer_interval": 4, "use_sliding_window": False}
+
+
+def seed_oss(f: Metadata, layer: int) -> dict:
+    """Seed-OSS: the output bias is a key of its own."""
+    return {"attention_out_bias": has(f, layer, "attn_output.bias")}
+
+
+def lfm2(f: Metadata, layer: int) -> dict:
+    """LFM2: the converter marks its short-convolution layers with head_count_kv 0 (a per-layer
+    array); the others attend fully (a sliding window, the audio tokenizer's, refused)."""
+    if f.arch_value("attention.sliding_window"):
+        raise UsageError(f"{f.path}: an lfm2 file with a sliding window is not read")
+    kv = f.require("attention.head_count_kv")
+    kinds = [FULL if n else "conv" for n in (kv if isinstance(kv, list)
+                                              else [kv] * f.require("block_count"))]
+    return {"layer_types": kinds, "norm_eps": f.arch_value("attention.layer_norm_rms_epsilon")}
+
+
+def mistral3_rope(f: Metadata, generic: RopeScaling) -> Optional[dict]:
+    """Ministral 3 as llama.cpp runs it: yarn with mscale 1 and mscale_all_dim the converter's
+    rope.scaling.yarn_log_multiplier; queries scaled by position (attention.temperature_scale,
+    llama_4_scaling_beta) over the original context. A yarn attention or extrapolation factor,
+    which llama.cpp does not read, is refused."""
+    if f.arch_value("rope.scaling.type", "none") != "yarn":
+        return generic(f)
+    unread = [k for k in ("yarn_attn_factor", "yarn_ext_factor")
+              if f.arch_value(f"rope.scaling.{k}") is not None]
+    if unread:
+        raise UsageError(f"{f.path}: rope.scaling.{unread[0]} is not read by llama.cpp's mistral3 "
+                         "(transformers would apply it)")
+    original = f.require("rope.scaling.original_context_length")
+    return present(rope_type="yarn", factor=f.require("rope.scaling.factor"),
+                   original_max_position_embeddings=original, mscale=1.0,
+                   mscale_all_dim=f.arch_value("rope.scaling.yarn_log_multiplier"),
+                   beta_fast=f.arch_value("rope.scaling.yarn_beta_fast"),
+                   beta_slow=f.arch_value("rope.scaling.yarn_beta_slow"),
+                   llama_4_scaling_beta=f.arch_value("attention.temperature_scale"))
+
+
+GGUF = {
+    "llama": GGUFArch("llama", permuted=True),  # Llama, SmolLM2, Mistral (the converter's)
+    "phi3": GGUFArch("phi3", extra=phi3),
+    "starcoder2": GGUFArch("starcoder2", extra=no_window, bias="use_bias"),
+    "granite": GGUFArch("granite", permuted=True, extra=granite),
+    "arcee": GGUFArch("arcee", permuted=True),
+    "smollm3": GGUFArch("smollm3", permuted=True, extra=smollm3),
+    "apertus": GGUFArch("apertus"),  # the converter's undo_permute = False
+    "seed_oss": GGUFArch("seed_oss", extra=seed_oss),
+    "hunyuan-dense": GGUFArch("hunyuan_v1_dense"),  # rope.freq_base: alpha already applied
+    "nemotron": GGUFArch("nemotron", norm_shift=1.0),  # LayerNorm1P: 1 + w (none in attention)
+    "bitnet": GGUFArch("bitnet", tensors={**DECODER_TENSORS, "inner_attn_ln": "out_norm"}),
+    "lfm2": GGUFArch("lfm2", extra=lfm2),
+    # Ministral 3 (its converter permutes q/k as LlamaModel's); llama.cpp has no window
+    "mistral3": GGUFArch("ministral3", permuted=True, extra=no_window, rope=mistral3_rope),
+}
+GGUF_REFUSED = {
+    "phimoe": ("llama.cpp's phimoe differs from transformers' PhiMoE attention: the converter's "
+               "longrope attention factor instead of short_mscale / long_mscale, factors "
+               "chosen by context size, no sliding window" + FROM_HF),
+}

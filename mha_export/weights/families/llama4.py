@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from ...errors import UsageError
 from .base import Family, Settings
 from .decoder import ATTN, DECODER_DEFAULTS, DECODER_TENSORS, LANGUAGE_MODEL, NOPE, decoder_fields
+from .gguf_common import GGUFArch, Metadata, one_rope_base, swa_period
 from .layer_types import CHUNKED, FULL, typed
 from .llama import uses_rope
 
@@ -47,3 +49,23 @@ RECORDS = (
     dataclasses.replace(LLAMA4, model_type="llama4", nested="text_config", prefix=LANGUAGE_MODEL,
                         summary="llama4_text's, from text_config"),
 )
+
+
+# GGUF (llama.cpp's files) -----------------------------------------------------------------------
+
+def llama4(f: Metadata, layer: int) -> dict:
+    """Llama 4 as llama.cpp runs it (llama-model.cpp): chunks of 8192 and temperature tuning
+    (attn_scale 0.1, floor_scale 8192) hard-coded, every n-th layer (sliding_window_pattern,
+    default 4) NoPE and full, the q/k norm unless the file has 128 experts; one rope base. A
+    sliding_window of 0 (MobileLLM) is refused: llama.cpp then leaves its last layer unrotated
+    with no temperature length."""
+    if f.arch_value("attention.sliding_window") == 0:
+        raise UsageError(f"{f.path}: a llama4 file without chunks (attention.sliding_window 0) "
+                         "is not read")
+    one_rope_base(f)
+    return {"no_rope_layer_interval": swa_period(f), "attention_chunk_size": 8192,
+            "attn_temperature_tuning": True, "floor_scale": 8192, "attn_scale": 0.1,
+            "use_qk_norm": f.arch_value("expert_count") != 128}
+
+
+GGUF = {"llama4": GGUFArch("llama4_text", extra=llama4)}  # the converter's undo_permute = False

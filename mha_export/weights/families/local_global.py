@@ -6,6 +6,7 @@ from __future__ import annotations
 from .base import Family, Settings
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, NORM_TENSORS, decoder_fields,
                       fixed, head_norm, interleaved_rope, rotates_when)
+from .gguf_common import GGUFArch, Metadata, one_rope_base, swa_period
 from .layer_types import FULL, SLIDING, periodic, typed
 
 LOCAL_GLOBAL = {**DECODER_DEFAULTS, "attention_bias": False, "sliding_window": 4096}
@@ -56,3 +57,39 @@ RECORDS = (
            summary="q/k norm per head, output gate (gate_proj), layer_types (or every "
                    "global_attn_every_n_layers-th full) + sliding_window; full layers NoPE"),
 )
+
+
+# GGUF (llama.cpp's files) -----------------------------------------------------------------------
+
+def afmoe(f: Metadata, layer: int) -> dict:
+    """AFMoE as llama.cpp runs it: every 4th layer full and NoPE (hard-coded), the others
+    rotating and sliding within attention.sliding_window (none written: every layer attends
+    fully, still NoPE every 4th); one rope base."""
+    one_rope_base(f)
+    return {"global_attn_every_n_layers": 4, "layer_types": None,
+            "sliding_window": f.arch_value("attention.sliding_window") or None}
+
+
+def cohere2(f: Metadata, layer: int) -> dict:
+    """Cohere 2: the window as written, every n-th layer full (llama.cpp's period); one rope
+    base."""
+    one_rope_base(f)
+    return {"sliding_window": f.require("attention.sliding_window"),
+            "sliding_window_pattern": swa_period(f)}
+
+
+def exaone4(f: Metadata, layer: int) -> dict:
+    """EXAONE 4: llama.cpp slides only in the 64-layer (32B) model (window 4096 unless written,
+    every n-th layer full, those NoPE); other sizes attend fully and rotate on every layer."""
+    if f.require("block_count") != 64:
+        return {"sliding_window": None}
+    one_rope_base(f)
+    return {"sliding_window": f.arch_value("attention.sliding_window", 4096),
+            "sliding_window_pattern": swa_period(f)}
+
+
+GGUF = {
+    "afmoe": GGUFArch("afmoe", extra=afmoe),  # the converter skips LlamaModel's permute
+    "cohere2": GGUFArch("cohere2", extra=cohere2),
+    "exaone4": GGUFArch("exaone4", extra=exaone4),
+}

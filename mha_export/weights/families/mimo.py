@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .base import Family, Settings
 from .decoder import ATTN, DECODER_DEFAULTS, DECODER_TENSORS, decoder_fields
+from .gguf_common import FROM_HF
 from .layer_types import FULL, SLIDING, typed
 from .rope import rope_scaling
 
@@ -50,3 +51,8 @@ RECORDS = (
                    "layers: twice num_key_value_heads, sinks; v_head_dim, "
                    "attention_value_scale, a partial rope per layer type (rope_parameters)"),
 )
+
+GGUF_REFUSED = {  # GGUF (llama.cpp's files)
+    "mimo2": ("llama.cpp's mimo2 never applies MiMo's attention_value_scale, which "
+              "transformers does" + FROM_HF),
+}

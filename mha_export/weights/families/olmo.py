@@ -3,8 +3,10 @@ heads split); OLMo 3 adds sliding layers with a rope per layer type, MiniMax-M2 
 from its legacy rotary_dim."""
 from __future__ import annotations
 
+from ...errors import UsageError
 from .base import Family, Settings
 from .decoder import ATTN, DECODER_DEFAULTS, NORM_TENSORS, decoder_fields, whole_norm
+from .gguf_common import GGUFArch, Metadata
 from .layer_types import full_layers, periodic, typed
 from .rope import rope_by_layer_type
 
@@ -50,3 +52,26 @@ RECORDS = (
            summary="q/k norm over the whole projection, head_dim, partial rotary (legacy "
                    "rotary_dim, or partial_rotary_factor)"),
 )
+
+
+# GGUF (llama.cpp's files) -----------------------------------------------------------------------
+
+def olmo2(f: Metadata, layer: int) -> dict:
+    """OLMo 2: every layer full; OLMo 3 (olmo2 with a window: sliding layers, a rope of their
+    own) is refused."""
+    if f.arch_value("attention.sliding_window"):
+        raise UsageError(f"{f.path}: an olmo2 file with a sliding window (OLMo 3) is not read: "
+                         "export from the Hugging Face checkpoint")
+    return {}
+
+
+def olmoe(f: Metadata, layer: int) -> dict:
+    """OLMoE: llama.cpp clamps nothing (its olmoe reads no clamp_kqv)."""
+    return {"clip_qkv": None}
+
+
+GGUF = {
+    "olmo2": GGUFArch("olmo2", extra=olmo2),
+    "olmoe": GGUFArch("olmoe", extra=olmoe),
+    "minimax-m2": GGUFArch("minimax_m2"),  # (its converter may write rope.freq_base_swa -1)
+}

@@ -7,6 +7,7 @@ import dataclasses
 from .base import Family, Settings
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, LANGUAGE_MODEL, NORM_TENSORS,
                       decoder_fields, fixed, head_norm, per_head_split)
+from .gguf_common import GGUFArch, Metadata, no_window
 from .layer_types import (FULL, SLIDING, periodic, switched_sliding, typed,
                           upper_layers_sliding)
 
@@ -81,3 +82,27 @@ RECORDS = (
                         defaults={**QWEN35.defaults, "num_key_value_heads": 2},
                         summary="as qwen3_5_text (Qwen3.5's gated attention came from it)"),
 )
+
+
+# GGUF (llama.cpp's files) -----------------------------------------------------------------------
+
+def full_attention(f: Metadata, layer: int) -> dict:
+    """Qwen2/Qwen3: llama.cpp attends fully on every layer (no sliding window)."""
+    return {"use_sliding_window": False}
+
+
+def qwen3next(f: Metadata, layer: int) -> dict:
+    """Qwen3-Next: every full_attention_interval-th layer attends (llama.cpp's rule: the
+    others are linear attention, refused as the family refuses them)."""
+    return {"full_attention_interval": f.arch_value("full_attention_interval", 4),
+            "layer_types": None}
+
+
+GGUF = {
+    "qwen2": GGUFArch("qwen2", extra=full_attention),
+    "qwen3": GGUFArch("qwen3", extra=full_attention),
+    "qwen3moe": GGUFArch("qwen3_moe", extra=full_attention),
+    "qwen2moe": GGUFArch("qwen2_moe", extra=full_attention, bias="qkv_bias"),
+    "dots1": GGUFArch("dots1", extra=no_window),
+    "qwen3next": GGUFArch("qwen3_next", norm_shift=1.0, extra=qwen3next),  # q/k norms: 1 + w
+}
