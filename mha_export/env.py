@@ -153,6 +153,26 @@ def quiet_libraries() -> None:
 
 
 @contextlib.contextmanager
+def captured_fd(fd: int) -> Iterator[dict]:
+    """What C/C++ code writes to file descriptor ``fd`` (1: stdout, 2: stderr) meanwhile, kept
+    in ``out["text"]`` once the block ends and not passed through (e.g. ONNX Runtime's kernel
+    debug lines, printed to std::cout)."""
+    out = {"text": ""}
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), fd)
+        try:
+            yield out
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+            caught.seek(0)
+            out["text"] = caught.read().decode(errors="replace")
+
+
+@contextlib.contextmanager
 def native_stderr_without(noise: Sequence[re.Pattern]) -> Iterator[None]:
     """What is written to stderr meanwhile, by C/C++ code (file descriptor 2, below Python's
     logging and warnings) or through Python's sys.stderr (ExecuTorch's binding logs there),

@@ -17,10 +17,12 @@ from typing import Callable, Iterator, Optional
 import ml_dtypes
 import numpy as np
 
+from ...env import captured_fd
 from ...graph.nodes import all_nodes
 from ...lossy.projections import session_options
 from ...lossy.projections.kernels import matmul_nbits_kinds, matmul_nbits_probe
 from ...signature import Signature
+from . import ort_kernels
 from .base import Feeds, Runner, RunnerUnavailable
 from .ort_threads import DEFAULT as DEFAULT_THREAD_POOL, follow_process_pool, get_policy
 
@@ -32,19 +34,12 @@ def native_stderr() -> Iterator[dict]:
     """Capture what ONNX Runtime writes while loading providers: its native logger (file
     descriptor 2) and preload_dlls' Python prints."""
     out = {"text": ""}
-    sys.stderr.flush()
-    saved = os.dup(2)
     printed = io.StringIO()
-    with tempfile.TemporaryFile() as buf:
-        os.dup2(buf.fileno(), 2)
-        try:
-            with contextlib.redirect_stdout(printed):
-                yield out
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            buf.seek(0)
-            out["text"] = printed.getvalue() + buf.read().decode(errors="replace")
+    try:
+        with captured_fd(2) as caught, contextlib.redirect_stdout(printed):
+            yield out
+    finally:
+        out["text"] = printed.getvalue() + caught["text"]
 
 
 COMPUTE_OPS = {"MatMul", "Gemm", "Softmax", "Attention", "MultiHeadAttention",
@@ -104,6 +99,8 @@ def _start_failure(provider: str, error: Exception, log: str) -> str:
 class OrtRunner(Runner):
     """An ONNX Runtime session on one execution provider ('cpu' or 'cuda'), fed by name."""
 
+    WATCHED_RUNS = 4  # CUDA calls whose kernel debug lines are read (a replay prints none)
+
     def __init__(self, signature: Signature, path: str | Path, provider: str = "cpu",
                  threads: Optional[int] = None, tf32: bool = True, mem_pattern: bool = True,
                  fp32_compute: bool = False, thread_pool: str = DEFAULT_THREAD_POOL,
@@ -124,6 +121,9 @@ class OrtRunner(Runner):
             model, provider, threads, tf32, mem_pattern, thread_pool, graph, dims),
             self.session, signature) if cuda_graph else None
         self.provider, self.providers = provider, self.session.get_providers()
+        self.ops = ort_kernels.model_ops(_proto(model))
+        # CUDA: the first runs' native stdout, where the kernels print which one ran
+        self.kernel_log, self._watched_runs = "", self.WATCHED_RUNS if provider == "cuda" else 0
         self.run_options = _quiet_runs()
         self.device = f"{provider} ({self.providers[0]})"
         declared = {i.name: i for i in self.session.get_inputs()}
@@ -163,8 +163,8 @@ class OrtRunner(Runner):
         a static cache: an IO binding whose present_* are bound to past_*'s own memory."""
         inputs = {n: np.ascontiguousarray(feeds[n].astype(self.dtypes[n]))
                   for n in self.signature.input_names}  # copies: the caller's feeds stay as given
-        if self.graphs is not None:
-            return self.graphs.call(inputs)
+        if self.graphs is not None:  # a new shape's first runs (before capture) print
+            return self._watched(lambda: self.graphs.call(inputs))
         if not (self.signature.static_cache or self.bound):
             return inputs
         return InPlaceCall(self.session, self.signature, inputs, self.provider,
@@ -172,8 +172,28 @@ class OrtRunner(Runner):
 
     def run_prepared(self, prepared) -> list[np.ndarray]:
         if isinstance(prepared, InPlaceCall):
-            return prepared.run()
-        return self.session.run(self.signature.output_names, prepared, self.run_options)
+            return self._watched(prepared.run)
+        return self._watched(lambda: self.session.run(self.signature.output_names, prepared,
+                                                      self.run_options))
+
+    def _watched(self, call: Callable):
+        """``call()``; on CUDA its first calls with their native stdout kept apart (the
+        kernels' debug lines: ort_kernels.py), later ones as they are (the bench's timed
+        calls)."""
+        if self._watched_runs <= 0:
+            return call()
+        self._watched_runs -= 1
+        with captured_fd(1) as printed:
+            out = call()
+        self.kernel_log += printed["text"]
+        return out
+
+    def kernels(self) -> str:
+        """Which kernels ran the attention and MatMulNBits: CUDA's debug lines, or what the CPU
+        provider's kernels are."""
+        if self.provider == "cuda":
+            return ort_kernels.read_cuda_lines(self.kernel_log, self.ops).describe()
+        return ort_kernels.describe_cpu(self.ops)
 
     def resident_step(self, feeds: Feeds) -> Callable[[], None]:
         """A call as an app with its buffers on the device makes it (the bench times it):
@@ -183,6 +203,7 @@ class OrtRunner(Runner):
         if not isinstance(prepared, InPlaceCall):
             prepared = InPlaceCall(self.session, self.signature, prepared, self.provider,
                                    self.run_options, in_place=False)
+        self._watched(prepared.step)  # warm, and its kernels named
         return prepared.step
 
     def ran_note(self) -> str:
@@ -623,6 +644,9 @@ def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf
     if provider == "cuda":
         if missing := cuda_provider_missing():
             raise RunnerUnavailable(missing)
+        ort_kernels.enable_debug_lines()  # read when the session makes its kernels
+        for name, value in session_options.environment(entries).items():
+            os.environ.setdefault(name, value)  # fpA_intB, for builds reading only this
         providers = [(wanted, {"use_tf32": "1" if tf32 else "0",
                                "enable_cuda_graph": "1" if cuda_graph else "0"})]
     failure: Optional[Exception] = None
