@@ -195,16 +195,17 @@ class OrtRunner(Runner):
             return ort_kernels.read_cuda_lines(self.kernel_log, self.ops).describe()
         return ort_kernels.describe_cpu(self.ops)
 
-    def resident_step(self, feeds: Feeds) -> Callable[[], None]:
+    def resident_step(self, feeds: Feeds, synchronize: bool = True) -> Callable[[], None]:
         """A call as an app with its buffers on the device makes it (the bench times it):
         inputs bound once where the session runs, outputs left there, nothing read back; a
-        static cache written in place (a CUDA graph replayed with ``cuda_graph``)."""
+        static cache written in place (a CUDA graph replayed with ``cuda_graph``);
+        ``synchronize=False``: enqueued, not waited for (the caller syncs after N steps)."""
         prepared = self.prepare(feeds)
         if not isinstance(prepared, InPlaceCall):
             prepared = InPlaceCall(self.session, self.signature, prepared, self.provider,
                                    self.run_options, in_place=False)
         self._watched(prepared.step)  # warm, and its kernels named
-        return prepared.step
+        return prepared.step if synchronize else prepared.queue
 
     def ran_note(self) -> str:
         return self.graphs.describe() if self.graphs is not None else ""
@@ -271,6 +272,12 @@ class InPlaceCall:
     def step(self) -> None:
         """The call alone: outputs stay in their bound buffers."""
         self.session.run_with_iobinding(self.binding, self.run_options)
+
+    def queue(self) -> None:
+        """The call enqueued where the session runs and not waited for (RunOptions
+        ``disable_synchronize_execution_providers``, onnxruntime PR #28686: a replayed graph
+        too), as an app steps: N calls back to back, one sync by the caller."""
+        self.session.run_with_iobinding(self.binding, _unsynchronized_runs())
 
     def run(self) -> list[np.ndarray]:
         self.step()
@@ -619,6 +626,14 @@ def _quiet_runs():
     import onnxruntime as ort
     options = ort.RunOptions()
     options.log_severity_level = 3
+    return options
+
+
+@functools.lru_cache(maxsize=None)
+def _unsynchronized_runs():
+    """Quiet RunOptions whose run returns without waiting for the device."""
+    options = _quiet_runs()
+    options.add_run_config_entry("disable_synchronize_execution_providers", "1")
     return options
 
 
