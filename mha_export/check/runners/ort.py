@@ -620,6 +620,24 @@ def cuda_provider_missing() -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def cuda_session_refusal() -> Optional[str]:
+    """Why no CUDA session runs here, or None: the build has no CUDA provider, or a one-node
+    session on it did not start (its libraries or the GPU missing: ONNX Runtime's own reason)."""
+    if missing := cuda_provider_missing():
+        return missing
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Identity", ["a"], ["b"])], "probe",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
+    try:
+        _session(model.SerializeToString(), "cuda", None, True)
+    except RunnerUnavailable as e:
+        return str(e)
+    return None
+
+
 def _quiet_runs():
     """RunOptions that log warnings only: a CUDA session loads verbosely (its node placements
     are read from that log) and would otherwise log every kernel of every run."""
