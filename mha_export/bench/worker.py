@@ -6,7 +6,9 @@ needs (an ONNX Runtime variant never imports torch). Prints one JSON line:
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -304,6 +306,22 @@ def on_cuda(spec: dict) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def quiet_native_stdout():
+    """File descriptor 1 sent to /dev/null meanwhile (this process's one JSON line is printed
+    after): the kernel debug lines a CUDA session prints at every run that is not a replay."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with open(os.devnull, "wb") as null:
+        os.dup2(null.fileno(), 1)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     if not on_cuda(spec):
@@ -311,7 +329,8 @@ def main() -> None:
     elif spec.get("variant") == "runner":  # torch first: it loads the CUDA libraries that
         import torch  # noqa: F401  onnxruntime-gpu links (docs/gpu.md)
     try:
-        result = measure(spec)
+        with quiet_native_stdout():  # ONNX Runtime's CUDA kernel debug lines (ort_kernels.py)
+            result = measure(spec)
     except MemoryError:
         result = {"error": "out of memory"}
     except Exception as e:  # reported in the variant's row, never a crash of the whole run

@@ -123,7 +123,7 @@ class OrtRunner(Runner):
         self.provider, self.providers = provider, self.session.get_providers()
         self.ops = ort_kernels.model_ops(_proto(model))
         # CUDA: the first runs' native stdout, where the kernels print which one ran
-        self.kernel_log, self._watched_runs = "", self.WATCHED_RUNS if provider == "cuda" else 0
+        self.kernel_log, self._watched_runs = "", self.WATCHED_RUNS
         self.run_options = _quiet_runs()
         self.device = f"{provider} ({self.providers[0]})"
         declared = {i.name: i for i in self.session.get_inputs()}
@@ -177,15 +177,17 @@ class OrtRunner(Runner):
                                                       self.run_options))
 
     def _watched(self, call: Callable):
-        """``call()``; on CUDA its first calls with their native stdout kept apart (the
-        kernels' debug lines: ort_kernels.py), later ones as they are (the bench's timed
-        calls)."""
-        if self._watched_runs <= 0:
+        """``call()``; on CUDA with its native stdout kept apart (the kernels' debug lines,
+        ort_kernels.py, printed at every run that is not a replay), read for the first
+        ``WATCHED_RUNS`` calls. The bench's timed calls (``resident_step``'s) are not watched:
+        its worker sends them to /dev/null."""
+        if self.provider != "cuda":
             return call()
-        self._watched_runs -= 1
         with captured_fd(1) as printed:
             out = call()
-        self.kernel_log += printed["text"]
+        if self._watched_runs > 0:
+            self._watched_runs -= 1
+            self.kernel_log += printed["text"]
         return out
 
     def kernels(self) -> str:
