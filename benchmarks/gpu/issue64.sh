@@ -130,7 +130,8 @@ fi
   for f in "$R"/bench-*.json; do
     [ -f "$f" ] && { echo "== $(basename "$f")"; $TO 60 $MX bench --from-json "$f"; }
   done
-  cat "$R/eval.txt" 2>/dev/null; grep -h -E "^(PASS|FAIL)" "$R"/eval-*.txt 2>/dev/null
+  cat "$R/eval.txt" 2>/dev/null
+  for f in "$R"/eval-*.txt; do [ -f "$f" ] && echo "$(basename "$f" .txt): $(tail -n 1 "$f")"; done
 } > "$R/summary.txt" 2>&1
 cp "$R/summary.txt" "$OUT/"; pack
 echo "total $((SECONDS-T0)) s"; ls -la "$OUT"
