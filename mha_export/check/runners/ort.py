@@ -8,7 +8,6 @@ import functools
 import io
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 from dataclasses import dataclass
