@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 64's GPU measurements in one call (< 10 minutes) on a lent H100/H200 (../shared/GPU.md):
+# Issue 64's GPU measurements in one call (< 10 minutes) on a lent H100/H200 (../shared/GPU.md),
+# run in the order 2 (fp16 + int4), 1, 2 (bf16, in what is left of BUDGET_S=560 s), 3:
 #   1. every ONNX graph form of the registry (kinds/registry.py FORMS: a form added later is
 #      included) exported as the static-cache step in fp16 and bf16 and checked on ort-cuda and
 #      ort-cuda-graph with --require-cuda; each runner line names the kernels that ran;
@@ -63,7 +64,22 @@ PY
 } > "$R/env.txt" 2>&1
 cat "$R/env.txt"; pack
 
-# 1. parity: every form x dtype, one job each, 4 at a time
+# 1. the 8B-shaped step (the issue's figures first): fp16 with int4 beside it; bf16 after the
+#    parity, in what is left of the call. ORT's graph beside torch's
+bench() {  # name, extra flags: within what is left of the call's ${BUDGET_S:-560} s
+  local name=$1; shift
+  local left=$(( ${BUDGET_S:-560} - (SECONDS - T0) - ${EVAL_RESERVE:-80} ))
+  local limit=$(( left > ${BENCH_LIMIT:-190} ? ${BENCH_LIMIT:-190} : left ))
+  [ $limit -lt 30 ] && { echo "bench $name SKIPPED: $left s left of the call" | tee "$R/bench-$name.txt"; return; }
+  $TO $limit $MX bench $STEP --static-cache --cuda-graph $COLD --seq-lens 1 \
+    --past-lens $PASTS --capacity $CAPACITY --providers $PROVIDERS --forms "${BENCH_FORMS:-auto}" \
+    --threads 8 --budget $BUDGET --mem-limit-gib 4096 --json "$R/bench-$name.json" "$@" \
+    > "$R/bench-$name.txt" 2>&1
+  echo "bench $name rc=$?" | tee -a "$R/bench-$name.txt"
+}
+if has bench; then bench fp16-int4 --dtype float16 --quantize int4; pack; fi
+
+# 2. parity: every form x dtype, one job each, ${JOBS:-8} at a time
 FORMS=${FORMS:-$($PY -c "from mha_export.kinds.registry import FORMS; print(*FORMS)")}
 DTYPES=${DTYPES:-float16 bfloat16}
 parity() {  # form dtype
@@ -81,26 +97,11 @@ parity() {  # form dtype
 export -f parity; export R MX TO LAYER RUNNERS REQUIRE
 if has parity; then
   for f in $FORMS; do for d in $DTYPES; do echo "$f $d"; done; done |
-    $TO 240 xargs -P "${JOBS:-6}" -L 1 bash -c 'parity "$0" "$1"'
+    $TO "${PARITY_LIMIT:-180}" xargs -P "${JOBS:-8}" -L 1 bash -c 'parity "$0" "$1"'
   echo "parity done at $((SECONDS-T0)) s"; pack
 fi
 
-# 2. the 8B-shaped step: fp16 (+ int4) and bf16, ORT's graph beside torch's
-bench() {  # name, extra flags: within what is left of the call's ${BUDGET_S:-560} s
-  local name=$1; shift
-  local left=$(( ${BUDGET_S:-560} - (SECONDS - T0) - ${EVAL_RESERVE:-100} ))
-  local limit=$(( left > ${BENCH_LIMIT:-170} ? ${BENCH_LIMIT:-170} : left ))
-  [ $limit -lt 30 ] && { echo "bench $name SKIPPED: $left s left of the call" | tee "$R/bench-$name.txt"; return; }
-  $TO $limit $MX bench $STEP --static-cache --cuda-graph $COLD --seq-lens 1 \
-    --past-lens $PASTS --capacity $CAPACITY --providers $PROVIDERS --forms "${BENCH_FORMS:-auto}" \
-    --threads 8 --budget $BUDGET --mem-limit-gib 4096 --json "$R/bench-$name.json" "$@" \
-    > "$R/bench-$name.txt" 2>&1
-  echo "bench $name rc=$?" | tee -a "$R/bench-$name.txt"
-}
-if has bench; then
-  bench fp16-int4 --dtype float16 --quantize int4; pack
-  bench bf16 --dtype bfloat16; pack
-fi
+if has bench; then bench bf16 --dtype bfloat16; pack; fi
 
 # 3. eval on SmolLM2: CUDA's verdict beside the CPU's
 if has eval; then
