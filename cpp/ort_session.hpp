@@ -9,7 +9,9 @@
 // with them added (a file without any, once). Only known entries are accepted: a file must not
 // override what the app chose (its threads, say). The record is read as written; a file without
 // it (exported before 0.5, or written elsewhere) gets what its graph needs, as in Python
-// (session_options.needed): float8 initializers ask for the fold.
+// (session_options.needed): float8 initializers ask for the fold. A half-precision file's
+// symmetric MatMulNBits ask for {"ep.cuda.fpa_intb_gemm": "1"}: the CUDA provider's fpA_intB
+// kernels (ignored by the CPU provider).
 #pragma once
 
 #include <onnxruntime_cxx_api.h>
@@ -147,7 +149,7 @@ inline bool has_float8_initializers(const std::string& path) {
 // The config entries the file names, each a known one; a file without the record: what its
 // graph needs (float8 initializers: the fold), said as such.
 inline FileEntries declared_session_options(Ort::Session& session, const std::string& path) {
-    static const std::set<std::string> known{"session.disable_quant_qdq"};
+    static const std::set<std::string> known{"session.disable_quant_qdq", "ep.cuda.fpa_intb_gemm"};
     Ort::AllocatorWithDefaultOptions alloc;
     Ort::ModelMetadata meta = session.GetModelMetadata();
     auto value = meta.LookupCustomMetadataMapAllocated("mha_export.session_options", alloc);
@@ -160,7 +162,8 @@ inline FileEntries declared_session_options(Ort::Session& session, const std::st
     for (const auto& entry : entries)
         if (!known.count(entry.first))
             throw UsageError(path + ": metadata mha_export.session_options names '" + entry.first +
-                             "', which a file may not set (known: session.disable_quant_qdq)");
+                             "', which a file may not set (known: session.disable_quant_qdq, "
+                             "ep.cuda.fpa_intb_gemm)");
     return {entries, "the file asks for it"};
 }
 

@@ -77,9 +77,30 @@ def available_bytes() -> int:
 
 def machine_info() -> dict:
     gpu = gpu_name()
+    torch = sys.modules.get("torch")
+    on_gpu = {"gpu": gpu, "gpu_driver": gpu_driver(), "gpu_l2_mib": gpu_l2_bytes() / 2**20,
+              "cuda": torch.version.cuda} if gpu else {}
     return {"cpu": cpu_name(), "date": datetime.date.today().isoformat(), "versions": versions(),
-            "last_level_cache_mib": last_level_cache_bytes() / 2**20,
-            **({"gpu": gpu} if gpu else {})}
+            "last_level_cache_mib": last_level_cache_bytes() / 2**20, **on_gpu}
+
+
+def gpu_l2_bytes() -> int:
+    """The L2 cache of the CUDA device torch sees, in bytes; 0 when unknown (no GPU): the cache
+    a cold GPU row's ring of layers exceeds (an H200's ~60 MB holds most of one 8B layer)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return 0
+    return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0))
+
+
+def gpu_driver() -> Optional[str]:
+    """The NVIDIA driver's version line (/proc/driver/nvidia/version), else None."""
+    try:
+        first = Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    found = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", first)
+    return found.group(1) if found else first.strip()
 
 
 def gpu_name() -> Optional[str]:
@@ -150,6 +171,26 @@ def quiet_libraries() -> None:
     warnings.filterwarnings("ignore")
     for name in CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def captured_fd(fd: int) -> Iterator[dict]:
+    """What C/C++ code writes to file descriptor ``fd`` (1: stdout, 2: stderr) meanwhile, kept
+    in ``out["text"]`` once the block ends and not passed through (e.g. ONNX Runtime's kernel
+    debug lines, printed to std::cout)."""
+    out = {"text": ""}
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), fd)
+        try:
+            yield out
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+            caught.seek(0)
+            out["text"] = caught.read().decode(errors="replace")
 
 
 @contextlib.contextmanager

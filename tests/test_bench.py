@@ -331,3 +331,39 @@ def test_an_executorch_program_is_bounded_by_the_runs_longest_call():
     bounds = _program_bounds(["executorch-cpu"], 1, [(1, 1024), (1, 4096)], 8192)
     assert bounds == {"batch": 1, "length": 8192, "seq": 1}
     assert _program_bounds(["ort-cpu"], 1, [(1, 1024)], 8192) is None
+
+
+def test_gpu_rows_are_timed_back_to_back_with_one_sync_per_batch():
+    """N calls enqueued, one device sync after them (apps' and the anchors' timing), never a
+    sync per call."""
+    from mha_export.bench.worker import back_to_back
+    calls, syncs = [], []
+    times, reps = back_to_back(lambda: calls.append(1), lambda: syncs.append(len(calls)),
+                               min_reps=5, budget_s=0.01, batches=3)
+    assert len(times) == 3 and reps == len(calls) - 6  # the warm-up and the sizing runs
+    assert len(syncs) == 2 + 2 * 3 and reps // 3 >= 5
+
+
+def test_cuda_specs_replay_beside_torchs_graph_and_name_their_timing(tmp_path):
+    """With a GPU: every CUDA row back to back; torch's own step replayed as a CUDA graph in
+    the same run (the anchor); a row records the kernels its runner named."""
+    from mha_export.bench.driver import ON_GPU, variant_specs
+    c = MHAConfig(dim=32, heads=2)
+    models = {"torchscript": tmp_path / "m.pt", "auto": tmp_path / "m.onnx"}
+    specs = variant_specs(c, ["auto"], models, ["cpu", "cuda"], True, "static-cache",
+                          dtype="float16", cuda_graph=True)
+    gpu = {s["name"]: s for s in specs if s.get("back_to_back")}
+    assert {"ort-cuda-auto", "ort-cuda-graph-auto", "torch-cuda-sdpa-float16",
+            "torch-cuda-graph-float16"} <= set(gpu)
+    assert gpu["torch-cuda-graph-float16"]["cuda_graph"] and ON_GPU["back_to_back"]
+    assert not any(s.get("back_to_back") for s in specs if s.get("name", "").startswith(
+        "ort-cpu"))
+
+
+def test_a_runner_row_keeps_the_kernels_its_runner_named():
+    report = run_bench(MHAConfig(dim=32, heads=4, kv_heads=2), seq_lens=[4], providers=["cpu"],
+                       forms=["contrib-gqa"], budget_s=0.01)
+    row = next(r for r in report.rows if r.variant == "ort-cpu-contrib-gqa")
+    assert row.kernels.startswith("attention: GroupQueryAttention, the CPU provider's")
+    from mha_export.bench.report import format_table
+    assert f"kernels ort-cpu-contrib-gqa: {row.kernels}" in format_table(report)

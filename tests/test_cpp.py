@@ -792,6 +792,22 @@ def test_mha_layers_applies_the_entries_once_per_file(binaries, float8_artifact)
     assert r.stdout.count("session.disable_quant_qdq=1 (the file asks for it)") == 1
 
 
+def test_an_fp16_int4_file_asking_for_fpa_intb_runs_on_the_cpu(binaries, tmp_path):
+    """ep.cuda.fpa_intb_gemm (CUDA's fpA_intB kernels) is a known entry: applied, said, and
+    ignored by the CPU provider, whose outputs stay the Python runner's."""
+    art = export_onnx(MHAConfig(dim=64, heads=4), tmp_path / "a", dtype="float16",
+                      quantize=QuantSpec(bits=4), validate=False).path
+    r = run(binaries["ort"], art / "model.onnx", "--info")
+    assert r.returncode == 0, r.stderr
+    assert "ep.cuda.fpa_intb_gemm=1 (the file asks for it" in r.stdout.splitlines()[0]
+    sig = read_artifact(art).signature
+    python = OrtRunner(sig, art / "model.onnx")
+    for d, case, feeds in write_case_dirs(tmp_path, art, [Case(1, 3)]):
+        r = run(binaries["ort"], art / "model.onnx", d)
+        assert r.returncode == 0, r.stderr
+        assert_outputs_match(read_outputs(d, sig), python.run(feeds), feeds, case, "fp16 int4")
+
+
 def _without_record(artifact: Path, to: Path) -> Path:
     """The file as 0.4 wrote it: no metadata mha_export.session_options."""
     import onnx

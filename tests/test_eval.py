@@ -314,3 +314,21 @@ def test_longcat_runs_with_both_attention_modules_of_each_layer_exported(tmp_pat
     by ONNX Runtime inside the model, with cached generation; nothing a model would notice."""
     _, d = _tiny_evaluation("save_tiny_longcat", tmp_path)
     assert [x["layer"] for x in d["layers"]] == ["0.0", "0.1", "1.0", "1.1"]
+
+
+def test_eval_device_cuda_is_refused_in_one_line_where_no_cuda_session_starts(tmp_path):
+    """Before any loading: exit 2 and ONNX Runtime's own reason (here: no GPU); a runner
+    without a CUDA counterpart is refused too."""
+    from click.testing import CliRunner
+
+    from mha_export.check.runners.ort import cuda_session_refusal
+    from mha_export.cli.commands import cli
+    if cuda_session_refusal() is None:
+        pytest.skip("a CUDA session starts here")
+    text = tmp_path / "t.txt"
+    text.write_text("hello " * 20)
+    for runner in ("ort-cpu", "torchscript"):
+        r = CliRunner().invoke(cli, ["eval", "--weights", str(tmp_path / "none.gguf"), "--text",
+                                     str(text), "--device", "cuda", "--runner", runner])
+        assert r.exit_code == 2 and "--device cuda" in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output

@@ -45,3 +45,36 @@ def test_a_bad_record_is_refused_in_one_line(record, message):
     helper.set_model_props(model, {so.KEY: record})
     with pytest.raises(UsageError, match=message):
         so.declared(model)
+
+
+def _matmul_nbits_model(elem_type: int, zero_points: bool) -> onnx.ModelProto:
+    from mha_export.lossy.projections.kernels import matmul_nbits_probe
+    model, _ = matmul_nbits_probe(4, 32, 4, "uint8" if zero_points else "default")
+    model.graph.input[0].type.tensor_type.elem_type = elem_type
+    return model
+
+
+def test_half_precision_symmetric_matmul_nbits_ask_for_the_fpa_intb_kernels():
+    """ONNX Runtime's CUDA fpA_intB GEMV runs only when asked, on nodes without zero points."""
+    assert so.needed(_matmul_nbits_model(TensorProto.FLOAT16, False)) == so.FPA_INTB
+    assert so.needed(_matmul_nbits_model(TensorProto.FLOAT16, True)) == {}
+    assert so.needed(_matmul_nbits_model(TensorProto.FLOAT, False)) == {}
+    assert so.environment(so.FPA_INTB) == {"ORT_FPA_INTB_GEMM": "1"}
+
+
+def test_an_fp16_int4_export_records_fpa_intb_and_the_cpu_provider_runs_it(tmp_path):
+    import numpy as np
+    import onnxruntime as ort
+    from mha_export.lossy.projections.rtn import QuantSpec
+    art = export_onnx(MHAConfig(dim=64, heads=2), tmp_path / "a", validate=False,
+                      dtype="float16",
+                      quantize=QuantSpec(bits=4)).path
+    model = onnx.load(str(art / "model.onnx"), load_external_data=False)
+    assert json.loads({p.key: p.value for p in model.metadata_props}[so.KEY]) == so.FPA_INTB
+    opts = ort.SessionOptions()
+    for key, value in so.declared(model).items():
+        opts.add_session_config_entry(key, value)
+    session = ort.InferenceSession(str(art / "model.onnx"), opts,
+                                   providers=["CPUExecutionProvider"])
+    x = np.zeros((1, 3, 64), np.float16)
+    assert session.run(None, {"x": x})[0].shape == (1, 3, 64)

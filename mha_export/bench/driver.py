@@ -18,7 +18,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from ..config import MHAConfig
-from ..env import last_level_cache_bytes, machine_info
+from ..env import gpu_l2_bytes, last_level_cache_bytes, machine_info
 from ..errors import UsageError
 from ..graph.builder import FLOAT_TYPES
 from ..kinds.registry import FORMS, build_module, forms_for, kind_of, refuse_unbuilt
@@ -27,7 +27,7 @@ from ..signature import FLOAT, INT8
 from ..lossy.int8_cache.codes import INT8_CACHE_TAG, KVCacheSpec
 from ..lossy.projections.rtn import QuantSpec
 from ..lossy.projections.records import quant_spec_from_record
-from .report import BASELINE, BenchReport, BenchRow
+from .report import BACK_TO_BACK, BASELINE, BenchReport, BenchRow
 from .worker import on_cuda
 
 WORKER = "mha_export.bench.worker"  # run with -m: the package, not its folder, on sys.path
@@ -147,6 +147,10 @@ def executorch_variants(variants: dict[str, dict], config: MHAConfig, kind: str
                            for key, v in programs.items()}}
 
 
+# how a GPU row is timed: N calls enqueued back to back, one device sync after them (worker.py's
+# back_to_back), as apps step and as the anchors are timed
+ON_GPU = {"back_to_back": True}
+
 # the model key (prepare_models) of each runner's file that is not an ONNX model
 TARGET_MODELS = {"model.pte": "executorch"}
 
@@ -174,8 +178,8 @@ def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[st
     for name in ort_runner_names(list(providers)):
         if RUNNERS[name].device == "cuda" and not cuda_ok:
             continue
-        on_device = {"resident": True, "with_copies": True} if RUNNERS[name].device == "cuda" \
-            else {}
+        on_device = {"resident": True, "with_copies": True, **ON_GPU} \
+            if RUNNERS[name].device == "cuda" else {}
         specs += [{"variant": "runner", "runner": name, "name": f"{name}-{form}", "config": c,
                    "model": str(models[form]), **on_device} for form in onnx_models]
         if "auto" in onnx_models:  # ORT's memory pattern over-reserves around the block loop
@@ -196,12 +200,18 @@ def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[st
               for program, model in (("mha_torch", "torchscript"), ("mha_aoti", "aoti"))
               if cpp is not None and model in models]
     if "cuda" in providers and cuda_ok:
-        if cuda_graph and kind == "static-cache":
+        graphs = cuda_graph and kind == "static-cache"
+        if graphs:
             specs += [{"variant": "runner", "runner": "ort-cuda-graph", "resident": True,
-                       "name": f"ort-cuda-graph-{form}", "config": c, "model": str(models[form])}
-                      for form in onnx_models]
+                       "name": f"ort-cuda-graph-{form}", "config": c, "model": str(models[form]),
+                       **ON_GPU} for form in onnx_models]
+        dtypes = dict.fromkeys(("float32", dtype))
         specs += [{"variant": "sdpa-eager", "name": f"torch-cuda-sdpa-{dt}", "config": c,
-                   "device": "cuda", "dtype": dt} for dt in dict.fromkeys(("float32", dtype))]
+                   "device": "cuda", "dtype": dt, **ON_GPU} for dt in dtypes]
+        if graphs:  # torch's own step replayed as a CUDA graph: the anchor in the same run
+            specs += [{"variant": "sdpa-eager", "name": f"torch-cuda-graph-{dt}", "config": c,
+                       "device": "cuda", "dtype": dt, "cuda_graph": True, **ON_GPU}
+                      for dt in dtypes]
     return [{"dtype": dtype, **spec, "kind": kind} for spec in specs]
 
 
@@ -404,7 +414,8 @@ def _cold(spec: dict, c: MHAConfig) -> dict:
     to the call (capacity = past + T: what is read is the same, the ring fits in memory)."""
     instance = step_bytes(c, spec["seq"], spec["batch"], spec["past"], _row_specs(spec),
                           spec.get("dtype", "float32"))
-    count = -(-RING * last_level_cache_bytes() // int(instance))
+    cache = gpu_l2_bytes() if on_cuda(spec) else last_level_cache_bytes()
+    count = -(-RING * cache // int(instance))
     out = {**spec, "ring": min(512, max(2, count))}
     if "capacity" in spec:
         out["capacity"] = spec["past"] + spec["seq"]
@@ -425,10 +436,10 @@ def _row(name: str, c: MHAConfig, spec: dict, result: dict, cached: bool = False
                     bandwidth_gbs=read / s / 1e9 if cached else None,
                     model_mib=model.stat().st_size / 2**20 if model and model.suffix == ".onnx"
                     else None, ring=spec.get("ring", 1),
-                    timing="device-resident" if spec.get("resident") or spec.get("device") ==
-                    "cuda" else "",
+                    timing=BACK_TO_BACK if spec.get("back_to_back") else "device-resident"
+                    if spec.get("resident") or spec.get("device") == "cuda" else "",
                     copies_median_ms=result.get("copies_median_ms"),
-                    device="cuda" if on_cuda(spec) else "cpu")
+                    device="cuda" if on_cuda(spec) else "cpu", kernels=result.get("kernels", ""))
 
 
 def _speedups(report: BenchReport) -> None:

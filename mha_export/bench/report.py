@@ -10,6 +10,7 @@ from typing import Optional
 from ..errors import UsageError
 
 BASELINE = "sdpa-eager"  # eager SDPA; in cached runs eager torch's growing-cache step
+BACK_TO_BACK = "device-resident, back to back"  # a GPU row's timing (driver.ON_GPU)
 
 
 @dataclass
@@ -35,6 +36,7 @@ class BenchRow:
     timing: str = ""
     copies_median_ms: Optional[float] = None  # a device-resident row's call fed from the host
     device: str = "cpu"  # where the variant computes ("cuda": its floor is the GPU's)
+    kernels: str = ""  # which kernels ran its attention and MatMulNBits (ONNX Runtime rows)
 
     @property
     def call(self) -> str:
@@ -137,9 +139,14 @@ def format_table(report: BenchReport) -> str:
                      "copied per call (torch's CUDA rows too); +copies ms: the call as the "
                      "check makes it (numpy inputs copied in and outputs read back each call; a "
                      "static cache uploaded once, its whole buffer read back each call)")
+    if any(r.timing == BACK_TO_BACK for r in report.rows):
+        lines.append("GPU rows: N calls enqueued back to back (no host sync per call: "
+                     "disable_synchronize_execution_providers), one device sync after them, "
+                     "over N; cold: a ring of layers (own weights) > 3 x the GPU's L2")
     if report.device_copy_bandwidth_gbs:
         lines.append(f"GPU copy bandwidth {report.device_copy_bandwidth_gbs:.0f} GB/s (1 GiB "
                      "device-to-device torch copy, read + write, best run): CUDA rows' % floor")
+    lines += kernel_lines(report)
     if any(r.variant.endswith("-nomempattern") for r in report.rows):
         lines.append("*-auto-nomempattern: auto with ONNX Runtime's memory-pattern planner off "
                      "(it over-reserves around the blocked loop), measured beside auto")
@@ -147,6 +154,12 @@ def format_table(report: BenchReport) -> str:
     if sizes:
         lines.append("model file: " + ", ".join(f"{v} {m:.2f} MiB" for v, m in sizes.items()))
     return "\n".join(lines + report.notes)
+
+
+def kernel_lines(report: BenchReport) -> list[str]:
+    """One line per variant whose runner said which kernels ran (ONNX Runtime's rows)."""
+    kernels = {r.variant: r.kernels for r in report.rows if r.kernels}
+    return [f"kernels {v}: {k}" for v, k in kernels.items()]
 
 
 def markdown_table(report: BenchReport, source: str = "") -> str:

@@ -6,7 +6,9 @@ needs (an ONNX Runtime variant never imports torch). Prints one JSON line:
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -32,6 +34,30 @@ def time_it(fn: Callable[[], object], min_reps: int, budget_s: float) -> tuple[l
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return times, len(times)
+
+
+def back_to_back(fn: Callable[[], object], synchronize: Callable[[], None], min_reps: int,
+                 budget_s: float, batches: int = 5) -> tuple[list[float], int]:
+    """Per-step times (ms) as apps and anchors time a device's step: ``batches`` runs of N
+    calls enqueued back to back (no sync per call), one device sync closing each, over N; N
+    sized to the budget after a warm-up. A sync adds 10-20 us: amortized over N, not per step."""
+    fn()
+    synchronize()
+    t0 = time.perf_counter()
+    for _ in range(min_reps):
+        fn()
+    synchronize()
+    each = (time.perf_counter() - t0) / min_reps
+    n = int(min(2000, max(min_reps, budget_s / batches / max(each, 1e-6))))
+    times = []
+    for _ in range(batches):
+        synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        synchronize()
+        times.append((time.perf_counter() - t0) / n * 1e3)
+    return times, n * batches
 
 
 def spec_signature(spec: dict):
@@ -83,14 +109,34 @@ def torch_variant(spec: dict) -> Callable[[], object]:
     args = [torch.from_numpy(feeds[n]).to(device) for n in sig.input_names]
     args = [a.to(dtype) if a.is_floating_point() else a for a in args]
 
+    if spec.get("cuda_graph"):
+        return _torch_graph(module, args)
+
     def run() -> object:
         with torch.inference_mode():
             y = module(*args)
-        if device == "cuda":
+        if device == "cuda" and not spec.get("back_to_back"):
             torch.cuda.synchronize()
         return y
 
     return run
+
+
+def _torch_graph(module, args: list) -> Callable[[], object]:
+    """torch's own step captured as one CUDA graph (warmed on a side stream, as torch's docs
+    capture) and replayed: what an app replaying torch's step runs; a static cache's step
+    writes the same slot at every replay."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.inference_mode():
+        for _ in range(3):
+            module(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.inference_mode(), torch.cuda.graph(graph):
+        module(*args)
+    return graph.replay
 
 
 def runner_variant(spec: dict) -> Callable[[], object]:
@@ -104,9 +150,15 @@ def runner_variant(spec: dict) -> Callable[[], object]:
                          thread_pool=spec.get("thread_pool", "idle"))
     runner = RUNNERS[spec["runner"]].open(sig, Path(spec["model"]), options)
     if spec.get("resident"):  # the buffers on the device, nothing read back (an app's call)
-        return runner.resident_step(sample_feeds(spec))
-    prepared = runner.prepare(sample_feeds(spec))
-    return lambda: runner.run_prepared(prepared)
+        step = runner.resident_step(sample_feeds(spec), not spec.get("back_to_back"))
+    else:
+        prepared = runner.prepare(sample_feeds(spec))
+        step = lambda: runner.run_prepared(prepared)  # noqa: E731
+
+    def call() -> object:
+        return step()
+    call.kernels = runner.kernels  # which kernels ran: asked after the timing
+    return call
 
 
 def gemm_variant(spec: dict) -> Callable[[], object]:
@@ -148,7 +200,11 @@ def ring(make: Callable[[dict], Callable[[], object]], spec: dict) -> Callable[[
     for fn in made[1:] * 2:  # warmed like the first (time_it warms that one): TorchScript's
         fn()  # profiling executor optimizes on its second call
     instances = itertools.cycle(made)
-    return lambda: next(instances)()
+
+    def step() -> object:
+        return next(instances)()
+    step.made = made
+    return step
 
 
 def copy_variant(spec: dict) -> Callable[[], object]:
@@ -209,9 +265,16 @@ def measure(spec: dict) -> dict:
             "stream": stream_variant}.get(kind, torch_variant)
     fn = ring(make, spec)
     base = rss_mib("VmRSS")
-    times, reps = time_it(fn, spec.get("min_reps", 5), spec.get("budget_s", 2.0))
+    if spec.get("back_to_back"):
+        import torch
+        times, reps = back_to_back(fn, torch.cuda.synchronize, spec.get("min_reps", 5),
+                                   spec.get("budget_s", 2.0))
+    else:
+        times, reps = time_it(fn, spec.get("min_reps", 5), spec.get("budget_s", 2.0))
     result = {"median_ms": statistics.median(times), "min_ms": min(times), "reps": reps,
               "peak_rss_mib": rss_mib("VmHWM"), "base_rss_mib": base}
+    if kernels := getattr(fn.made[0], "kernels", None):
+        result["kernels"] = kernels()
     if spec.get("resident") and spec.get("with_copies"):  # the same call fed from the host
         copies, _ = time_it(ring(make, {**spec, "resident": False}), spec.get("min_reps", 5),
                             spec.get("budget_s", 2.0))
@@ -243,12 +306,31 @@ def on_cuda(spec: dict) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def quiet_native_stdout():
+    """File descriptor 1 sent to /dev/null meanwhile (this process's one JSON line is printed
+    after): the kernel debug lines a CUDA session prints at every run that is not a replay."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with open(os.devnull, "wb") as null:
+        os.dup2(null.fileno(), 1)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
 def main() -> None:
     spec = json.loads(sys.argv[1])
     if not on_cuda(spec):
         limit_memory(spec.get("mem_limit_gib"))
+    elif spec.get("variant") == "runner":  # torch first: it loads the CUDA libraries that
+        import torch  # noqa: F401  onnxruntime-gpu links (docs/gpu.md)
     try:
-        result = measure(spec)
+        with quiet_native_stdout():  # ONNX Runtime's CUDA kernel debug lines (ort_kernels.py)
+            result = measure(spec)
     except MemoryError:
         result = {"error": "out of memory"}
     except Exception as e:  # reported in the variant's row, never a crash of the whole run

@@ -59,6 +59,7 @@ class RunnerInfo:
     providers: list[str] = field(default_factory=list)  # what the ORT session really uses
     precision: str = ""  # the arithmetic it really used, e.g. "fp32, TF32 matmuls allowed"
     reason: str = ""
+    kernels: str = ""  # which kernels ran its attention and MatMulNBits (Runner.kernels)
 
 
 @dataclass(frozen=True)
@@ -283,6 +284,8 @@ def with_ran_notes(infos: list[RunnerInfo], opened: list[Runner]) -> list[Runner
         note, failure = (runner.ran_note(), runner.ran_failure()) if runner else ("", "")
         if note:
             info = replace(info, precision=f"{info.precision}; {note}")
+        if runner and (kernels := runner.kernels()):
+            info = replace(info, kernels=kernels)
         if failure:
             info = replace(info, status="failed", reason=failure)
         out.append(info)

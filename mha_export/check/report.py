@@ -70,7 +70,8 @@ def format_report(report: CheckReport, verbose: bool = False) -> str:
     for info in report.runners:
         if info.status == "ran":
             note = f" (WARNING: {info.reason})" if info.reason else ""
-            lines.append(f"{info.name:12s} ran on {info.device}{note}")
+            kernels = f"; kernels: {info.kernels}" if info.kernels else ""
+            lines.append(f"{info.name:12s} ran on {info.device}{kernels}{note}")
         else:
             lines.append(f"{info.name:12s} {info.status.upper()}: {info.reason}")
     if report.picked:

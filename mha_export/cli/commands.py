@@ -429,6 +429,10 @@ def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequen
                                  "executorch-cpu")),
               help="What runs each layer's artifact (aoti-cpu compiles ~20 s a layer, "
                    "executorch-cpu lowers ~30 s a layer).")
+@click.option("--device", type=click.Choice(("cpu", "cuda")), default="cpu", show_default=True,
+              help="Where the exported layers run: cuda runs --runner's CUDA counterpart "
+                   "(ort-cpu: ort-cuda, onnxruntime-gpu); refused in one line where no CUDA "
+                   "session starts.")
 @click.option("--generate", type=click.IntRange(min=0), default=0, show_default=True,
               help="Greedy tokens after the text, each step through the decode artifacts "
                    "(a growing cache unless --static-cache), against eager's.")
@@ -469,9 +473,9 @@ def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequen
               help="A PNG of the per-token KL (and of each attribution step).")
 @_lossy_options
 @_guard
-def eval_(weights: str, text_path: str, tokens: int, layers: str, runner: str, generate: int,
-          folder: Optional[str], attribute: bool, per_layer: bool, max_kl: Optional[float],
-          min_top1: Optional[float], max_ppl_increase: Optional[float],
+def eval_(weights: str, text_path: str, tokens: int, layers: str, runner: str, device: str,
+          generate: int, folder: Optional[str], attribute: bool, per_layer: bool,
+          max_kl: Optional[float], min_top1: Optional[float], max_ppl_increase: Optional[float],
           json_path: Optional[str], plot_path: Optional[str], thread_pool: str,
           **kw) -> None:
     """Evaluate exported attention layers inside the real model.
@@ -489,6 +493,8 @@ def eval_(weights: str, text_path: str, tokens: int, layers: str, runner: str, g
     """
     from ..model.eval import evaluate
     from ..model.report import format_evaluation, plot_evaluation
+    from ..check.runners import on_device
+    runner = on_device(runner, device)
     refuse_unused_eval_options(runner)
     if plot_path:
         require_extra("matplotlib", "plot", "--plot")

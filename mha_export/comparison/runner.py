@@ -46,6 +46,11 @@ class Runner(ABC):
         replayed); the report appends it to the runner's line."""
         return ""
 
+    def kernels(self) -> str:
+        """Which kernels ran the attention and the quantized projections, where the runtime
+        says (ONNX Runtime's runners: ort_kernels.py), after the cases ran; "" elsewhere."""
+        return ""
+
     def ran_failure(self) -> str:
         """Why, after the cases ran, the runner did not do what it stands for (a graph runner
         that replayed no graph): its line fails, whatever its outputs."""

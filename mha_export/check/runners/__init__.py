@@ -23,7 +23,7 @@ from ...comparison.comparator import (BFLOAT16, FLOAT16, FP32, FP32_TF32, INT8_A
 from ...comparison.runner import Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions
 
 __all__ = ["RUNNERS", "Feeds", "Runner", "RunnerKind", "RunnerUnavailable", "RunOptions",
-           "get_runner", "ort_runner_names"]
+           "get_runner", "on_device", "ort_runner_names"]
 
 
 def _open_ort(provider: str, fp32_compute: bool = False, cuda_graph: bool = False):
@@ -171,6 +171,24 @@ def get_runner(name: str) -> RunnerKind:
     if name not in RUNNERS:
         raise UsageError(f"unknown runner {name!r}: choose from {', '.join(RUNNERS)}")
     return RUNNERS[name]
+
+
+def on_device(name: str, device: str) -> str:
+    """The runner of ``name``'s file and runtime on ``device`` (ort-cpu on cuda: ort-cuda,
+    through the registry's ``ort_provider``), refused in one line where there is none or it
+    cannot run here (no CUDA session starts: its reason)."""
+    if RUNNERS[name].device == device:
+        return name
+    twin = next((k.name for k in _KINDS if k.ort_provider == device
+                 and k.model_file == RUNNERS[name].model_file), None)
+    if twin is None or RUNNERS[name].ort_provider is None:
+        raise UsageError(f"--device {device}: --runner {name} has no {device} counterpart "
+                         "(--runner ort-cpu has: ort-cuda)")
+    if device == "cuda":
+        from .ort import cuda_session_refusal
+        if why := cuda_session_refusal():
+            raise UsageError(f"--device cuda: {why}")
+    return twin
 
 
 def ort_runner_names(providers: list[str]) -> list[str]:

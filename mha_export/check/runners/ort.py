@@ -8,7 +8,6 @@ import functools
 import io
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 from dataclasses import dataclass
@@ -17,11 +16,13 @@ from typing import Callable, Iterator, Optional
 import ml_dtypes
 import numpy as np
 
+from ...env import captured_fd
 from ...graph.nodes import all_nodes
 from ...lossy.projections import session_options
 from ...lossy.projections.kernels import matmul_nbits_kinds, matmul_nbits_probe
 from ...signature import Signature
 from ...comparison.runner import Feeds, Runner, RunnerUnavailable
+from .ort_kernels import describe_cpu, enable_debug_lines, model_ops, read_cuda_lines
 from .ort_threads import DEFAULT as DEFAULT_THREAD_POOL, follow_process_pool, get_policy
 
 ORT_PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -32,19 +33,12 @@ def native_stderr() -> Iterator[dict]:
     """Capture what ONNX Runtime writes while loading providers: its native logger (file
     descriptor 2) and preload_dlls' Python prints."""
     out = {"text": ""}
-    sys.stderr.flush()
-    saved = os.dup(2)
     printed = io.StringIO()
-    with tempfile.TemporaryFile() as buf:
-        os.dup2(buf.fileno(), 2)
-        try:
-            with contextlib.redirect_stdout(printed):
-                yield out
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            buf.seek(0)
-            out["text"] = printed.getvalue() + buf.read().decode(errors="replace")
+    try:
+        with captured_fd(2) as caught, contextlib.redirect_stdout(printed):
+            yield out
+    finally:
+        out["text"] = printed.getvalue() + caught["text"]
 
 
 COMPUTE_OPS = {"MatMul", "Gemm", "Softmax", "Attention", "MultiHeadAttention",
@@ -104,6 +98,8 @@ def _start_failure(provider: str, error: Exception, log: str) -> str:
 class OrtRunner(Runner):
     """An ONNX Runtime session on one execution provider ('cpu' or 'cuda'), fed by name."""
 
+    WATCHED_RUNS = 4  # CUDA calls whose kernel debug lines are read (a replay prints none)
+
     def __init__(self, signature: Signature, path: str | Path, provider: str = "cpu",
                  threads: Optional[int] = None, tf32: bool = True, mem_pattern: bool = True,
                  fp32_compute: bool = False, thread_pool: str = DEFAULT_THREAD_POOL,
@@ -124,6 +120,9 @@ class OrtRunner(Runner):
             model, provider, threads, tf32, mem_pattern, thread_pool, graph, dims),
             self.session, signature) if cuda_graph else None
         self.provider, self.providers = provider, self.session.get_providers()
+        self.ops = model_ops(_proto(model))
+        # CUDA: the first runs' native stdout, where the kernels print which one ran
+        self.kernel_log, self._watched_runs = "", self.WATCHED_RUNS
         self.run_options = _quiet_runs()
         self.device = f"{provider} ({self.providers[0]})"
         declared = {i.name: i for i in self.session.get_inputs()}
@@ -163,8 +162,8 @@ class OrtRunner(Runner):
         a static cache: an IO binding whose present_* are bound to past_*'s own memory."""
         inputs = {n: np.ascontiguousarray(feeds[n].astype(self.dtypes[n]))
                   for n in self.signature.input_names}  # copies: the caller's feeds stay as given
-        if self.graphs is not None:
-            return self.graphs.call(inputs)
+        if self.graphs is not None:  # a new shape's first runs (before capture) print
+            return self._watched(lambda: self.graphs.call(inputs))
         if not (self.signature.static_cache or self.bound):
             return inputs
         return InPlaceCall(self.session, self.signature, inputs, self.provider,
@@ -172,18 +171,42 @@ class OrtRunner(Runner):
 
     def run_prepared(self, prepared) -> list[np.ndarray]:
         if isinstance(prepared, InPlaceCall):
-            return prepared.run()
-        return self.session.run(self.signature.output_names, prepared, self.run_options)
+            return self._watched(prepared.run)
+        return self._watched(lambda: self.session.run(self.signature.output_names, prepared,
+                                                      self.run_options))
 
-    def resident_step(self, feeds: Feeds) -> Callable[[], None]:
+    def _watched(self, call: Callable):
+        """``call()``; on CUDA with its native stdout kept apart (the kernels' debug lines,
+        ort_kernels.py, printed at every run that is not a replay), read for the first
+        ``WATCHED_RUNS`` calls. The bench's timed calls (``resident_step``'s) are not watched:
+        its worker sends them to /dev/null."""
+        if self.provider != "cuda":
+            return call()
+        with captured_fd(1) as printed:
+            out = call()
+        if self._watched_runs > 0:
+            self._watched_runs -= 1
+            self.kernel_log += printed["text"]
+        return out
+
+    def kernels(self) -> str:
+        """Which kernels ran the attention and MatMulNBits: CUDA's debug lines, or what the CPU
+        provider's kernels are."""
+        if self.provider == "cuda":
+            return read_cuda_lines(self.kernel_log, self.ops).describe()
+        return describe_cpu(self.ops)
+
+    def resident_step(self, feeds: Feeds, synchronize: bool = True) -> Callable[[], None]:
         """A call as an app with its buffers on the device makes it (the bench times it):
         inputs bound once where the session runs, outputs left there, nothing read back; a
-        static cache written in place (a CUDA graph replayed with ``cuda_graph``)."""
+        static cache written in place (a CUDA graph replayed with ``cuda_graph``);
+        ``synchronize=False``: enqueued, not waited for (the caller syncs after N steps)."""
         prepared = self.prepare(feeds)
         if not isinstance(prepared, InPlaceCall):
             prepared = InPlaceCall(self.session, self.signature, prepared, self.provider,
                                    self.run_options, in_place=False)
-        return prepared.step
+        self._watched(prepared.step)  # warm, and its kernels named
+        return prepared.step if synchronize else prepared.queue
 
     def ran_note(self) -> str:
         return self.graphs.describe() if self.graphs is not None else ""
@@ -250,6 +273,12 @@ class InPlaceCall:
     def step(self) -> None:
         """The call alone: outputs stay in their bound buffers."""
         self.session.run_with_iobinding(self.binding, self.run_options)
+
+    def queue(self) -> None:
+        """The call enqueued where the session runs and not waited for (RunOptions
+        ``disable_synchronize_execution_providers``, onnxruntime PR #28686: a replayed graph
+        too), as an app steps: N calls back to back, one sync by the caller."""
+        self.session.run_with_iobinding(self.binding, _unsynchronized_runs())
 
     def run(self) -> list[np.ndarray]:
         self.step()
@@ -592,12 +621,38 @@ def cuda_provider_missing() -> Optional[str]:
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def cuda_session_refusal() -> Optional[str]:
+    """Why no CUDA session runs here, or None: the build has no CUDA provider, or a one-node
+    session on it did not start (its libraries or the GPU missing: ONNX Runtime's own reason)."""
+    if missing := cuda_provider_missing():
+        return missing
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Identity", ["a"], ["b"])], "probe",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
+    try:
+        _session(model.SerializeToString(), "cuda", None, True)
+    except RunnerUnavailable as e:
+        return str(e)
+    return None
+
+
 def _quiet_runs():
     """RunOptions that log warnings only: a CUDA session loads verbosely (its node placements
     are read from that log) and would otherwise log every kernel of every run."""
     import onnxruntime as ort
     options = ort.RunOptions()
     options.log_severity_level = 3
+    return options
+
+
+@functools.lru_cache(maxsize=None)
+def _unsynchronized_runs():
+    """Quiet RunOptions whose run returns without waiting for the device."""
+    options = _quiet_runs()
+    options.add_run_config_entry("disable_synchronize_execution_providers", "1")
     return options
 
 
@@ -623,6 +678,9 @@ def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf
     if provider == "cuda":
         if missing := cuda_provider_missing():
             raise RunnerUnavailable(missing)
+        enable_debug_lines()  # read when the session makes its kernels
+        for name, value in session_options.environment(entries).items():
+            os.environ.setdefault(name, value)  # fpA_intB, for builds reading only this
         providers = [(wanted, {"use_tf32": "1" if tf32 else "0",
                                "enable_cuda_graph": "1" if cuda_graph else "0"})]
     failure: Optional[Exception] = None

