@@ -44,7 +44,7 @@ if [ $DRY = 1 ]; then  # the CPU provider at tiny shapes: every command as on th
 else
   RUNNERS=ort-cuda,ort-cuda-graph; REQUIRE=--require-cuda
   LAYER="--heads 8 --kv-heads 2 --dim 512 --rotary half"
-  STEP="--preset llama3-8b"
+  STEP="--preset llama3-8b --max-seq-len 8448"  # contrib-gqa-packed: its rotary table covers the buffer
   PASTS=1024,8192; CAPACITY=8448; BUDGET=0.3; TOKENS=64; LAYERS=0,5,29
   COLD=--cold; PROVIDERS=cuda  # no ONNX Runtime CPU rows at 8B in the GPU's minutes
 fi
@@ -72,7 +72,8 @@ bench() {  # name, extra flags: within what is left of the call's ${BUDGET_S:-56
   local limit=$(( left > ${BENCH_LIMIT:-190} ? ${BENCH_LIMIT:-190} : left ))
   [ $limit -lt 30 ] && { echo "bench $name SKIPPED: $left s left of the call" | tee "$R/bench-$name.txt"; return; }
   $TO $limit $MX bench $STEP --static-cache --cuda-graph $COLD --seq-lens 1 \
-    --past-lens $PASTS --capacity $CAPACITY --providers $PROVIDERS --forms "${BENCH_FORMS:-auto}" \
+    --past-lens $PASTS --capacity $CAPACITY --providers $PROVIDERS \
+    --forms "${BENCH_FORMS:-contrib-gqa-packed,auto}" \
     --threads 8 --budget $BUDGET --mem-limit-gib 4096 --json "$R/bench-$name.json" "$@" \
     > "$R/bench-$name.txt" 2>&1
   echo "bench $name rc=$?" | tee -a "$R/bench-$name.txt"
