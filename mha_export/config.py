@@ -221,6 +221,12 @@ class MHAConfig:
         return self.kv_inner
 
     @property
+    def extra_inputs(self) -> tuple[str, ...]:
+        """Inputs every call of the layer takes beyond its signature kind's, where its kind
+        says (a GLM-5 shared-top-k layer's source indices): signature.py declares them."""
+        return getattr(self.section, "extra_inputs", ())
+
+    @property
     def cache_docs(self) -> dict[str, str]:
         """What the cache tensors hold, where the kind says (signature.py)."""
         return getattr(self.section, "cache_docs", {})

@@ -25,6 +25,11 @@ each kind above becomes its shared counterpart (SHARED_KINDS), the cache replace
     shared-static-cache  x, shared_key, shared_value, past_lengths -> y  (the source layer's
               buffer [batch, kv_heads, max_cache, head_dim] after its write of this call)
 
+A layer's kind can add inputs to every call (``MHAConfig.extra_inputs``), before position_ids:
+
+    topk_indices      (batch, seq, index_k) int64: a GLM-5 shared-top-k layer's source layer's
+                      selection, index_k = min(index_topk, the keys the call reads)
+
 Adding an input or output: one entry in ``TENSORS`` and its name in the ``KINDS`` that take it.
 """
 from __future__ import annotations
@@ -38,6 +43,7 @@ from .errors import UsageError
 FLOAT = "float"  # the model's float dtype (float32, float16 or bfloat16)
 BATCH, SEQ, PAST, TOTAL = "batch", "seq", "past_seq", "past_seq + seq"
 CACHE = "max_cache"  # the capacity of an app-owned static cache buffer
+INDEX_K = "index_k"  # a shared-top-k layer's selected keys per query: min(index_topk, keys)
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,10 @@ TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
     "shared_value": lambda c, kind: TensorSpec(
         "shared_value", FLOAT, (BATCH, c.kv_heads, SHARED_LENGTH[kind], c.value_dim),
         "the values this call attends with" + SHARED_DOCS[kind]),
+    "topk_indices": lambda c, kind: TensorSpec(
+        "topk_indices", "int64", (BATCH, SEQ, INDEX_K),
+        "the key positions each query keeps (those of the keys this call reads; a position "
+        "past them keeps nothing)"),
     "y": lambda c, kind: TensorSpec("y", FLOAT, (BATCH, SEQ, c.dim), "output"),
     "present_key": lambda c, kind: TensorSpec(
         "present_key", FLOAT, _cache(c, kind, TOTAL, 1),
@@ -170,6 +180,11 @@ class Signature:
         return self.kind in SHARED_LENGTH
 
     @property
+    def reads_topk(self) -> bool:
+        """A shared-top-k layer's: each call takes another layer's selection (topk_indices)."""
+        return "topk_indices" in self.input_names
+
+    @property
     def has_mask(self) -> bool:
         return "attention_mask" in self.input_names
 
@@ -206,6 +221,7 @@ def make_signature(config: MHAConfig, kind: str = "full", cache_dtype: str = FLO
                          f"got {kind!r}")
     kind = _layer_kind(config, kind)
     ins, outs = KINDS[kind]
+    ins += config.extra_inputs  # the kind's own (a shared-top-k layer's indices)
     rotates = config.rotary not in ("none", "unrotated")  # (unrotated: NoPE MLA, Kimi Linear)
     ins += ("position_ids",) if rotates else ()  # rotary layers: the last input
     spec = lambda n: _documented(_cached(TENSORS[n](config, kind), cache_dtype),  # noqa: E731

@@ -547,7 +547,9 @@ def _shift_output(m, node_suffix: str, delta: int = 1) -> None:
     out, shifted = node.output[0], node.output[0] + "_fault"
     for n in all_nodes(m.graph):
         n.input[:] = [shifted if i == out else i for i in n.input]
-    m.graph.initializer.append(numpy_helper.from_array(np.array(delta, np.int64), "fault_delta"))
+    if not any(t.name == "fault_delta" for t in m.graph.initializer):  # one for every shift
+        m.graph.initializer.append(numpy_helper.from_array(np.array(delta, np.int64),
+                                                           "fault_delta"))
     graph = _graph_holding(m.graph, node)  # the top level, or an If branch / Loop body
     index = list(graph.node).index(node) + 1
     graph.node.insert(index, onnx.helper.make_node("Add", [out, "fault_delta"], [shifted]))
@@ -576,6 +578,25 @@ def static_write_off_by_one(path: Path) -> None:
 def static_reads_past_its_length(path: Path) -> None:
     """Row b's query i also sees key past_lengths[b] + i + 1 (beyond what is valid for it)."""
     _edit(path, lambda m: _shift_output(m, "row_query_start"))
+
+
+def _every_node(path: Path, suffix: str, fault) -> None:
+    """``fault(model, name)`` on every node named ``*suffix`` (each form's, in an If's
+    branches)."""
+    def fn(m):
+        for name in sorted({n.name for n in all_nodes(m.graph) if n.name.endswith(suffix)}):
+            fault(m, name)
+    _edit(path, fn)
+
+
+def shared_topk_off_by_one(path: Path) -> None:
+    """A shared-top-k layer keeps the key after each given position."""
+    _every_node(path, "given_clamped", _shift_output)
+
+
+def shared_topk_ignored(path: Path) -> None:
+    """A shared-top-k layer's given selection never hides a key."""
+    _every_node(path, "given_hides", _bypass)
 
 
 STATIC_FAULTS = {

@@ -2,10 +2,10 @@
 own modules: tests/test_checkpoints.py (deepseek_v32, glm_moe_dsa: a left-padded batch, full
 and cached, the latent, rotated-key and indexer caches). Here: the selection acts, equal scores
 keep the earlier keys in every runtime, the check's sweep crosses index_topk, planted faults in
-the indexer fail the check, and what cannot be built is one line."""
+the indexer fail the check, and what cannot be built is one line. GLM-5's shared-top-k layers:
+tests/test_glm5_shared.py."""
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
@@ -115,13 +115,3 @@ def test_cli_refusals(tmp_path, args, msg):
                                  str(tmp_path / "x")])
     assert r.exit_code == 2 and r.stderr.splitlines() == [f"Error: {msg}"], r.stderr
     assert not (tmp_path / "x").exists()
-
-
-def test_a_glm_layer_reusing_an_earlier_top_k_is_refused_naming_the_others(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "glm_moe_dsa", "num_hidden_layers": 4, "hidden_size": 64,
-        "num_attention_heads": 4, "indexer_types": ["full", "shared", "full", "shared"]}))
-    r = CliRunner().invoke(cli, ["onnx", "--weights", str(tmp_path), "--layer", "1", "-o",
-                                 str(tmp_path / "x")])
-    assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stderr
-    assert "reuses an earlier layer's top-k selection" in r.stderr and "are 0, 2" in r.stderr

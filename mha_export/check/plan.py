@@ -115,16 +115,14 @@ def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) 
     require_fits(config, cases, sweep.scores_at, sig.has_mask)
     options = RunOptions(tf32=o.tf32, threads=o.threads)
     opened, infos, fallback = _open_runners(artifact, kinds, options, o)
-    multi_call = (scenarios.static_scenario_cases(sweep.static_chunks, sweep.batch_prompts)
-                  if sig.static_cache
-                  else scenarios.scenario_cases(sweep.switch, scenarios.padding_sides(config))
-                  if sig.has_cache else [])
-    multi_call = [(case, split) for case, split in multi_call if within_bounds([case], bounds)
+    multi_call = [(case, split) for case, split in _multi_call(sig, sweep, config)
+                  if within_bounds([case], bounds)
                   and (sweep.max_cache is None or case.seq + scenarios.SPARE <= sweep.max_cache)]
-    if real and sig.shared_kv:
-        raise UsageError("--inputs: capture records a layer's hidden states, not the keys and "
-                         "values a KV-shared layer reads from its source layer: check it with "
-                         "random inputs")
+    if real and (sig.shared_kv or sig.reads_topk):
+        raise UsageError("--inputs: capture records a layer's hidden states, not the "
+                         + ("top-k selection a shared-top-k" if sig.reads_topk else
+                            "keys and values a KV-shared")
+                         + " layer reads from its source layer: check it with random inputs")
     real_cases = real.cases(sig.has_cache, sig.static_cache) if real else []
     if real_cases:
         require_fits(artifact.config, [case for case, _ in real_cases], sweep.scores_at,
@@ -134,6 +132,18 @@ def plan_check(artifact: Artifact, real: Optional[RealInputs], o: CheckOptions) 
                   _tolerances(opened, artifact, options, o.atol, o.rtol),
                   artifact.export.get("dtype", "float32"))
     return Plan(sweep, cases, multi_call, real_cases, infos, truth, fallback)
+
+
+def _multi_call(sig: Signature, sweep: "SweepPlan", config: MHAConfig) -> list:
+    """The multi-call scenarios of a cached signature (none where each call takes a selection
+    made for it: a shared-top-k layer's)."""
+    if sig.reads_topk:
+        return []
+    if sig.static_cache:
+        return scenarios.static_scenario_cases(sweep.static_chunks, sweep.batch_prompts)
+    if sig.has_cache:
+        return scenarios.scenario_cases(sweep.switch, scenarios.padding_sides(config))
+    return []
 
 
 def selected_kinds(artifact: Artifact, runners: Optional[Sequence[str]],

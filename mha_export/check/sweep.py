@@ -17,7 +17,7 @@ from ..comparison.runner import positions
 from ..config import MHAConfig
 from ..env import available_bytes
 from ..errors import UsageError
-from ..signature import CACHE, FLOAT, INT8, Signature
+from ..signature import CACHE, FLOAT, INDEX_K, INT8, Signature
 
 PADDINGS = ("none", "left", "right")
 SWEEPS = ("full", "quick")  # check's default; the export-time check's default
@@ -178,7 +178,8 @@ def make_feeds(sig: Signature, case: Case, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng([seed, case.batch, case.seq, case.past,
                                  PADDINGS.index(case.padding)])
     sizes = {"batch": case.batch, "seq": case.seq, "past_seq": case.past,
-             "past_seq + seq": case.past + case.seq, CACHE: static_capacity(case)}
+             "past_seq + seq": case.past + case.seq, CACHE: static_capacity(case),
+             INDEX_K: sample_width(case)}
     feeds = {}
     for t in sig.inputs:
         shape = tuple(sizes[d] if isinstance(d, str) else d for d in t.shape)
@@ -191,6 +192,8 @@ def make_feeds(sig: Signature, case: Case, seed: int) -> dict[str, np.ndarray]:
             feeds[t.name] = pos
         elif t.name == "past_lengths":
             feeds[t.name] = static_lengths(case)
+        elif t.name == "topk_indices":
+            feeds[t.name] = sample_selection(rng, case)
         elif t.dtype in (FLOAT, INT8):  # a static buffer: random beyond the valid entries too
             feeds[t.name] = random_values(rng, shape, t.dtype)
         else:
@@ -215,6 +218,25 @@ def random_values(rng: np.random.Generator, shape: tuple, dtype: str) -> np.ndar
     if dtype == INT8:
         return rng.integers(-128, 128, shape, dtype=np.int8)
     return rng.standard_normal(shape).astype(np.float32)
+
+
+def sample_width(case: Case) -> int:
+    """A sample selection's keys a query (INDEX_K): 3 of the S keys a call reads (fewer while
+    S is less; within an ExecuTorch program's bound, min(index_topk, max_seq_len))."""
+    return min(3, case.past + case.seq)
+
+
+def sample_selection(rng: np.random.Generator, case: Case) -> np.ndarray:
+    """(B, T, K) int64: a shared-top-k layer's given selection of the S keys a call reads:
+    each query's own position first (a real query keeps a visible key), then random positions
+    up to it, the last one past the keys (keeping nothing) where K > 2."""
+    s = case.past + case.seq
+    own = case.past + np.arange(case.seq)  # (T,) the queries' positions
+    k = sample_width(case)
+    picks = rng.integers(0, own[None, :, None] + 1, (case.batch, case.seq, k))  # (B, T, K)
+    picks[..., 0] = own
+    picks[..., -1] = np.where(k > 2, s, picks[..., -1])
+    return picks.astype(np.int64)
 
 
 def static_lengths(case: Case) -> np.ndarray:

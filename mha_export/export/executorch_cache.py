@@ -71,6 +71,16 @@ class Step(CacheHolder):
         return y
 
 
+class TopKStep(Step):
+    """A GLM-5 shared-top-k layer's step: its source layer's selection an input."""
+
+    def forward(self, x: Tensor, past_lengths: Tensor, topk_indices: Tensor,
+                position_ids: Optional[Tensor] = None) -> Tensor:
+        y, _, _ = self.inner.forward_static(x, self.key_cache, self.value_cache, past_lengths,
+                                            position_ids, topk_indices)
+        return y
+
+
 class Read(CacheHolder):
     def forward(self) -> tuple[Tensor, Tensor]:
         # a self-copy makes the buffers this method's mutable ones, so that it shares the
@@ -155,7 +165,8 @@ def _batch_methods(inner: nn.Module, sig: Signature, max_batch: int, capacity: i
     key, value = (torch.zeros(sig.cache_buffer(n, max_batch, capacity), dtype=dtype)
                   for n in ("past_key", "past_value"))
     example = (key[:2].clone(), value[:2].clone())
-    return {"forward": Method(Step(inner, key, value).eval(), step_args, step_dynamic),
+    step = TopKStep if sig.reads_topk else Step
+    return {"forward": Method(step(inner, key, value).eval(), step_args, step_dynamic),
             "get_cache": Method(Read(key, value), (), ()),
             "set_cache": Method(Write(key, value), example, ({0: "batch"}, {0: "batch"})),
             "reset_cache": Method(Reset(key, value), (), ())}

@@ -16,7 +16,7 @@ from ..config import MHAConfig
 from ..errors import UsageError
 from ..layer.entry import entry_module
 from ..layer.layouts import AttentionBase
-from ..signature import Signature
+from ..signature import INDEX_K, Signature
 from .base import Prepared, require_no_lossy_steps
 
 MODEL_FILE = "model.pt2"
@@ -92,12 +92,14 @@ def _export(entry: torch.nn.Module, sig: Signature, device: str, dynamic_axes: b
 
 
 def _example(t, sig: Signature, device: str) -> torch.Tensor:
-    sizes = {**EXAMPLE, "past_seq + seq": EXAMPLE["past_seq"] + EXAMPLE["seq"]}
+    sizes = {**EXAMPLE, "past_seq + seq": EXAMPLE["past_seq"] + EXAMPLE["seq"], INDEX_K: 2}
     shape = [sizes[d] if isinstance(d, str) else d for d in t.shape]
     if t.name == "attention_mask":
         return torch.ones(shape, dtype=torch.int64, device=device)
     if t.name == "past_lengths":
         return torch.tensor(EXAMPLE_PAST_LENGTHS, device=device)
+    if t.name == "topk_indices":  # a shared-top-k layer's selection: key positions
+        return torch.arange(shape[2], device=device).expand(shape).contiguous()
     if t.name == "position_ids":
         past = (torch.tensor(EXAMPLE_PAST_LENGTHS, device=device).view(-1, 1)
                 if sig.static_cache else EXAMPLE["past_seq"] if sig.has_cache else 0)

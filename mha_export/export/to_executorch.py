@@ -28,7 +28,7 @@ from ..errors import UsageError
 from ..kinds.registry import convert, kind_of
 from ..layer.entry import entry_module
 from ..lossy import registry as lossy
-from ..signature import CACHE_NAMES, Signature
+from ..signature import CACHE_NAMES, INDEX_K, Signature
 from . import executorch_cache as cache
 from .base import Prepared
 from .executorch_rows import DEFAULT_KERNELS, ROW_KERNELS, llm_kernels_refusal
@@ -37,7 +37,7 @@ MODEL_FILE = "model.pte"
 BACKENDS = ("xnnpack", "portable")
 MAX_BATCH = 4  # the batch axis's default bound: ExecuTorch plans every buffer for the largest
 STATIC_ROWS = 1  # a static-cache program's rows (its static batch): one stream, as an app
-EXAMPLE = {"batch": 2, "seq": 3}  # neither 0 nor 1: no axis specialised to them
+EXAMPLE = {"batch": 2, "seq": 3, INDEX_K: 2}  # neither 0 nor 1: no axis specialised to them
 DELEGATE = "executorch_call_delegate"
 
 
@@ -99,6 +99,8 @@ def program_bounds(config: MHAConfig, sig: Signature, max_batch: Optional[int] =
     bounds = {"batch": max_batch, "seq": min(max_seq or config.max_seq_len, config.max_seq_len)}
     if sig.static_cache:
         bounds["cache"] = config.max_seq_len
+    if sig.reads_topk:  # a shared-top-k layer's selection: min(index_topk, keys) a query
+        bounds[INDEX_K] = min(config.reach, config.max_seq_len)
     if by_rows(config, sig):
         bounds["rows"] = max_batch
     return bounds
@@ -180,7 +182,7 @@ def _step_example(sig: Signature, bounds: dict, inside: set[str], static_batch: 
     """forward's example arguments and dynamic axes: the signature's inputs but those the
     program holds inside; ``static_batch``: batch is bounds' batch, no axis."""
     inputs = [t for t in sig.inputs if t.name not in inside]
-    sizes = {d: min(EXAMPLE[d], bounds[d]) for d in EXAMPLE}
+    sizes = {d: min(EXAMPLE[d], bounds[d]) for d in EXAMPLE if d in bounds}
     if static_batch:
         sizes["batch"] = bounds["batch"]
     dynamic = tuple({i: d for i, d in t.dynamic_axes.items()
@@ -204,7 +206,7 @@ def _lowered(methods: dict[str, cache.Method], bounds: dict, backend: str,
     delegated to XNNPACK where it can (``portable``: nothing delegated), the cache's plain
     copies left to ExecuTorch's kernels."""
     from executorch.exir import to_edge_transform_and_lower
-    dims = {d: Dim(d, min=1, max=bounds[d]) for d in EXAMPLE if bounds[d] > 1}
+    dims = {d: Dim(d, min=1, max=bounds[d]) for d in EXAMPLE if bounds.get(d, 1) > 1}
     with torch.no_grad():
         programs = {name: torch.export.export(
             m.module, m.args, dynamic_shapes=tuple(
@@ -273,6 +275,8 @@ def _example(t, sizes: dict) -> torch.Tensor:
         return torch.arange(shape[0]) * 2
     if t.name == "position_ids":
         return torch.arange(shape[1]).expand(shape).contiguous()
+    if t.name == "topk_indices":  # a shared-top-k layer's selection: key positions
+        return torch.arange(shape[2]).expand(shape).contiguous()
     return torch.randn(shape)
 
 

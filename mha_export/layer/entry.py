@@ -61,13 +61,53 @@ class SharedStaticStep(EntryPoint):
         return self.inner.read_static(x, shared_key, shared_value, past_lengths, position_ids)
 
 
+class TopKSequence(EntryPoint):
+    """A GLM-5 shared-top-k layer's calls (kinds/dsa/): its source layer's selection an input
+    before position_ids."""
+
+    def forward(self, x: Tensor, topk_indices: Tensor,
+                position_ids: Optional[Tensor] = None) -> Tensor:
+        return self.inner.attend(x, None, None, None, position_ids, False, topk_indices)[0]
+
+
+class TopKMaskedSequence(EntryPoint):
+    def forward(self, x: Tensor, attention_mask: Tensor, topk_indices: Tensor,
+                position_ids: Optional[Tensor] = None) -> Tensor:
+        return self.inner.attend(x, attention_mask, None, None, position_ids, False,
+                                 topk_indices)[0]
+
+
+Written = Tuple[Tensor, Tensor, Tensor]  # y, present_key, present_value
+
+
+class TopKCachedStep(EntryPoint):
+    def forward(self, x: Tensor, attention_mask: Tensor, past_key: Tensor, past_value: Tensor,
+                topk_indices: Tensor, position_ids: Optional[Tensor] = None) -> Written:
+        return self.inner.forward_step(x, attention_mask, past_key, past_value, position_ids,
+                                       topk_indices)
+
+
+class TopKStaticStep(EntryPoint):
+    """The static-cache step: topk_indices are slots of the buffers, written in place."""
+
+    def forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
+                topk_indices: Tensor, position_ids: Optional[Tensor] = None) -> Written:
+        return self.inner.forward_static(x, past_key, past_value, past_lengths, position_ids,
+                                         topk_indices)
+
+
 ENTRY_POINTS = {"full": FullSequence, "masked": MaskedSequence, "kv-cache": CachedStep,
                 "static-cache": StaticCacheStep, "shared": SharedKeys,
                 "shared-masked": SharedKeysMasked, "shared-kv-cache": SharedKeysMasked,
                 "shared-static-cache": SharedStaticStep}
+# the calls of a layer taking another layer's top-k (signature: topk_indices)
+TOPK_ENTRY_POINTS = {"full": TopKSequence, "masked": TopKMaskedSequence,
+                     "kv-cache": TopKCachedStep, "static-cache": TopKStaticStep}
 
 
 def entry_module(module: AttentionBase, kind: str, input_names: List[str],
                  output_names: List[str]) -> EntryPoint:
-    """The module to call (and to script) for a signature kind."""
-    return ENTRY_POINTS[kind](module, list(input_names), list(output_names)).eval()
+    """The module to call (and to script) for a signature kind (and its inputs: a shared-top-k
+    layer's take topk_indices)."""
+    table = TOPK_ENTRY_POINTS if "topk_indices" in input_names else ENTRY_POINTS
+    return table[kind](module, list(input_names), list(output_names)).eval()

@@ -38,8 +38,8 @@ from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, get_poli
 from ..errors import UsageError
 from ..env import openmp_wait
 from ..lossy import registry as lossy
-from ..weights.source import (checkpoint_layers, checkpoint_modules, non_attention_layers,
-                              select_layers)
+from ..weights.source import (checkpoint_layers, checkpoint_modules, eval_refusal,
+                              non_attention_layers, select_layers)
 from .capture import checked_before_loading, read_text, token_block
 from .loading import LoadedModel, attention_at, decoder_layers, load_model, set_attention
 
@@ -501,6 +501,8 @@ def attention_layers(weights: str | Path, chosen: list[Address], spec: str
     """The chosen layers that are softmax attention (exported), and the others by type (a
     hybrid model's linear-attention or convolution layers, and KV-shared layers, whose keys
     come from another layer: left to torch)."""
+    if why := eval_refusal(weights):
+        raise UsageError(f"eval of {weights} is not built: {why}")
     others = non_attention_layers(weights, chosen, kv_shared=True)
     if len(others) == len(chosen):
         raise UsageError(f"--layers {spec}: none of them is softmax attention")

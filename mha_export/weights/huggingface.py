@@ -351,6 +351,11 @@ def non_attention_layers(path: str | Path, layers: Iterable[Address],
     return kinds
 
 
+def eval_refusal(path: str | Path) -> str:
+    """Why ``eval`` cannot run a checkpoint's exported layers in its model ("": it can)."""
+    return _read_config(path).family.eval_refused
+
+
 def layer_count(path: str | Path) -> int:
     """How many decoder layers a checkpoint folder's config.json declares."""
     return _layer_count(_read_config(path))

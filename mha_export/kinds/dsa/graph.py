@@ -1,7 +1,8 @@
 """The lightning indexer as ONNX graph code (indexer.py's function): the index keys a call
 caches, and the keys each query drops (all but its top-k visible ones), built per block of
 queries inside MLA's mask builder (kinds/mla/graph.py). Standard ops: MatMul, Relu, TopK,
-ScatterElements (opset 17). The scores in float32, as transformers computes them.
+ScatterElements (opset 17). The scores in float32, as transformers computes them. A GLM-5
+shared-top-k layer runs no indexer: ``given_dropped`` scatters its input ``topk_indices``.
 
 Shape legend: B = batch, T = this call, t = a block of queries, S = keys, Hi = index heads,
 Di = their width, Hr = the rotated part.
@@ -100,3 +101,29 @@ def dropped_keys(b: GraphBuilder, iq: IndexQueries, start: str, t: str, masked: 
     false = op.Expand(b.const("index_false", np.array(False), float_dtype=False),
                       op.Shape(kept))
     return op.ScatterElements(true, kept, false, axis=-1)  # (B, 1, t, S)
+
+
+def given_dropped(b: GraphBuilder, start: str, t: str, masked: str) -> str:
+    """(B, 1, t, S) bool, True at the keys that queries [start, start + t) do not keep by the
+    input ``topk_indices`` (B, T, K) (a shared layer's: its source layer's selection); a
+    position at S or beyond keeps nothing (clamped to a column past the keys, then cut).
+    ``masked`` (.., t, S): the block's mask, read for S. Nodes named ``given_*``."""
+    op = Ops(b).named("given")
+    rows = [as_1d(b, start, "given_start_1d"), as_1d(b, op.Add(start, t), "given_end_1d"),
+            b.ints("axes1_1d", [1])]
+    kept = op.Slice("topk_indices", *rows)  # (B, t', K)
+    # a Loop's last block is padded past T (t' < t rows): rows of position 0 to its size
+    missing = op.Sub(as_1d(b, t, "given_rows_1d"), op.Shape(kept, start=1, end=2))  # (1,)
+    pads = op.Concat(b.ints("given_pads_head", [0, 0, 0, 0]), missing,
+                     b.ints("given_pads_tail", [0]), axis=0)  # [0, 0, 0, 0, t - t', 0]
+    keys = op.Shape(masked, start=-1)  # (1,) S
+    kept = op.Min(op.Pad(kept, pads), keys, name="clamped")  # (B, t, K): positions <= S
+    wide = op.Concat(op.Shape(kept, start=0, end=2), op.Add(keys, b.ints("given_one", [1])),
+                     axis=0)  # [B, t, S + 1]
+    true = op.Expand(b.const("given_true", np.array(True), float_dtype=False), wide)
+    false = op.Expand(b.const("given_false", np.array(False), float_dtype=False),
+                      op.Shape(kept))
+    dropped = op.ScatterElements(true, kept, false, axis=-1)  # (B, t, S + 1)
+    dropped = op.Slice(dropped, b.ints("given_zero", [0]), keys,
+                       b.ints("given_axes2", [2]))  # (B, t, S)
+    return op.Unsqueeze(dropped, b.ints("axes1", [1]))  # (B, 1, t, S)

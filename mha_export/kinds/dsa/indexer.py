@@ -67,8 +67,19 @@ class Indexer(nn.Module):
         return dropped.unsqueeze(1)  # (B, 1, T, S)
 
 
+def unselected_by(indices: Tensor, keys: int) -> Tensor:
+    """(B, 1, T, S) bool, True at the keys outside each query's given top-k (a GLM-5 shared
+    layer's: its source layer's selection, indices (B, T, K) of key positions; one at S or
+    beyond keeps nothing)."""
+    b, t = indices.size(0), indices.size(1)
+    dropped = torch.ones(b, t, keys + 1, dtype=torch.bool, device=indices.device)
+    dropped = dropped.scatter(-1, indices.clamp(max=keys), False)  # (B, T, S + 1)
+    return dropped[..., :keys].unsqueeze(1)  # (B, 1, T, S)
+
+
 class NoIndexer(nn.Module):
-    """Dense MLA's stand-in (no weights): TorchScript compiles the sparse branch's calls."""
+    """Dense MLA's and a shared-top-k layer's stand-in (no weights): TorchScript compiles the
+    sparse branch's calls."""
 
     def keys(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         raise RuntimeError("a dense layer has no indexer")

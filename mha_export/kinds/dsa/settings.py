@@ -11,11 +11,17 @@
                   visible); attention masks the rest
 
 Per token the cache holds Di more numbers: MLA's value cache [k_rot (Hr) | index key (Di)].
+
+GLM-5's "shared" layers (``indexer_types``) run no indexer: ``source`` names the earlier layer
+whose selection they reuse, given to the exported layer as the input ``topk_indices``
+(B, T, K) int64, K = min(index_topk, S): the source layer's top-k key positions of each query,
+as transformers' decoder loop passes them (``prev_topk_indices``). Such a layer caches no index
+key; its weights are MLA's alone.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from ...errors import UsageError, require_positive
 from ..section import section_from_json
@@ -31,10 +37,14 @@ class SparseIndex:
     heads: int = 64  # index_n_heads (Hi)
     head_dim: int = 128  # index_head_dim (Di)
     rope: str = "half"  # INDEX_ROPES
+    source: Optional[int] = None  # a shared layer's: the layer whose top-k it reuses
 
     def __post_init__(self) -> None:
         for name in ("topk", "heads", "head_dim"):
             require_positive(f"index {name}", getattr(self, name))
+        if self.source is not None and (isinstance(self.source, bool) or not isinstance(
+                self.source, int) or self.source < 0):
+            raise UsageError(f"index source must be a layer index >= 0, got {self.source!r}")
         if self.rope not in INDEX_ROPES:
             raise UsageError(f"unknown index rope {self.rope!r}: choose one of "
                              f"{', '.join(INDEX_ROPES)}")
@@ -42,20 +52,34 @@ class SparseIndex:
     def check(self, q_lora_rank: Any, rope_dim: int) -> None:
         """What the MLA layer around it must have: queries through q LoRA (the index query
         reads q_resid), index heads at least as wide as the rotated part."""
-        if q_lora_rank is None:
+        if q_lora_rank is None and not self.shared:
             raise UsageError("DeepSeek Sparse Attention's index queries read q_a_layernorm's "
                              "output: it needs q_lora_rank")
         if self.head_dim < rope_dim:
             raise UsageError(f"index head_dim {self.head_dim} is narrower than "
                              f"qk_rope_head_dim {rope_dim} (its rotated part)")
 
+    @property
+    def shared(self) -> bool:
+        """A layer reusing another layer's top-k (no indexer of its own)."""
+        return self.source is not None
+
+    @property
+    def cached_width(self) -> int:
+        """The index key's width the value cache holds after k_rot (0: a shared layer)."""
+        return 0 if self.shared else self.head_dim
+
     def weight_shapes(self, dim: int, q_lora_rank: int) -> Dict[str, Tuple[int, int]]:
-        """The indexer's projections, [out, in], by checkpoint name."""
+        """The indexer's projections, [out, in], by checkpoint name (none: a shared layer)."""
+        if self.shared:
+            return {}
         return {"indexer.wq_b": (self.heads * self.head_dim, q_lora_rank),
                 "indexer.wk": (self.head_dim, dim), "indexer.weights_proj": (self.heads, dim)}
 
     def call_flops(self, seq: int, keys: int) -> float:
         """The index scores of ``seq`` queries over ``keys`` keys (the projections apart)."""
+        if self.shared:
+            return 0.0
         return 2.0 * seq * keys * self.heads * (self.head_dim + 1)
 
     @classmethod

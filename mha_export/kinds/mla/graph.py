@@ -30,7 +30,7 @@ from ...graph.norm import rms_norm
 from ...graph.ops import Ops
 from ...graph.rotary import cos_sin_at, rotate_heads
 from ...signature import Signature
-from ..dsa.graph import dropped_keys, index_keys, index_queries
+from ..dsa.graph import dropped_keys, given_dropped, index_keys, index_queries
 from .settings import UNROTATED, MLAConfig
 
 # (builder, first query's index in the call (), queries ()) -> additive bias (B|1, 1, t, S)
@@ -93,9 +93,17 @@ def _sparse(g: GraphBuilder, m: MLAConfig, w: Mapping[str, Tensor], q_resid: str
             ) -> tuple[str, MaskBuilder]:
     """The rotated keys (B, 1, S, Hr) the cores read, and the mask builder: a block's causal
     and padding mask; DeepSeek Sparse Attention's (the value cache [k_rot | index key]): each
-    query's keys outside its top-k too (kinds/dsa/graph.py)."""
+    query's keys outside its top-k too (kinds/dsa/graph.py), a shared layer's by the given
+    topk_indices."""
     if m.index is None:
         return values, lambda b, start, t: additive(b, masked(b, start, t), "bias")
+    if m.index.shared:  # GLM-5's shared layers: the selection is an input (topk_indices)
+        def given(b: GraphBuilder, start: str, t: str) -> str:
+            hidden = masked(b, start, t)  # (.., t, S)
+            dropped = given_dropped(b, start, t, hidden)  # (B, 1, t, S)
+            hides = Ops(b).Or(hidden, dropped, name="given_hides")  # (B, 1, t, S)
+            return additive(b, hides, "bias")
+        return values, given
     op, hr = Ops(g), m.qk_rope_head_dim
     k_rot, keys = op.Split(values, g.ints("index_split", [hr, m.index.head_dim]), n_out=2,
                            axis=3)  # (B, 1, S, Hr), (B, 1, S, Di)
@@ -160,7 +168,7 @@ def _cache_entries(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], cos: 
     one_head = g.ints("axes1", [1])
     latent, k_rot = (op.Unsqueeze(latent, one_head, name="latent_4d"),  # (B, 1, T, R)
                      op.Unsqueeze(k_rot, one_head))  # (B, 1, T, Hr)
-    if m.index is not None:  # DSA: the value cache [k_rot | index key]
+    if m.index is not None and not m.index.shared:  # DSA: the value cache [k_rot | index key]
         k_rot = op.Concat(k_rot, index_keys(g, m.index, w, m.qk_rope_head_dim, cos, sin),
                           axis=3, name="index_cached")  # (B, 1, T, Hr + Di)
     return latent, k_rot

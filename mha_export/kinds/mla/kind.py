@@ -49,7 +49,8 @@ SPARSE_ON_EXECUTORCH = (
 
 def unexported(c: MHAConfig, target: str) -> Optional[str]:
     """What a latent layer cannot be written as: a sparse one (DSA) as an ExecuTorch program."""
-    return SPARSE_ON_EXECUTORCH if target == "executorch" and MLAConfig.of(c).index else None
+    index = MLAConfig.of(c).index
+    return SPARSE_ON_EXECUTORCH if target == "executorch" and index and not index.shared else None
 
 
 KIND = AttentionKind(

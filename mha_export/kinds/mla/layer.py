@@ -38,7 +38,7 @@ from ...layer.attention import Scoring, attention, lowest_value, merge_heads, sc
 from ...layer.base import valid_end
 from ...layer.norm import RMSNorm
 from ...layer.rotary import cos_sin, rope_tables, rotate
-from ..dsa.indexer import Indexer, NoIndexer
+from ..dsa.indexer import Indexer, NoIndexer, unselected_by
 from .settings import UNROTATED, MLAConfig
 
 
@@ -75,27 +75,32 @@ class MLAttention(nn.Module):
         self.nope, self.rope, self.v_dim = c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim
         self.rope_layout = c.rope_layout
         self.rotates = c.rope_layout != UNROTATED
-        # DeepSeek Sparse Attention: the indexer's keys sit after k_rot in the value cache
-        self.sparse = c.index is not None
-        self.indexer: nn.Module = Indexer(c.index, c.dim, rank) if c.index else NoIndexer()
+        # DeepSeek Sparse Attention: the indexer's keys sit after k_rot in the value cache; a
+        # GLM-5 shared layer has none (its selection is an input: topk_indices)
+        self.shares_topk = c.index is not None and c.index.shared
+        self.sparse = c.index is not None and not self.shares_topk
+        self.indexer: nn.Module = Indexer(c.index, c.dim, rank) if self.sparse else NoIndexer()
 
     def forward(self, x: Tensor) -> Tensor:
         return self.attend(x, None, None, None)[0]
 
     def forward_step(self, x: Tensor, attention_mask: Tensor, past_key: Tensor,
-                     past_value: Tensor, position_ids: Optional[Tensor] = None
-                     ) -> Tuple[Tensor, Tensor, Tensor]:
+                     past_value: Tensor, position_ids: Optional[Tensor] = None,
+                     topk_indices: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
         """The growing cache's call (absorbed): past_key = latents (B, 1, P, R), past_value =
         rotated keys (B, 1, P, Hr); attention_mask (B, P+T)."""
-        return self.attend(x, attention_mask, past_key, past_value, position_ids, True)
+        return self.attend(x, attention_mask, past_key, past_value, position_ids, True,
+                           topk_indices)
 
     def attend(self, x: Tensor, attention_mask: Optional[Tensor], past_key: Optional[Tensor],
                past_value: Optional[Tensor], position_ids: Optional[Tensor] = None,
-               absorbed: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+               absorbed: bool = False, topk_indices: Optional[Tensor] = None
+               ) -> Tuple[Tensor, Tensor, Tensor]:
         """y (B, T, dim), and the cache after this call: latent (B, 1, S, R), k_rot
         (B, 1, S, Hr) (the past's, if given, followed by this call's). attention_mask (B, S):
         1 = token; rotary positions default to P + i. ``absorbed``: the decode form (the cache
-        read as stored), else the expanded one (transformers' computation)."""
+        read as stored), else the expanded one (transformers' computation). ``topk_indices``
+        (B, T, K): a shared-top-k layer's selection (its source layer's)."""
         past = 0 if past_key is None else past_key.size(2)
         if position_ids is None:
             position_ids = torch.arange(past, past + x.size(1), device=x.device).expand(
@@ -106,7 +111,7 @@ class MLAttention(nn.Module):
             latent = torch.cat([past_key, latent], dim=2)  # (B, 1, S, R)
             k_rot = torch.cat([past_value, k_rot], dim=2)  # (B, 1, S, Hr[+Di])
         masked = score_mask(x.size(1), latent.size(2), True, attention_mask, x.device)
-        dropped = self._dropped(x, position_ids, k_rot, masked)  # (B, 1, T, S) | None
+        dropped = self._dropped(x, position_ids, k_rot, masked, topk_indices)  # (B,1,T,S)|None
         rope = k_rot[..., :self.rope]  # (B, 1, S, Hr)
         if absorbed:
             ctx = self._absorbed(q_nope, q_rot, latent, rope, masked, dropped)  # (B, N, T, Hv)
@@ -115,8 +120,8 @@ class MLAttention(nn.Module):
         return self.o_proj(merge_heads(ctx)), latent, k_rot
 
     def forward_static(self, x: Tensor, past_key: Tensor, past_value: Tensor,
-                       past_lengths: Tensor, position_ids: Optional[Tensor] = None
-                       ) -> Tuple[Tensor, Tensor, Tensor]:
+                       past_lengths: Tensor, position_ids: Optional[Tensor] = None,
+                       topk_indices: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
         """The static-cache call over app-owned buffers: latents (B, 1, C, R) and rotated keys
         (B, 1, C, Hr); this call's entries written in place at past_lengths[b] + i of row b,
         then the absorbed form over each row's valid prefix (query i of row b sees cached
@@ -134,7 +139,7 @@ class MLAttention(nn.Module):
         # row's prefix
         values = past_value[:b, :, :end]  # (B, 1, S, Hr[+Di]): rows [0, B) of the buffer
         masked = score_mask(t, end, True, None, x.device, 0, past_lengths)  # (B, 1, T, S)
-        dropped = self._dropped(x, position_ids, values, masked)
+        dropped = self._dropped(x, position_ids, values, masked, topk_indices)
         ctx = self._absorbed(q_nope, q_rot, past_key[:b, :, :end], values[..., :self.rope],
                              masked, dropped)  # (B, N, T, Hv)
         return self.o_proj(merge_heads(ctx)), past_key, past_value
@@ -172,9 +177,15 @@ class MLAttention(nn.Module):
                        attention_factor=self.rope_factor)  # (B, 1, T, Hr/2)
 
     def _dropped(self, x: Tensor, position_ids: Tensor, values: Tensor,
-                 masked: Optional[Tensor]) -> Optional[Tensor]:
+                 masked: Optional[Tensor], topk_indices: Optional[Tensor] = None
+                 ) -> Optional[Tensor]:
         """DSA: (B, 1, T, S) True at the keys outside each query's top-k (values: the value
-        cache read, (B, 1, S, Hr + Di)); None for dense MLA."""
+        cache read, (B, 1, S, Hr + Di)), a shared layer's given (topk_indices (B, T, K));
+        None for dense MLA."""
+        if self.shares_topk:
+            if topk_indices is None:
+                raise RuntimeError("a shared-top-k layer takes its source layer's topk_indices")
+            return unselected_by(topk_indices, values.size(2))
         if not self.sparse:
             return None
         cos, sin = self._cos_sin(position_ids, x.dtype)

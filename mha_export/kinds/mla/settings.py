@@ -108,7 +108,13 @@ class Latent:
     @property
     def index_width(self) -> int:
         """The index key's width the value cache holds after k_rot (0: dense MLA)."""
-        return self.index.head_dim if self.index else 0
+        return self.index.cached_width if self.index else 0
+
+    @property
+    def extra_inputs(self) -> Tuple[str, ...]:
+        """Inputs every call takes beyond its kind's (signature.py): a shared-top-k layer's
+        source indices."""
+        return ("topk_indices",) if self.index and self.index.shared else ()
 
     def attended_kv_width(self, c: Any) -> int:
         """Numbers per key position once attention expands it: every head's key and value."""
@@ -120,16 +126,20 @@ class Latent:
     def slug(self, c: Any) -> str:
         q = self.q_lora_rank
         return (f"{c.layout}-h{c.heads}-d{c.dim}-r{self.kv_lora_rank}-rope{c.rotary_dim}"
-                + (f"-q{q}" if q else "") + (f"-topk{self.index.topk}" if self.index else ""))
+                + (f"-q{q}" if q else "") + (f"-topk{self.index.topk}" if self.index else "")
+                + (f"-of{self.index.source}" if self.index and self.index.shared else ""))
 
     @property
     def cache_docs(self) -> Dict[str, str]:
         rope = "the rotated keys every head shares (qk_rope_head_dim wide)"
-        if self.index:
+        shared = self.index is not None and self.index.shared
+        if self.index and not shared:
             rope = (f"[{rope} | the lightning indexer's keys (index_head_dim wide)], side by "
                     "side")
-        return {"past_key": "the normalised latents (kv_lora_rank wide)", "past_value": rope,
-                "present_key": "the latents after this call",
+        source = {"topk_indices": f"layer {self.index.source}'s top-k key positions of each "
+                                  "query"} if shared else {}
+        return {**source, "past_key": "the normalised latents (kv_lora_rank wide)",
+                "past_value": rope,                "present_key": "the latents after this call",
                 "present_value": "the value cache after this call"}
 
     @classmethod

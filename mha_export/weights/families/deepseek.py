@@ -5,7 +5,7 @@ KDA linear-attention layers refused), and DeepSeek Sparse Attention (DeepSeek-V3
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Optional
 
 from ...errors import UsageError
 from .base import Family, Fields, Settings
@@ -91,20 +91,33 @@ RECORDS += (
 )
 
 
+def topk_source(s: Settings, layer: int) -> Optional[int]:
+    """glm_moe_dsa: the layer whose top-k a layer reuses (indexer_types "shared"): the nearest
+    earlier "full" one, as transformers' decoder loop passes each layer's selection on
+    (prev_topk_indices; a shared layer passes on the one it got); None: its own indexer."""
+    kinds = s.get("indexer_types")
+    if not kinds or kinds[layer] == "full":
+        return None
+    if kinds[layer] != "shared":
+        raise UsageError(f"layer {layer}: unknown indexer_types entry {kinds[layer]!r} "
+                         "(full or shared)")
+    full = [i for i in range(layer) if kinds[i] == "full"]
+    if not full:
+        raise UsageError(f"layer {layer} reuses an earlier layer's top-k selection "
+                         "(indexer_types 'shared'), but no earlier layer is 'full'")
+    return full[-1]
+
+
 def sparse_fields(index_rope: str) -> Fields:
     """DeepSeek Sparse Attention: V3's MLA (pairs in, halves out, always) with the lightning
     indexer's settings (kinds/dsa/); glm_moe_dsa's layers that reuse an earlier layer's top-k
-    (indexer_types "shared") are refused in one line."""
+    (indexer_types "shared") name it (the index's source: their input topk_indices)."""
     def fields(s: Settings, layer: int) -> dict:
-        kinds = s.get("indexer_types")
-        if kinds and kinds[layer] != "full":
-            full = [str(i) for i, k in enumerate(kinds) if k == "full"]
-            raise UsageError(f"layer {layer} reuses an earlier layer's top-k selection "
-                             f"(indexer_types {kinds[layer]!r}): not built yet; the layers with "
-                             f"their own indexer are {', '.join(full)}")
+        source = topk_source(s, layer)
         out = latent_fields(lambda s: "deinterleaving")(s, layer)
         out["latent"]["index"] = {"topk": s["index_topk"], "heads": s["index_n_heads"],
-                                  "head_dim": s["index_head_dim"], "rope": index_rope}
+                                  "head_dim": s["index_head_dim"], "rope": index_rope,
+                                  **({} if source is None else {"source": source})}
         return out
     return fields
 
@@ -122,7 +135,10 @@ RECORDS += (
             "qk_nope_head_dim": 192, "v_head_dim": 256, "max_position_embeddings": 202752},
            sparse_fields("deinterleaving"),
            summary="as deepseek_v32, the indexer's rope on pairs (written as halves); "
-                   "indexer_types 'shared' layers (an earlier layer's top-k) refused"),
+                   "indexer_types 'shared' layers take the nearest earlier 'full' layer's "
+                   "top-k as the input topk_indices",
+           eval_refused="GLM-5's decoder layers read the top-k selection each attention "
+                        "module returns, and an exported layer does not output its selection"),
 )
 
 
