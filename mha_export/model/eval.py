@@ -25,6 +25,7 @@ int8 cache — and, with ``per_layer``, the options with one layer exported at a
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,8 +39,8 @@ from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, get_poli
 from ..errors import UsageError
 from ..env import openmp_wait
 from ..lossy import registry as lossy
-from ..weights.source import (checkpoint_layers, checkpoint_modules, eval_refusal,
-                              non_attention_layers, select_layers)
+from ..weights.source import (checkpoint_layers, checkpoint_modules, non_attention_layers,
+                              select_layers)
 from .capture import checked_before_loading, read_text, token_block
 from .loading import LoadedModel, attention_at, decoder_layers, load_model, set_attention
 
@@ -130,6 +131,9 @@ class ExportedAttention(torch.nn.Module):
         super().__init__()
         self.original, self.runner, self.capacity = original, runner, capacity
         self.sig = runner.signature
+        # GLM-5's attention modules take the previous layer's top-k and return the one they
+        # used (a shared layer's: the one given; its artifact reads it as topk_indices)
+        self.passes_topk = "prev_topk_indices" in inspect.signature(original.forward).parameters
         self.deviations: list[tuple[float, float]] = []  # (rel, cosine) per prefill call
         self.comparing = True  # off for the timed run
         # True: each call brings only new tokens (the model runs with its own cache, as in
@@ -154,35 +158,43 @@ class ExportedAttention(torch.nn.Module):
             self.bound = self.runner.bind_cache(self.cache) if self.sig.static_cache else None
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        topk = kwargs.get("prev_topk_indices")  # (1, T, K) of a GLM-5 model, or None
+        passed = (topk,) if self.passes_topk else ()  # what the module returns after y
         if self.incremental:
-            return self._step(hidden_states, kwargs.get("past_key_values",
-                                                         kwargs.get("past_key_value")))
+            return (self._step(hidden_states, kwargs.get(
+                "past_key_values", kwargs.get("past_key_value")), topk), None, *passed)
         total = hidden_states.shape[1]
         if not self.sig.has_cache:  # a full-sequence artifact: every call from position 0
             self.reset()
         new = hidden_states[:, self.length:]  # (1, T, d_in): the tokens not yet attended
-        y = torch.from_numpy(self._run(new.detach().float().numpy())).to(hidden_states.dtype)
+        rows = None if topk is None else topk[:, self.length:]  # (1, T, K): the new queries'
+        y = torch.from_numpy(self._run(new.detach().float().numpy(), rows)).to(
+            hidden_states.dtype)
         if self.length == 0 and self.comparing:
             self._compare(hidden_states, y, *args, **kwargs)
         self.outputs = y if self.outputs is None else torch.cat([self.outputs, y], dim=1)
         self.length = total
-        return self.outputs, None
+        return (self.outputs, None, *passed)
 
-    def _step(self, hidden_states: torch.Tensor, model_cache: Any):
+    def _step(self, hidden_states: torch.Tensor, model_cache: Any,
+              topk: Optional[torch.Tensor]) -> torch.Tensor:
         """New tokens only, over the artifact's own cache. The model's cache gets a placeholder
         of the same length for this layer (1 x 1 x T x 1), so that the layers still eager and
         the mask see the right sequence length."""
-        y = torch.from_numpy(self._run(hidden_states.detach().float().numpy()))
+        y = torch.from_numpy(self._run(hidden_states.detach().float().numpy(), topk))
         self.length += hidden_states.shape[1]
         layer = getattr(self.original, "layer_idx", None)
         if model_cache is not None and layer is not None:
             place = hidden_states.new_zeros(1, 1, hidden_states.shape[1], 1)
             model_cache.update(place, place, layer)
-        return y.to(hidden_states.dtype), None
+        return y.to(hidden_states.dtype)
 
-    def _run(self, x: np.ndarray) -> np.ndarray:
+    def _run(self, x: np.ndarray, topk: Optional[torch.Tensor] = None) -> np.ndarray:
+        """``topk`` (1, T, K): a shared-top-k layer's selection, its source layer's."""
         t = x.shape[1]
         feeds = {"x": x}
+        if self.sig.reads_topk:
+            feeds["topk_indices"] = topk.long().numpy()
         if "position_ids" in self.sig.input_names:
             feeds["position_ids"] = np.arange(self.length, self.length + t)[None]
         if "attention_mask" in self.sig.input_names:
@@ -501,8 +513,6 @@ def attention_layers(weights: str | Path, chosen: list[Address], spec: str
     """The chosen layers that are softmax attention (exported), and the others by type (a
     hybrid model's linear-attention or convolution layers, and KV-shared layers, whose keys
     come from another layer: left to torch)."""
-    if why := eval_refusal(weights):
-        raise UsageError(f"eval of {weights} is not built: {why}")
     others = non_attention_layers(weights, chosen, kv_shared=True)
     if len(others) == len(chosen):
         raise UsageError(f"--layers {spec}: none of them is softmax attention")

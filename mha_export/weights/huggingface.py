@@ -336,7 +336,8 @@ def non_attention_layers(path: str | Path, layers: Iterable[Address],
                          kv_shared: bool = False) -> dict[Address, str]:
     """Which of ``layers`` are not softmax attention (a hybrid model's linear-attention or
     convolution layers), by their type; with ``kv_shared``, the KV-shared layers too (what
-    ``eval`` leaves to the model: their keys come from another layer); config.json alone."""
+    ``eval`` leaves to the model: their keys come from another layer) and those the family
+    says eval leaves (a GLM-5 layer whose top-k later layers read); config.json alone."""
     ckpt = _read_config(path)
     kinds = {}
     for layer in layers:
@@ -348,12 +349,11 @@ def non_attention_layers(path: str | Path, layers: Iterable[Address],
         if kv_shared and fields.get("kv_shared"):
             source = fields["kv_shared"]["kv_shared_layer"]
             kinds[layer] = f"kv_shared_attention (layer {source}'s keys and values)"
+        left = ckpt.family.eval_left(Settings(ckpt.cfg, ckpt.family.defaults),
+                                     split_address(layer)[0]) if kv_shared else ""
+        if left:
+            kinds[layer] = left
     return kinds
-
-
-def eval_refusal(path: str | Path) -> str:
-    """Why ``eval`` cannot run a checkpoint's exported layers in its model ("": it can)."""
-    return _read_config(path).family.eval_refused
 
 
 def layer_count(path: str | Path) -> int:

@@ -20,9 +20,9 @@ from ..layer.layouts import AttentionBase
 from .families.layer_types import why_left  # noqa: F401 (the fan-out's row text)
 from .files import load_strict, module_from_block, read_block
 from .gguf import gguf_layer_count, gguf_non_attention_layers, is_gguf, read_gguf_layer
-from .huggingface import (eval_refusal as hf_eval_refusal, hf_config_path,
-                          layer_count as hf_layer_count, merge_fields, modules_per_layer,
-                          non_attention_layers as hf_non_attention, read_layer)
+from .huggingface import (hf_config_path, layer_count as hf_layer_count, merge_fields,
+                          modules_per_layer, non_attention_layers as hf_non_attention,
+                          read_layer)
 
 
 @dataclass
@@ -107,12 +107,6 @@ def non_attention_layers(weights: str | Path, layers: Iterable[Address],
     if is_gguf(weights):
         return gguf_non_attention_layers(weights, layers)
     return hf_non_attention(weights, layers, kv_shared)
-
-
-def eval_refusal(weights: str | Path) -> str:
-    """Why ``eval`` cannot stand exported layers in for a checkpoint's attention ("": it can;
-    a GGUF file's are read as transformers builds them)."""
-    return "" if is_gguf(weights) else hf_eval_refusal(weights)
 
 
 def weights_version(weights: str | Path | None) -> Any:

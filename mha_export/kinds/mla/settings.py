@@ -31,7 +31,7 @@ LAYOUT = "latent"  # the one weight layout of its checkpoints (and the kind's na
 ROPE_LAYOUTS = ("deinterleaving", "interleaved", "half", "unrotated")
 UNROTATED = "unrotated"  # the rope part of queries and keys kept as is (Kimi Linear)
 LATENT_FIELDS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-INDEX_OPTIONS = ("index_topk", "index_heads", "index_head_dim")  # the CLI's SparseIndex
+INDEX_OPTIONS = ("index_topk", "index_heads", "index_head_dim", "index_source")  # SparseIndex
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,10 @@ class Latent:
                 "index_heads": "DSA: the indexer's heads [default: "
                                f"{SparseIndex.heads}].",
                 "index_head_dim": "DSA: the indexer's head width [default: "
-                                  f"{SparseIndex.head_dim}]."}
+                                  f"{SparseIndex.head_dim}].",
+                "index_source": "DSA: no indexer; each call takes layer N's top-k as the input "
+                                "topk_indices (GLM-5's shared layers, docs/mla.md) [default: "
+                                "its own indexer]."}
 
     @classmethod
     def from_options(cls, kw: Dict[str, Any]) -> Optional[Dict[str, Any]]:

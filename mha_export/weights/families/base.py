@@ -72,5 +72,5 @@ class Family:
     # attention modules per decoder layer: more than one (LongCat-Flash's 2) are addressed
     # "L.M" (--layer 3.1), `attention` naming each by {module}
     modules: int = 1
-    # why `eval` cannot stand an exported layer in for the model's attention module ("": it can)
-    eval_refused: str = ""
+    # why `eval` leaves a layer's attention to the model ("": an exported layer stands in)
+    eval_left: Callable[[Settings, int], str] = lambda s, layer: ""

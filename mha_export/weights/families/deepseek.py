@@ -108,6 +108,16 @@ def topk_source(s: Settings, layer: int) -> Optional[int]:
     return full[-1]
 
 
+def topk_feeder(s: Settings, layer: int) -> str:
+    """Why ``eval`` leaves a glm_moe_dsa layer to the model: its own selection feeds later
+    shared layers, and the exported layer does not output it ("": it does not)."""
+    kinds = s.get("indexer_types") or []
+    readers = [str(i) for i in range(layer + 1, len(kinds)) if kinds[i] == "shared"
+               and topk_source(s, i) == layer]
+    return (f"dsa_topk_source (its top-k feeds layer{'s' * (len(readers) > 1)} "
+            f"{', '.join(readers)}; not an output of the export)") if readers else ""
+
+
 def sparse_fields(index_rope: str) -> Fields:
     """DeepSeek Sparse Attention: V3's MLA (pairs in, halves out, always) with the lightning
     indexer's settings (kinds/dsa/); glm_moe_dsa's layers that reuse an earlier layer's top-k
@@ -137,8 +147,7 @@ RECORDS += (
            summary="as deepseek_v32, the indexer's rope on pairs (written as halves); "
                    "indexer_types 'shared' layers take the nearest earlier 'full' layer's "
                    "top-k as the input topk_indices",
-           eval_refused="GLM-5's decoder layers read the top-k selection each attention "
-                        "module returns, and an exported layer does not output its selection"),
+           eval_left=topk_feeder),
 )
 
 
