@@ -48,6 +48,20 @@ def code_of(path: Path) -> str:
     return ast.unparse(tree)
 
 
+# issue 65: outside the files whose path names it, an export target is named in at most three
+# package files (targets/registry.py, the package's 0.6 alias, and one more: env.py's versions
+# for ExecuTorch, TorchScript's deprecation note for AOTInductor)
+TARGET_LIMIT = 3
+
+
+def target_naming(target: str) -> list[str]:
+    """The modules, outside the files whose path names ``target``, whose code names it."""
+    pattern = re.compile(re.escape(target), re.I)
+    return [rel for path in sorted(PACKAGE.rglob("*.py"))
+            if target not in (rel := path.relative_to(PACKAGE).as_posix())
+            and pattern.search(code_of(path))]
+
+
 def naming(concept: str) -> list[str]:
     """The modules outside the concept's home whose code names it."""
     pattern, home = CONCEPTS[concept]
