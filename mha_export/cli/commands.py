@@ -32,9 +32,10 @@ from ..targets.base import ExportTarget
 from ..targets.registry import TARGETS
 from ..presets import PRESETS, preset_options
 from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, POLICIES as THREAD_POLICIES
-from .options import (CHECK_EXITS, VERDICT_EXIT, budget_options, config_options, explicit,
-                      export_options, fanout_options, fanout_settings, int_list, model_options,
-                      output_file, provider_list, runner_list)
+from ..address import address_key
+from .options import (CHECK_EXITS, VERDICT_EXIT, address_list, budget_options, config_options,
+                      explicit, export_options, fanout_options, fanout_settings, int_list,
+                      model_options, output_file, provider_list, runner_list)
 
 
 class BadInput(click.ClickException):
@@ -303,8 +304,9 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
                    "(run by transformers: pip install 'mha-export[model]').")
 @click.option("--text", "text_path", required=True, type=click.Path(dir_okay=False),
               help="A UTF-8 text file, tokenized with the checkpoint tokenizer's defaults.")
-@click.option("--layers", required=True, callback=functools.partial(int_list, lowest=0),
-              help="Comma-separated layer indices whose attention input to keep.")
+@click.option("--layers", required=True, callback=address_list,
+              help="Comma-separated layer addresses whose attention input to keep (3.1: "
+                   "layer 3's module 1, where layers hold several: longcat_flash).")
 @click.option("--tokens", type=click.IntRange(min=8), default=512, show_default=True,
               help="Tokens per sequence (the text's first ones).")
 @click.option("--sequences", type=click.IntRange(min=1), default=1, show_default=True,
@@ -312,7 +314,7 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="The .safetensors file to write (layers.{L}.x, token_ids).")
 @_guard
-def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequences: int,
+def capture(weights: str, text_path: str, layers: list, tokens: int, sequences: int,
             output: str) -> None:
     """Capture real attention inputs: each layer's input on a real text.
 
@@ -330,7 +332,8 @@ def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequen
     result = capture_text(weights, text_path, layers, tokens, sequences)
     path = write_capture(result, output)
     shapes = ", ".join(f"layers.{layer}.x {list(x.shape)}"
-                       for layer, x in sorted(result.inputs.items()))
+                       for layer, x in sorted(result.inputs.items(),
+                                              key=lambda item: address_key(item[0])))
     click.echo(f"wrote {path} ({shapes})")
 
 
