@@ -38,7 +38,7 @@ def profile(path: Path, steps: int, past: int, threads: int) -> dict[str, float]
     from executorch.extension.pybindings import portable_lib as pl
     record = json.loads((path.parent / "config.json").read_text())["export"]
     if record.get("cache", {}).get("kernels") == "llm":
-        from mha_export.export.executorch_rows import load_llm_kernels
+        from mha_export.targets.executorch.install import load_llm_kernels
         load_llm_kernels()
     pl._unsafe_reset_threadpool(threads)
     module = pl._load_for_executorch(str(path), enable_etdump=True, debug_buffer_size=0)

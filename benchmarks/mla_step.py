@@ -28,7 +28,7 @@ from transformers.cache_utils import DynamicCache
 from mha_export.check.runners.ort import OrtRunner
 from mha_export.config import MHAConfig
 from mha_export.env import machine_info
-from mha_export.export.targets import TARGETS
+from mha_export.targets.registry import TARGETS
 from mha_export.kinds.registry import build_module
 from mha_export.signature import make_signature
 

@@ -6,7 +6,7 @@ import shutil
 import torch
 
 from mha_export import check_parity
-from mha_export.check.runners.aoti import AotiRunner
+from mha_export.targets.aoti.runner import AotiRunner
 from mha_export.signature import make_signature
 
 from conftest import AOTI_CONFIG as CFG
@@ -64,7 +64,7 @@ def test_runner_runs_the_unseen_shapes(kv_package):
 def test_a_package_with_a_specialised_seq_axis_fails_the_check(kv_package, tmp_path):
     """The fault of an export without dynamic shapes: the package only runs the example's sizes
     (batch 2, seq 3, past 5); the sweep's unseen sizes fail their rows (exit 1), never pass."""
-    from mha_export.export import to_aoti
+    from mha_export.targets.aoti import export as to_aoti
     from mha_export.artifact import read_artifact
     from mha_export.layer.entry import entry_module
     copy = tmp_path / "kv"

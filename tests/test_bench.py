@@ -323,14 +323,30 @@ def test_bad_presets_are_one_line_exit_2(args, message):
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
 
 
-def test_an_executorch_program_is_bounded_by_the_runs_longest_call():
+@pytest.mark.parametrize("kind, capacity, length", [("static-cache", 8192, 8192),
+                                                     ("kv-cache", 0, 4097)])
+def test_an_executorch_program_is_bounded_by_the_runs_longest_call(tmp_path, kind, capacity,
+                                                                   length):
     """ExecuTorch plans its memory for the longest call its bounds allow: the bench's program
     for one-token steps over an 8192-entry cache plans no 8192-token prefill (it peaked at
     10 GB for 12 x 768 when seq's bound was the capacity)."""
-    from mha_export.bench.driver import _program_bounds
-    bounds = _program_bounds(["executorch-cpu"], 1, [(1, 1024), (1, 4096)], 8192)
-    assert bounds == {"batch": 1, "length": 8192, "seq": 1}
-    assert _program_bounds(["ort-cpu"], 1, [(1, 1024)], 8192) is None
+    import dataclasses
+    from mha_export.signature import make_signature
+    from mha_export.targets.base import BenchRun, Prepared
+    from mha_export.targets.executorch import TARGET
+    from mha_export.targets.executorch.bench import programs
+    asked = []
+
+    def prepare(module, config, sig, **options):
+        asked.append((config.max_seq_len, options))
+        return Prepared({}, lambda path: path.write_bytes(b""))
+
+    config = MHAConfig(heads=4, dim=64)
+    run = BenchRun(config, None, kind, make_signature(config, kind), {}, 1,
+                   ((1, 1024), (1, 4096)), capacity, tmp_path)
+    out = programs(dataclasses.replace(TARGET, prepare=prepare), run)
+    assert asked[0] == (length, {"max_batch": 1, "specs": {}, "kernels": "aten", "max_seq": 1})
+    assert out["executorch"] == (tmp_path / "executorch.pte", {})
 
 
 def test_gpu_rows_are_timed_back_to_back_with_one_sync_per_batch():

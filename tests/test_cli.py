@@ -38,7 +38,7 @@ def test_help_with_examples(command):
 
 
 def test_help_names_every_export_target():
-    from mha_export.export.targets import TARGETS
+    from mha_export.targets.registry import TARGETS
     summary = run("--help").output.split("\n\n")[1].lower()
     assert all(name in summary for name in TARGETS), summary
 
@@ -223,8 +223,8 @@ def test_an_output_under_a_file_names_the_file(tmp_path):
                                             ("write", "writing model.onnx")])
 def test_a_library_failure_inside_an_export_is_one_line_naming_its_stage(tmp_path, monkeypatch,
                                                                       stage, target):
-    from mha_export.export import targets
-    from mha_export.export.base import Prepared
+    from mha_export.targets import registry as targets
+    from mha_export.targets.base import Prepared
 
     def broken(*args, **kwargs):
         if stage == "prepare":

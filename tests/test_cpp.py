@@ -675,7 +675,7 @@ def test_ort_generate_int4_static_cache_matches_eager(binaries, tmp_path):
 def test_aoti_matches_python_and_eager(binaries, kv_package, tmp_path):
     """mha_aoti runs the package without Python: the decode-step model at T=1 and T>1, past 0
     and past > 0, batch 1 and 3, left padding — the same CASE_DIR contract as mha_ort."""
-    from mha_export.check.runners.aoti import AotiRunner
+    from mha_export.targets.aoti.runner import AotiRunner
     sig = signature_of(kv_package)
     dirs = write_case_dirs(tmp_path, kv_package, [Case(3, 9, 0, "left"), Case(1, 1, 4),
                                                   Case(3, 1, 7, "left")], seed=5)
@@ -691,7 +691,7 @@ def test_aoti_matches_python_and_eager(binaries, kv_package, tmp_path):
 def test_aoti_static_cache_and_repeat_timing(binaries, static_package, tmp_path):
     """The static-cache package in C++: the buffers written at each row's past_lengths, equal to
     Python; --repeat times the call alone and prints its median (the bench reads that line)."""
-    from mha_export.check.runners.aoti import AotiRunner
+    from mha_export.targets.aoti.runner import AotiRunner
     sig = signature_of(static_package)
     dirs = write_case_dirs(tmp_path, static_package, [Case(3, 2, 5), Case(1, 1, 0)], seed=2)
     r = run(binaries["aoti"], static_package / "model.pt2", *[d for d, _, _ in dirs],
@@ -926,7 +926,7 @@ def static_program(binaries, tmp_path_factory) -> Path:
 def test_executorch_matches_python_executorch_and_eager(binaries, static_program, tmp_path):
     """Each case folder's buffers set into the program, the step, the buffers read back: as
     Python's executorch.runtime gives them, and as the eager layer writes them."""
-    from mha_export.check.runners.executorch import ExecuTorchRunner
+    from mha_export.targets.executorch.runner import ExecuTorchRunner
     sig = signature_of(static_program)
     dirs = write_case_dirs(tmp_path, static_program, STATIC_CASES, seed=3)
     r = run(BUILD / "mha_executorch", static_program / "model.pte", *[d for d, _, _ in dirs])
@@ -975,7 +975,7 @@ def test_executorch_runs_an_int4_program_as_python_does(binaries, tmp_path):
     parity against eager is the check's, at the int8-activation tolerance)."""
     pytest.importorskip("executorch.runtime")
     from mha_export import export_executorch
-    from mha_export.check.runners.executorch import ExecuTorchRunner
+    from mha_export.targets.executorch.runner import ExecuTorchRunner
     from mha_export.lossy.projections.rtn import QuantSpec
     config = MHAConfig(dim=64, heads=4, kv_heads=2, rotary="half", max_seq_len=64)
     folder = export_executorch(config, tmp_path / "int4", static_cache=True, validate=False,

@@ -132,7 +132,7 @@ def test_a_command_of_a_page_not_run_whole_runs_as_written(page, start, tmp_path
 def test_performance_pages_executorch_runs_differ_only_in_the_shape_and_file():
     """The ExecuTorch step's 8B-shape run is the 12 x 768 one (run above) at another shape;
     the batch the text gives is the one its commands, without --max-batch, run."""
-    from mha_export.export.to_executorch import STATIC_ROWS
+    from mha_export.targets.executorch.export import STATIC_ROWS
     runs = [c for c in page_commands(DOCS / "performance.md")
             if "--runners executorch-cpu" in c]
     assert len(runs) == 2 and not any("--max-batch" in run for run in runs), runs

@@ -17,12 +17,12 @@ pytest.importorskip("executorch.runtime")
 from mha_export import check_parity, export_executorch  # noqa: E402
 from mha_export.artifact import read_artifact  # noqa: E402
 from mha_export.check import scenarios  # noqa: E402
-from mha_export.check.runners.executorch import ExecuTorchRunner  # noqa: E402
+from mha_export.targets.executorch.runner import ExecuTorchRunner  # noqa: E402
 from mha_export.check.sweep import Case  # noqa: E402
 from mha_export.cli.commands import cli  # noqa: E402
 from mha_export.config import MHAConfig  # noqa: E402
 from mha_export.errors import UsageError  # noqa: E402
-from mha_export.export import to_executorch  # noqa: E402
+from mha_export.targets.executorch import export as to_executorch  # noqa: E402
 from mha_export.kinds.registry import build_module  # noqa: E402
 from mha_export.lossy.projections.rtn import QuantSpec  # noqa: E402
 from mha_export.lossy.registry import recorded  # noqa: E402
@@ -136,7 +136,7 @@ def test_the_step_reads_each_buffer_where_it_lies(programs, kernels):
     in-place write and the attention that reads it (a delegated bmm, or custom_sdpa): no
     slice, expand, permute or view copy of it, no write-back copy_."""
     from executorch.exir import to_edge
-    from mha_export.export import executorch_cache
+    from mha_export.targets.executorch import cache as executorch_cache
     path = programs(f"static-{kernels}", static_cache=True, max_batch=ROWS, kernels=kernels)
     artifact = read_artifact(path)
     module = to_executorch.without_empty_buffers(artifact.load_source_module())
@@ -398,7 +398,7 @@ def test_int4_projections_run_as_xnnpacks_8da4w_within_int8_activations(programs
     activations, delegated to XNNPACK; the kernel's parity at the int8-activation tolerance, the
     quantizing cost reported apart, against the same dequantized reference as ONNX's."""
     from mha_export.check.runners.ort import INT8_ACTIVATION_DTYPE
-    from mha_export.lossy.projections.torchao import ARITHMETIC
+    from mha_export.targets.executorch.torchao import ARITHMETIC
     path = programs("int4", quantize=QuantSpec(bits=4))
     record = read_artifact(path).export["quantize"]
     assert "8da4w" in record["format"] and record["arithmetic"] == ARITHMETIC

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mha_export import MHAConfig, UsageError, export_onnx, export_torchscript
-from mha_export.export import to_onnx as export_mod
+from mha_export.targets.onnx import export as export_mod
 from mha_export.artifact import read_artifact
 from mha_export.errors import StageFailed
 
@@ -84,7 +84,7 @@ def test_exports_of_one_layer_in_each_dtype_land_apart(tmp_path, monkeypatch):
 ])
 def test_default_folder_names_each_target_option_away_from_its_default(target, call, options,
                                                                        tag):
-    from mha_export.export.targets import TARGETS
+    from mha_export.targets.registry import TARGETS
     from mha_export.signature import make_signature
     assert TARGETS[target].folder_tag(CFG, make_signature(CFG, call), **options) == tag
 

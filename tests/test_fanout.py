@@ -274,7 +274,7 @@ def test_layers_without_its_folders_says_what_is_missing(smollm2_gguf, args, mis
 def test_an_executorch_workers_estimate_holds_its_runtime():
     """ExecuTorch's worker holds its libraries and planned memory beyond the common estimate
     (a SmolLM2 layer peaked at 1,257 MiB against 648 MiB estimated without them)."""
-    from mha_export.export.targets import TARGETS
+    from mha_export.targets.registry import TARGETS
     from mha_export.fanout.plan import estimate_bytes
     extra = estimate_bytes(4 << 20, 200 << 20, "executorch") - estimate_bytes(4 << 20,
                                                                               200 << 20)

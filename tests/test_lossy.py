@@ -9,6 +9,7 @@ from mha_export.lossy import costs, registry
 from mha_export.lossy.projections.rtn import QuantSpec
 from mha_export.lossy.projections.source import SourceQuantSpec
 from mha_export.weights.source import load_source
+from mha_export.targets.registry import TARGETS
 
 
 def test_every_step_and_cost_is_registered_once_with_its_own_field():
@@ -36,11 +37,11 @@ def test_parity_json_keeps_0_3s_key_order():
 def test_requests_are_refused_before_any_work():
     asked = {"quantize": QuantSpec(bits=4), "kv_cache_dtype": "int8"}
     with pytest.raises(UsageError, match="ONNX-only"):
-        registry.requested(dict(asked), "torchscript", "static-cache", "float32")
+        registry.requested(dict(asked), TARGETS["torchscript"], "static-cache", "float32")
     with pytest.raises(UsageError, match="needs --static-cache"):
-        registry.requested(dict(asked), "onnx", "kv-cache", "float32")
+        registry.requested(dict(asked), TARGETS["onnx"], "kv-cache", "float32")
     kw = {**asked, "heads": 4}
-    wanted = registry.requested(kw, "onnx", "static-cache", "float32")
+    wanted = registry.requested(kw, TARGETS["onnx"], "static-cache", "float32")
     assert set(wanted) == {"quantize", "int8-cache"} and kw == {"heads": 4}  # popped
 
 
@@ -49,7 +50,8 @@ def test_a_step_its_kind_does_not_build_is_refused_before_the_others_prepare():
                                              "qk_rope_head_dim": 8, "v_head_dim": 8})
     source = load_source(mla, None, None, 0, {})
     wanted = registry.requested({"quantize": SourceQuantSpec(), "kv_cache_dtype": "int8"},
-                                "onnx", "static-cache", "float32")  # source would refuse first
+                                TARGETS["onnx"], "static-cache",
+                                "float32")  # source would refuse first
     with pytest.raises(UsageError, match="not built for Multi-head Latent Attention"):
         registry.prepared(source, wanted, 0, "float32")
 

@@ -265,7 +265,8 @@ def test_the_families_read_what_transformers_builds(tmp_path):
 def test_bench_refuses_what_mla_does_not_build():
     from mha_export.bench.driver import run_bench
     with pytest.raises(UsageError, match="--kv-cache-dtype int8"):
-        run_bench(MLA_CFG, [1], 1, ["cpu"], None, 2, 0, 4.0, 0.1, int8_cache=True,
+        run_bench(MLA_CFG, seq_lens=[1], providers=["cpu"], mem_limit_gib=4.0, budget_s=0.1,
+                  int8_cache=True,
                   static_cache=True)
 
 

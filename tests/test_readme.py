@@ -38,11 +38,11 @@ def test_torch_is_pinned_by_the_constraints_both_commands_use():
 def test_architecture_tree_names_every_stage_folder():
     section = (ROOT / "docs" / "architecture.md").read_text()
     folders = {p.parent.name for p in (ROOT / "mha_export").glob("*/__init__.py")}
-    assert folders == {"layer", "weights", "graph", "kinds", "lossy", "comparison", "export",
-                       "check", "bench", "model", "fanout", "cli"}
+    assert folders == {"layer", "weights", "graph", "kinds", "lossy", "comparison", "targets",
+                       "export", "check", "bench", "model", "fanout", "cli"}
     for name in folders:
         assert f"  {name}/" in section, name
-    for where in ("graph/forms/", "check/runners/", "weights/families/", "export/targets.py"):
+    for where in ("graph/forms/", "check/runners/", "weights/families/", "targets/registry.py"):
         assert where in section, where
 
 

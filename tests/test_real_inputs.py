@@ -184,3 +184,39 @@ def test_a_half_precision_real_layer_passes_with_its_rounding_cost_apart(
     shutil.copytree(art, faulty)
     _value_rows_off(faulty / "model.onnx", factor=1.1)
     assert not check_parity(faulty, runners=[runner], **SWEEP).passed
+
+
+def test_capture_by_address_feeds_a_longcat_modules_check(tmp_path):
+    """LongCat-Flash holds two attention modules a layer: `capture --layers 0.1,1.0` keeps what
+    each of those modules receives (layers.0.1.x, layers.1.0.x), and `check --inputs` gives an
+    export of layer 0.1 its own; an address past a layer's modules is one line."""
+    pytest.importorskip("transformers")
+    import hybrid
+    from mha_export.model.capture import capture_text
+    from mha_export.model.loading import attention_at, load_model, load_tokenizer
+    ckpt = hybrid.save_tiny_longcat(tmp_path / "ckpt")
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog, again and again. " * 4)
+    out = tmp_path / "inputs.safetensors"
+    result = CliRunner().invoke(cli, ["capture", "--weights", str(ckpt), "--text", str(text),
+                                      "--layers", "0.1,1.0", "--tokens", "40", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    captured = load_file(str(out))
+    assert {"layers.0.1.x", "layers.1.0.x"} <= set(captured)
+    loaded = load_model(ckpt, load_tokenizer(ckpt))
+    seen = {}
+
+    def keep(module, args, kwargs):
+        seen.setdefault("x", kwargs["hidden_states"])
+    hook = attention_at(loaded.model, "0.1").register_forward_pre_hook(keep, with_kwargs=True)
+    with torch.inference_mode():
+        loaded.model(input_ids=torch.from_numpy(captured["token_ids"]), use_cache=False)
+    hook.remove()
+    np.testing.assert_array_equal(captured["layers.0.1.x"], seen["x"].float().numpy())
+    assert not np.array_equal(captured["layers.0.1.x"], captured["layers.1.0.x"])
+    art = export_onnx(weights=ckpt, layer="0.1", output=tmp_path / "l01", validate=False).path
+    checked = CliRunner().invoke(cli, ["check", str(art), "--inputs", str(out)])
+    assert checked.exit_code == 0 and "real" in checked.output, checked.output
+    from mha_export.errors import UsageError
+    with pytest.raises(UsageError, match="--layers 0.2: the model's layer 0 holds no such"):
+        capture_text(ckpt, text, ["0.2"], 40, loaded=loaded)

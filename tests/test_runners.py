@@ -4,7 +4,7 @@ import pytest
 from mha_export import MHAConfig, export_onnx
 from mha_export.signature import make_signature
 from mha_export.check.runners import RunnerUnavailable
-from mha_export.check.runners.ort import OrtRunner, _cpu_compute_nodes, node_placements
+from mha_export.check.runners.ort import OrtRunner, cpu_compute_nodes, node_placements
 from conftest import cuda_expected
 
 
@@ -29,7 +29,7 @@ def test_a_compute_node_left_on_the_cpu_is_named_with_why():
 2026 [V:onnxruntime:, session_state.cc:1592 VerifyEachNodeIsAssignedToAnEp]   Shape (seq_len)
 2026 [V:onnxruntime:, session_state.cc:1592 VerifyEachNodeIsAssignedToAnEp]   GroupQueryAttention (groupqueryattention)
 """
-    warning = _cpu_compute_nodes(log)
+    warning = cpu_compute_nodes(log)
     assert warning.startswith("1 compute nodes ran on the CPU provider, not CUDA: "
                               "GroupQueryAttention (groupqueryattention)")
     assert "float16" in warning and "Shape" not in warning
@@ -105,7 +105,7 @@ def test_registry_records_and_default_selection(tmp_path):
     from mha_export.artifact import read_artifact
     from mha_export.check.plan import selected_kinds
     from mha_export.check.runners import RUNNERS
-    from mha_export.export.targets import TARGETS
+    from mha_export.targets.registry import TARGETS
     assert {k.model_file for k in RUNNERS.values()} <= {t.model_file for t in TARGETS.values()}
     path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", validate=False).path
     art = read_artifact(path)
@@ -170,7 +170,7 @@ def test_a_runtimes_info_lines_are_dropped_and_its_errors_kept(capfd):
     Python's sys.stderr (issue 62); what else is written meanwhile reaches stderr."""
     import os
     import sys
-    from mha_export.check.runners import EXECUTORCH_INFO
+    from mha_export.targets.executorch import RUNTIME_INFO as EXECUTORCH_INFO
     from mha_export.env import native_stderr_without
     with native_stderr_without(EXECUTORCH_INFO):
         os.write(2, b"[cpuinfo_utils.cpp:87] Failed to open midr file /sys/x\n"

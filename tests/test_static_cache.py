@@ -170,7 +170,7 @@ def test_replays_take_each_calls_fresh_inputs_and_stale_ones_fail(monkeypatch, t
     """The graph runner's buffers are bound once per shape and refreshed per call (exercised
     here on CPU buffers, without a graph): every call equals a fresh session's on the same
     inputs; a runner that left the first call's inputs in place gives the wrong answers."""
-    from mha_export.check.runners import ort
+    from mha_export.check.runners import ort, ort_graphs
     path = export_onnx(CFG, tmp_path / "a", static_cache=True, validate=False).path
     sig = make_signature(CFG, "static-cache")
     plain = OrtRunner(sig, path / "model.onnx")
@@ -189,7 +189,7 @@ def test_replays_take_each_calls_fresh_inputs_and_stale_ones_fail(monkeypatch, t
         got, want = runner.run(feeds), plain.run(feeds)
         np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6, atol=1e-6)
     assert len(runner.graphs.calls) == 1  # one shape, one set of bound buffers
-    assert ort.fixed_dims(runner.graphs.dims, cases[0]) == {"batch": 2, "seq": 1,
+    assert ort_graphs.fixed_dims(runner.graphs.dims, cases[0]) == {"batch": 2, "seq": 1,
                                                              "max_cache": 24}
     monkeypatch.setattr(ort.InPlaceCall, "refresh", lambda self, inputs: self)
     stale = replayed()
@@ -200,7 +200,7 @@ def test_replays_take_each_calls_fresh_inputs_and_stale_ones_fail(monkeypatch, t
 def test_a_shape_onnx_runtime_will_not_capture_runs_without_a_graph_and_is_said(tmp_path):
     """As an app runs it (its prefill without a graph): never silently, the runner's line
     names the shapes replayed and the ones not, with ONNX Runtime's reason."""
-    from mha_export.check.runners import ort
+    from mha_export.check.runners import ort, ort_graphs
     path = export_onnx(CFG, tmp_path / "a", static_cache=True, validate=False).path
     sig = make_signature(CFG, "static-cache")
     runner = OrtRunner(sig, path / "model.onnx")
@@ -208,7 +208,7 @@ def test_a_shape_onnx_runtime_will_not_capture_runs_without_a_graph_and_is_said(
     def open_session(dims, graph):
         if graph and dims["seq"] > 1:
             raise ort.RunnerUnavailable(f"could not start: [ONNXRuntimeError] : 1 : FAIL : "
-                                        f"{ort._CAPTURE_REFUSED} as the model has control flow "
+                                        f"{ort_graphs.CAPTURE_REFUSED} as the model has control flow "
                                         "nodes")
         return ort._session(path / "model.onnx", "cpu", None, True, fixed=dims)
 

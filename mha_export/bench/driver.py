@@ -27,6 +27,7 @@ from ..signature import FLOAT, INT8
 from ..lossy.int8_cache.codes import INT8_CACHE_TAG, KVCacheSpec
 from ..lossy.projections.rtn import QuantSpec
 from ..lossy.projections.records import quant_spec_from_record
+from .plan import BenchPlan
 from .report import BACK_TO_BACK, BASELINE, BenchReport, BenchRow
 from .worker import on_cuda
 
@@ -96,64 +97,36 @@ def model_variants(config: MHAConfig, forms: Sequence[str], kind: str,
 
 
 def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, module,
-                   kind: str = "full", aoti: bool = False, dtype: str = "float32",
-                   executorch: Optional[dict] = None) -> dict[str, Path]:
+                   kind: str = "full", dtype: str = "float32", runners: Sequence[str] = (),
+                   batch: int = 1, points: Sequence[tuple[int, int]] = ((1, 0),),
+                   capacity: int = 0) -> dict[str, tuple[Path, dict]]:
     """One model file per variant (``model_variants``), all from the same weights, of one
-    signature kind, written by the export targets (export/targets.py) as an export would write
-    them; and the TorchScript file (and the AOTInductor package; with ``executorch``, {"batch",
-    "length", "seq"}: the ExecuTorch program, its bounds those, a static cache of that
-    length)."""
-    from ..export.targets import TARGETS
+    signature kind, written by the export targets (targets/) as an export would write them,
+    by model key -> (path, its rows' record); the TorchScript file, and the files of each
+    other target one of ``runners`` runs (its record's ``programs``: the AOTInductor package,
+    ExecuTorch's programs bounded by the run's ``batch``, ``points`` and ``capacity``)."""
     from ..signature import make_signature
-    paths = {}
+    from ..targets.base import BenchRun
+    from ..targets.registry import TARGETS
+    out = {}
     for key, v in variants.items():
         sig = make_signature(config, kind, lossy.cache_dtype(v["specs"], FLOAT))
-        paths[key] = folder / f"{key}.onnx"
+        out[key] = (folder / f"{key}.onnx", v["record"])
         TARGETS["onnx"].prepare(module, config, sig, attention=v["form"], dtype=dtype,
-                                specs=v["specs"]).write(paths[key])
-    sig = make_signature(config, kind)
-    paths["torchscript"] = folder / TARGETS["torchscript"].model_file
-    TARGETS["torchscript"].prepare(module, config, sig).write(paths["torchscript"])
-    if aoti:  # an AOTInductor compile: tens of seconds
-        paths["aoti"] = folder / TARGETS["aoti"].model_file
-        TARGETS["aoti"].prepare(module, config, sig).write(paths["aoti"])
-    if executorch:  # bounded axes: the longest call (the cache) the run makes
-        bounded = replace(config, max_seq_len=executorch["length"])
-        for key, v in executorch_variants(variants, config, kind).items():
-            paths[key] = folder / f"{key}.pte"
-            TARGETS["executorch"].prepare(module, bounded, sig, max_batch=executorch["batch"],
-                                          specs=v["specs"], kernels=v["kernels"],
-                                          max_seq=executorch["seq"]).write(paths[key])
-    return paths
-
-
-def executorch_variants(variants: dict[str, dict], config: MHAConfig, kind: str
-                        ) -> dict[str, dict]:
-    """The ExecuTorch programs of a run, by model key, as ``model_variants`` gives the ONNX
-    ones: the float one, and the ONNX variants ExecuTorch holds too (int4 with int8
-    activations, torchao's 8da4w); a static-cache run: each also on ExecuTorch's LLM kernels
-    (``executorch-llm...``) where they compute the layer and load here."""
-    from ..env import llm_kernels_missing
-    from ..export.executorch_rows import llm_kernels_refusal
-    from ..lossy.projections.torchao import refusal
-    held = {f"executorch-{key[len(v['form']) + 1:]}": {"specs": v["specs"], "record": v["record"]}
-            for key, v in variants.items()
-            if list(v["specs"]) == ["quantize"] and refusal(v["specs"]["quantize"]) is None}
-    programs = {key: {**v, "kernels": "aten"}
-                for key, v in {"executorch": {"specs": {}, "record": {}}, **held}.items()}
-    if kind != "static-cache" or llm_kernels_refusal(config) or llm_kernels_missing():
-        return programs
-    return {**programs, **{"executorch-llm" + key[len("executorch"):]: {**v, "kernels": "llm"}
-                           for key, v in programs.items()}}
+                                specs=v["specs"]).write(out[key][0])
+    run = BenchRun(config, module, kind, make_signature(config, kind), variants, batch,
+                   tuple(points), capacity, folder)
+    timed = {name for name in runners} | {"torchscript"}  # TorchScript's row: always
+    for target in TARGETS.values():
+        if target.name == "torchscript" or any(k.name in timed for k in target.runners):
+            if target.name != "onnx":  # a compile or a lowering: seconds to a minute each
+                out.update(target.programs(target, run))
+    return out
 
 
 # how a GPU row is timed: N calls enqueued back to back, one device sync after them (worker.py's
 # back_to_back), as apps step and as the anchors are timed
 ON_GPU = {"back_to_back": True}
-
-# the model key (prepare_models) of each runner's file that is not an ONNX model
-TARGET_MODELS = {"model.pte": "executorch"}
-
 
 def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[str, Path],
                   providers: Sequence[str], cuda_ok: bool, kind: str = "full",
@@ -168,6 +141,7 @@ def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[st
     rows run fp32 and ``dtype``; the torch CPU rows fp32 (torch's CPU fp16 is no deployment
     path)."""
     from ..check.runners import RUNNERS, ort_runner_names
+    from ..targets.registry import TARGETS, target_of_file
     c = config.to_dict()
     textbook = (kind == "full" and config.rotary == "none" and not config.sliding_window
                 and config.kv_heads == config.heads and config.inner == config.dim)
@@ -187,18 +161,17 @@ def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[st
                           "config": c, "model": str(models["auto"]), "mem_pattern": False,
                           **on_device})
     for name in extra:
-        model_file = RUNNERS[name].model_file
-        one = not model_file.endswith(".onnx")
-        target = TARGET_MODELS.get(model_file, "aoti")  # and its quantized programs
+        target = target_of_file(RUNNERS[name].model_file).name
+        one = target != "onnx"  # its own files: the target's key, then its variants'
         targets = [k for k in models if k == target or k.startswith(f"{target}-")] if one \
             else onnx_models
         specs += [{"variant": "runner", "runner": name, "config": c, "model": str(models[t]),
                    "name": name + t[len(target):] if one else f"{name}-{t}"}
                   for t in targets]
-    specs += [{"variant": "cpp", "name": f"cpp-{program}", "config": c,
-               "program": str(cpp / program), "model": str(models[model])}
-              for program, model in (("mha_torch", "torchscript"), ("mha_aoti", "aoti"))
-              if cpp is not None and model in models]
+    specs += [{"variant": "cpp", "name": f"cpp-{t.cpp_program}", "config": c,
+               "program": str(cpp / t.cpp_program), "model": str(models[t.name])}
+              for t in TARGETS.values()
+              if cpp is not None and t.cpp_program and t.name in models]
     if "cuda" in providers and cuda_ok:
         graphs = cuda_graph and kind == "static-cache"
         if graphs:
@@ -215,87 +188,56 @@ def variant_specs(config: MHAConfig, onnx_models: Sequence[str], models: dict[st
     return [{"dtype": dtype, **spec, "kind": kind} for spec in specs]
 
 
-def run_bench(config: MHAConfig, seq_lens: Sequence[int] = (128, 512, 2048, 8192, 16384),
-              batch: int = 1, providers: Sequence[str] = ("cpu", "cuda"),
-              forms: Optional[Sequence[str]] = None, threads: int = 2, seed: int = 0,
-              mem_limit_gib: float = 16.0, budget_s: float = 2.0,
-              progress: Callable[[str], None] = lambda s: None, weights_module=None,
-              kv_cache: bool = False, past_lens: Sequence[int] = (0,), static_cache: bool = False,
-              capacity: int = 8192, runners: Sequence[str] = (), cpp: Optional[Path] = None,
-              command: str = "", quantize: Sequence[QuantSpec] = (),
-              cold: bool = False, int8_cache: bool = False, dtype: str = "float32",
-              cuda_graph: bool = False) -> BenchReport:
-    """Every variant at every (T, past); ``kv_cache``: the decode-step models (x,
-    attention_mask, past_key, past_value), e.g. T=1 over past 128..4096, or a long prefill;
-    ``static_cache``: the in-place models over a buffer of ``capacity`` entries, against eager
-    torch's growing-cache step (the baseline row) and its own in-place step; ``cpp``: a folder
-    holding the built C++ programs (``make cpp``), timed on the same files; ``command``: kept
-    in the report; ``quantize``: each form also with quantized projections; ``cold``: each
-    row steps a ring of independent instances larger than the last-level cache (``RING``);
-    ``int8_cache`` (static cache): each form that builds one also with an int8 cache, its scales
-    calibrated on synthetic inputs; ``dtype``: the ONNX models' and torch's (float16 / bfloat16:
-    what GPUs run); ``cuda_graph`` (static cache, CUDA): the step also replayed as a CUDA
-    graph (runner ort-cuda-graph)."""
+def run_bench(config: MHAConfig, plan: Optional[BenchPlan] = None, *, weights_module=None,
+              progress: Callable[[str], None] = lambda s: None, **fields) -> BenchReport:
+    """Every variant at every (T, past) of ``plan`` (bench/plan.py; or its ``fields`` as
+    keywords: ``run_bench(config, seq_lens=[1], past_lens=[1024], static_cache=True)``), on
+    ``weights_module`` (default: the config's layer, seeded)."""
     from ..signature import make_signature
-    _require_consistent(config, providers, static_cache, cold, int8_cache, cuda_graph)
-    kind = "static-cache" if static_cache else "kv-cache" if kv_cache else "full"
-    forms = list(forms or forms_for(config, make_signature(config, kind)))
-    points = [(t, p) for t in seq_lens for p in (past_lens if kind != "full" else [0])]
-    cuda_ok, cuda_reason = cuda_status() if "cuda" in providers else (False, "not requested")
-    ceiling = gemm_ceiling(threads, budget_s, progress)
-    report = BenchReport(config.to_dict(), threads, ceiling, machine_info(), command=command)
-    if "cuda" in providers and not cuda_ok:
+    p = replace(plan or BenchPlan(), **fields)
+    _require_consistent(config, p)
+    kind, points = p.kind, p.points
+    forms = list(p.forms or forms_for(config, make_signature(config, kind)))
+    cuda_ok, cuda_reason = cuda_status() if "cuda" in p.providers else (False, "not requested")
+    ceiling = gemm_ceiling(p.threads, p.budget_s, progress)
+    report = BenchReport(config.to_dict(), p.threads, ceiling, machine_info(), command=p.command)
+    if "cuda" in p.providers and not cuda_ok:
         report.notes.append(f"CUDA variants not run: {cuda_reason}")
     with tempfile.TemporaryDirectory(prefix="mha-bench-") as tmp:
-        module = weights_module or build_module(config, seed=seed)
-        variants = model_variants(config, forms, kind, quantize,
-                                  _int8_cache(module) if int8_cache else None)
-        models = prepare_models(config, variants, Path(tmp), module, kind,
-                                aoti=any(r.startswith("aoti") for r in runners), dtype=dtype,
-                                executorch=_program_bounds(runners, batch, points,
-                                                           capacity if static_cache else 0))
+        module = weights_module or build_module(config, seed=p.seed)
+        variants = model_variants(config, forms, kind, p.quantize,
+                                  _int8_cache(module) if p.int8_cache else None)
+        written = prepare_models(config, variants, Path(tmp), module, kind, p.dtype, p.runners,
+                                 p.batch, points, p.capacity if p.static_cache else 0)
+        models = {key: path for key, (path, _) in written.items()}
         onnx_models = [k for k in models if k in variants]
-        specs = variant_specs(config, onnx_models, models, providers, cuda_ok, kind, runners, cpp,
-                              dtype, cuda_graph)
-        records = {str(models[k]): v["record"] for k, v in
-                   {**variants, **executorch_variants(variants, config, kind)}.items()
-                   if k in models}
+        specs = variant_specs(config, onnx_models, models, p.providers, cuda_ok, kind,
+                              p.runners, p.cpp, p.dtype, p.cuda_graph)
+        records = {str(path): record for path, record in written.values()}
         specs = [{**spec, **records.get(spec.get("model"), {})} for spec in specs]
-        if static_cache:
-            specs = _static_specs(specs, capacity)
-        common = {"batch": batch, "threads": threads, "mem_limit_gib": mem_limit_gib,
-                  "budget_s": budget_s}
-        report.rows += _measure(config, specs, points, common, kind != "full", cold, progress)
-    _machine_figures(report, ceiling, threads, budget_s, kind != "full", cold, progress)
+        if p.static_cache:
+            specs = _static_specs(specs, p.capacity)
+        common = {"batch": p.batch, "threads": p.threads, "mem_limit_gib": p.mem_limit_gib,
+                  "budget_s": p.budget_s}
+        report.rows += _measure(config, specs, points, common, kind != "full", p.cold, progress)
+    _machine_figures(report, ceiling, p.threads, p.budget_s, kind != "full", p.cold, progress)
     _speedups(report)
     return report
 
 
-def _require_consistent(config: MHAConfig, providers: Sequence[str], static_cache: bool,
-                        cold: bool, int8_cache: bool, cuda_graph: bool) -> None:
-    """The options' combinations a run can measure, or a one-line refusal."""
-    if cuda_graph and not static_cache:
+def _require_consistent(config: MHAConfig, p: BenchPlan) -> None:
+    """The plan's combinations a run can measure, or a one-line refusal."""
+    if p.cuda_graph and not p.static_cache:
         raise UsageError("--cuda-graph replays the static-cache step: add --static-cache")
-    if cuda_graph and "cuda" not in providers:
+    if p.cuda_graph and "cuda" not in p.providers:
         raise UsageError("--cuda-graph replays on CUDA: add cuda to --providers")
-    if cold and not last_level_cache_bytes():
+    if p.cold and not last_level_cache_bytes():
         raise UsageError("--cold: this machine does not say how large its CPU caches are "
                          "(/sys/devices/system/cpu/cpu0/cache)")
-    if int8_cache and not static_cache:
+    if p.int8_cache and not p.static_cache:
         raise UsageError("an int8 cache is measured on the static cache: add --static-cache")
-    if int8_cache:
+    if p.int8_cache:
         refuse_unbuilt(config, "int8-cache")
-
-
-def _program_bounds(runners: Sequence[str], batch: int, points: list[tuple[int, int]],
-                    capacity: int) -> Optional[dict]:
-    """An ExecuTorch program's bounds for the run (None: no executorch runner): its batch, the
-    static cache's capacity or the longest call, and the longest call's seq (ExecuTorch plans
-    its memory for the longest call its bounds allow: a step's program plans no prefill)."""
-    if not any(r.startswith("executorch") for r in runners):
-        return None
-    return {"batch": batch, "length": capacity or max(t + p for t, p in points),
-            "seq": max(t for t, _ in points)}
 
 
 def _machine_figures(report: BenchReport, ceiling: Optional[float], threads: int,

@@ -18,6 +18,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..address import Address, address_key, parse_address
 from ..artifact import Artifact
 from ..errors import UsageError
 from .sweep import Case
@@ -28,7 +29,7 @@ STEPS = 4  # single-token decode steps after the real prefill
 @dataclass(frozen=True)
 class RealInputs:
     path: str
-    layer: int
+    layer: Address
     x: np.ndarray  # (S, N, d_in) float32
 
     def cases(self, has_cache: bool, static: bool) -> list[tuple[Case, Optional[list[int]]]]:
@@ -70,22 +71,30 @@ def read_real_inputs(path: str | Path, artifact: Artifact) -> RealInputs:
     return RealInputs(str(path), layer, np.ascontiguousarray(x, dtype=np.float32))
 
 
-def _layer_of(key: str) -> Optional[int]:
+def _layer_of(key: str) -> Optional[Address]:
+    """The layer address of a captured tensor's key: layers.5.x -> 5, layers.3.1.x -> "3.1"."""
     parts = key.split(".")
-    if len(parts) == 3 and parts[0] == "layers" and parts[2] == "x" and parts[1].isdigit():
-        return int(parts[1])
-    return None
+    if len(parts) not in (3, 4) or parts[0] != "layers" or parts[-1] != "x":
+        return None
+    try:
+        return parse_address(".".join(parts[1:-1]))
+    except ValueError:
+        return None
 
 
-def _wanted_layer(artifact: Artifact, layers: dict, path: Path) -> int:
+def _listed(layers: dict) -> list[Address]:
+    return sorted(layers, key=address_key)
+
+
+def _wanted_layer(artifact: Artifact, layers: dict, path: Path) -> Address:
     source = artifact.meta.get("weights", {}).get("source", {})
     layer = source.get("layer") if isinstance(source, dict) else None
     if layer is None:
         if len(layers) == 1:
             return next(iter(layers))
-        raise UsageError(f"--inputs: {path} holds layers {sorted(layers)}; this artifact "
+        raise UsageError(f"--inputs: {path} holds layers {_listed(layers)}; this artifact "
                          "records no source layer to pick one")
     if layer not in layers:
-        raise UsageError(f"--inputs: {path} holds layers {sorted(layers)}, not this "
+        raise UsageError(f"--inputs: {path} holds layers {_listed(layers)}, not this "
                          f"artifact's layer {layer}")
     return layer

@@ -23,20 +23,19 @@ from ..check.parity import FAIL, UNCHECKED, check_parity
 from ..check.sweep import SWEEPS, require_past
 from ..env import quiet_libraries
 from ..errors import Interrupted, UsageError, interrupt, raise_if_interrupted
-from ..export.pipeline import ATTENTION_FORMS, EXPORTERS
-from ..graph.forms import DEFAULT, MAX_OPSET
-from ..kinds.registry import opset_summary
+from ..export.pipeline import ATTENTION_FORMS, export_to
 from ..graph.model import DTYPES
 from ..signature import INT8
 from ..lossy.int8_cache.codes import CACHE_DTYPES
-from ..lossy.projections.source import SOURCE, SourceQuantSpec
-from ..lossy.projections.step import kept_blocks
 from ..check.runners import RUNNERS
+from ..targets.base import ExportTarget
+from ..targets.registry import TARGETS
 from ..presets import PRESETS, preset_options
 from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, POLICIES as THREAD_POLICIES
-from .options import (CHECK_EXITS, VERDICT_EXIT, budget_options, config_options, explicit,
-                      export_options, fanout_options, fanout_settings, int_list, model_options,
-                      output_file, provider_list, runner_list)
+from ..address import address_key
+from .options import (CHECK_EXITS, VERDICT_EXIT, address_list, budget_options, config_options,
+                      explicit, export_options, fanout_options, fanout_settings, int_list,
+                      model_options, output_file, provider_list, runner_list)
 
 
 class BadInput(click.ClickException):
@@ -90,7 +89,7 @@ def _export(target: str, kw: dict, verbose: bool) -> None:
         sweep = check_sweep(kw)
         options = export_options(kw)
         options["check_options"] = {**sweep, "progress": _progress}
-        _report_export(EXPORTERS[target](**options))
+        _report_export(export_to(target, **options))
         return
     refuse_verbose_layers(verbose)
     sweep = check_sweep(kw)
@@ -205,102 +204,21 @@ def cli() -> None:
     """
 
 
-@cli.command()
-@model_options
-@click.option("--attention", type=click.Choice(ATTENTION_FORMS), default=None,
-              help=f"Graph form of the attention core (docs: graph-forms.md) [default: "
-                   f"{DEFAULT}; blocked-plain for layers {DEFAULT} cannot build: sinks].")
-@click.option("--opset", type=int, default=None,
-              help=f"Exact ONNX opset, up to {MAX_OPSET} [default: the form's lowest: "
-                   f"{opset_summary()}].")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
-@_guard
-def onnx(verbose: bool, **kw) -> None:
-    """Export to ONNX: model.onnx with inputs x [batch, seq, d_in] -> y [batch, seq, dim]
-    (--attention-mask, --kv-cache, --static-cache: more named inputs/outputs, see
-    docs/artifacts.md).
+def _export_command(target: ExportTarget) -> click.Command:
+    """The target's command: the model's options, then its own (its record's), its help."""
+    def command(verbose: bool, **kw) -> None:
+        if target.notice:
+            click.echo(f"note: {target.notice}", err=True)
+        _export(target.name, kw, verbose)
 
-    \b
-    Examples:
-      mha-export onnx --heads 12 --dim 768
-      mha-export onnx --heads 12 --dim 768 --kv-cache      # -> models/split-h12-d768-kv-onnx/
-      mha-export onnx --heads 12 --dim 768 --weights gpt2.safetensors --layer 3 -o out/gpt2-l3
-      mha-export onnx --heads 8 --dim 512 --head-dim 80 --qkv-bias --opset 20 --no-check
-      mha-export onnx --heads 12 --dim 768 --static-cache --quantize int4 --accuracy-level 4
-      mha-export onnx --weights SmolLM2.gguf --layers all -o out/smollm2 --executor ray
-    """
-    _export("onnx", kw, verbose)
+    fn = _guard(command)
+    for option in reversed(target.options):
+        fn = option.click_option()(fn)
+    return cli.command(target.name, help=target.summary)(model_options(fn))
 
 
-@cli.command()
-@model_options
-@_guard
-def torchscript(verbose: bool, **kw) -> None:
-    """Export to TorchScript: model.pt (torch.jit.script), loadable by torch.jit.load and
-    libtorch's torch::jit::load. torch 2.13 deprecates torch.jit ("Please switch to
-    torch.compile or torch.export"): `mha-export aoti` writes its successor.
-
-    \b
-    Examples:
-      mha-export torchscript --heads 12 --dim 768
-      mha-export torchscript --layout fused --weights attn.pt -o out/ts --force
-    """
-    click.echo("note: torch 2.13 deprecates torch.jit (TorchScript); `mha-export aoti` writes "
-               "its successor (torch.export + AOTInductor)", err=True)
-    _export("torchscript", kw, verbose)
-
-
-@cli.command()
-@model_options
-@click.option("--backend", type=click.Choice(("xnnpack", "portable")), default="xnnpack",
-              show_default=True,
-              help="Where the program's work runs: delegated to XNNPACK, or ExecuTorch's "
-                   "portable kernels.")
-@click.option("--max-batch", type=int, default=None,
-              help="The batch axis's bound (seq's: --max-seq-len): ExecuTorch plans its memory "
-                   "for the largest call [default: 4]. With --static-cache: the step's rows, "
-                   "a static batch (each row's cache read where it lies) [default: 1].")
-@click.option("--kernels", type=click.Choice(("aten", "llm")), default="aten",
-              show_default=True,
-              help="The --static-cache step's attention: ATen ops (XNNPACK's matrix products; "
-                   "any app's runtime runs them), or ExecuTorch's LLM kernels (update_cache, "
-                   "custom_sdpa: faster; an app links executorch's custom_ops library, see "
-                   "docs/executorch.md).")
-@_guard
-def executorch(verbose: bool, **kw) -> None:
-    """Export to ExecuTorch: model.pte for its runtime (Android, iOS, embedded Linux: the C++
-    Module; Python's executorch.runtime), lowered to XNNPACK; batch and seq dynamic up to
-    stated bounds. Needs the executorch extra (docs/executorch.md).
-
-    \b
-    Examples:
-      mha-export executorch --heads 12 --dim 768     # -> models/split-h12-d768-executorch/
-      mha-export executorch --heads 12 --dim 768 --attention-mask --max-batch 8
-      mha-export executorch --heads 12 --dim 768 --backend portable
-      mha-export executorch --heads 12 --dim 768 --static-cache   # the cache inside
-      mha-export executorch --heads 12 --dim 768 --static-cache --kernels llm
-      mha-export executorch --heads 12 --dim 768 --static-cache --quantize int4
-    """
-    _export("executorch", kw, verbose)
-
-
-@cli.command()
-@model_options
-@click.option("--device", type=click.Choice(("cpu", "cuda")), default="cpu", show_default=True,
-              help="Device the package is compiled for (cuda: only where torch sees a GPU).")
-@_guard
-def aoti(verbose: bool, **kw) -> None:
-    """Export with torch.export + AOTInductor: model.pt2, loadable by
-    torch._inductor.aoti_load_package and C++'s torch::inductor::AOTIModelPackageLoader;
-    batch, seq and cache lengths dynamic (0 and 1 included). Compiling takes tens of seconds.
-
-    \b
-    Examples:
-      mha-export aoti --heads 12 --dim 768            # -> models/split-h12-d768-aoti/
-      mha-export aoti --heads 12 --dim 768 --kv-cache
-      mha-export aoti --heads 12 --dim 768 --static-cache   # the app's buffers written in place
-    """
-    _export("aoti", kw, verbose)
+for _target in TARGETS.values():
+    _export_command(_target)
 
 
 @cli.command(epilog=f"Exit codes: {CHECK_EXITS}; a layers folder: 0 when every layer "
@@ -309,7 +227,10 @@ def aoti(verbose: bool, **kw) -> None:
 @click.option("--runners", callback=runner_list, default=None,
               help="Runners to check, by name: " + "; ".join(
                   f"{k.name} ({k.runtime})" for k in RUNNERS.values()) + " [default: the "
-                  "runners of the file's own runtime (ort-cpu, ort-cuda; torchscript; aoti-*), "
+                  "runners of the file's own runtime (" + "; ".join(
+                      ", ".join(k.name for k in RUNNERS.values()
+                                if k.by_default and k.model_file == t.model_file)
+                      for t in TARGETS.values()) + "), "
                   "SKIPPED with the reason where they cannot run here; the others (OpenVINO, "
                   "ort-cuda-graph) run when named, or beside the runner they accompany, or "
                   "the first that can in their place where none of them can run the file "
@@ -383,8 +304,9 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
                    "(run by transformers: pip install 'mha-export[model]').")
 @click.option("--text", "text_path", required=True, type=click.Path(dir_okay=False),
               help="A UTF-8 text file, tokenized with the checkpoint tokenizer's defaults.")
-@click.option("--layers", required=True, callback=functools.partial(int_list, lowest=0),
-              help="Comma-separated layer indices whose attention input to keep.")
+@click.option("--layers", required=True, callback=address_list,
+              help="Comma-separated layer addresses whose attention input to keep (3.1: "
+                   "layer 3's module 1, where layers hold several: longcat_flash).")
 @click.option("--tokens", type=click.IntRange(min=8), default=512, show_default=True,
               help="Tokens per sequence (the text's first ones).")
 @click.option("--sequences", type=click.IntRange(min=1), default=1, show_default=True,
@@ -392,7 +314,7 @@ def check(artifact: str, json_path: Optional[str], verbose: bool, **kw) -> None:
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="The .safetensors file to write (layers.{L}.x, token_ids).")
 @_guard
-def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequences: int,
+def capture(weights: str, text_path: str, layers: list, tokens: int, sequences: int,
             output: str) -> None:
     """Capture real attention inputs: each layer's input on a real text.
 
@@ -410,8 +332,25 @@ def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequen
     result = capture_text(weights, text_path, layers, tokens, sequences)
     path = write_capture(result, output)
     shapes = ", ".join(f"layers.{layer}.x {list(x.shape)}"
-                       for layer, x in sorted(result.inputs.items()))
+                       for layer, x in sorted(result.inputs.items(),
+                                              key=lambda item: address_key(item[0])))
     click.echo(f"wrote {path} ({shapes})")
+
+
+# eval's runners: ONNX Runtime's and OpenVINO's CPU ones, and each other target's CPU runner
+EVAL_RUNNERS = ("ort-cpu", "ort-cpu-fp32-compute", "openvino-cpu", "openvino-cpu-fp32-compute",
+                *(k.name for t in TARGETS.values() for k in t.runners if k.device == "cpu"))
+
+
+def _eval_target_options(fn: Callable) -> Callable:
+    """The export targets' options `eval` takes (their records' ``in_eval``): every layer's,
+    with a runner of that target's file."""
+    from ..targets.registry import eval_options
+    for target, option in reversed(eval_options()):
+        runners = ", ".join(k.name for k in RUNNERS.values() if k.model_file == target.model_file
+                            and k.name in EVAL_RUNNERS)
+        fn = option.click_option(f"{target.title}, --runner {runners}: ")(fn)
+    return fn
 
 
 @cli.command("eval")
@@ -424,11 +363,9 @@ def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequen
 @click.option("--layers", default="all", show_default=True,
               help="Layers whose attention runs exported: all, or comma-separated indices.")
 @click.option("--runner", default="ort-cpu", show_default=True,
-              type=click.Choice(("ort-cpu", "ort-cpu-fp32-compute", "openvino-cpu",
-                                 "openvino-cpu-fp32-compute", "torchscript", "aoti-cpu",
-                                 "executorch-cpu")),
-              help="What runs each layer's artifact (aoti-cpu compiles ~20 s a layer, "
-                   "executorch-cpu lowers ~30 s a layer).")
+              type=click.Choice(EVAL_RUNNERS),
+              help="What runs each layer's artifact (a torch program is compiled or lowered "
+                   "per layer first: ~20-30 s a layer).")
 @click.option("--device", type=click.Choice(("cpu", "cuda")), default="cpu", show_default=True,
               help="Where the exported layers run: cuda runs --runner's CUDA counterpart "
                    "(ort-cpu: ort-cuda, onnxruntime-gpu); refused in one line where no CUDA "
@@ -442,14 +379,10 @@ def capture(weights: str, text_path: str, layers: list[int], tokens: int, sequen
                    "session's threads sleep after a run; shared = one process-wide pool; spin "
                    "= ONNX Runtime's default (threads spin after a run, starving the next "
                    "layer and torch).")
-@click.option("--attention", type=click.Choice(ATTENTION_FORMS), default=None,
-              help="ONNX graph form of every layer [default: auto].")
+@_eval_target_options
 @click.option("--kv-cache", is_flag=True, help="Export decode artifacts (a growing cache).")
 @click.option("--static-cache", is_flag=True,
               help="Export decode artifacts over a static buffer written in place.")
-@click.option("--kernels", type=click.Choice(("aten", "llm")), default=None,
-              help="--runner executorch-cpu --static-cache: the step on ATen ops or on "
-                   "ExecuTorch's LLM kernels [default: aten].")
 @click.option("--exports", "folder", type=click.Path(file_okay=False), default=None,
               help="Keep the artifacts here (reused by a later run with the same options; a "
                    "checked `onnx --layers ... -o DIR` folder's passing layers are reused "
@@ -522,18 +455,6 @@ def refuse_unused_eval_options(runner: str) -> None:
                          f"{RUNNERS[runner].model_file}")
 
 
-def cpp_programs(folder: Optional[str], runners: tuple | list):
-    """--cpp: the `make cpp` folder, checked before any work (every program it will run exists)."""
-    if folder is None:
-        return None
-    from pathlib import Path
-    needed = ["mha_torch"] + (["mha_aoti"] if "aoti-cpu" in runners else [])
-    missing = [p for p in needed if not (Path(folder) / p).is_file()]
-    if missing:
-        raise UsageError(f"--cpp {folder}: no {', '.join(missing)} there (build with `make cpp`)")
-    return Path(folder).resolve()
-
-
 @cli.command()
 @click.argument("artifact", type=click.Path(), required=False)
 @config_options
@@ -550,12 +471,15 @@ def cpp_programs(folder: Optional[str], runners: tuple | list):
               help="Static cache buffer capacity.")
 @click.option("--runners", "extra_runners", callback=runner_list, default=None,
               help="More runners to measure beside eager, TorchScript and ONNX Runtime: "
-                   "openvino-cpu (every form), aoti-cpu (compiles an AOTInductor package), "
-                   "executorch-cpu (model.pte on XNNPACK; a static cache inside it).")
+                   "openvino-cpu (every form), " + ", ".join(
+                       f"{k.name} ({k.model_file}: {t.title})" for t in TARGETS.values()
+                       if t.name not in ("onnx", "torchscript") for k in t.runners
+                       if k.device == "cpu") + ".")
 @click.option("--cpp", "cpp_folder", type=click.Path(file_okay=False), default=None,
               help="Also time the C++ programs of this `make cpp` folder (e.g. build/cpp) on the "
-                   "same files, no Python per call: mha_torch (TorchScript), mha_aoti (with "
-                   "--runners aoti-cpu).")
+                   "same files, no Python per call: " + ", ".join(
+                       f"{t.cpp_program} ({t.title})" for t in TARGETS.values()
+                       if t.cpp_program) + " (with a runner of its file among --runners).")
 @click.option("--past-lens", callback=functools.partial(int_list, lowest=0), default="0",
               show_default=True, help="Cache lengths with --kv-cache (e.g. --seq-lens 1 "
                                       "--past-lens 128,1024,4096 for single-token steps).")
@@ -606,14 +530,9 @@ def cpp_programs(folder: Optional[str], runners: tuple | list):
               help="--static-cache on CUDA: each model's step also replayed as a CUDA graph "
                    "(runner ort-cuda-graph).")
 @_guard
-def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bool,
-          static_cache: bool, capacity: int, extra_runners: Optional[list[str]],
-          cpp_folder: Optional[str], past_lens: list[int], providers: list[str],
-          forms: str, threads: int, budget: float, mem_limit_gib: float,
-          json_path: Optional[str], plot_path: Optional[str], from_json: Optional[str],
-          markdown: bool, quantize_names: Optional[str], accuracy_levels: list[int], cold: bool,
-          kv_cache_dtype: str, preset: Optional[str], dtype: str, cuda_graph: bool,
-          **config_fields) -> None:
+def bench(artifact: Optional[str], json_path: Optional[str], plot_path: Optional[str],
+          from_json: Optional[str], markdown: bool, preset: Optional[str],
+          **kw) -> None:
     """Measure eager PyTorch (textbook and SDPA), TorchScript and every ONNX graph form side by
     side, each measurement in its own process (peak RSS per variant). CUDA rows time the call
     with its buffers on the device (device-resident), the host copies in a column apart.
@@ -638,39 +557,56 @@ def bench(artifact: Optional[str], seq_lens: list[int], batch: int, kv_cache: bo
     """
     if plot_path:
         require_extra("matplotlib", "plot", "--plot")
-    refuse_unused_bench_options(artifact, from_json, kv_cache or static_cache, static_cache,
-                                quantize_names, preset, config_fields)
+    run = {name: kw.pop(name) for name in BENCH_RUN_OPTIONS}  # kw: the layer's options
+    refuse_unused_bench_options(artifact, from_json, run, preset, kw)
     from ..bench.report import BenchReport
     if from_json:
         _show_bench(BenchReport.load(from_json), from_json, markdown, plot_path)
         return
     from ..bench.driver import run_bench
-    cpp = cpp_programs(cpp_folder, extra_runners or ())
-    if cold and cpp:
-        raise UsageError("--cold steps a ring of instances in Python: not with --cpp")
-    quantize = bench_quantization(quantize_names, accuracy_levels)
-    chosen = bench_forms(forms)
-    seed = config_fields["seed"]
-    source, quantize, int8_cache = _bench_source(artifact, config_fields, quantize,
-                                                 kv_cache_dtype == INT8, preset_options(preset))
-    config, module = source.config, source.module
-    report = run_bench(config, seq_lens, batch, providers, chosen, threads, seed, mem_limit_gib,
-                       budget, progress=lambda line: click.echo(line, err=True),
-                       weights_module=module, kv_cache=kv_cache, past_lens=past_lens,
-                       static_cache=static_cache, capacity=capacity,
-                       runners=extra_runners or (), cpp=cpp, quantize=quantize, cold=cold,
-                       int8_cache=int8_cache, dtype=dtype, cuda_graph=cuda_graph,
-                       command=shlex.join(["mha-export", *sys.argv[1:]]))
+    source, plan = _bench_plan(artifact, run, kw, preset)
+    report = run_bench(source.config, plan, weights_module=source.module,
+                       progress=lambda line: click.echo(line, err=True))
     if json_path:
         from ..artifact import write_json_atomic
         write_json_atomic(json_path, report.to_dict())
     _show_bench(report, json_path or "", markdown, plot_path)
 
 
-def refuse_unused_bench_options(artifact: Optional[str], from_json: Optional[str],
-                                cached: bool, static_cache: bool, quantize: Optional[str],
+# bench's options that say what the run measures (the others describe the layer)
+BENCH_RUN_OPTIONS = ("seq_lens", "batch", "kv_cache", "static_cache", "capacity", "past_lens",
+                     "providers", "threads", "mem_limit_gib", "cold", "dtype", "cuda_graph",
+                     "extra_runners", "cpp_folder", "quantize_names", "accuracy_levels",
+                     "forms", "kv_cache_dtype", "budget")
+
+
+def _bench_plan(artifact: Optional[str], run: dict, config_fields: dict,
+                preset: Optional[str]) -> tuple:
+    """(the layer measured, the run's BenchPlan) from bench's options: ``run`` (what it
+    measures, BENCH_RUN_OPTIONS) and ``config_fields`` (the layer's)."""
+    from ..bench.plan import (BenchPlan, cpp_folder, forms_named, layer_measured,
+                              quantization_named)
+    runners = run.pop("extra_runners") or ()
+    cpp = cpp_folder(run.pop("cpp_folder"), runners)
+    if run["cold"] and cpp:
+        raise UsageError("--cold steps a ring of instances in Python: not with --cpp")
+    quantize = quantization_named(run.pop("quantize_names"), run.pop("accuracy_levels"))
+    forms = forms_named(run.pop("forms"), ATTENTION_FORMS)
+    int8, budget = run.pop("kv_cache_dtype") == INT8, run.pop("budget")
+    layer = {k: config_fields.pop(k) for k in ("weights", "layer", "seed")}
+    source, quantize, int8 = layer_measured(
+        artifact, {**layer, **explicit(config_fields, preset_options(preset))}, quantize, int8)
+    return source, BenchPlan(**run, budget_s=budget, forms=forms, seed=layer["seed"],
+                             runners=runners, cpp=cpp, quantize=quantize, int8_cache=int8,
+                             command=shlex.join(["mha-export", *sys.argv[1:]]))
+
+
+def refuse_unused_bench_options(artifact: Optional[str], from_json: Optional[str], run: dict,
                                 preset: Optional[str], config_fields: dict) -> None:
-    """bench's options that the run would not use, each a one-line refusal."""
+    """bench's options that the run would not use, each a one-line refusal (``run``: what it
+    measures, BENCH_RUN_OPTIONS; ``config_fields``: the layer's)."""
+    cached, static_cache = run["kv_cache"] or run["static_cache"], run["static_cache"]
+    quantize = run["quantize_names"]
     if preset and (artifact or config_fields.get("weights")):
         raise UsageError("--preset names a layer's shape: not with an artifact or --weights")
     if from_json and (unused := given(*(n for n in click.get_current_context().params
@@ -687,54 +623,6 @@ def refuse_unused_bench_options(artifact: Optional[str], from_json: Optional[str
             ("--accuracy-level", "--quantize", quantize is None and given("accuracy_levels"))):
         if unused:
             raise UsageError(f"{flag} is not used without {needs}")
-
-
-def _bench_source(artifact: Optional[str], config_fields: dict, quantize: list,
-                  int8_cache: bool, preset: Optional[dict] = None) -> tuple:
-    """(source, quantize, int8 cache) of a bench run: an artifact's source weights (its own
-    quantization and cache when none are asked for), or the layer the options describe; a
-    GGUF's kept blocks read once the layer is loaded."""
-    weights, layer, seed = (config_fields.pop(k) for k in ("weights", "layer", "seed"))
-    from ..weights.source import Source, load_source
-    if artifact:
-        from ..artifact import read_artifact
-        art = read_artifact(artifact)  # its source weights; its quantization measured as such
-        source = Source(art.config, art.load_plain_module(),
-                        art.meta.get("weights", {}).get("source", {}))
-        quantize = quantize or ([art.spec("quantize")] if art.spec("quantize") else [])
-        int8_cache = int8_cache or art.spec("int8-cache") is not None  # calibrated anew
-    else:
-        source = load_source(None, weights, layer, seed, explicit(config_fields, preset))
-    return source, [kept_blocks(source, q, "float32") if q.quantizer == SOURCE else q
-                    for q in quantize], int8_cache
-
-
-def bench_forms(forms: Optional[str]) -> Optional[list[str]]:
-    """--forms a,b as form names (None: the bench's default)."""
-    chosen = None if forms is None else [f.strip() for f in forms.split(",") if f.strip()]
-    if chosen is not None and (not chosen or set(chosen) - set(ATTENTION_FORMS)):
-        raise UsageError(f"--forms: choose from {', '.join(ATTENTION_FORMS)}, got {forms!r}")
-    return chosen
-
-
-def bench_quantization(names: Optional[str], levels: Optional[list[int]]) -> list:
-    """--quantize int4,int8,source x --accuracy-level 1,4 as QuantSpecs (default block and
-    symmetry); source as a SourceQuantSpec whose blocks the bench reads once the GGUF layer is
-    loaded (``kept_blocks``)."""
-    from ..lossy.projections.rtn import NAMES, QuantSpec
-    if names is None:
-        return []
-    chosen = [n.strip() for n in names.split(",") if n.strip()]
-    if not chosen:
-        raise UsageError(f"--quantize: expected int4, int8, source or several (int4,int8), "
-                         f"got {names!r}")
-    for n in chosen:
-        if n not in (*NAMES, SOURCE):
-            raise UsageError(f"--quantize {n!r}: choose one of {', '.join((*NAMES, SOURCE))}")
-    def spec(name: str, level: Optional[int]):
-        fields = {} if level is None else {"accuracy_level": level}
-        return SourceQuantSpec(**fields) if name == SOURCE else QuantSpec.named(name, **fields)
-    return [spec(n, level) for n in chosen for level in (levels or [None])]
 
 
 def _show_bench(report, source: str, markdown: bool, plot_path: Optional[str]) -> None:

@@ -43,6 +43,20 @@ def layer_address(ctx, param, value: Optional[str]) -> Optional[Address]:
         raise click.BadParameter(f"expected N or N.M (3, 3.1), got {value!r}") from None
 
 
+def address_list(ctx, param, value: Optional[str]) -> Optional[list[Address]]:
+    """--layers of capture: comma-separated layer addresses (0,5,29; 3.1: layer 3's module 1)."""
+    if value is None:
+        return None
+    try:
+        found = [parse_address(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        found = []
+    if not found:
+        raise click.BadParameter(f"expected addresses N or N.M separated by commas (0,5,3.1), "
+                                 f"got {value!r}")
+    return list(dict.fromkeys(found))
+
+
 def int_list(ctx, param, value: Optional[str], lowest: int = 1) -> Optional[list[int]]:
     if value is None:
         return None

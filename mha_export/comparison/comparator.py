@@ -68,6 +68,17 @@ BFLOAT16 = Tolerance(atol=3e-2, rtol=5e-2, scaled=5e-2)
 # are proven at fp32 compute (ort-cpu-fp32-compute), tightly.
 INT8_ACTIVATIONS = Tolerance(atol=1e-5, rtol=1e-4, scaled=0.1)
 TIES = 4  # a tolerance with ``changed`` always allows this many (a small case's one flip)
+# the tolerance of arithmetic in a half-precision model dtype, on any runtime
+HALF_TOLERANCES = {"float16": FLOAT16, "bfloat16": BFLOAT16}
+# a runner's tolerance_dtype when quantized projections really computed with int8 activations
+INT8_ACTIVATION_DTYPE = "int8-activations"
+
+
+def native_tolerance(dtype: str, options: object = None) -> Tolerance:
+    """A CPU runtime's (ONNX Runtime's, ExecuTorch's): ``dtype`` the model's, or the runner's
+    ``tolerance_dtype`` "int8-activations" when its quantized projections really computed
+    with int8 activations (accuracy level 4)."""
+    return {**HALF_TOLERANCES, INT8_ACTIVATION_DTYPE: INT8_ACTIVATIONS}.get(dtype, FP32)
 
 
 def loosest(tolerances: list[Tolerance]) -> Tolerance:

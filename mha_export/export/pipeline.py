@@ -3,11 +3,10 @@ folder that replaces the destination in one rename (artifact.py), so that a fail
 export leaves nothing behind. Unless ``validate=False`` the parity check (check/) runs on the
 staged folder before it is published. Each export declares its named inputs/outputs
 (``signature.Signature``) in config.json; what differs per file format is an export target
-(targets.py).
+(targets/).
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -24,8 +23,8 @@ from ..lossy import registry as lossy
 from ..signature import FLOAT, Signature, make_signature, signature_kind
 from ..weights.files import save_weights
 from ..weights.source import Source, load_source
-from .base import ExportTarget
-from .targets import TARGETS
+from ..targets.base import ExportTarget
+from ..targets.registry import TARGETS
 
 ATTENTION_FORMS = tuple(FORMS)
 
@@ -120,7 +119,7 @@ def checked_request(target: str, config: Optional[MHAConfig] = None, *,
     (``require_installed``)."""
     chosen, options = TARGETS[target], dict(target_options or {})
     kind = signature_kind(kv_cache, attention_mask, static_cache)
-    steps = lossy.requested(fields, target, kind, options.get("dtype", "float32"))
+    steps = lossy.requested(fields, chosen, kind, options.get("dtype", "float32"))
     source = load_source(config, weights, layer, seed, fields)
     lossy.refuse_unbuilt(source.config, steps)
     sig = make_signature(source.config, kind, lossy.cache_dtype(steps, FLOAT))
@@ -139,13 +138,10 @@ def require_installed(target: ExportTarget) -> None:
 
 
 def checked_export(target: str, check_options: Optional[dict] = None, **options) -> Request:
-    """``EXPORTERS[target](**options)``'s request, checked (``checked_request``, and the
+    """``export_to(target, **options)``'s request, checked (``checked_request``, and the
     target's libraries installed): a fan-out's preflight, so that what every layer's export
     would refuse is one error before any work."""
-    own = [name for name, p in inspect.signature(EXPORTERS[target]).parameters.items()
-           if p.kind is p.KEYWORD_ONLY]  # the target's options, as its function takes them
-    asked = checked_request(target, target_options={k: options.pop(k) for k in own
-                                                    if k in options},
+    asked = checked_request(target, target_options=TARGETS[target].own(options),
                             check_options=check_options, **options)
     require_installed(asked.target)
     return asked
@@ -159,43 +155,24 @@ def _describe(source: Source, sig: Signature, target: str, export: dict) -> dict
             "versions": versions(), "created": utc_now()}
 
 
-def export_onnx(config: Optional[MHAConfig] = None, output: str | Path | None = None, *,
-                attention: Optional[str] = None, opset: Optional[int] = None,
-                dtype: str = "float32", **options) -> ExportResult:
-    """Write DIR/model.onnx with one graph form's attention core (default: ``auto``, or a
-    memory-linear form that can build the layer) at an exact opset (the form's lowest by
-    default); ``options`` as ``export_artifact``'s (``quantize=QuantSpec(bits=4)``: the
-    projections as int4 MatMulNBits)."""
-    return export_artifact("onnx", config, output, target_options=dict(
-        attention=attention, opset=opset, dtype=dtype), **options)
+def export_to(target: str, config: Optional[MHAConfig] = None,
+              output: str | Path | None = None, **options) -> ExportResult:
+    """Write DIR/<the target's model file> (targets/registry.py's TARGETS: "onnx",
+    "torchscript", "aoti", "executorch"): ``export_artifact`` with the target's own options
+    (its record's ``options``) passed as keywords beside the others:
 
-
-def export_torchscript(config: Optional[MHAConfig] = None, output: str | Path | None = None,
-                       **options) -> ExportResult:
-    """Write DIR/model.pt (torch.jit.script: loads with torch.jit.load and libtorch); its
-    forward takes the signature's inputs positionally, in the declared order."""
-    return export_artifact("torchscript", config, output, **options)
-
-
-def export_aoti(config: Optional[MHAConfig] = None, output: str | Path | None = None, *,
-                device: str = "cpu", **options) -> ExportResult:
-    """Write DIR/model.pt2: the torch.export'ed entry point compiled by AOTInductor (loads
-    with torch._inductor.aoti_load_package and in C++); batch, seq and cache lengths dynamic."""
-    return export_artifact("aoti", config, output, target_options=dict(device=device), **options)
-
-
-def export_executorch(config: Optional[MHAConfig] = None, output: str | Path | None = None, *,
-                      backend: str = "xnnpack", max_batch: Optional[int] = None,
-                      kernels: str = "aten", **options) -> ExportResult:
-    """Write DIR/model.pte: the torch.export'ed entry point lowered by ExecuTorch to XNNPACK
-    (``backend="portable"``: its portable kernels); batch in [1, max_batch] (default 4) and seq
-    in [1, max_seq_len]; ``static_cache=True``: the cache inside the program (get_cache,
-    set_cache, reset_cache beside forward), a standard layer's step on max_batch static rows
-    (default 1), on ATen ops or (``kernels="llm"``) ExecuTorch's LLM kernels."""
-    return export_artifact("executorch", config, output, target_options=dict(
-        backend=backend, max_batch=max_batch, kernels=kernels), **options)
-
-
-# the export function of each target, by name (the fan-out over a checkpoint's layers calls it)
-EXPORTERS = {"onnx": export_onnx, "torchscript": export_torchscript, "aoti": export_aoti,
-             "executorch": export_executorch}
+    - onnx: ``attention`` (the graph form; default ``auto``, or a memory-linear form that can
+      build the layer), ``opset`` (exact; the form's lowest by default), ``dtype`` ("float32",
+      "float16", "bfloat16"); ``quantize=QuantSpec(bits=4)``: the projections as int4
+      MatMulNBits;
+    - torchscript: none (model.pt, torch.jit.script; its forward takes the signature's inputs
+      positionally, in the declared order);
+    - aoti: ``device`` ("cpu", "cuda"): model.pt2 compiled by AOTInductor, batch, seq and
+      cache lengths dynamic;
+    - executorch: ``backend`` ("xnnpack", "portable"), ``max_batch`` (the batch bound,
+      default 4; a static cache's rows, default 1), ``kernels`` ("aten", "llm": a static
+      cache's step on ExecuTorch's LLM kernels): model.pte, seq in [1, max_seq_len]."""
+    if target not in TARGETS:
+        raise UsageError(f"unknown export target {target!r}: choose one of {', '.join(TARGETS)}")
+    own = TARGETS[target].own(options)
+    return export_artifact(target, config, output, target_options=own or None, **options)

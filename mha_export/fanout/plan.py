@@ -16,7 +16,7 @@ from ..check.plan import CheckOptions, largest_case_bytes
 from ..errors import UsageError, require_positive
 from ..export.fingerprint import export_stamp
 from ..export.pipeline import checked_export
-from ..export.targets import TARGETS
+from ..targets.registry import TARGETS
 from ..graph.forms import DEFAULT
 from ..signature import make_signature
 from ..weights.source import (checkpoint_layers, checkpoint_modules, non_attention_layers,

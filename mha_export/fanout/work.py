@@ -44,12 +44,12 @@ def run_layer(job: LayerJob) -> LayerRecord:
 def _export(job: LayerJob) -> Optional[CheckReport]:
     """The layer's folder made anew: an earlier one goes first, so that a failed export never
     leaves an artifact of other options under this run's row."""
-    from ..export.pipeline import EXPORTERS
+    from ..export.pipeline import export_to
     shutil.rmtree(job.folder, ignore_errors=True)
     check = None if job.check_options is None else {**job.check_options, "threads": job.threads}
-    return EXPORTERS[job.target](output=job.folder, weights=job.weights, layer=job.layer,
-                                 force=True, validate=check is not None, check_options=check,
-                                 **job.options).report
+    return export_to(job.target, output=job.folder, weights=job.weights, layer=job.layer,
+                  force=True, validate=check is not None, check_options=check,
+                  **job.options).report
 
 
 def _check(job: LayerJob) -> CheckReport:

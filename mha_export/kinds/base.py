@@ -8,13 +8,14 @@ instead (``MHAConfig.section``: cache widths, the softmax scale, derived fields)
     weights         -> anchors (the tensor that identifies a layout in a file), projections
                        (name -> [out, in] shape), map_projections (a module with new weights)
     lossy steps     -> quantizable projections; unbuilt: step -> why it is refused
-    export targets  -> unexported: (config, target) -> why it cannot be written as that file
+    export targets  -> needs: operator -> (the feature, how it uses it): a target lacking one
+                       refuses the layer (targets/base.py's ``lacks``)
     bench           -> call_flops
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping
 
 from torch import Tensor, nn
 
@@ -41,15 +42,11 @@ class AttentionKind:
     # FLOPs of one row's call: (config, T, causal (query, key) pairs within it, past length)
     call_flops: Callable[[MHAConfig, int, float, int], float]
     unbuilt: Mapping[str, str] = field(default_factory=dict)  # lossy step -> why refused
-    # (config, export target) -> why a layer of this kind cannot be written as its file, or None
-    unexported: Callable[[MHAConfig, str], Optional[str]] = lambda config, target: None
+    # config -> the operators its layer needs that a target may lack (every target has MatMul,
+    # Softmax, ...): operator -> (the feature that needs it, how it uses it)
+    needs: Callable[[MHAConfig], Mapping[str, tuple[str, str]]] = lambda config: {}
 
     def refuse(self, step: str) -> None:
         """A lossy step not built for this kind: its one-line refusal."""
         if step in self.unbuilt:
             raise UsageError(self.unbuilt[step])
-
-    def refuse_target(self, config: MHAConfig, target: str) -> None:
-        """An export target that cannot hold this layer: its one-line refusal."""
-        if why := self.unexported(config, target):
-            raise UsageError(why)

@@ -5,8 +5,8 @@ check apart from the runners' kernel parity, judged only against a budget the us
     CLI       options() -> click options; from_cli(kw) -> the export API's keywords
     export    request(kw, target, kind, dtype) -> what was asked or None (refusals first);
               prepare(source, wanted, held, ...) -> the spec the file is built with;
-              graph_args(spec) -> the ONNX graph's; program_module(module, spec) -> a torch
-              program's (ExecuTorch); folder tag; the signature's cache dtype
+              graph_args(spec) -> the ONNX graph's; folder tag; the signature's cache dtype
+              (a torch program builds the steps its target ``builds`` itself: targets/)
     record    config.json export[record_key]: spec(export) reads it back, validate() checks it
     reference reference(module, spec, export) -> the eager module of the function the file holds
     check     its Cost (lossy/costs.py): per case / scenario, a result in the report's field
@@ -21,6 +21,15 @@ import numpy as np
 from ..errors import UsageError
 
 
+class LossyHost(Protocol):
+    """An export target, as a step sees it (targets/base.py's ExportTarget): it says which steps
+    it writes."""
+
+    def refuse_lossy(self, step: str, spec: Any, unbuilt: str) -> None:
+        """A step (by name, with what was asked) it cannot write: a UsageError (``unbuilt``:
+        the step's own words for a target that does not build it, its title in ``{title}``)."""
+
+
 class LossyStep:
     """A lossy step's hooks; the defaults are those of a step that changes nothing there."""
 
@@ -28,7 +37,8 @@ class LossyStep:
     label: str = ""  # its run in eval's attribution, e.g. "int8 cache"
     record_key: str = ""  # config.json export[...]
     signature_dtype: Optional[str] = None  # the cache dtype its signature declares
-    refusals: dict[str, str] = {}  # export target -> why it cannot write this step
+    # why a target that does not build it refuses it ({title}: the target's), in one line
+    unbuilt: str = "{title} cannot hold this lossy step"
 
     def spec(self, export: dict) -> Any:
         """The spec an artifact's export record holds, or None."""
@@ -58,9 +68,10 @@ class LossyStep:
         """The export API's keywords from the CLI's (the options' values gathered)."""
         return kw
 
-    def request(self, kw: dict, target: str, kind: str, dtype: str) -> Any:
+    def request(self, kw: dict, target: "LossyHost", kind: str, dtype: str) -> Any:
         """What was asked for through the export API's keywords (popped), or None; what
-        cannot be built (this target, call kind, dtype) is refused here, before any work."""
+        cannot be built (this target: its ``refuse_lossy``; call kind, dtype) is refused here,
+        before any work."""
         return None
 
     def prepare(self, source: Any, wanted: Any, held: Any, seed: int, dtype: str) -> Any:
@@ -75,16 +86,6 @@ class LossyStep:
     def record(self, spec: Any, config: Any) -> dict:
         """config.json's export[record_key]."""
         return spec.to_dict()
-
-    def program_module(self, module: Any, spec: Any) -> Any:
-        """The eager module a torch program (ExecuTorch) captures with this step built in (a
-        copy of ``module``, changed in place); a step not built there refuses it."""
-        raise UsageError(f"{self.name} is not built into torch programs")
-
-    def program_record(self, spec: Any, config: Any) -> dict:
-        """config.json's export[record_key] of a torch program; its "arithmetic": what the
-        kernels compute in when it is not the model's dtype (the check's tolerance)."""
-        return self.record(spec, config)
 
     def api_keys(self) -> tuple[str, ...]:
         """The export API's keywords it reads."""

@@ -6,11 +6,10 @@ Adding a lossy step: a package here with its ``LossyStep`` (step.py) and its ``C
 """
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from ..kinds.registry import kind_of
-from .base import LossyStep
+from .base import LossyHost, LossyStep
 from .half_weights import step as half_weights
 from .int8_cache import step as int8_cache
 from .projections import step as projections
@@ -42,8 +41,9 @@ def from_cli(kw: dict) -> dict:
     return kw
 
 
-def requested(kw: dict, target: str, kind: str, dtype: str) -> dict[str, Any]:
-    """What the export API's keywords ask of each step (popped from ``kw``), by name."""
+def requested(kw: dict, target: LossyHost, kind: str, dtype: str) -> dict[str, Any]:
+    """What the export API's keywords ask of each step (popped from ``kw``), by name; a step
+    ``target`` cannot write is refused (its ``refuse_lossy``)."""
     asked = {s.name: s.request(kw, target, kind, dtype) for s in STEPS}
     return {name: wanted for name, wanted in asked.items() if wanted is not None}
 
@@ -77,19 +77,6 @@ def cache_dtype(specs: dict[str, Any], default: str) -> str:
 
 def graph_args(specs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for s in STEPS if s.name in specs for k, v in s.graph_args(specs[s.name]).items()}
-
-
-def in_program(module: Any, specs: dict[str, Any], config: Any) -> tuple[Any, dict[str, Any]]:
-    """The module a torch program captures with the steps built in (a copy), and their
-    records in config.json's export."""
-    if not specs:
-        return module, {}
-    held = copy.deepcopy(module)
-    for s in STEPS:
-        if s.name in specs:
-            held = s.program_module(held, specs[s.name])
-    return held, {s.record_key: s.program_record(specs[s.name], config)
-                  for s in STEPS if s.name in specs}
 
 
 def records(specs: dict[str, Any], config: Any) -> dict[str, Any]:

@@ -15,10 +15,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..address import split_address
+from ..address import Address, address_key, split_address
 from ..artifact import readable
 from ..errors import UsageError
-from .loading import LoadedModel, attention_of, decoder_layers, load_model, load_tokenizer, tokenize
+from .loading import LoadedModel, attention_at, decoder_layers, load_model, load_tokenizer, tokenize
 
 
 @dataclass
@@ -60,7 +60,7 @@ def _asked(tokens: int, sequences: int) -> str:
     return f"--tokens {tokens}" + (f" x --sequences {sequences}" if sequences > 1 else "")
 
 
-def require_layers(layers: Sequence[int], count: int) -> None:
+def require_layers(layers: Sequence[Address], count: int) -> None:
     bad = [layer for layer in layers if not 0 <= split_address(layer)[0] < count]
     if bad:
         raise UsageError(f"--layers {bad[0]} is out of range: the model has {count} "
@@ -68,7 +68,7 @@ def require_layers(layers: Sequence[int], count: int) -> None:
 
 
 def checked_before_loading(weights: str | Path, text: str, tokens: int, sequences: int,
-                           layers: Sequence[int]) -> tuple[Any, np.ndarray]:
+                           layers: Sequence[Address]) -> tuple[Any, np.ndarray]:
     """What the checkpoint's header and tokenizer can tell, before the model loads (seconds,
     not tens of them): the layers in range, the text long enough. (tokenizer, token ids)."""
     from ..weights.source import checkpoint_layers
@@ -82,18 +82,18 @@ def checked_before_loading(weights: str | Path, text: str, tokens: int, sequence
     return tokenizer, token_block(tokenizer, text, tokens, sequences)
 
 
-def capture(loaded: LoadedModel, token_ids: np.ndarray, layers: Sequence[int]) -> dict:
-    """layer -> its attention input (S, N, d_in) float32, one forward of the whole model."""
+def capture(loaded: LoadedModel, token_ids: np.ndarray, layers: Sequence[Address]) -> dict:
+    """layer address -> its attention input (S, N, d_in) float32, one forward of the whole
+    model (an address N.M: module M of layer N, where layers hold several)."""
     import torch
-    found = decoder_layers(loaded.model)
-    require_layers(layers, len(found))
-    seen: dict[int, np.ndarray] = {}
+    require_layers(layers, len(decoder_layers(loaded.model)))
+    seen: dict[Address, np.ndarray] = {}
     hooks = []
     for layer in layers:
         def keep(module, args, kwargs, layer=layer):
             x = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
             seen[layer] = x.detach().float().numpy().copy()
-        hooks.append(attention_of(found[layer]).register_forward_pre_hook(keep, with_kwargs=True))
+        hooks.append(_module_at(loaded, layer).register_forward_pre_hook(keep, with_kwargs=True))
     try:
         with torch.inference_mode():
             loaded.model(input_ids=torch.from_numpy(token_ids), use_cache=False)
@@ -103,7 +103,16 @@ def capture(loaded: LoadedModel, token_ids: np.ndarray, layers: Sequence[int]) -
     return seen
 
 
-def capture_text(weights: str | Path, text_path: str | Path, layers: Sequence[int],
+def _module_at(loaded: LoadedModel, layer: Address) -> Any:
+    """The attention module at ``layer``; an address past a layer's modules: one line."""
+    try:
+        return attention_at(loaded.model, layer)
+    except (IndexError, TypeError, AttributeError):
+        raise UsageError(f"--layers {layer}: the model's layer {split_address(layer)[0]} "
+                         "holds no such attention module") from None
+
+
+def capture_text(weights: str | Path, text_path: str | Path, layers: Sequence[Address],
                  tokens: int = 512, sequences: int = 1,
                  loaded: Optional[LoadedModel] = None) -> Capture:
     """The chosen layers' inputs on the text's first ``tokens`` x ``sequences`` tokens."""
@@ -129,7 +138,8 @@ def write_capture(result: Capture, output: str | Path) -> Path:
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tensors = {f"layers.{layer}.x": np.ascontiguousarray(x, np.float32)
-               for layer, x in sorted(result.inputs.items())}
+               for layer, x in sorted(result.inputs.items(),
+                                      key=lambda item: address_key(item[0]))}
     tensors["token_ids"] = result.token_ids
     partial = output.with_name(f".{output.name}.partial")
     try:

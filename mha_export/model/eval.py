@@ -39,35 +39,34 @@ from ..check.runners.ort_threads import DEFAULT as DEFAULT_THREAD_POOL, get_poli
 from ..errors import UsageError
 from ..env import openmp_wait
 from ..lossy import registry as lossy
+from ..targets.registry import eval_options, target_of_file
 from ..weights.source import (checkpoint_layers, checkpoint_modules, non_attention_layers,
                               select_layers)
 from .capture import checked_before_loading, read_text, token_block
 from .loading import LoadedModel, attention_at, decoder_layers, load_model, set_attention
 
 Progress = Callable[[int, int, str], None]
-EXPORT_KEYS = ("attention", "opset", "kv_cache", "static_cache", "kernels") + lossy.api_keys()
-TARGET_KEYS = {"kernels": "executorch"}  # an export target's own option: the target it needs
+EXPORT_KEYS = ("opset", "kv_cache", "static_cache") + tuple(
+    o.name for _, o in eval_options()) + lossy.api_keys()
 
 
 def _preflight(weights: str | Path, runner: str, options: dict, layer: Address) -> None:
     """The layers' export request checked before the model loads (tens of seconds): what the
     runner's target refuses of these options is one line now, not after the loading."""
     from ..check.runners import RUNNERS
-    from ..export.pipeline import checked_request, require_installed
-    from ..export.targets import TARGETS
-    target = next(t for t in TARGETS.values() if t.model_file == RUNNERS[runner].model_file)
-    own = {k: v for k, v in options.items() if k in TARGET_KEYS}
-    asked = checked_request(target.name, weights=weights, layer=layer, target_options=own,
-                            **{k: v for k, v in options.items() if k not in TARGET_KEYS})
-    require_installed(asked.target)
+    from ..export.pipeline import checked_export
+    checked_export(target_of_file(RUNNERS[runner].model_file).name, weights=weights,
+                   layer=layer, **options)
 
 
 def _require_target_of(options: dict, runner: str) -> None:
-    """An export target's own option (``TARGET_KEYS``) needs a runner of that target."""
-    for key, target in TARGET_KEYS.items():
-        if options.get(key) and not runner.startswith(target):
-            raise UsageError(f"--{key} is an option of the {target} target: add --runner "
-                             f"{target}-cpu")
+    """An export target's own option (its record's, ``in_eval``) needs a runner of that
+    target's file."""
+    from ..check.runners import RUNNERS
+    for target, option in eval_options():
+        if options.get(option.name) and RUNNERS[runner].model_file != target.model_file:
+            raise UsageError(f"{option.flag} is an option of the {target.name} target: add "
+                             f"--runner {target.runners[0].name if target.runners else 'ort-cpu'}")
 
 
 # --- metrics --------------------------------------------------------------------------------
@@ -460,20 +459,17 @@ class Evaluator:
         by its layers.json), opened in the runner."""
         from ..artifact import EVAL_OPTIONS_FILE, read_artifact
         from ..check.runners import RunOptions
-        from ..export.pipeline import export_artifact
-        from ..export.targets import TARGETS
+        from ..export.pipeline import export_to
         from ..export.fingerprint import checked_layer, export_stamp
-        target = next(t for t in TARGETS.values() if t.model_file == self.kind.model_file)
+        target = target_of_file(self.kind.model_file)
         checked = checked_layer(self.folder, target.name, self.weights, options, layer)
         folder = self.folders[name, layer] = checked or self._folder(name, layer)
         stamp = export_stamp(target.name, self.weights, options, None, layer)
         record = folder / EVAL_OPTIONS_FILE
         if not checked and not (record.is_file() and record.read_text() == stamp
                                 and (folder / self.kind.model_file).is_file()):
-            own = {k: v for k, v in options.items() if k in TARGET_KEYS}
-            export_artifact(target.name, output=folder, weights=self.weights, layer=layer,
-                            validate=False, force=True, target_options=own or None,
-                            **{k: v for k, v in options.items() if k not in TARGET_KEYS})
+            export_to(target.name, output=folder, weights=self.weights, layer=layer,
+                   validate=False, force=True, **options)
             record.write_text(stamp)
         else:
             self.reused.add((name, layer))

@@ -7,20 +7,20 @@ runner of another runtime than the one the file was made for (OpenVINO on model.
 never fails on another runtime's bugs, unless no default runner can run the file here (a bf16
 file on a CPU): then the first that can runs in their place (plan.py), and says so. The
 check's selection (``--runners``), its SKIPPED lines, the CUDA requirement, the default
-tolerances and the bench read these records; nothing else changes.
+tolerances and the bench read these records; nothing else changes. The runners of a file
+other than model.onnx are its target's (targets/: the record's ``runners``).
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Optional
 
-from ...env import executorch_missing, native_stderr_without
 from ...errors import UsageError
 from ...signature import Signature
-from ...comparison.comparator import (BFLOAT16, FLOAT16, FP32, FP32_TF32, INT8_ACTIVATIONS,
-                                      Tolerance, loosest)
+from ...comparison.comparator import (FP32, FP32_TF32, HALF_TOLERANCES, INT8_ACTIVATION_DTYPE,
+                                      INT8_ACTIVATIONS, Tolerance, loosest, native_tolerance)
 from ...comparison.runner import Feeds, Runner, RunnerKind, RunnerUnavailable, RunOptions
+from ...targets.registry import TARGETS
 
 __all__ = ["RUNNERS", "Feeds", "Runner", "RunnerKind", "RunnerUnavailable", "RunOptions",
            "get_runner", "on_device", "ort_runner_names"]
@@ -48,51 +48,9 @@ def _quantized_export(export: dict) -> bool:
     return "quantize" in export
 
 
-def _open_torchscript(sig: Signature, path: Path, options: RunOptions) -> Runner:
-    from ...comparison.torch_runners import TorchScriptRunner
-    return TorchScriptRunner(sig, path)
-
-
-def _open_aoti(device: str):
-    def open_(sig: Signature, path: Path, options: RunOptions) -> Runner:
-        from .aoti import AotiRunner
-        return AotiRunner(sig, path, device)
-    return open_
-
-
-# ExecuTorch's runtime logs to the process's stderr, from C++, when its thread pool starts or
-# is resized (executorch 1.5.1): info lines, not the check's
-EXECUTORCH_INFO = (re.compile(r"\[cpuinfo_utils\.cpp:\d+\] (Reading file|Failed to open midr "
-                              r"file|CPU info and manual query)"),
-                   re.compile(r"\[threadpool\.cpp:\d+\] Resetting threadpool to"))
-
-
-def _open_executorch(sig: Signature, path: Path, options: RunOptions) -> Runner:
-    from .executorch import ExecuTorchRunner
-    with native_stderr_without(EXECUTORCH_INFO):
-        return ExecuTorchRunner(sig, path, options.threads)
-
-
-def _no_torch_cuda() -> Optional[str]:
-    import torch
-    return None if torch.cuda.is_available() else "no CUDA device visible to torch"
-
-
 def _cuda_missing() -> Optional[str]:
     from .ort import cuda_provider_missing
     return cuda_provider_missing()
-
-
-# the tolerance of arithmetic in a half-precision model dtype, on any runtime
-HALF_TOLERANCES = {"float16": FLOAT16, "bfloat16": BFLOAT16}
-
-
-def _cpu_tolerance(dtype: str, options: RunOptions) -> Tolerance:
-    """ONNX Runtime and ExecuTorch on the CPU. ``dtype``: the model's, or the runner's
-    ``tolerance_dtype`` "int8-activations" when its
-    quantized projections really computed with int8 activations (accuracy level 4)."""
-    from .ort import INT8_ACTIVATION_DTYPE
-    return {**HALF_TOLERANCES, INT8_ACTIVATION_DTYPE: INT8_ACTIVATIONS}.get(dtype, FP32)
 
 
 def _ort_cuda_tolerance(dtype: str, options: RunOptions) -> Tolerance:
@@ -118,20 +76,17 @@ def _openvino_tolerance(dtype: str, options: RunOptions) -> Tolerance:
     """``dtype``: the runner's ``tolerance_dtype`` (bfloat16 when OpenVINO really ran bf16,
     float16 for fp16 arithmetic, "+int8-activations" when it quantized the activations of
     compressed-weight MatMuls), else the model's: the loosest of what ran."""
-    from .ort import INT8_ACTIVATION_DTYPE
     known = {**HALF_TOLERANCES, INT8_ACTIVATION_DTYPE: INT8_ACTIVATIONS}
     return loosest([known.get(part, FP32) for part in dtype.split("+")])
 
 
 _KINDS = (
-    RunnerKind("torchscript", "model.pt", "cpu", "torch.jit", _open_torchscript,
-               lambda dtype, options: FP32),
     RunnerKind("ort-cpu", "model.onnx", "cpu", "ONNX Runtime (CPUExecutionProvider)",
-               _open_ort("cpu"), _cpu_tolerance, ort_provider="cpu"),
+               _open_ort("cpu"), native_tolerance, ort_provider="cpu"),
     RunnerKind("ort-cpu-fp32-compute", "model.onnx", "cpu",
                "ONNX Runtime (CPUExecutionProvider), quantized projections at fp32 compute: "
                "the file's weights checked exactly", _open_ort("cpu", fp32_compute=True),
-               _cpu_tolerance, by_default=False, also_with="ort-cpu",
+               native_tolerance, by_default=False, also_with="ort-cpu",
                also_for=_int8_activation_export,
                also_for_doc="files with int8-activation quantized projections"),
     RunnerKind("ort-cuda", "model.onnx", "cuda", "ONNX Runtime (CUDAExecutionProvider)",
@@ -156,14 +111,9 @@ _KINDS = (
                "OpenVINO (CPU plugin, its default precision: bf16 where the CPU has it)",
                _open_openvino("openvino-cpu-default", None), _openvino_tolerance,
                unavailable=_openvino_missing, by_default=False),
-    RunnerKind("aoti-cpu", "model.pt2", "cpu", "AOTInductor (torch)", _open_aoti("cpu"),
-               lambda dtype, options: FP32),
-    RunnerKind("aoti-cuda", "model.pt2", "cuda", "AOTInductor (torch, CUDA)", _open_aoti("cuda"),
-               lambda dtype, options: FP32_TF32 if options.tf32 else FP32,
-               unavailable=_no_torch_cuda),
-    RunnerKind("executorch-cpu", "model.pte", "cpu", "ExecuTorch (executorch.runtime)",
-               _open_executorch, _cpu_tolerance, unavailable=executorch_missing),
 )
+# the runners of the ONNX file, then those of each other target's (its record's)
+_KINDS += tuple(k for t in TARGETS.values() for k in t.runners)
 RUNNERS: dict[str, RunnerKind] = {k.name: k for k in _KINDS}
 
 

@@ -31,7 +31,7 @@ from ...graph.nodes import all_nodes
 from ...lossy.projections.kernels import matmul_nbits_kinds, matmul_nbits_probe
 from ...signature import Signature
 from ...comparison.runner import Feeds, Runner, RunnerUnavailable
-from .ort import INT8_ACTIVATION_DTYPE
+from ...comparison.comparator import INT8_ACTIVATION_DTYPE
 
 INSTALL = "pip install 'mha-export[openvino]'"
 # OpenVINO's element type names -> the names the check reports, lowest precision first.

@@ -1,8 +1,6 @@
 """Multi-head Latent Attention's kind record: what every stage asks of it (kinds/base.py)."""
 from __future__ import annotations
 
-from typing import Optional
-
 from torch import nn
 
 from ...config import MHAConfig
@@ -40,23 +38,23 @@ def call_flops(c: MHAConfig, seq: int, pairs: float, past: int) -> float:
     return MLAConfig.of(c).call_flops(seq, pairs + seq * past, seq + past)
 
 
-SPARSE_ON_EXECUTORCH = (
-    "DeepSeek Sparse Attention (--index-topk) is not built for ExecuTorch: its indexer keeps "
-    "each query's top keys by a stable sort (ties to the earlier key, as ONNX's TopK), and "
-    "ExecuTorch's edge dialect refuses aten.sort (not core ATen; neither XNNPACK nor the "
-    "portable kernels have one): export it to ONNX")
+# DeepSeek Sparse Attention's indexer keeps each query's top keys by a stable sort
+SORTED_TOP_KEYS = ("DeepSeek Sparse Attention (--index-topk)",
+                   "its indexer keeps each query's top keys by a stable sort (ties to the "
+                   "earlier key, as ONNX's TopK)")
 
 
-def unexported(c: MHAConfig, target: str) -> Optional[str]:
-    """What a latent layer cannot be written as: a sparse one (DSA) as an ExecuTorch program."""
+def needs(c: MHAConfig) -> dict[str, tuple[str, str]]:
+    """A sparse latent layer with its own indexer (DSA) sorts its indexer's scores (a GLM-5
+    shared-top-k layer is given its selection: none)."""
     index = MLAConfig.of(c).index
-    return SPARSE_ON_EXECUTORCH if target == "executorch" and index and not index.shared else None
+    return {"aten.sort": SORTED_TOP_KEYS} if index and not index.shared else {}
 
 
 KIND = AttentionKind(
     name=LAYOUT, summary=NAME, layouts={LAYOUT: MLAttention},
     anchors={LAYOUT: "kv_a_proj_with_mqa.weight"}, forms=FORMS, projections=projections,
     quantizable=quantizable, map_projections=map_projections, call_flops=call_flops,
-    unexported=unexported,
+    needs=needs,
     unbuilt={"int8-cache": f"--kv-cache-dtype int8 is not built for {NAME} yet (its latent "
                            "cache is float)"})

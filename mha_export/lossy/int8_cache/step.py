@@ -17,13 +17,6 @@ from ..base import LossyStep
 from .calibration import calibrate_cache
 from .codes import CACHE_DTYPES, GRANULARITIES, INT8_CACHE_TAG, VALUE_SCALE, KVCacheSpec
 
-# The eager module holds the int8 cache's function (layer/base.py), but neither torch target is
-# proven to write the codes in place and read them dequantized at speed: refused, not guessed.
-_TORCH = ("--kv-cache-dtype int8 is ONNX-only (ONNX Runtime's GroupQueryAttention and standard "
-          "ops); {} exports the float cache: use `mha-export onnx --static-cache "
-          "--kv-cache-dtype int8`")
-
-
 @dataclass(frozen=True)
 class Request:
     """An int8 cache as asked for: where its scales come from."""
@@ -37,9 +30,12 @@ class Int8Cache(LossyStep):
     label = "int8 cache"
     record_key = "kv_cache"
     signature_dtype = INT8
-    refusals = {"torchscript": _TORCH.format("TorchScript"), "aoti": _TORCH.format("AOTInductor"),
-                "executorch": "--kv-cache-dtype int8: the ExecuTorch program's cache holds "
-                              "float entries (quantize-on-write is not built for it)"}
+    # The eager module holds the int8 cache's function (layer/base.py), but no torch program
+    # target is proven to write the codes in place and read them dequantized at speed:
+    # refused, not guessed.
+    unbuilt = ("--kv-cache-dtype int8 is ONNX-only (ONNX Runtime's GroupQueryAttention and "
+               "standard ops); {title} exports the float cache: use `mha-export onnx "
+               "--static-cache --kv-cache-dtype int8`")
 
     def from_record(self, record: dict) -> Any:
         return KVCacheSpec.from_dict(record)
@@ -87,7 +83,7 @@ class Int8Cache(LossyStep):
             raise UsageError("--value-scale needs --kv-cache-dtype int8")
         return kw
 
-    def request(self, kw: dict, target: str, kind: str, dtype: str) -> Optional[Request]:
+    def request(self, kw: dict, target: Any, kind: str, dtype: str) -> Optional[Request]:
         """It needs the static cache, a float32 model and a target that writes it; a
         calibration file without it is a mistake, said before any work."""
         cache_dtype = kw.pop("kv_cache_dtype", "float")
@@ -99,8 +95,7 @@ class Int8Cache(LossyStep):
             if wanted.calibration is not None:
                 raise UsageError("--calibration needs --kv-cache-dtype int8")
             return None
-        if target in self.refusals:
-            raise UsageError(self.refusals[target])
+        target.refuse_lossy(self.name, wanted, self.unbuilt)
         if kind != STATIC:
             raise UsageError("--kv-cache-dtype int8 needs --static-cache: the int8 buffers are "
                              "written in place; the growing --kv-cache model would re-quantize "

@@ -14,7 +14,6 @@ import numpy as np
 from ...errors import UsageError
 from ...kinds.registry import kind_of
 from ..base import LossyStep
-from . import torchao
 from .graph import MatMulNBitsProjections
 from .records import quant_spec_from_record
 from .reference import reference_module
@@ -24,13 +23,6 @@ from .source import (GRAPH_NAMES, SOURCE, SourceQuantSpec, kept_checkpoint_quant
 
 MODULE_WEIGHTS = {graph: ours for ours, graph in GRAPH_NAMES.items()}  # q_proj -> W_query.weight
 
-# torch's weight-only int4/int8 (torchao) is not a dependency: its int8 path runs mm(x,
-# W.to(float)) in eager/TorchScript (dequantized every call, no fewer bytes), its CPU int4 is a
-# prototype, and AOTInductor on CPU with it is unproven. The refusal says so rather than export
-# float weights under a quantized name.
-_TORCH = ("--quantize is ONNX-only: torch 2.13 has no CPU weight-only int4/int8 kernel that {} "
-          "compiles (torchao's int8 dequantizes every call, its CPU int4 is a prototype); use "
-          "`mha-export onnx --quantize`")
 FIELDS = ("block_size", "symmetric", "accuracy_level")  # the CLI's, gathered into the spec
 # quantized_projections' names -> the graph's (the names a kept quantization records)
 GRAPH_NAME = {"out_proj": "out", "gate_proj": "gate"}
@@ -39,7 +31,13 @@ GRAPH_NAME = {"out_proj": "out", "gate_proj": "gate"}
 class QuantizedProjections(LossyStep):
     name = "quantize"
     record_key = "quantize"
-    refusals = {"torchscript": _TORCH.format("TorchScript"), "aoti": _TORCH.format("AOTInductor")}
+    # torch's weight-only int4/int8 (torchao) is not a dependency: its int8 path runs mm(x,
+    # W.to(float)) in eager/TorchScript (dequantized every call, no fewer bytes), its CPU int4
+    # is a prototype, and AOTInductor on CPU with it is unproven. The refusal says so rather
+    # than export float weights under a quantized name.
+    unbuilt = ("--quantize is ONNX-only: torch 2.13 has no CPU weight-only int4/int8 kernel that "
+               "{title} compiles (torchao's int8 dequantizes every call, its CPU int4 is a "
+               "prototype); use `mha-export onnx --quantize`")
 
     def from_record(self, record: dict) -> Any:
         return quant_spec_from_record(dict(record))
@@ -58,7 +56,7 @@ class QuantizedProjections(LossyStep):
             click.option("--quantize", type=click.Choice((*NAMES, SOURCE)), default=None,
                          help="Weight-only quantized projections (q/k/v, output, gate) as ONNX "
                               "Runtime's MatMulNBits, round to nearest per block; norms, biases "
-                              "and sinks stay float (ONNX; ExecuTorch: int4 as XNNPACK's 8da4w, "
+                              "and sinks stay float (ONNX; model.pte: int4 as XNNPACK's 8da4w, "
                               "int8 activations); source: a checkpoint's own "
                               "quantized weights, kept as they are: a .gguf file's blocks (Q4_0, "
                               "Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K) or a Hugging Face folder's "
@@ -99,12 +97,10 @@ class QuantizedProjections(LossyStep):
             return {**kw, "quantize": SourceQuantSpec(**fields)}
         return {**kw, "quantize": QuantSpec.named(name, **fields)}
 
-    def request(self, kw: dict, target: str, kind: str, dtype: str) -> Any:
+    def request(self, kw: dict, target: Any, kind: str, dtype: str) -> Any:
         spec = kw.pop("quantize", None)
-        if spec is not None and target in self.refusals:
-            raise UsageError(self.refusals[target])
-        if spec is not None and target == "executorch" and (why := torchao.refusal(spec)):
-            raise UsageError(why)
+        if spec is not None:
+            target.refuse_lossy(self.name, spec, self.unbuilt)
         return spec
 
     def prepare(self, source: Any, spec: Any, held: Any, seed: int, dtype: str) -> Any:
@@ -115,14 +111,6 @@ class QuantizedProjections(LossyStep):
 
     def record(self, spec: Any, config: Any) -> dict:
         return {"format": "com.microsoft.MatMulNBits",
-                "projections": quantized_projections(config), **spec.to_dict()}
-
-    def program_module(self, module: Any, spec: Any) -> Any:
-        """The program's int4 projections, torchao's 8da4w (torchao.py)."""
-        return torchao.in_program(module, spec, quantized_projections(module.config))
-
-    def program_record(self, spec: Any, config: Any) -> dict:
-        return {"format": torchao.KERNEL, "arithmetic": torchao.ARITHMETIC,
                 "projections": quantized_projections(config), **spec.to_dict()}
 
     def api_keys(self) -> tuple[str, ...]:

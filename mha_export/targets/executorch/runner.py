@@ -33,7 +33,7 @@ class ExecuTorchRunner(Runner):
         export = _recorded(Path(path).parent)
         llm = uses_llm_kernels(Path(path))
         if llm:  # registered into the runtime before the program loads
-            from ...env import load_llm_kernels
+            from .install import load_llm_kernels
             load_llm_kernels()
         if threads:  # XNNPACK's and the kernels' pool (the process's: one program at a time)
             from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool

@@ -26,9 +26,9 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from ..config import MHAConfig
-from ..kinds.registry import kind_of
-from ..layer.attention import grouped_attention
+from ...config import MHAConfig
+from ...kinds.registry import kind_of
+from ...layer.attention import grouped_attention
 
 
 class CacheRows(nn.Module):

@@ -8,13 +8,13 @@ from typing import Optional
 
 import torch
 
-from ..config import MHAConfig
-from ..layer.entry import entry_module
-from ..layer.layouts import AttentionBase
-from ..signature import Signature
-from .base import Prepared, require_no_lossy_steps
+from ...config import MHAConfig
+from ...layer.entry import entry_module
+from ...layer.layouts import AttentionBase
+from ...signature import Signature
+from ..base import Prepared, require_no_lossy_steps
+from . import MODEL_FILE, SUCCESSOR, SUCCESSOR_FORMAT
 
-MODEL_FILE = "model.pt"
 
 
 def prepare(module: AttentionBase, config: MHAConfig, sig: Signature,
@@ -37,8 +37,8 @@ def check(config: MHAConfig, sig: Signature, specs: Optional[dict] = None) -> No
     require_no_lossy_steps(specs, MODEL_FILE)
 
 
-DEPRECATION = ("torch 2.13 deprecates torch.jit.script and torch.jit.load; `mha-export aoti` "
-               "(torch.export + AOTInductor) writes the successor")
+DEPRECATION = (f"torch 2.13 deprecates torch.jit.script and torch.jit.load; {SUCCESSOR} "
+               f"({SUCCESSOR_FORMAT}) writes the successor")
 
 
 def surface(caught: list) -> None:
@@ -46,5 +46,5 @@ def surface(caught: list) -> None:
     once (never hidden), deprecations with where to go instead."""
     for category, message in dict.fromkeys((w.category, str(w.message)) for w in caught):
         if issubclass(category, DeprecationWarning) and "torch.jit" in message:
-            message += " (mha-export aoti writes its successor: torch.export + AOTInductor)"
+            message += f" ({SUCCESSOR.strip('`')} writes its successor: {SUCCESSOR_FORMAT})"
         warnings.warn(message, category, stacklevel=3)

@@ -26,8 +26,8 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from ..signature import Signature
-from .executorch_rows import ROW_KERNELS, CacheRows, RowsStep
+from ...signature import Signature
+from .rows import ROW_KERNELS, CacheRows, RowsStep
 
 METHODS = ("forward", "get_cache", "set_cache", "reset_cache")
 BUFFERS = ("key_cache", "value_cache")

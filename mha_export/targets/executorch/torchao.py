@@ -18,6 +18,7 @@ What ExecuTorch 1.5.1 cannot run is refused (``refusal``), each reason measured 
 """
 from __future__ import annotations
 
+import copy
 import logging
 from typing import Any, Optional
 
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from ...errors import UsageError
-from .rtn import QuantSpec, quantize
+from ...lossy.projections.rtn import QuantSpec, quantize, quantized_projections
 
 # the quantizable projections' modules in the split layout an ExecuTorch program holds (an
 # attention kind whose names are its modules', e.g. MLA's, maps to itself)
@@ -57,7 +58,21 @@ def refusal(spec: Any) -> Optional[str]:
     return None
 
 
-def in_program(module: nn.Module, spec: QuantSpec, names: list[str]) -> nn.Module:
+def in_program(module: nn.Module, specs: dict[str, Any], config: Any
+               ) -> tuple[nn.Module, dict[str, Any]]:
+    """The module the program captures with the lossy steps built in (a copy; the steps the
+    target ``builds``: quantized projections), and their records in config.json's export (its
+    "arithmetic": what the kernels compute in, the check's tolerance)."""
+    if "quantize" not in specs:
+        return module, {}
+    spec = specs["quantize"]
+    names = quantized_projections(config)
+    held = with_int4_projections(copy.deepcopy(module), spec, names)
+    return held, {"quantize": {"format": KERNEL, "arithmetic": ARITHMETIC, "projections": names,
+                               **spec.to_dict()}}
+
+
+def with_int4_projections(module: nn.Module, spec: QuantSpec, names: list[str]) -> nn.Module:
     """``module`` (split layout) with projections ``names`` holding the program's int4 weights
     (in place; the caller's copy)."""
     for name in names:

@@ -5,11 +5,11 @@ for them), lowered by ``to_edge_transform_and_lower`` to XNNPACK (default) or le
 portable kernels, and serialized.
 
 The static cache lives inside the program as mutable buffers written in place
-(executorch_cache.py: forward, get_cache, set_cache, reset_cache); a standard layer's step
+(cache.py: forward, get_cache, set_cache, reset_cache); a standard layer's step
 runs M static rows, each row's buffers read where they lie, by ATen ops or by ExecuTorch's LLM
-kernels (``kernels``; executorch_rows.py). Refused in one line: the growing cache (buffers
+kernels (``kernels``; rows.py). Refused in one line: the growing cache (buffers
 have fixed shapes), a KV-shared layer's cached calls, DeepSeek Sparse Attention (its kind's
-``unexported``: a stable sort ExecuTorch has no operator for).
+``needs``: a stable sort ExecuTorch has no operator for).
 """
 from __future__ import annotations
 
@@ -22,19 +22,19 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from ..config import MHAConfig
-from ..env import executorch_missing, load_llm_kernels
-from ..errors import UsageError
-from ..kinds.registry import convert, kind_of
-from ..layer.entry import entry_module
-from ..lossy import registry as lossy
-from ..signature import CACHE_NAMES, INDEX_K, Signature
-from . import executorch_cache as cache
-from .base import Prepared
-from .executorch_rows import DEFAULT_KERNELS, ROW_KERNELS, llm_kernels_refusal
+from ...config import MHAConfig
+from .install import executorch_missing, load_llm_kernels
+from .torchao import in_program
+from ...errors import UsageError
+from ...kinds.registry import convert, kind_of
+from ...layer.entry import entry_module
+from ...signature import CACHE_NAMES, INDEX_K, Signature
+from .cache import Method, backend_config, cache_methods, cache_record
+from ..base import Prepared, refuse_lacking
+from . import MODEL_FILE
+from .limits import BACKENDS, LACKS
+from .rows import DEFAULT_KERNELS, ROW_KERNELS, llm_kernels_refusal
 
-MODEL_FILE = "model.pte"
-BACKENDS = ("xnnpack", "portable")
 MAX_BATCH = 4  # the batch axis's default bound: ExecuTorch plans every buffer for the largest
 STATIC_ROWS = 1  # a static-cache program's rows (its static batch): one stream, as an app
 EXAMPLE = {"batch": 2, "seq": 3, INDEX_K: 2}  # neither 0 nor 1: no axis specialised to them
@@ -53,8 +53,8 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
     check(config, sig, backend, max_batch, specs, kernels)
     if why := executorch_missing():
         raise UsageError(why)
-    module, records = lossy.in_program(without_empty_buffers(in_split_layout(module)),
-                                       specs or {}, config)
+    module, records = in_program(without_empty_buffers(in_split_layout(module)), specs or {},
+                                 config)
     bounds = program_bounds(config, sig, max_batch, max_seq)
     export: dict[str, Any] = {"file": MODEL_FILE, "method": "torch.export + ExecuTorch",
                               "backend": backend, "bounds": bounds,
@@ -63,15 +63,15 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
         rows = by_rows(config, sig)
         if rows and kernels == "llm":
             load_llm_kernels()
-        methods = cache.cache_methods(
+        methods = cache_methods(
             module, sig, max_batch, config.max_seq_len,
             *_step_example(sig, bounds, {"past_key", "past_value"}, static_batch=rows),
             kernels=kernels if rows else None)
-        export["cache"] = cache.cache_record(sig, max_batch, config.max_seq_len,
+        export["cache"] = cache_record(sig, max_batch, config.max_seq_len,
                                              kernels if rows else "")
     else:
         entry = entry_module(module, sig.kind, sig.input_names, sig.output_names)
-        methods = {"forward": cache.Method(entry, *_step_example(sig, bounds, set()))}
+        methods = {"forward": Method(entry, *_step_example(sig, bounds, set()))}
     program = _lowered(methods, bounds, backend, io_names(sig))
     export.update(placement=placement(program.exported_program("forward")),
                   executorch=_version())
@@ -122,7 +122,7 @@ def check(config: MHAConfig, sig: Signature, backend: str = "xnnpack",
           kernels: str = DEFAULT_KERNELS) -> None:
     """What prepare refuses of the request, without ExecuTorch's libraries (the pipeline asks
     whether they are installed after this and the other request checks)."""
-    kind_of(config).refuse_target(config, "executorch")
+    refuse_lacking(kind_of(config).needs(config), "ExecuTorch", LACKS)
     max_batch = max_batch if max_batch is not None else default_max_batch(sig)
     if kernels not in ROW_KERNELS:
         raise UsageError(f"unknown --kernels {kernels!r}: choose one of "
@@ -199,7 +199,7 @@ def io_names(sig: Signature) -> dict[str, str]:
             "output_names": ",".join(n for n in sig.output_names if n not in held)}
 
 
-def _lowered(methods: dict[str, cache.Method], bounds: dict, backend: str,
+def _lowered(methods: dict[str, Method], bounds: dict, backend: str,
              names: dict[str, str]) -> Any:
     """Each method torch.export'ed with batch in [1, bounds.batch] and seq in [1, bounds.seq]
     (an axis bounded by 1 is no axis: size 1), then ExecuTorch's edge dialect; forward
@@ -243,7 +243,7 @@ def _serialized(program: Any, cache_inside: bool, by_rows: bool = False) -> byte
         return program.to_executorch().buffer
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Mutation on a buffer in the model")
-        return program.to_executorch(cache.backend_config(by_rows)).buffer
+        return program.to_executorch(backend_config(by_rows)).buffer
 
 
 def _partitioners(backend: str) -> list:

@@ -12,15 +12,14 @@ from pathlib import Path
 import torch
 from torch.export import Dim
 
-from ..config import MHAConfig
-from ..errors import UsageError
-from ..layer.entry import entry_module
-from ..layer.layouts import AttentionBase
-from ..signature import INDEX_K, Signature
-from .base import Prepared, require_no_lossy_steps
+from ...config import MHAConfig
+from ...errors import UsageError
+from ...layer.entry import entry_module
+from ...layer.layouts import AttentionBase
+from ...signature import INDEX_K, Signature
+from ..base import Prepared, require_no_lossy_steps
+from . import DEVICES, MODEL_FILE
 
-MODEL_FILE = "model.pt2"
-DEVICES = ("cpu", "cuda")
 # Example sizes for the capture: none of them is 0 or 1, so no axis is specialised to them.
 EXAMPLE = {"batch": 2, "seq": 3, "past_seq": 5, "max_cache": 16}
 # A static cache's example rows: different valid lengths, both writes inside the buffer.

@@ -9,18 +9,18 @@ from typing import Any, Optional
 import onnx
 from onnx import helper
 
-from ..config import MHAConfig
-from ..graph.builder import FLOAT_TYPES
-from ..graph.forms import GraphForm, resolve_opset
-from ..graph.model import build_model, check_buildable
-from ..kinds.registry import FORMS, default_form, get_form
-from ..layer.layouts import AttentionBase
-from ..lossy import registry as lossy
-from ..lossy.projections import session_options
-from ..signature import Signature
-from .base import Prepared
+from ...config import MHAConfig
+from ...graph.builder import FLOAT_TYPES
+from ...graph.forms import GraphForm, resolve_opset
+from ...graph.model import build_model, check_buildable
+from ...kinds.registry import FORMS, default_form, get_form
+from ...layer.layouts import AttentionBase
+from ...lossy import registry as lossy
+from ...lossy.projections import session_options
+from ...signature import Signature
+from ..base import Prepared
 
-MODEL_FILE = "model.onnx"
+from . import MODEL_FILE
 PROTOBUF_LIMIT = 2**31 - 2**26  # 2 GiB less a margin for the graph itself
 
 

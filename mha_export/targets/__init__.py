@@ -1,0 +1,1 @@
+"""Export targets: one package and one record each (registry.py)."""
