@@ -172,6 +172,39 @@ def test_cached_decode_equals_transformers_with_its_cache(qwen4, fmt, tmp_path):
                       real) <= 2e-5
 
 
+def _static_runner(module, capacity: int = 48):
+    """The static-cache call over app-owned buffers (no attention mask: rows without padding
+    compare)."""
+    keys, values = torch.zeros(B, 2, capacity, HV), torch.zeros(B, 2, capacity, HV + 16)
+    lengths = torch.zeros(B, dtype=torch.long)
+
+    def run(feeds):
+        nonlocal lengths
+        x, pos = torch.as_tensor(feeds["x"]), torch.as_tensor(feeds["position_ids"])
+        with torch.no_grad():
+            y, _, _ = module.forward_static(x, keys, values, lengths, pos)
+        lengths = lengths + x.size(1)
+        return {"y": y.numpy(), "present_key": keys[:, :, :int(lengths[0])].numpy(),
+                "present_value": values[:, :, :int(lengths[0])].numpy()}
+    return run
+
+
+def test_static_cache_decode_of_an_unpadded_row_equals_transformers(qwen4):
+    """The static call (buffers written in place at past_lengths): row 0 (no padding) through
+    prefill and single steps, y and the cache against transformers'."""
+    model, folder = qwen4
+    ids, mask, pos = _batch()
+    calls, cache = decode(model, model.model.layers[LAYER].self_attn, ids, mask, pos, PREFILL)
+    run, start = _static_runner(_eager(folder)), 0
+    for x, want in calls:
+        out = run({"x": x, "position_ids": pos[:, start:start + x.shape[1]].numpy()})
+        assert _worst(out["y"][:1], want[:1], np.s_[:]) <= 2e-5
+        start += x.shape[1]
+    theirs = cache.layers[LAYER]
+    assert _worst(out["present_value"][:1, :1, :, HV:], theirs.indexer_keys[:1, None].numpy(),
+                  np.s_[:]) <= 2e-5
+
+
 def _shifted_blocks(visible, c):
     block, complete, count = ORIGINAL_LAYOUT(visible, c)
     rank = torch.cumsum(visible[:, -1].long(), dim=-1) - 1

@@ -69,7 +69,8 @@ class QSAIndexer(nn.Module):
         (B, 1, T, Di): what the cache keeps)."""
         b, t = x.size(0), x.size(1)
         qk = self.index_qk_proj(x)  # (B, T, (Hi + 1) * Di)
-        q = qk[..., :self.heads * self.head_dim].view(b, t, self.heads, self.head_dim)
+        q = qk[..., :self.heads * self.head_dim].view(b, t, self.heads,
+                                                      self.head_dim)  # (B, T, Hi, Di)
         k = qk[..., self.heads * self.head_dim:].view(b, 1, t, self.head_dim)  # (B, 1, T, Di)
         return self.q_layernorm(q).transpose(1, 2), k  # (B, Hi, T, Di)
 

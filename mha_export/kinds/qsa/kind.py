@@ -13,9 +13,9 @@ from .settings import LAYOUT, NAME
 REFUSED = {
     "onnx": f"{NAME} is not built as an ONNX graph yet (its block pooling and block top-k "
             "have no graph form here): export it with `mha-export torchscript`",
-    "aoti": f"{NAME} is not built for AOTInductor: its indexer keeps each query's top blocks "
-            "by a stable sort whose ties torch.export does not promise to keep: export it "
-            "with `mha-export torchscript`",
+    "aoti": f"{NAME} is not built for AOTInductor: torch 2.13's Inductor compiles the "
+            "indexer's block selection but its program's y differs from the eager layer's "
+            "from the first complete block on: export it with `mha-export torchscript`",
     "executorch": f"{NAME} is not built for ExecuTorch: its indexer keeps each query's top "
                   "blocks by a stable sort, and ExecuTorch's edge dialect refuses aten.sort "
                   "(not core ATen): export it with `mha-export torchscript`",

@@ -52,12 +52,11 @@ class QSAttention(SplitHeadsAttention):
         b, t, blocks = x.size(0), x.size(1), pooled.size(1)
         first = position_ids - (count - 1)  # (B, T): the row's first real position
         starts = torch.arange(blocks, device=x.device) * c  # (NB,)
-        at = (first.unsqueeze(-1) + starts).reshape(b, t * blocks)  # (B, T*NB)
+        at = first.unsqueeze(-1) + starts  # (B, T, NB)
         pooled = pooled.unsqueeze(1).expand(b, t, blocks, pooled.size(-1))  # (B, T, NB, Di)
         if self.rotary:
-            cos, sin = self._cos_sin(at, pooled.dtype)  # (B, 1, T*NB, rd/2)
-            half = cos.size(-1)
-            pooled = rotate(pooled, cos.view(b, t, blocks, half), sin.view(b, t, blocks, half),
+            cos, sin = self._cos_sin(at, pooled.dtype)  # (B, 1, T, NB, rd/2)
+            pooled = rotate(pooled, cos.squeeze(1), sin.squeeze(1),
                             self.interleaved)  # (B, T, NB, Di)
         q, _ = self.indexer.project(x)  # (B, Hi, T, Di)
         return self.indexer.dropped(self._rotate(q, position_ids), pooled, block, complete)
@@ -108,9 +107,8 @@ class QSAttention(SplitHeadsAttention):
 
     def read_static(self, x: Tensor, past_key: Tensor, past_value: Tensor,
                     past_lengths: Tensor, position_ids: Optional[Tensor] = None) -> Tensor:
-        b, t = x.size(0), x.size(1)
-        if position_ids is None:
-            position_ids = past_lengths.view(b, 1) + torch.arange(t, device=x.device)
+        if position_ids is None:  # (B, T): the cache slots
+            position_ids = past_lengths.view(-1, 1) + torch.arange(x.size(1), device=x.device)
         q = self.static_queries(x, past_lengths, position_ids)
         return self._static_at(x, q, past_key, past_value, past_lengths, position_ids)
 
