@@ -10,14 +10,16 @@ from .errors import UsageError, require_positive as _positive
 from .layer_option import check_declared, option
 from .kinds.kv_shared.settings import SharedKV
 from .kinds.mla.settings import ROPE_LAYOUTS, Latent  # noqa: F401 (ROPE_LAYOUTS: the CLI's)
+from .kinds.qsa.settings import BlockIndex
 from .rope_types import SCALING_FIELDS, SCALINGS, normalized_scaling  # noqa: F401
 
 # A kind of attention other than the standard one is a section of the config (kinds/): its field
 # -> its settings class, which derives the fields it decides, and answers the torch-free stages.
-# Multi-head Latent Attention (kinds/mla/), cross-layer KV sharing (kinds/kv_shared/)
-SECTIONS = {"latent": Latent, "kv_shared": SharedKV}
-# "latent", "shared": the layouts of a config with that section (its checkpoints' one layout)
-LAYOUTS = ("single", "stacked", "split", "fused", "latent", "shared")
+# Multi-head Latent Attention (kinds/mla/), cross-layer KV sharing (kinds/kv_shared/), Qwen4-exp's
+# block top-k sparse attention (kinds/qsa/)
+SECTIONS = {"latent": Latent, "kv_shared": SharedKV, "qsa": BlockIndex}
+# "latent", "shared", "qsa": the layouts of a config with that section (its checkpoints' one)
+LAYOUTS = ("single", "stacked", "split", "fused", "latent", "shared", "qsa")
 # RMSNorm of q and k after the projections: over each head's features (Qwen3, Gemma 3, Qwen3.5) or
 # over the whole projection before the heads split (OLMo 2).
 QK_NORMS = ("none", "head", "full")
@@ -108,6 +110,7 @@ class MHAConfig:
     layout: Optional[str] = None  # LAYOUTS (default: "latent" with a latent section, else split)
     latent: Optional[Latent] = None  # Multi-head Latent Attention (kinds/mla/), or a plain layer
     kv_shared: Optional[SharedKV] = None  # attends with another layer's keys and values
+    qsa: Optional[BlockIndex] = None  # Qwen4-exp's indexer picks each query's blocks of keys
 
     def __post_init__(self) -> None:
         _positive("dim", self.dim)
@@ -177,6 +180,8 @@ class MHAConfig:
         if self.layout == "shared" and self.kv_shared is None:
             raise UsageError("layout 'shared' is a KV-shared layer: give the layer it shares "
                              "with (--kv-shared-layer N)")
+        if self.layout == "qsa" and self.qsa is None:
+            raise UsageError("layout 'qsa' is Qwen4-exp's QSA: give its qsa section")
 
     @property
     def section(self) -> Any:

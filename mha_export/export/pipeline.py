@@ -18,12 +18,12 @@ from ..check.sweep import require_runnable
 from ..config import MHAConfig
 from ..env import utc_now, versions
 from ..errors import UsageError, stage
-from ..kinds.registry import FORMS
+from ..kinds.registry import FORMS, kind_of
 from ..lossy import registry as lossy
 from ..signature import FLOAT, Signature, make_signature, signature_kind
 from ..weights.files import save_weights
 from ..weights.source import Source, load_source
-from ..targets.base import ExportTarget
+from ..targets.base import ExportTarget, refuse_lacking
 from ..targets.registry import TARGETS
 
 ATTENTION_FORMS = tuple(FORMS)
@@ -122,6 +122,7 @@ def checked_request(target: str, config: Optional[MHAConfig] = None, *,
     steps = lossy.requested(fields, chosen, kind, options.get("dtype", "float32"))
     source = load_source(config, weights, layer, seed, fields)
     lossy.refuse_unbuilt(source.config, steps)
+    refuse_lacking(kind_of(source.config).needs(source.config), chosen.title, chosen.lacks)
     sig = make_signature(source.config, kind, lossy.cache_dtype(steps, FLOAT))
     chosen.check(source.config, sig, specs=steps, **options)
     if check_options is not None:

@@ -140,11 +140,7 @@ class AttentionBase(nn.Module):
                 past_value: Optional[Tensor], need_weights: bool,
                 position_ids: Optional[Tensor] = None
                 ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-        past = 0 if past_key is None else past_key.size(2)
-        slots = torch.arange(past, past + x.size(1), device=x.device).view(1, -1)  # (1, T)
-        if position_ids is None:
-            position_ids = slots.expand(x.size(0), x.size(1))  # (B, T)
-        q, k, v = self._queries_keys_values(x, position_ids, slots)
+        q, k, v, position_ids = self._call_qkv(x, past_key, position_ids)
         if self.int8_cache:  # the cache (and what this returns) holds codes
             k, v = int8_codes(k, self.k_scale), int8_codes(v, self.v_scale)
         if past_key is not None and past_value is not None:
@@ -155,6 +151,17 @@ class AttentionBase(nn.Module):
         ctx, probs = attention(q, keys, values, self.scoring(), attention_mask,
                                dropout_p=p, need_weights=need_weights)
         return self._output(x, ctx), k, v, probs
+
+    def _call_qkv(self, x: Tensor, past_key: Optional[Tensor], position_ids: Optional[Tensor]
+                  ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(q, k, v, position_ids) of a call after P cached keys: its keys at cache slots
+        P + i, rotated at position_ids (B, T) (default P + i)."""
+        past = 0 if past_key is None else past_key.size(2)
+        slots = torch.arange(past, past + x.size(1), device=x.device).view(1, -1)  # (1, T)
+        if position_ids is None:
+            position_ids = slots.expand(x.size(0), x.size(1))  # (B, T)
+        q, k, v = self._queries_keys_values(x, position_ids, slots)
+        return q, k, v, position_ids
 
     def forward_static(self, x: Tensor, past_key: Tensor, past_value: Tensor,
                        past_lengths: Tensor, position_ids: Optional[Tensor] = None

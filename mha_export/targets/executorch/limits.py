@@ -5,4 +5,4 @@ from __future__ import annotations
 BACKENDS = ("xnnpack", "portable")
 # the operators a layer may need (its kind's ``needs``) that ExecuTorch has no kernel for
 LACKS = {"aten.sort": "ExecuTorch's edge dialect refuses aten.sort (not core ATen; neither "
-                      "XNNPACK nor the portable kernels have one): export it to ONNX"}
+                      "XNNPACK nor the portable kernels have one)"}

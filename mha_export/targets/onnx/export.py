@@ -13,7 +13,8 @@ from ...config import MHAConfig
 from ...graph.builder import FLOAT_TYPES
 from ...graph.forms import GraphForm, resolve_opset
 from ...graph.model import build_model, check_buildable
-from ...kinds.registry import FORMS, default_form, get_form
+from ...errors import UsageError
+from ...kinds.registry import FORMS, default_form, get_form, kind_of
 from ...layer.layouts import AttentionBase
 from ...lossy import registry as lossy
 from ...lossy.projections import session_options
@@ -50,6 +51,10 @@ def check(config: MHAConfig, sig: Signature, attention: Optional[str] = None,
           specs: Optional[dict] = None) -> GraphForm:
     """The form the graph is built with; one that cannot build the layer, an unknown dtype or
     an opset the form cannot be written in refused before anything is built."""
+    kind = kind_of(config)
+    if not kind.forms:
+        raise UsageError(f"{kind.summary} is not built as an ONNX graph yet (no graph form "
+                         "builds it): `mha-export torchscript` holds its eager layer")
     form = get_form(attention) if attention else default_form(config, sig)
     check_buildable(config, form, sig, dtype, FORMS.values())  # naming every kind's forms
     resolve_opset(form, opset)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 # model_type -> what its attention needs that the layer lacks
 NOT_YET: dict[str, str] = {
-    "qwen4_exp_text": "block top-k sparse attention (QSA) and its GatedDeltaNet layers",
-    "qwen4_exp": "block top-k sparse attention (QSA) and its GatedDeltaNet layers",
     "deepseek_v4": ("compressed sparse attention, one shared key = value head, sinks, inverse "
                     "rotary on the output and a grouped low-rank output projection"),
 }

@@ -1,9 +1,11 @@
 """Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, dots.llm1 (Qwen3's attention), Qwen3.5 and Qwen3-Next
-(gated attention; their linear-attention layers refused)."""
+(gated attention; their linear-attention layers refused), Qwen4-exp (Qwen3.5's gated attention
+with the QSA indexer, kinds/qsa/; its GatedDeltaNet layers refused)."""
 from __future__ import annotations
 
 import dataclasses
 
+from ...errors import UsageError
 from .base import Family, Settings
 from .decoder import (ATTN, DECODER_DEFAULTS, DECODER_TENSORS, LANGUAGE_MODEL, NORM_TENSORS,
                       decoder_fields, fixed, head_norm, per_head_split)
@@ -45,6 +47,46 @@ QWEN35 = Family(
     summary="q_proj = per head [query | gate] (output gate), q/k norm per head (1 + w), "
             "partial rotary (0.25), full-attention layers of layer_types only")
 
+GATED_DELTANET = "linear_attention (GatedDeltaNet)"  # a Qwen4-exp layer left to the model
+QSA_KEYS = {"heads": "indexer_n_heads", "head_dim": "indexer_head_dim",
+            "budget": "indexer_budget", "compress_ratio": "indexer_compress_ratio"}
+
+
+def qwen4_layers(s: Settings, layer: int) -> str:
+    """Qwen4-exp's layer types: layer_types (its "indexed_attention", or "full_attention" as
+    the released checkpoints spell it, is QSA), else every full_attention_interval-th layer;
+    the others GatedDeltaNet."""
+    kind = typed(periodic("full_attention_interval", "linear_attention"))(s, layer)
+    if kind in ("indexed_attention", FULL):
+        return FULL
+    return GATED_DELTANET if kind == "linear_attention" else kind
+
+
+def qsa_section(s: Settings, layer: int, kind: str, fields: dict) -> dict:
+    """The indexer's settings (kinds/qsa/): config.json's indexer_* keys, one index key head."""
+    missing = [key for key in (*QSA_KEYS.values(), "indexer_kv_heads") if s.get(key) is None]
+    if missing:
+        raise UsageError(f"config.json: a Qwen4-exp attention layer needs its QSA indexer's "
+                         f"settings: {', '.join(missing)} not given")
+    if s["indexer_kv_heads"] != 1:
+        raise UsageError(f"config.json: indexer_kv_heads is {s['indexer_kv_heads']}: Qwen4-exp's "
+                         "QSA has one index key head")
+    return {"qsa": {name: s[key] for name, key in QSA_KEYS.items()}}
+
+
+QWEN4 = Family(
+    "qwen4_exp_text", "qsa", ATTN,
+    {**NORM_TENSORS, "q_proj": "q_proj", **{f"indexer.{name}": f"indexer.{name}" for name in (
+        "index_qk_proj", "q_layernorm", "k_layernorm")}},
+    {**QWEN3_DEFAULTS, "head_dim": 256, "num_key_value_heads": 2, "full_attention_interval": 4,
+     "max_position_embeddings": 32768},
+    decoder_fields(qwen4_layers, "attention_bias", "attention_bias", head_norm(1.0),
+                   fixed(output_gate=True), qsa_section),
+    per_head_split("q_proj", ("W_query", "W_gate")), prefix=QWEN35_TEXT,
+    summary="qwen3_5_text's gated attention and the QSA indexer: indexer_n_heads, "
+            "indexer_head_dim, indexer_budget, indexer_compress_ratio (blocks of keys per "
+            "query); its linear_attention layers are GatedDeltaNet (rows, not exported)")
+
 RECORDS = (
     Family("qwen2", "split", ATTN, DECODER_TENSORS,
            {**DECODER_DEFAULTS, "sliding_window": 4096, "use_sliding_window": False,
@@ -81,6 +123,9 @@ RECORDS = (
     dataclasses.replace(QWEN35, model_type="qwen3_next",
                         defaults={**QWEN35.defaults, "num_key_value_heads": 2},
                         summary="as qwen3_5_text (Qwen3.5's gated attention came from it)"),
+    QWEN4,
+    dataclasses.replace(QWEN4, model_type="qwen4_exp", nested="text_config",
+                        prefix=LANGUAGE_MODEL, summary="qwen4_exp_text's, from text_config"),
 )
 
 

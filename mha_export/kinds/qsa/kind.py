@@ -1,0 +1,49 @@
+"""QSA's kind record: what every stage asks of it (kinds/base.py). Eager and TorchScript build
+it; the ONNX target refuses it (no graph form), AOTInductor and ExecuTorch by what they lack of
+its ``needs``, each in one line."""
+from __future__ import annotations
+
+from ...config import MHAConfig
+from .. import standard
+from ..base import AttentionKind
+from .layer import QSAttention
+from .settings import LAYOUT, NAME
+
+# what its layer needs that a target may lack (targets/base.py's ``lacks``): its indexer keeps
+# each query's top blocks by a stable sort, over keys pooled per block
+NEEDS = {
+    "aten.sort": (NAME, "its indexer keeps each query's top blocks by a stable sort"),
+    "pooled block top-k": (NAME, "its indexer picks each query's blocks of keys by their "
+                                 "pooled scores"),
+}
+
+
+def projections(c: MHAConfig) -> dict[str, tuple[int, int]]:
+    """The standard layer's, and the indexer's query-and-key projection."""
+    index = c.qsa
+    return {**standard.projections(c),
+            "indexer.index_qk_proj": ((index.heads + 1) * index.head_dim, c.d_in)}
+
+
+def call_flops(c: MHAConfig, seq: int, pairs: float, past: int) -> float:
+    """The standard layer's over every causal pair (an upper bound: the indexer's selection
+    keeps fewer), and the index scores of each query over the blocks."""
+    index = c.qsa
+    blocks = (seq + past) // index.compress_ratio
+    return (standard.call_flops(c, seq, pairs, past)
+            + 2.0 * seq * c.d_in * (index.heads + 1) * index.head_dim
+            + 2.0 * seq * blocks * index.heads * index.head_dim)
+
+
+def needs(c: MHAConfig) -> dict[str, tuple[str, str]]:
+    return NEEDS
+
+
+KIND = AttentionKind(
+    name="qsa", summary=NAME, layouts={LAYOUT: QSAttention}, anchors={}, forms=(),
+    projections=projections, quantizable=standard.quantizable,
+    map_projections=standard.map_projections, call_flops=call_flops, needs=needs,
+    unbuilt={"int8-cache": f"--kv-cache-dtype int8 is not built for {NAME} yet (its value "
+                           "cache holds the raw index keys)",
+             "quantize": f"--quantize is not built for {NAME} yet (the indexer's projection "
+                         "stays the checkpoint's)"})
