@@ -232,8 +232,10 @@ def test_a_planted_fault_in_the_cached_values_fails_the_check(programs, tmp_path
 
 @pytest.mark.parametrize("args, msg", [
     (["--kv-cache"], "--kv-cache: a growing cache cannot live inside an ExecuTorch program"),
-    (["--static-cache", "--kv-cache-dtype", "int8"], "--kv-cache-dtype int8: the ExecuTorch "
-                                                     "program's cache holds float entries"),
+    (["--static-cache", "--kv-cache-dtype", "int8"], "--kv-cache-dtype int8 is ONNX-only "
+                                                     "(ONNX Runtime's GroupQueryAttention and "
+                                                     "standard ops); ExecuTorch exports the "
+                                                     "float cache"),
     (["--kv-shared-layer", "0", "--static-cache"], "a KV-shared layer's cached call reads its "
                                                    "source layer's cache"),
     (["--quantize", "int8"], "--quantize int8 for ExecuTorch: XNNPACK takes int8 weights per "
