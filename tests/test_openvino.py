@@ -9,7 +9,7 @@ import pytest
 from mha_export import MHAConfig, check_parity, export_onnx
 from mha_export.comparison.comparator import FP32
 from mha_export.check.report import format_report
-from mha_export.check.runners import BFLOAT16
+from mha_export.comparison.comparator import BFLOAT16
 from faults import nudge_weight
 
 ov = pytest.importorskip("openvino")
