@@ -199,8 +199,9 @@ def test_bench_of_a_quantized_artifact_measures_its_quantization(tmp_path, monke
     art = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "q", validate=False,
                       quantize=QuantSpec(bits=8, block_size=16)).path
     seen = {}
-    monkeypatch.setattr(driver, "run_bench", lambda config, *a, **kw: seen.update(kw) or
-                        driver.BenchReport(config.to_dict(), 1, None, {"cpu": "-", "date": "-"}))
+    monkeypatch.setattr(driver, "run_bench", lambda config, plan, **kw: seen.update(
+        vars(plan), **kw) or driver.BenchReport(config.to_dict(), 1, None,
+                                                {"cpu": "-", "date": "-"}))
     r = CliRunner().invoke(cli, ["bench", str(art), "--seq-lens", "4", "--forms", "auto"])
     assert r.exit_code == 0, r.output
     assert seen["quantize"] == [QuantSpec(bits=8, block_size=16)]
