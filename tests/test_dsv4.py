@@ -46,33 +46,42 @@ def tiny(tmp_path_factory):
     return model, folder
 
 
-def _transformers_y(model, layer: int):
-    """(x, keep, y): the attention module's input and output in transformers' model on a
-    batch of two prompts, the second left-padded by PAD tokens."""
-    torch.manual_seed(1)
-    ids = torch.randint(1, 50, (2, LENGTH))
-    keep = torch.ones(2, LENGTH, dtype=torch.long)
-    keep[1, :PAD] = 0
+def _hooked(model, layer: int, **inputs):
+    """(x, y): the attention module's input and output in one call of transformers' model."""
     seen = {}
 
     def hook(module, args, kwargs, out):
         seen["x"], seen["y"] = kwargs.get("hidden_states", args[0] if args else None), out[0]
 
-    attention = model.model.layers[layer].self_attn
-    handle = attention.register_forward_hook(hook, with_kwargs=True)
+    handle = model.model.layers[layer].self_attn.register_forward_hook(hook, with_kwargs=True)
     try:
         with torch.no_grad():
-            model(input_ids=ids, attention_mask=keep, use_cache=False)
+            model(**inputs)
     finally:
         handle.remove()
-    return seen["x"], keep, seen["y"]
+    return seen["x"], seen["y"]
+
+
+def _prompt():
+    """(ids, keep): a batch of two 40-token prompts, the second left-padded by PAD tokens."""
+    torch.manual_seed(1)
+    keep = torch.ones(2, LENGTH, dtype=torch.long)
+    keep[1, :PAD] = 0
+    return torch.randint(1, 50, (2, LENGTH)), keep
+
+
+def _transformers_y(model, layer: int):
+    """(x, keep, y) of the layer's module on the prompt."""
+    ids, keep = _prompt()
+    x, y = _hooked(model, layer, input_ids=ids, attention_mask=keep, use_cache=False)
+    return x, keep, y
 
 
 def _error(model, folder, layer: int) -> float:
     x, keep, expected = _transformers_y(model, layer)
     ours = read_layer(folder, layer)
     with torch.no_grad():
-        y = ours(x, keep)
+        y = ours(x, keep)[0]
     rows = keep.bool()  # a padding query's row is its own business
     return float((y - expected)[rows].abs().max())
 
@@ -105,7 +114,7 @@ def _swap_groups(monkeypatch):
 def _no_window(monkeypatch):
     mask = dsv4_layer.sliding_mask
     monkeypatch.setattr(dsv4_layer, "sliding_mask",
-                        lambda positions, keep, window: mask(positions, keep, 10 ** 6))
+                        lambda qp, kp, keep, window: mask(qp, kp, keep, 10 ** 6))
 
 
 FAULTS = {"sinks dropped": _drop_sinks, "inverse rotary dropped": _drop_inverse_rotary,
@@ -136,3 +145,42 @@ def test_bad_input_is_a_short_error(tiny, tmp_path):
         read_layer(tmp_path, 0)
     with pytest.raises(UsageError, match="o_groups 3 must divide"):
         shape_from_config({**_config().to_dict(), "o_groups": 3}, 0)
+
+
+def test_a_cached_decode_step_equals_transformers_with_its_cache(tiny):
+    """Prefill the padded prompt, then one token: y and the sliding cache (the last window - 1
+    rotated key = value rows) equal transformers' with its DynamicCache."""
+    model, folder = tiny
+    ids, keep = _prompt()
+    ours = read_layer(folder, 0)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=keep, use_cache=True)
+        x, _ = _hooked(model, 0, input_ids=ids, attention_mask=keep, use_cache=False)
+        _, present, present_keep = ours(x, keep)
+    cache = out.past_key_values
+    assert torch.allclose(present, cache.layers[0].keys, atol=1e-6)
+    step = torch.tensor([[5], [9]])
+    x1, y1 = _hooked(model, 0, input_ids=step, past_key_values=cache, use_cache=True,
+                     attention_mask=torch.cat([keep, torch.ones(2, 1, dtype=torch.long)], 1))
+    with torch.no_grad():
+        y, after, _ = ours(x1, positions=torch.full((2, 1), LENGTH), past=present,
+                           past_keep=present_keep)
+    assert float((y - y1).abs().max()) <= 2e-5
+    assert after.shape[2] == 7 and torch.equal(after[:, :, :-1], present[:, :, 1:])
+
+
+def test_torchscript_of_the_layer_equals_eager(tiny, tmp_path):
+    """torch.jit.script compiles the layer (full sequence and cached step); saved and loaded,
+    it gives the eager layer's y and cache."""
+    model, folder = tiny
+    x, keep, expected = _transformers_y(model, 0)
+    eager = read_layer(folder, 0)
+    torch.jit.script(eager).save(str(tmp_path / "model.pt"))
+    loaded = torch.jit.load(str(tmp_path / "model.pt"))
+    with torch.no_grad():
+        y, present, present_keep = loaded(x, keep)
+        step = loaded(x[:, -1:], None, torch.full((2, 1), LENGTH), present, present_keep)
+        want = eager(x[:, -1:], None, torch.full((2, 1), LENGTH), *eager(x, keep)[1:])
+    rows = keep.bool()
+    assert float((y - expected)[rows].abs().max()) <= 2e-5
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(step, want))

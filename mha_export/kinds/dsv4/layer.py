@@ -3,7 +3,7 @@ a padding mask. Its parameters carry transformers' names (``self_attn.*`` of
 DeepseekV4Attention), so its state dict and transformers' are the same."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -45,15 +45,15 @@ def unrotate_output(o: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return rotate_tail(o, cos, -sin)
 
 
-def sliding_mask(positions: Tensor, keep: Optional[Tensor], window: int) -> Tensor:
-    """(B, 1, T, T) additive mask: query i sees key j iff i - window < j <= i (positions) and j
-    is kept (``keep`` (B, T): 1 for tokens, 0 for padding)."""
-    qp, kp = positions.unsqueeze(-1), positions.unsqueeze(-2)  # (B, T, 1), (B, 1, T)
-    seen = (kp <= qp) & (kp > qp - window)  # (B, T, T)
-    if keep is not None:
-        seen = seen & keep.bool().unsqueeze(1)
-    zero = torch.zeros((), dtype=torch.float32, device=positions.device)
-    return torch.where(seen, zero, torch.finfo(torch.float32).min).unsqueeze(1)
+def sliding_mask(query_pos: Tensor, key_pos: Tensor, keep: Tensor, window: int) -> Tensor:
+    """(B, 1, T, S) additive mask: query i sees key j iff i - window < j <= i (positions,
+    query_pos (B, T), key_pos (B, S)) and j is kept (``keep`` (B, S): 1 for tokens, 0 for
+    padding)."""
+    qp, kp = query_pos.unsqueeze(-1), key_pos.unsqueeze(-2)  # (B, T, 1), (B, 1, S)
+    seen = (kp <= qp) & (kp > qp - window) & (keep.unsqueeze(1) != 0)  # (B, T, S)
+    zero = torch.zeros([1], dtype=torch.float32, device=query_pos.device)  # broadcast
+    lowest = torch.full_like(zero, -3.4028234663852886e38)  # float32's lowest: masked
+    return torch.where(seen, zero, lowest).unsqueeze(1)
 
 
 def attend_with_sinks(q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale: float
@@ -69,11 +69,16 @@ def attend_with_sinks(q: Tensor, kv: Tensor, mask: Tensor, sinks: Tensor, scale:
 
 
 class DSV4SlidingAttention(nn.Module):
-    """y = o_b(grouped o_a(inverse-rotary(attention(q, kv, kv)))) for one sliding layer."""
+    """y = o_b(grouped o_a(inverse-rotary(attention(q, kv, kv)))) for one sliding layer, over
+    this call's rows and a past of rotated key = value rows (transformers' sliding cache: the
+    last window - 1 of them)."""
 
     def __init__(self, shape: DSV4Shape):
         super().__init__()
         s = self.shape = shape
+        # plain ints for torch.jit.script (it does not read the dataclass)
+        self.heads, self.head_dim, self.window, self.eps = s.heads, s.head_dim, s.window, s.eps
+        self.groups, self.group_width, self.rank = s.o_groups, s.group_width, s.o_lora_rank
         self.q_a_proj = nn.Linear(s.dim, s.q_lora_rank, bias=False)
         self.q_a_norm = WeightedRMSNorm(s.q_lora_rank, s.eps)
         self.q_b_proj = nn.Linear(s.q_lora_rank, s.heads * s.head_dim, bias=False)
@@ -88,29 +93,46 @@ class DSV4SlidingAttention(nn.Module):
 
     def grouped_output(self, o: Tensor) -> Tensor:
         """o (B, T, H, d) -> (B, T, D): each group of H / G heads through its own o_a rows."""
-        s = self.shape
-        b, t = o.shape[:2]
-        grouped = o.reshape(b, t, s.o_groups, s.group_width).transpose(0, 2)  # (G, T, B, Hd/G)
-        w = self.o_a_proj.weight.view(s.o_groups, s.o_lora_rank, s.group_width)  # (G, Ro, Hd/G)
-        low = torch.matmul(grouped.reshape(s.o_groups, t * b, -1), w.transpose(1, 2))  # G,TB,Ro
-        low = low.reshape(s.o_groups, t, b, s.o_lora_rank).transpose(0, 2)  # (B, T, G, Ro)
-        return self.o_b_proj(low.reshape(b, t, s.o_groups * s.o_lora_rank))
+        b, t, g = o.size(0), o.size(1), self.groups
+        grouped = o.reshape(b, t, g, self.group_width).transpose(0, 2)  # (G, T, B, Hd/G)
+        w = self.o_a_proj.weight.view(g, self.rank, self.group_width)  # (G, Ro, Hd/G)
+        low = torch.matmul(grouped.reshape(g, t * b, -1), w.transpose(1, 2))  # (G, TB, Ro)
+        low = low.reshape(g, t, b, self.rank).transpose(0, 2)  # (B, T, G, Ro)
+        return self.o_b_proj(low.reshape(b, t, g * self.rank))
 
-    def forward(self, x: Tensor, keep: Optional[Tensor] = None,
-                positions: Optional[Tensor] = None) -> Tensor:
-        """x (B, T, D); keep (B, T) 1 for tokens, 0 for padding; positions (B, T) (default
-        0..T-1, as transformers' model gives a left-padded prompt) -> y (B, T, D)."""
-        s = self.shape
-        b, t, _ = x.shape
-        if positions is None:
-            positions = torch.arange(t, device=x.device).unsqueeze(0).expand(b, t)
-        cos, sin = cos_sin(positions, self.inv_freq, torch.float32)  # (B, 1, T, rd/2)
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tuple[Tensor, Tensor]:
+        """x (B, T, D) -> q (B, H, T, d) and kv (B, 1, T, d), normalised and rotated."""
+        b, t = x.size(0), x.size(1)
         q = self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
-        q = rms(q.view(b, t, s.heads, s.head_dim).transpose(1, 2), s.eps)  # (B, H, T, d)
+        q = rms(q.view(b, t, self.heads, self.head_dim).transpose(1, 2), self.eps)  # B,H,T,d
         q = rotate_tail(q.float(), cos, sin).to(x.dtype)
         kv = self.kv_norm(self.kv_proj(x)).unsqueeze(1)  # (B, 1, T, d)
-        kv = rotate_tail(kv.float(), cos, sin).to(x.dtype)
-        mask = sliding_mask(positions, keep, s.window).to(x.dtype)
-        o = attend_with_sinks(q, kv, mask, self.sinks, s.head_dim ** -0.5)  # (B, H, T, d)
+        return q, rotate_tail(kv.float(), cos, sin).to(x.dtype)
+
+    def forward(self, x: Tensor, keep: Optional[Tensor] = None,
+                positions: Optional[Tensor] = None, past: Optional[Tensor] = None,
+                past_keep: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, D); keep (B, T) 1 for tokens, 0 for padding (default all 1); positions
+        (B, T) (default P..P+T-1; transformers gives a left-padded prompt 0..T-1); past
+        (B, 1, P, d) the rotated key = value rows of the P positions before these, past_keep
+        (B, P) -> y (B, T, D), present (B, 1, min(P + T, window - 1), d) and its keep."""
+        b, t = x.size(0), x.size(1)
+        if past is None:
+            past = x.new_zeros(b, 1, 0, self.head_dim)
+        held = past.size(2)
+        if positions is None:
+            positions = torch.arange(held, held + t, device=x.device).unsqueeze(0).expand(b, t)
+        if keep is None:
+            keep = torch.ones(b, t, dtype=torch.long, device=x.device)
+        if past_keep is None:
+            past_keep = torch.ones(b, held, dtype=keep.dtype, device=x.device)
+        cos, sin = cos_sin(positions, self.inv_freq, torch.float32)  # (B, 1, T, rd/2)
+        q, kv = self.project(x, cos, sin)
+        kv, keep = torch.cat([past, kv], dim=2), torch.cat([past_keep.to(keep.dtype), keep], 1)
+        key_pos = torch.arange(-held, t, device=x.device) + positions[:, :1]  # (B, P + T)
+        mask = sliding_mask(positions, key_pos, keep, self.window).to(x.dtype)
+        o = attend_with_sinks(q, kv, mask, self.sinks, self.head_dim ** -0.5)  # (B, H, T, d)
         o = unrotate_output(o.float(), cos, sin).to(x.dtype)
-        return self.grouped_output(o.transpose(1, 2))  # (B, T, H, d) -> (B, T, D)
+        y = self.grouped_output(o.transpose(1, 2))  # (B, T, H, d) -> (B, T, D)
+        start = max(kv.size(2) - (self.window - 1), 0)
+        return y, kv[:, :, start:], keep[:, start:]
