@@ -2,13 +2,15 @@
 DeepseekV4Attention: a tiny random checkpoint saved by transformers, the layer read from the
 folder, y on a left-padded 40-token prompt (window 8: the window acts) equal to the y the
 module gives inside transformers' model; a planted fault per feature fails; the compressed layer
-types are refused in one line."""
+types' full-sequence calls too (the indexer's top-k below the closed rows), their cached calls
+refused in one line."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from mha_export.errors import UsageError
+from mha_export.kinds.dsv4 import compressed
 from mha_export.kinds.dsv4 import layer as dsv4_layer
 from mha_export.kinds.dsv4.checkpoint import read_layer
 from mha_export.kinds.dsv4.settings import shape_from_config
@@ -86,8 +88,9 @@ def _error(model, folder, layer: int) -> float:
     return float((y - expected)[rows].abs().max())
 
 
-@pytest.mark.parametrize("layer", [0, 3])
-def test_a_sliding_layer_equals_transformers_on_a_left_padded_prompt(tiny, layer):
+@pytest.mark.parametrize("layer", [0, 1, 2, 3])
+def test_each_layer_type_equals_transformers_on_a_left_padded_prompt(tiny, layer):
+    """Sliding (0, 3), CSA (1: 10 closed rows, the indexer keeps 3), HCA (2: 5 closed rows)."""
     model, folder = tiny
     assert _error(model, folder, layer) <= 2e-5
 
@@ -117,24 +120,49 @@ def _no_window(monkeypatch):
                         lambda qp, kp, keep, window: mask(qp, kp, keep, 10 ** 6))
 
 
-FAULTS = {"sinks dropped": _drop_sinks, "inverse rotary dropped": _drop_inverse_rotary,
-          "output groups swapped": _swap_groups, "window ignored": _no_window}
+def _pooled_rows_all_seen(monkeypatch):
+    monkeypatch.setattr(compressed, "closed_by", lambda positions, rows, rate: torch.ones(
+        positions.shape + (rows,), dtype=torch.bool))
+
+
+def _indexer_ignored(monkeypatch):
+    monkeypatch.setattr(compressed.Indexer, "forward", lambda self, x, residual, positions,
+                        inv_freq: compressed.closed_by(positions, x.size(1) // self.rate,
+                                                       self.rate))
+
+
+def _overlap_dropped(monkeypatch):
+    monkeypatch.setattr(compressed, "overlapped", lambda t, width, fill: torch.cat(
+        [torch.full_like(t[..., :width], fill), t[..., width:]], dim=2))
+
+
+def _pooled_rotary_dropped(monkeypatch):
+    monkeypatch.setattr(compressed, "rotate_tail", lambda x, cos, sin: x)
+
+
+# fault -> (how it is planted, the layer where it acts)
+FAULTS = {"sinks dropped": (_drop_sinks, 0), "inverse rotary dropped": (_drop_inverse_rotary, 0),
+          "output groups swapped": (_swap_groups, 0), "window ignored": (_no_window, 0),
+          "pooled rows' causality ignored": (_pooled_rows_all_seen, 2),
+          "indexer ignored": (_indexer_ignored, 1),
+          "window overlap dropped": (_overlap_dropped, 1),
+          "pooled rows' rotary dropped": (_pooled_rotary_dropped, 2)}
 
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_a_planted_fault_fails_against_transformers(tiny, fault, monkeypatch):
     model, folder = tiny
-    FAULTS[fault](monkeypatch)
-    assert _error(model, folder, 0) > 1e-3
+    plant, layer = FAULTS[fault]
+    plant(monkeypatch)
+    assert _error(model, folder, layer) > 1e-3
 
 
-@pytest.mark.parametrize("layer, kind", [(1, "compressed_sparse_attention"),
-                                         (2, "heavily_compressed_attention")])
-def test_a_compressed_layer_is_refused_in_one_line(tiny, layer, kind):
+def test_a_compressed_layers_cached_call_is_refused_in_one_line(tiny):
     _, folder = tiny
-    with pytest.raises(UsageError) as e:
-        read_layer(folder, layer)
-    assert kind in str(e.value) and "not built" in str(e.value) and "\n" not in str(e.value)
+    ours = read_layer(folder, 1)
+    x = torch.randn(1, 1, 64)
+    with pytest.raises(UsageError, match="cached calls of DeepSeek-V4's compressed layers"):
+        ours(x, past=torch.zeros(1, 1, 3, 32))
 
 
 def test_bad_input_is_a_short_error(tiny, tmp_path):

@@ -14,14 +14,22 @@ from torch import Tensor
 
 from ...errors import UsageError
 from ...weights.huggingface import _layer_tensors, _weights_file
+from .compressed import DSV4CompressedAttention
 from .layer import DSV4SlidingAttention
-from .settings import shape_from_config
+from .settings import SLIDING, shape_from_config
 
 # DeepSeek's tensor name (after layers.L.attn.) -> the layer's (transformers') name
 DISK_NAMES = {"wq_a.weight": "q_a_proj.weight", "q_norm.weight": "q_a_norm.weight",
               "wq_b.weight": "q_b_proj.weight", "wkv.weight": "kv_proj.weight",
               "norm.weight": "kv_norm.weight", "wo_a.weight": "o_a_proj.weight",
               "wo_b.weight": "o_b_proj.weight", "attn_sink": "sinks"}
+COMPRESSOR = {"wkv.weight": "kv_proj.weight", "wgate.weight": "gate_proj.weight",
+              "ape": "position_bias", "norm.weight": "kv_norm.weight"}
+DISK_NAMES.update({f"compressor.{a}": f"compressor.{b}" for a, b in COMPRESSOR.items()})
+DISK_NAMES.update({f"indexer.compressor.{a}": f"compressor.indexer.compressor.{b}"
+                   for a, b in COMPRESSOR.items()})
+DISK_NAMES.update({"indexer.wq_b.weight": "compressor.indexer.q_b_proj.weight",
+                   "indexer.weights_proj.weight": "compressor.indexer.scorer.weights_proj.weight"})
 OUR_NAMES = tuple(DISK_NAMES.values())
 
 
@@ -35,8 +43,8 @@ def _config(folder: Path) -> dict:
     return cfg
 
 
-def layer_tensors(folder: Path, layer: int) -> dict[str, Tensor]:
-    """The layer's attention tensors by the layer's names (its compressor's are not read)."""
+def layer_tensors(folder: Path, layer: int, wanted: set[str]) -> dict[str, Tensor]:
+    """The layer's attention tensors by the layer's names (``wanted``: all of them)."""
     disk = "|".join(re.escape(n) for n in DISK_NAMES)
     ours = "|".join(re.escape(n) for n in OUR_NAMES)
     pattern = re.compile(rf"(?:^|\.)layers\.{layer}\.(?:attn\.(?P<disk>{disk})|"
@@ -44,8 +52,10 @@ def layer_tensors(folder: Path, layer: int) -> dict[str, Tensor]:
     found = {}
     for key, t in _layer_tensors(_weights_file(folder), pattern).items():
         match = pattern.search(key)
-        found[match["ours"] or DISK_NAMES[match["disk"]]] = t
-    missing = sorted(set(OUR_NAMES) - set(found))
+        name = match["ours"] or DISK_NAMES[match["disk"]]
+        if name in wanted:
+            found[name] = t
+    missing = sorted(wanted - set(found))
     if missing:
         raise UsageError(f"{folder}: layer {layer}'s attention lacks {', '.join(missing)}")
     return found
@@ -53,13 +63,14 @@ def layer_tensors(folder: Path, layer: int) -> dict[str, Tensor]:
 
 def read_layer(folder: str | Path, layer: int, dtype: torch.dtype = torch.float32
                ) -> DSV4SlidingAttention:
-    """The eager layer of a deepseek_v4 checkpoint's sliding_attention layer ``layer`` (a
-    compressed layer refused in one line, naming what is not built)."""
+    """The eager layer of a deepseek_v4 checkpoint's layer ``layer`` (a compressed layer's
+    class, DSV4CompressedAttention, for a compressed layer type)."""
     folder = Path(folder)
     shape = shape_from_config(_config(folder), layer)
-    module = DSV4SlidingAttention(shape)
-    tensors = layer_tensors(folder, layer)
+    layer_class = DSV4SlidingAttention if shape.layer_type == SLIDING else DSV4CompressedAttention
+    module = layer_class(shape)
     expected = module.state_dict()
+    tensors = layer_tensors(folder, layer, set(expected))
     for name, t in tensors.items():
         if tuple(t.shape) != tuple(expected[name].shape):
             raise UsageError(f"{folder}: layer {layer}'s {name} is {tuple(t.shape)}, config.json "

@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from ...errors import UsageError
 from ...layer.rotary import cos_sin, rotate
 from .settings import DSV4Shape
 
@@ -79,6 +80,7 @@ class DSV4SlidingAttention(nn.Module):
         # plain ints for torch.jit.script (it does not read the dataclass)
         self.heads, self.head_dim, self.window, self.eps = s.heads, s.head_dim, s.window, s.eps
         self.groups, self.group_width, self.rank = s.o_groups, s.group_width, s.o_lora_rank
+        self.cached = True  # cached calls built (a sliding layer's)
         self.q_a_proj = nn.Linear(s.dim, s.q_lora_rank, bias=False)
         self.q_a_norm = WeightedRMSNorm(s.q_lora_rank, s.eps)
         self.q_b_proj = nn.Linear(s.q_lora_rank, s.heads * s.head_dim, bias=False)
@@ -100,14 +102,23 @@ class DSV4SlidingAttention(nn.Module):
         low = low.reshape(g, t, b, self.rank).transpose(0, 2)  # (B, T, G, Ro)
         return self.o_b_proj(low.reshape(b, t, g * self.rank))
 
-    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tuple[Tensor, Tensor]:
-        """x (B, T, D) -> q (B, H, T, d) and kv (B, 1, T, d), normalised and rotated."""
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, D) -> q (B, H, T, d) and kv (B, 1, T, d), normalised and rotated, and the
+        query's low-rank residual q_a_norm(q_a_proj(x)) (B, T, Rq)."""
         b, t = x.size(0), x.size(1)
-        q = self.q_b_proj(self.q_a_norm(self.q_a_proj(x)))
+        residual = self.q_a_norm(self.q_a_proj(x))
+        q = self.q_b_proj(residual)
         q = rms(q.view(b, t, self.heads, self.head_dim).transpose(1, 2), self.eps)  # B,H,T,d
         q = rotate_tail(q.float(), cos, sin).to(x.dtype)
         kv = self.kv_norm(self.kv_proj(x)).unsqueeze(1)  # (B, 1, T, d)
-        return q, rotate_tail(kv.float(), cos, sin).to(x.dtype)
+        return q, rotate_tail(kv.float(), cos, sin).to(x.dtype), residual
+
+    def extra_rows(self, x: Tensor, residual: Tensor, positions: Tensor
+                   ) -> Tuple[Tensor, Tensor]:
+        """The key = value rows attended after the sliding ones (B, 1, n, d) and their mask
+        (B, 1, T, n): none for a sliding layer (compressed.py's layers pool some)."""
+        b, t = x.size(0), x.size(1)
+        return x.new_zeros(b, 1, 0, self.head_dim), x.new_zeros(b, 1, t, 0)
 
     def forward(self, x: Tensor, keep: Optional[Tensor] = None,
                 positions: Optional[Tensor] = None, past: Optional[Tensor] = None,
@@ -119,6 +130,9 @@ class DSV4SlidingAttention(nn.Module):
         b, t = x.size(0), x.size(1)
         if past is None:
             past = x.new_zeros(b, 1, 0, self.head_dim)
+        elif not self.cached:
+            raise UsageError("cached calls of DeepSeek-V4's compressed layers are not built "
+                             "(their compressor and indexer caches)")
         held = past.size(2)
         if positions is None:
             positions = torch.arange(held, held + t, device=x.device).unsqueeze(0).expand(b, t)
@@ -127,11 +141,14 @@ class DSV4SlidingAttention(nn.Module):
         if past_keep is None:
             past_keep = torch.ones(b, held, dtype=keep.dtype, device=x.device)
         cos, sin = cos_sin(positions, self.inv_freq, torch.float32)  # (B, 1, T, rd/2)
-        q, kv = self.project(x, cos, sin)
+        q, kv, residual = self.project(x, cos, sin)
         kv, keep = torch.cat([past, kv], dim=2), torch.cat([past_keep.to(keep.dtype), keep], 1)
         key_pos = torch.arange(-held, t, device=x.device) + positions[:, :1]  # (B, P + T)
         mask = sliding_mask(positions, key_pos, keep, self.window).to(x.dtype)
-        o = attend_with_sinks(q, kv, mask, self.sinks, self.head_dim ** -0.5)  # (B, H, T, d)
+        rows, bias = self.extra_rows(x, residual, positions)  # (B, 1, n, d), (B, 1, T, n)
+        o = attend_with_sinks(q, torch.cat([kv, rows], dim=2),
+                              torch.cat([mask, bias.to(mask.dtype)], dim=-1), self.sinks,
+                              self.head_dim ** -0.5)  # (B, H, T, d)
         o = unrotate_output(o.float(), cos, sin).to(x.dtype)
         y = self.grouped_output(o.transpose(1, 2))  # (B, T, H, d) -> (B, T, D)
         start = max(kv.size(2) - (self.window - 1), 0)

@@ -7,7 +7,11 @@ checkpoint's config.json (docs/deepseek-v4.md says what each layer type computes
     attention softmax with a per-head sink column, sliding-window causal mask with padding
     output    grouped low rank: o_groups groups of heads -> o_lora_rank each -> o_b_proj
 
-Only ``sliding_attention`` layers are built; the compressed layer types are refused in one line.
+    compressed  (compressed_sparse_attention, heavily_compressed_attention) windows of ``rate``
+              tokens pooled into extra key = value rows; CSA's lightning indexer keeps the top
+              ``index_topk`` of them per query
+
+Every layer type's full-sequence call is built; cached calls only for sliding_attention layers.
 """
 from __future__ import annotations
 
@@ -17,13 +21,8 @@ from typing import Any, Mapping
 from ...errors import UsageError, require_positive
 
 SLIDING = "sliding_attention"
-# layer type -> what it needs that is not built (docs/deepseek-v4.md)
-UNBUILT = {
-    "compressed_sparse_attention": "its compressor (overlapping windows) and lightning indexer "
-                                   "(top-k of the compressed rows)",
-    "heavily_compressed_attention": "its compressor (windows of compress_rates' tokens pooled "
-                                    "into extra key = value rows)",
-}
+CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
+LAYER_TYPES = (SLIDING, CSA, HCA)
 
 
 @dataclass(frozen=True)
@@ -38,8 +37,13 @@ class DSV4Shape:
     o_groups: int = 8
     o_lora_rank: int = 1024
     window: int = 128  # sliding_window: a query sees itself and the window - 1 before it
-    rope_theta: float = 10000.0  # the "main" rope's (sliding layers)
+    rope_theta: float = 10000.0  # the "main" rope's (sliding layers), "compress" (the others)
     eps: float = 1e-6  # rms_norm_eps
+    layer_type: str = SLIDING  # LAYER_TYPES
+    rate: int = 0  # compress_rates[layer_type]: tokens pooled into one row (0: sliding)
+    index_heads: int = 0  # CSA's indexer: index_n_heads (Hi)
+    index_head_dim: int = 0  # di
+    index_topk: int = 0  # k
 
     def __post_init__(self) -> None:
         for name in ("dim", "heads", "head_dim", "q_lora_rank", "o_groups", "o_lora_rank",
@@ -48,6 +52,17 @@ class DSV4Shape:
         if self.rope_dim % 2 or not 0 <= self.rope_dim <= self.head_dim:
             raise UsageError(f"qk_rope_head_dim {self.rope_dim} must be even and at most "
                              f"head_dim {self.head_dim}")
+        if self.layer_type not in LAYER_TYPES:
+            raise UsageError(f"unknown DeepSeek-V4 layer type {self.layer_type!r}: choose one "
+                             f"of {', '.join(LAYER_TYPES)}")
+        if self.layer_type != SLIDING:
+            require_positive(f"compress_rates' {self.layer_type}", self.rate)
+        if self.layer_type == CSA:
+            for name in ("index_heads", "index_head_dim", "index_topk"):
+                require_positive(name, getattr(self, name))
+            if self.rope_dim > self.index_head_dim:
+                raise UsageError(f"index_head_dim {self.index_head_dim} must hold the rotated "
+                                 f"{self.rope_dim} channels")
         if self.heads % self.o_groups:
             raise UsageError(f"o_groups {self.o_groups} must divide num_attention_heads "
                              f"{self.heads}")
@@ -59,35 +74,40 @@ class DSV4Shape:
 
 
 def layer_type(cfg: Mapping[str, Any], layer: int) -> str:
-    """The layer's type, or a one-line refusal (an index out of range, a type not built)."""
+    """The layer's type, or a one-line refusal (an index out of range)."""
     types = cfg.get("layer_types") or []
     if not 0 <= layer < len(types):
         raise UsageError(f"layer {layer} is not in this checkpoint: it has {len(types)} layers "
                          f"(0..{len(types) - 1})")
-    kind = types[layer]
-    if kind in UNBUILT:
-        raise UsageError(f"layer {layer} is DeepSeek-V4's {kind}: not built yet, it needs "
-                         f"{UNBUILT[kind]} (only {SLIDING} layers are)")
-    if kind != SLIDING:
-        raise UsageError(f"layer {layer} has an unknown DeepSeek-V4 layer type {kind!r}")
-    return kind
+    return types[layer]
+
+
+def _rope(cfg: Mapping[str, Any], kind: str) -> tuple[float, float]:
+    """(theta, partial_rotary_factor) of the layer type's rope: "main" for sliding layers,
+    "compress" for the others; a rope type other than default refused in one line."""
+    label = "main" if kind == SLIDING else "compress"
+    rope = (cfg.get("rope_parameters") or {}).get(label) or {}
+    factor = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    if factor is None:
+        raise UsageError("config.json has no partial_rotary_factor (nor rope_parameters')")
+    if rope.get("rope_type", "default") != "default":
+        raise UsageError(f"the {label} rope's type {rope['rope_type']!r} is not built (default "
+                         f"only)")
+    default = cfg.get("rope_theta" if label == "main" else "compress_rope_theta", 10000.0)
+    return float(rope.get("rope_theta", default)), factor
 
 
 def shape_from_config(cfg: Mapping[str, Any], layer: int) -> DSV4Shape:
-    """The shape of a sliding_attention layer from a deepseek_v4 config.json (as transformers
-    5.23's DeepseekV4Config writes it); any other layer refused in one line."""
-    layer_type(cfg, layer)
+    """The shape of a layer from a deepseek_v4 config.json (as transformers 5.23's
+    DeepseekV4Config writes it)."""
+    kind = layer_type(cfg, layer)
+    theta, factor = _rope(cfg, kind)
     head_dim = cfg["head_dim"]
-    main = (cfg.get("rope_parameters") or {}).get("main") or {}
-    factor = main.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
-    if factor is None:
-        raise UsageError("config.json has no partial_rotary_factor (nor rope_parameters.main's)")
-    if main.get("rope_type", "default") != "default":
-        raise UsageError(f"the main rope's type {main['rope_type']!r} is not built (default "
-                         f"only)")
+    index = {"index_heads": cfg["index_n_heads"], "index_head_dim": cfg["index_head_dim"],
+             "index_topk": cfg["index_topk"]} if kind == CSA else {}
     return DSV4Shape(
         dim=cfg["hidden_size"], heads=cfg["num_attention_heads"], head_dim=head_dim,
         rope_dim=int(head_dim * factor), q_lora_rank=cfg["q_lora_rank"],
         o_groups=cfg["o_groups"], o_lora_rank=cfg["o_lora_rank"], window=cfg["sliding_window"],
-        rope_theta=float(main.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-        eps=float(cfg.get("rms_norm_eps", 1e-6)))
+        rope_theta=theta, eps=float(cfg.get("rms_norm_eps", 1e-6)), layer_type=kind,
+        rate=(cfg.get("compress_rates") or {}).get(kind, 0) if kind != SLIDING else 0, **index)
