@@ -6,13 +6,14 @@ types' full-sequence calls too (the indexer's top-k below the closed rows), thei
 refused in one line."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from mha_export.errors import UsageError
-from mha_export.kinds.dsv4 import compressed
+from mha_export.kinds.dsv4 import checkpoint, compressed
 from mha_export.kinds.dsv4 import layer as dsv4_layer
-from mha_export.kinds.dsv4.checkpoint import read_layer
 from mha_export.kinds.dsv4.settings import shape_from_config
 
 LAYER_TYPES = ["sliding_attention", "compressed_sparse_attention",
@@ -20,7 +21,12 @@ LAYER_TYPES = ["sliding_attention", "compressed_sparse_attention",
 LENGTH, PAD = 40, 7
 
 
-def _config():
+# the released checkpoints' "compress" rope: YaRN (its attention_factor 1, as the config sets)
+YARN = {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 16,
+        "beta_fast": 32, "beta_slow": 1}
+
+
+def _config(**extra):
     from transformers import AutoConfig
     return AutoConfig.for_model(
         "deepseek_v4", hidden_size=64, num_attention_heads=4, head_dim=32, q_lora_rank=24,
@@ -29,16 +35,15 @@ def _config():
         index_n_heads=2, index_head_dim=16, index_topk=3, sliding_window=8,
         partial_rotary_factor=0.25, layer_types=LAYER_TYPES, mlp_layer_types=["moe"] * 4,
         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-        hc_mult=2, max_position_embeddings=256, initializer_range=0.2)
+        hc_mult=2, max_position_embeddings=256, initializer_range=0.2, **extra)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def _saved(tmp_path_factory, **extra):
     """(model, folder): random weights; sinks and norm weights too (zeros and ones would hide
     a dropped sink or norm)."""
     from transformers import AutoModelForCausalLM
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(_config()).eval()
+    model = AutoModelForCausalLM.from_config(_config(**extra)).eval()
     with torch.no_grad():
         for name, t in model.named_parameters():
             if name.endswith(("sinks", "norm.weight")):
@@ -46,6 +51,16 @@ def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("dsv4")
     model.save_pretrained(folder)
     return model, folder
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return _saved(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def tiny_yarn(tmp_path_factory):
+    return _saved(tmp_path_factory, rope_parameters=YARN)
 
 
 def _hooked(model, layer: int, **inputs):
@@ -81,7 +96,7 @@ def _transformers_y(model, layer: int):
 
 def _error(model, folder, layer: int) -> float:
     x, keep, expected = _transformers_y(model, layer)
-    ours = read_layer(folder, layer)
+    ours = checkpoint.read_layer(folder, layer)
     with torch.no_grad():
         y = ours(x, keep)[0]
     rows = keep.bool()  # a padding query's row is its own business
@@ -93,6 +108,23 @@ def test_each_layer_type_equals_transformers_on_a_left_padded_prompt(tiny, layer
     """Sliding (0, 3), CSA (1: 10 closed rows, the indexer keeps 3), HCA (2: 5 closed rows)."""
     model, folder = tiny
     assert _error(model, folder, layer) <= 2e-5
+
+
+@pytest.mark.parametrize("layer", [0, 1, 2])
+def test_a_yarn_compress_rope_equals_transformers(tiny_yarn, layer):
+    """YaRN on the compressed layers' rope (queries, keys, pooled rows, index queries and
+    keys); the sliding layer's stays default."""
+    model, folder = tiny_yarn
+    assert model.config.rope_parameters["compress"]["rope_type"] == "yarn"
+    assert _error(model, folder, layer) <= 2e-5
+
+
+def test_the_compress_rope_read_without_its_yarn_fails(tiny_yarn, monkeypatch):
+    model, folder = tiny_yarn
+    shape_of = checkpoint.shape_from_config
+    monkeypatch.setattr(checkpoint, "shape_from_config", lambda cfg, layer: dataclasses.replace(
+        shape_of(cfg, layer), rope_scaling=None))
+    assert _error(model, folder, 1) > 1e-3
 
 
 def _drop_sinks(monkeypatch):
@@ -159,7 +191,7 @@ def test_a_planted_fault_fails_against_transformers(tiny, fault, monkeypatch):
 
 def test_a_compressed_layers_cached_call_is_refused_in_one_line(tiny):
     _, folder = tiny
-    ours = read_layer(folder, 1)
+    ours = checkpoint.read_layer(folder, 1)
     x = torch.randn(1, 1, 64)
     with pytest.raises(UsageError, match="cached calls of DeepSeek-V4's compressed layers"):
         ours(x, past=torch.zeros(1, 1, 3, 32))
@@ -168,9 +200,9 @@ def test_a_compressed_layers_cached_call_is_refused_in_one_line(tiny):
 def test_bad_input_is_a_short_error(tiny, tmp_path):
     _, folder = tiny
     with pytest.raises(UsageError, match="not in this checkpoint"):
-        read_layer(folder, 9)
+        checkpoint.read_layer(folder, 9)
     with pytest.raises(UsageError, match="no config.json"):
-        read_layer(tmp_path, 0)
+        checkpoint.read_layer(tmp_path, 0)
     with pytest.raises(UsageError, match="o_groups 3 must divide"):
         shape_from_config({**_config().to_dict(), "o_groups": 3}, 0)
 
@@ -180,7 +212,7 @@ def test_a_cached_decode_step_equals_transformers_with_its_cache(tiny):
     rotated key = value rows) equal transformers' with its DynamicCache."""
     model, folder = tiny
     ids, keep = _prompt()
-    ours = read_layer(folder, 0)
+    ours = checkpoint.read_layer(folder, 0)
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=keep, use_cache=True)
         x, _ = _hooked(model, 0, input_ids=ids, attention_mask=keep, use_cache=False)
@@ -202,7 +234,7 @@ def test_torchscript_of_the_layer_equals_eager(tiny, tmp_path):
     it gives the eager layer's y and cache."""
     model, folder = tiny
     x, keep, expected = _transformers_y(model, 0)
-    eager = read_layer(folder, 0)
+    eager = checkpoint.read_layer(folder, 0)
     torch.jit.script(eager).save(str(tmp_path / "model.pt"))
     loaded = torch.jit.load(str(tmp_path / "model.pt"))
     with torch.no_grad():

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import UsageError
-from ...layer.rotary import cos_sin, rotate
+from ...layer.rotary import cos_sin, rope_tables, rotate
 from .settings import DSV4Shape
 
 
@@ -90,8 +90,8 @@ class DSV4SlidingAttention(nn.Module):
         self.o_a_proj = nn.Linear(s.group_width, s.o_groups * s.o_lora_rank, bias=False)
         self.o_b_proj = nn.Linear(s.o_groups * s.o_lora_rank, s.dim, bias=False)
         self.sinks = nn.Parameter(torch.zeros(s.heads))
-        inv_freq = 1.0 / s.rope_theta ** (torch.arange(0, s.rope_dim, 2).float() / s.rope_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (rd/2,)
+        inv_freq = rope_tables(s.rope_dim, s.rope_theta, s.rope_scaling).inv_freq  # (rd/2,)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def grouped_output(self, o: Tensor) -> Tensor:
         """o (B, T, H, d) -> (B, T, D): each group of H / G heads through its own o_a rows."""

@@ -16,9 +16,12 @@ Every layer type's full-sequence call is built; cached calls only for sliding_at
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
+from ... import rope_types
 from ...errors import UsageError, require_positive
+from ...weights.families.base import Settings
+from ...weights.families.rope import rope_scaling
 
 SLIDING = "sliding_attention"
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
@@ -44,6 +47,7 @@ class DSV4Shape:
     index_heads: int = 0  # CSA's indexer: index_n_heads (Hi)
     index_head_dim: int = 0  # di
     index_topk: int = 0  # k
+    rope_scaling: Optional[Mapping[str, Any]] = None  # the rope's scaling (yarn: "compress")
 
     def __post_init__(self) -> None:
         for name in ("dim", "heads", "head_dim", "q_lora_rank", "o_groups", "o_lora_rank",
@@ -63,6 +67,10 @@ class DSV4Shape:
             if self.rope_dim > self.index_head_dim:
                 raise UsageError(f"index_head_dim {self.index_head_dim} must hold the rotated "
                                  f"{self.rope_dim} channels")
+        scaling = rope_types.normalized_scaling(self.rope_scaling, self.rope_dim)
+        if rope_types.attention_factor(scaling) != 1.0:
+            raise UsageError(f"a rope attention_factor other than 1 is not built (DeepSeek-V4's "
+                             f"is 1), got {rope_types.attention_factor(scaling)}")
         if self.heads % self.o_groups:
             raise UsageError(f"o_groups {self.o_groups} must divide num_attention_heads "
                              f"{self.heads}")
@@ -82,26 +90,23 @@ def layer_type(cfg: Mapping[str, Any], layer: int) -> str:
     return types[layer]
 
 
-def _rope(cfg: Mapping[str, Any], kind: str) -> tuple[float, float]:
-    """(theta, partial_rotary_factor) of the layer type's rope: "main" for sliding layers,
-    "compress" for the others; a rope type other than default refused in one line."""
+def _rope(cfg: Mapping[str, Any], kind: str) -> tuple[float, float, Optional[dict]]:
+    """(theta, partial_rotary_factor, scaling) of the layer type's rope: "main" for sliding
+    layers, "compress" (YaRN in the released checkpoints) for the others."""
     label = "main" if kind == SLIDING else "compress"
     rope = (cfg.get("rope_parameters") or {}).get(label) or {}
     factor = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
     if factor is None:
         raise UsageError("config.json has no partial_rotary_factor (nor rope_parameters')")
-    if rope.get("rope_type", "default") != "default":
-        raise UsageError(f"the {label} rope's type {rope['rope_type']!r} is not built (default "
-                         f"only)")
     default = cfg.get("rope_theta" if label == "main" else "compress_rope_theta", 10000.0)
-    return float(rope.get("rope_theta", default)), factor
+    return float(rope.get("rope_theta", default)), factor, rope_scaling(Settings(cfg), rope)
 
 
 def shape_from_config(cfg: Mapping[str, Any], layer: int) -> DSV4Shape:
     """The shape of a layer from a deepseek_v4 config.json (as transformers 5.23's
     DeepseekV4Config writes it)."""
     kind = layer_type(cfg, layer)
-    theta, factor = _rope(cfg, kind)
+    theta, factor, scaling = _rope(cfg, kind)
     head_dim = cfg["head_dim"]
     index = {"index_heads": cfg["index_n_heads"], "index_head_dim": cfg["index_head_dim"],
              "index_topk": cfg["index_topk"]} if kind == CSA else {}
@@ -110,4 +115,5 @@ def shape_from_config(cfg: Mapping[str, Any], layer: int) -> DSV4Shape:
         rope_dim=int(head_dim * factor), q_lora_rank=cfg["q_lora_rank"],
         o_groups=cfg["o_groups"], o_lora_rank=cfg["o_lora_rank"], window=cfg["sliding_window"],
         rope_theta=theta, eps=float(cfg.get("rms_norm_eps", 1e-6)), layer_type=kind,
+        rope_scaling=scaling,
         rate=(cfg.get("compress_rates") or {}).get(kind, 0) if kind != SLIDING else 0, **index)
