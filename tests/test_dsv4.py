@@ -158,13 +158,13 @@ def _pooled_rows_all_seen(monkeypatch):
 
 
 def _indexer_ignored(monkeypatch):
-    monkeypatch.setattr(compressed.Indexer, "forward", lambda self, x, residual, positions,
-                        inv_freq: compressed.closed_by(positions, x.size(1) // self.rate,
-                                                       self.rate))
+    def every_closed_row(self, x, residual, positions, inv_freq, state):
+        return compressed.closed_by(positions, x.size(1) // self.rate, self.rate)
+    monkeypatch.setattr(compressed.Indexer, "forward", every_closed_row)
 
 
 def _overlap_dropped(monkeypatch):
-    monkeypatch.setattr(compressed, "overlapped", lambda t, width, fill: torch.cat(
+    monkeypatch.setattr(compressed, "overlapped", lambda t, width, fill, prior=None: torch.cat(
         [torch.full_like(t[..., :width], fill), t[..., width:]], dim=2))
 
 
@@ -189,12 +189,29 @@ def test_a_planted_fault_fails_against_transformers(tiny, fault, monkeypatch):
     assert _error(model, folder, layer) > 1e-3
 
 
-def test_a_compressed_layers_cached_call_is_refused_in_one_line(tiny):
-    _, folder = tiny
-    ours = checkpoint.read_layer(folder, 1)
-    x = torch.randn(1, 1, 64)
-    with pytest.raises(UsageError, match="cached calls of DeepSeek-V4's compressed layers"):
-        ours(x, past=torch.zeros(1, 1, 3, 32))
+@pytest.mark.parametrize("layer", [0, 1, 2])
+def test_eight_cached_decode_steps_equal_transformers_with_its_cache(tiny, layer):
+    """After the padded prompt, 8 one-token steps: windows close within them (CSA's every 4
+    tokens, HCA's at the 8th); each step's y, and the pooled rows at the end, equal
+    transformers' with its cache (its sliding, buffer, overlap and compressed states)."""
+    model, folder = tiny
+    ids, keep = _prompt()
+    ours = checkpoint.read_layer(folder, layer)
+    with torch.no_grad():
+        cache = model(input_ids=ids, attention_mask=keep, use_cache=True).past_key_values
+        x, _ = _hooked(model, layer, input_ids=ids, attention_mask=keep, use_cache=False)
+        _, past, past_keep, state = ours(x, keep)
+    for step in range(8):
+        keep = torch.cat([keep, torch.ones(2, 1, dtype=torch.long)], 1)
+        x1, y1 = _hooked(model, layer, input_ids=torch.tensor([[5 + step], [9]]),
+                         past_key_values=cache, use_cache=True, attention_mask=keep)
+        with torch.no_grad():
+            y, past, past_keep, state = ours(x1, positions=torch.full((2, 1), LENGTH + step),
+                                             past=past, past_keep=past_keep, state=state)
+        assert float((y - y1).abs().max()) <= 2e-5, step
+    held = getattr(cache.layers[layer], "compressed_kv", {})
+    for name, rows in held.items():
+        assert torch.allclose(state[f"{name}.compressed_kv"], rows, atol=1e-6), name
 
 
 def test_bad_input_is_a_short_error(tiny, tmp_path):
@@ -216,15 +233,15 @@ def test_a_cached_decode_step_equals_transformers_with_its_cache(tiny):
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=keep, use_cache=True)
         x, _ = _hooked(model, 0, input_ids=ids, attention_mask=keep, use_cache=False)
-        _, present, present_keep = ours(x, keep)
+        _, present, present_keep, _ = ours(x, keep)
     cache = out.past_key_values
     assert torch.allclose(present, cache.layers[0].keys, atol=1e-6)
     step = torch.tensor([[5], [9]])
     x1, y1 = _hooked(model, 0, input_ids=step, past_key_values=cache, use_cache=True,
                      attention_mask=torch.cat([keep, torch.ones(2, 1, dtype=torch.long)], 1))
     with torch.no_grad():
-        y, after, _ = ours(x1, positions=torch.full((2, 1), LENGTH), past=present,
-                           past_keep=present_keep)
+        y, after, _, _ = ours(x1, positions=torch.full((2, 1), LENGTH), past=present,
+                              past_keep=present_keep)
     assert float((y - y1).abs().max()) <= 2e-5
     assert after.shape[2] == 7 and torch.equal(after[:, :, :-1], present[:, :, 1:])
 
@@ -238,9 +255,9 @@ def test_torchscript_of_the_layer_equals_eager(tiny, tmp_path):
     torch.jit.script(eager).save(str(tmp_path / "model.pt"))
     loaded = torch.jit.load(str(tmp_path / "model.pt"))
     with torch.no_grad():
-        y, present, present_keep = loaded(x, keep)
+        y, present, present_keep, _ = loaded(x, keep)
         step = loaded(x[:, -1:], None, torch.full((2, 1), LENGTH), present, present_keep)
-        want = eager(x[:, -1:], None, torch.full((2, 1), LENGTH), *eager(x, keep)[1:])
+        want = eager(x[:, -1:], None, torch.full((2, 1), LENGTH), *eager(x, keep)[1:3])
     rows = keep.bool()
     assert float((y - expected)[rows].abs().max()) <= 2e-5
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(step, want))
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(step[:3], want[:3]))

@@ -9,7 +9,7 @@ indexer's di), m = rate.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -19,11 +19,13 @@ from .layer import DSV4SlidingAttention, WeightedRMSNorm, rotate_tail
 from .settings import CSA, DSV4Shape
 
 
-def overlapped(t: Tensor, width: int, fill: float) -> Tensor:
+def overlapped(t: Tensor, width: int, fill: float, prior: Optional[Tensor] = None) -> Tensor:
     """t (B, n, m, 2w) -> (B, n, 2m, w): window i's slots are window i - 1's first series
-    ([..., :w]; window 0: ``fill``) then its own second series ([..., w:])."""
+    ([..., :w]; window 0: ``prior`` (B, m, w), the last call's last window's, else ``fill``)
+    then its own second series ([..., w:])."""
     earlier = t[..., :width]  # (B, n, m, w)
-    first = torch.cat([torch.full_like(earlier[:, :1], fill), earlier[:, :-1]], dim=1)
+    before = torch.full_like(earlier[:, :1], fill) if prior is None else prior.unsqueeze(1)
+    first = torch.cat([before.to(t.dtype), earlier[:, :-1]], dim=1)
     return torch.cat([first, t[..., width:]], dim=2)
 
 
@@ -41,20 +43,43 @@ class Compressor(nn.Module):
         self.position_bias = nn.Parameter(torch.zeros(rate, series))
         self.kv_norm = WeightedRMSNorm(width, eps)
 
-    def forward(self, x: Tensor, inv_freq: Tensor) -> Tensor:
-        """x (B, T, D) -> (B, n, w), rotated at positions 0, m, 2m, ..."""
-        b, n = x.size(0), x.size(1) // self.rate
-        closed = x[:, : n * self.rate]
-        kv = self.kv_proj(closed).view(b, n, self.rate, -1)  # (B, n, m, w or 2w)
-        gate = self.gate_proj(closed).view(b, n, self.rate, -1) + self.position_bias
+    def forward(self, x: Tensor, inv_freq: Tensor, state: Dict[str, Tensor], name: str
+                ) -> Tensor:
+        """x (B, T, D) -> every row pooled so far (B, N, w), rotated at positions 0, m, 2m,
+        ...; ``state`` (transformers' cache, under ``name``): buffer_kv / buffer_gate the
+        projections of the tokens since the last closed window (B, < m, w or 2w),
+        compressed_kv the rows (B, N, w), overlap_kv / overlap_gate (overlapping windows) the
+        last closed window's first series (B, m, w)."""
+        b = x.size(0)
+        kv, gate = self.kv_proj(x), self.gate_proj(x)  # (B, T, w or 2w)
+        if name + ".buffer_kv" in state:
+            kv = torch.cat([state[name + ".buffer_kv"], kv], dim=1)
+            gate = torch.cat([state[name + ".buffer_gate"], gate], dim=1)
+        n = kv.size(1) // self.rate
+        usable = n * self.rate
+        state[name + ".buffer_kv"], state[name + ".buffer_gate"] = kv[:, usable:], gate[:, usable:]
+        rows = state.get(name + ".compressed_kv", kv.new_zeros(b, 0, self.width))
+        if n > 0:
+            kv = kv[:, :usable].view(b, n, self.rate, -1)  # (B, n, m, w or 2w)
+            gate = gate[:, :usable].view(b, n, self.rate, -1) + self.position_bias
+            rows = torch.cat([rows, self.pool(kv, gate, state, name, rows.size(1), inv_freq)], 1)
+        state[name + ".compressed_kv"] = rows
+        return rows
+
+    def pool(self, kv: Tensor, gate: Tensor, state: Dict[str, Tensor], name: str, first: int,
+             inv_freq: Tensor) -> Tensor:
+        """kv, gate (B, n, m, w or 2w) -> rows first .. first + n - 1 (B, n, w)."""
+        b, n = kv.size(0), kv.size(1)
         if self.overlap:
-            kv = overlapped(kv, self.width, 0.0)  # (B, n, 2m, w)
-            gate = overlapped(gate, self.width, float("-inf"))
+            last_kv, last_gate = kv[:, -1, :, : self.width], gate[:, -1, :, : self.width]
+            kv = overlapped(kv, self.width, 0.0, state.get(name + ".overlap_kv"))  # B,n,2m,w
+            gate = overlapped(gate, self.width, float("-inf"), state.get(name + ".overlap_gate"))
+            state[name + ".overlap_kv"], state[name + ".overlap_gate"] = last_kv, last_gate
         weights = gate.softmax(dim=2, dtype=torch.float32).to(kv.dtype)
         pooled = self.kv_norm((kv * weights).sum(dim=2))  # (B, n, w)
-        starts = (torch.arange(n, device=x.device) * self.rate).unsqueeze(0).expand(b, n)
-        cos, sin = cos_sin(starts, inv_freq, torch.float32)  # (B, 1, n, rd/2)
-        return rotate_tail(pooled.unsqueeze(1).float(), cos, sin).squeeze(1).to(x.dtype)
+        starts = (torch.arange(first, first + n, device=kv.device) * self.rate)
+        cos, sin = cos_sin(starts.unsqueeze(0).expand(b, n), inv_freq, torch.float32)
+        return rotate_tail(pooled.unsqueeze(1).float(), cos, sin).squeeze(1).to(kv.dtype)
 
 
 def closed_by(positions: Tensor, rows: int, rate: int) -> Tensor:
@@ -90,12 +115,12 @@ class Indexer(nn.Module):
         self.q_b_proj = nn.Linear(s.q_lora_rank, s.index_heads * s.index_head_dim, bias=False)
         self.scorer = Scorer(s.dim, s.index_heads)
 
-    def forward(self, x: Tensor, residual: Tensor, positions: Tensor, inv_freq: Tensor
-                ) -> Tensor:
+    def forward(self, x: Tensor, residual: Tensor, positions: Tensor, inv_freq: Tensor,
+                state: Dict[str, Tensor]) -> Tensor:
         """x (B, T, D), residual (B, T, Rq), positions (B, T) -> (B, T, n) bool: the rows
         each query keeps."""
         b, t = x.size(0), x.size(1)
-        keys = self.compressor(x, inv_freq)  # (B, n, di)
+        keys = self.compressor(x, inv_freq, state, "indexer")  # (B, n, di)
         cos, sin = cos_sin(positions, inv_freq, torch.float32)  # (B, 1, T, rd/2)
         q = self.q_b_proj(residual).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         q = rotate_tail(q.float(), cos, sin).to(x.dtype).transpose(1, 2)  # (B, T, Hi, di)
@@ -111,22 +136,21 @@ class Indexer(nn.Module):
 
 class DSV4CompressedAttention(DSV4SlidingAttention):
     """A compressed layer: the sliding layer's attention over its sliding rows and the pooled
-    ones (HCA: every closed row; CSA: the indexer's picks). Full-sequence calls only."""
+    ones (HCA: every closed row; CSA: the indexer's picks), full-sequence or cached."""
 
     def __init__(self, shape: DSV4Shape):
         super().__init__(shape)
-        self.cached = False
         self.sparse = shape.layer_type == CSA
         self.compressor = Compressor(shape.dim, shape.head_dim, shape.rate, self.sparse,
                                      shape.eps)
         if self.sparse:
             self.compressor.indexer = Indexer(shape)
 
-    def extra_rows(self, x: Tensor, residual: Tensor, positions: Tensor
-                   ) -> Tuple[Tensor, Tensor]:
+    def extra_rows(self, x: Tensor, residual: Tensor, positions: Tensor,
+                   state: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
         """The pooled rows (B, 1, n, d) and their mask (B, 1, T, n)."""
-        rows = self.compressor(x, self.inv_freq)  # (B, n, d)
+        rows = self.compressor(x, self.inv_freq, state, "compressor")  # (B, n, d)
         seen = closed_by(positions, rows.size(1), self.compressor.rate)  # (B, T, n)
         if self.sparse:
-            seen = self.compressor.indexer(x, residual, positions, self.inv_freq)
+            seen = self.compressor.indexer(x, residual, positions, self.inv_freq, state)
         return rows.unsqueeze(1), additive(seen)

@@ -3,12 +3,11 @@ a padding mask. Its parameters carry transformers' names (``self_attn.*`` of
 DeepseekV4Attention), so its state dict and transformers' are the same."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
-from ...errors import UsageError
 from ...layer.rotary import cos_sin, rope_tables, rotate
 from .settings import DSV4Shape
 
@@ -80,7 +79,6 @@ class DSV4SlidingAttention(nn.Module):
         # plain ints for torch.jit.script (it does not read the dataclass)
         self.heads, self.head_dim, self.window, self.eps = s.heads, s.head_dim, s.window, s.eps
         self.groups, self.group_width, self.rank = s.o_groups, s.group_width, s.o_lora_rank
-        self.cached = True  # cached calls built (a sliding layer's)
         self.q_a_proj = nn.Linear(s.dim, s.q_lora_rank, bias=False)
         self.q_a_norm = WeightedRMSNorm(s.q_lora_rank, s.eps)
         self.q_b_proj = nn.Linear(s.q_lora_rank, s.heads * s.head_dim, bias=False)
@@ -113,26 +111,27 @@ class DSV4SlidingAttention(nn.Module):
         kv = self.kv_norm(self.kv_proj(x)).unsqueeze(1)  # (B, 1, T, d)
         return q, rotate_tail(kv.float(), cos, sin).to(x.dtype), residual
 
-    def extra_rows(self, x: Tensor, residual: Tensor, positions: Tensor
-                   ) -> Tuple[Tensor, Tensor]:
+    def extra_rows(self, x: Tensor, residual: Tensor, positions: Tensor,
+                   state: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
         """The key = value rows attended after the sliding ones (B, 1, n, d) and their mask
-        (B, 1, T, n): none for a sliding layer (compressed.py's layers pool some)."""
+        (B, 1, T, n): none for a sliding layer (compressed.py's layers pool some, reading and
+        writing ``state``)."""
         b, t = x.size(0), x.size(1)
         return x.new_zeros(b, 1, 0, self.head_dim), x.new_zeros(b, 1, t, 0)
 
     def forward(self, x: Tensor, keep: Optional[Tensor] = None,
                 positions: Optional[Tensor] = None, past: Optional[Tensor] = None,
-                past_keep: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+                past_keep: Optional[Tensor] = None, state: Optional[Dict[str, Tensor]] = None
+                ) -> Tuple[Tensor, Tensor, Tensor, Dict[str, Tensor]]:
         """x (B, T, D); keep (B, T) 1 for tokens, 0 for padding (default all 1); positions
         (B, T) (default P..P+T-1; transformers gives a left-padded prompt 0..T-1); past
         (B, 1, P, d) the rotated key = value rows of the P positions before these, past_keep
-        (B, P) -> y (B, T, D), present (B, 1, min(P + T, window - 1), d) and its keep."""
+        (B, P); state a compressed layer's other caches (compressed.py; empty for a sliding
+        layer) -> y (B, T, D), present (B, 1, min(P + T, window - 1), d), its keep, state."""
         b, t = x.size(0), x.size(1)
         if past is None:
             past = x.new_zeros(b, 1, 0, self.head_dim)
-        elif not self.cached:
-            raise UsageError("cached calls of DeepSeek-V4's compressed layers are not built "
-                             "(their compressor and indexer caches)")
+        state = {} if state is None else {k: v for k, v in state.items()}
         held = past.size(2)
         if positions is None:
             positions = torch.arange(held, held + t, device=x.device).unsqueeze(0).expand(b, t)
@@ -145,11 +144,11 @@ class DSV4SlidingAttention(nn.Module):
         kv, keep = torch.cat([past, kv], dim=2), torch.cat([past_keep.to(keep.dtype), keep], 1)
         key_pos = torch.arange(-held, t, device=x.device) + positions[:, :1]  # (B, P + T)
         mask = sliding_mask(positions, key_pos, keep, self.window).to(x.dtype)
-        rows, bias = self.extra_rows(x, residual, positions)  # (B, 1, n, d), (B, 1, T, n)
+        rows, bias = self.extra_rows(x, residual, positions, state)  # B,1,n,d / B,1,T,n
         o = attend_with_sinks(q, torch.cat([kv, rows], dim=2),
                               torch.cat([mask, bias.to(mask.dtype)], dim=-1), self.sinks,
                               self.head_dim ** -0.5)  # (B, H, T, d)
         o = unrotate_output(o.float(), cos, sin).to(x.dtype)
         y = self.grouped_output(o.transpose(1, 2))  # (B, T, H, d) -> (B, T, D)
         start = max(kv.size(2) - (self.window - 1), 0)
-        return y, kv[:, :, start:], keep[:, start:]
+        return y, kv[:, :, start:], keep[:, start:], state
