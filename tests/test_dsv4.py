@@ -158,9 +158,7 @@ def _pooled_rows_all_seen(monkeypatch):
 
 
 def _indexer_ignored(monkeypatch):
-    def every_closed_row(self, x, residual, positions, inv_freq, state):
-        return compressed.closed_by(positions, x.size(1) // self.rate, self.rate)
-    monkeypatch.setattr(compressed.Indexer, "forward", every_closed_row)
+    monkeypatch.setattr(compressed.Indexer, "forward", compressed.NoIndexer.forward)
 
 
 def _overlap_dropped(monkeypatch):
@@ -261,3 +259,25 @@ def test_torchscript_of_the_layer_equals_eager(tiny, tmp_path):
     rows = keep.bool()
     assert float((y - expected)[rows].abs().max()) <= 2e-5
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(step[:3], want[:3]))
+
+
+@pytest.mark.parametrize("layer", [1, 2])
+def test_torchscript_of_a_compressed_layer_equals_eager(tiny, layer, tmp_path):
+    """The compressed layers script too (their state a dict of tensors): the full sequence,
+    then a decode step that closes a window, as the eager layer gives them."""
+    model, folder = tiny
+    x, keep, expected = _transformers_y(model, layer)
+    eager = checkpoint.read_layer(folder, layer)
+    torch.jit.script(eager).save(str(tmp_path / "model.pt"))
+    loaded = torch.jit.load(str(tmp_path / "model.pt"))
+    with torch.no_grad():
+        ours, want = loaded(x, keep), eager(x, keep)
+        for _ in range(8):
+            step = x[:, -1:]
+            positions = torch.full((2, 1), ours[1].size(2) + LENGTH)
+            ours = loaded(step, None, positions, ours[1], ours[2], ours[3])
+            want = eager(step, None, positions, want[1], want[2], want[3])
+    assert float((loaded(x, keep)[0] - expected)[keep.bool()].abs().max()) <= 2e-5
+    assert torch.allclose(ours[0], want[0], atol=1e-6)
+    assert ours[3].keys() == want[3].keys()
+    assert all(torch.allclose(ours[3][k], want[3][k], atol=1e-6) for k in want[3])

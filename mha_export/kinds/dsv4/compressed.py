@@ -130,8 +130,22 @@ class Indexer(nn.Module):
         closed = closed_by(positions, keys.size(1), self.rate)  # (B, T, n)
         scores = scores.masked_fill(~closed, float("-inf"))
         picks = scores.topk(min(self.topk, keys.size(1)), dim=-1).indices  # (B, T, k)
-        picked = torch.zeros_like(closed).scatter(-1, picks, torch.ones_like(picks).bool())
+        chosen = torch.ones_like(picks, dtype=torch.bool)
+        picked = torch.zeros_like(closed).scatter(-1, picks, chosen)  # (B, T, n)
         return picked & closed
+
+
+class NoIndexer(nn.Module):
+    """HCA's stand-in for the indexer (parameter-free, so TorchScript compiles one call):
+    every closed row."""
+
+    def __init__(self, rate: int):
+        super().__init__()
+        self.rate = rate
+
+    def forward(self, x: Tensor, residual: Tensor, positions: Tensor, inv_freq: Tensor,
+                state: Dict[str, Tensor]) -> Tensor:
+        return closed_by(positions, state["compressor.compressed_kv"].size(1), self.rate)
 
 
 class DSV4CompressedAttention(DSV4SlidingAttention):
@@ -143,14 +157,11 @@ class DSV4CompressedAttention(DSV4SlidingAttention):
         self.sparse = shape.layer_type == CSA
         self.compressor = Compressor(shape.dim, shape.head_dim, shape.rate, self.sparse,
                                      shape.eps)
-        if self.sparse:
-            self.compressor.indexer = Indexer(shape)
+        self.compressor.indexer = Indexer(shape) if self.sparse else NoIndexer(shape.rate)
 
     def extra_rows(self, x: Tensor, residual: Tensor, positions: Tensor,
                    state: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
         """The pooled rows (B, 1, n, d) and their mask (B, 1, T, n)."""
         rows = self.compressor(x, self.inv_freq, state, "compressor")  # (B, n, d)
-        seen = closed_by(positions, rows.size(1), self.compressor.rate)  # (B, T, n)
-        if self.sparse:
-            seen = self.compressor.indexer(x, residual, positions, self.inv_freq, state)
+        seen = self.compressor.indexer(x, residual, positions, self.inv_freq, state)  # B,T,n
         return rows.unsqueeze(1), additive(seen)

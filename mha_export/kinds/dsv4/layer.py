@@ -131,7 +131,10 @@ class DSV4SlidingAttention(nn.Module):
         b, t = x.size(0), x.size(1)
         if past is None:
             past = x.new_zeros(b, 1, 0, self.head_dim)
-        state = {} if state is None else {k: v for k, v in state.items()}
+        held_state: Dict[str, Tensor] = {}  # a copy: the caller's stays as it was
+        if state is not None:
+            for name, value in state.items():
+                held_state[name] = value
         held = past.size(2)
         if positions is None:
             positions = torch.arange(held, held + t, device=x.device).unsqueeze(0).expand(b, t)
@@ -144,11 +147,11 @@ class DSV4SlidingAttention(nn.Module):
         kv, keep = torch.cat([past, kv], dim=2), torch.cat([past_keep.to(keep.dtype), keep], 1)
         key_pos = torch.arange(-held, t, device=x.device) + positions[:, :1]  # (B, P + T)
         mask = sliding_mask(positions, key_pos, keep, self.window).to(x.dtype)
-        rows, bias = self.extra_rows(x, residual, positions, state)  # B,1,n,d / B,1,T,n
+        rows, bias = self.extra_rows(x, residual, positions, held_state)  # B,1,n,d / B,1,T,n
         o = attend_with_sinks(q, torch.cat([kv, rows], dim=2),
                               torch.cat([mask, bias.to(mask.dtype)], dim=-1), self.sinks,
                               self.head_dim ** -0.5)  # (B, H, T, d)
         o = unrotate_output(o.float(), cos, sin).to(x.dtype)
         y = self.grouped_output(o.transpose(1, 2))  # (B, T, H, d) -> (B, T, D)
         start = max(kv.size(2) - (self.window - 1), 0)
-        return y, kv[:, :, start:], keep[:, start:], state
+        return y, kv[:, :, start:], keep[:, start:], held_state
