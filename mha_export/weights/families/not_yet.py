@@ -7,6 +7,6 @@ from __future__ import annotations
 NOT_YET: dict[str, str] = {
     "qwen4_exp_text": "block top-k sparse attention (QSA) and its GatedDeltaNet layers",
     "qwen4_exp": "block top-k sparse attention (QSA) and its GatedDeltaNet layers",
-    "deepseek_v4": ("compressed sparse attention, one shared key = value head, sinks, inverse "
-                    "rotary on the output and a grouped low-rank output projection"),
+    "deepseek_v4": ("its kind's config section, ONNX graph forms and exports (its eager layers, "
+                    "every layer type, are built: mha_export/kinds/dsv4, docs/deepseek-v4.md)"),
 }
