@@ -110,6 +110,17 @@ def test_each_layer_type_equals_transformers_on_a_left_padded_prompt(tiny, layer
     assert _error(model, folder, layer) <= 2e-5
 
 
+@pytest.mark.parametrize("layer", [1, 2])
+def test_a_prompt_shorter_than_a_window_equals_transformers(tiny, layer):
+    """3 tokens, one of them padding: no window closed, no pooled row, no top-k."""
+    model, folder = tiny
+    ids, keep = torch.tensor([[3, 4, 5], [6, 7, 8]]), torch.tensor([[1, 1, 1], [0, 1, 1]])
+    x, expected = _hooked(model, layer, input_ids=ids, attention_mask=keep, use_cache=False)
+    with torch.no_grad():
+        y = checkpoint.read_layer(folder, layer)(x, keep)[0]
+    assert float((y - expected)[keep.bool()].abs().max()) <= 2e-5
+
+
 @pytest.mark.parametrize("layer", [0, 1, 2])
 def test_a_yarn_compress_rope_equals_transformers(tiny_yarn, layer):
     """YaRN on the compressed layers' rope (queries, keys, pooled rows, index queries and

@@ -1,4 +1,4 @@
-"""DeepSeek-V4's compressed layers, eager, full-sequence calls (docs/deepseek-v4.md):
+"""DeepSeek-V4's compressed layers, eager, full-sequence and cached calls (docs/deepseek-v4.md):
 ``heavily_compressed_attention`` (HCA: every ``rate`` tokens pooled into one more key = value
 row) and ``compressed_sparse_attention`` (CSA: overlapping windows of 2 * rate slots, and a
 lightning indexer keeping each query's top ``index_topk`` rows). Parameter names are
