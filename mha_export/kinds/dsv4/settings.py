@@ -11,7 +11,7 @@ checkpoint's config.json (docs/deepseek-v4.md says what each layer type computes
               tokens pooled into extra key = value rows; CSA's lightning indexer keeps the top
               ``index_topk`` of them per query
 
-Every layer type's full-sequence call is built; cached calls only for sliding_attention layers.
+Every layer type is built, full-sequence and cached calls.
 """
 from __future__ import annotations
 
