@@ -5,6 +5,6 @@ from __future__ import annotations
 
 # model_type -> what its attention needs that the layer lacks
 NOT_YET: dict[str, str] = {
-    "deepseek_v4": ("compressed sparse attention, one shared key = value head, sinks, inverse "
-                    "rotary on the output and a grouped low-rank output projection"),
+    "deepseek_v4": ("its kind's config section, ONNX graph forms and exports (its eager layers, "
+                    "every layer type, are built: mha_export/kinds/dsv4, docs/deepseek-v4.md)"),
 }
