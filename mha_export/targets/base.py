@@ -191,10 +191,6 @@ class ExportTarget:
     programs: Callable[["ExportTarget", BenchRun], dict[str, tuple[Path, dict]]] = one_program
     cpp_program: Optional[str] = None  # the `make cpp` program that loads its file
 
-    @property
-    def option_names(self) -> tuple[str, ...]:
-        return tuple(o.name for o in self.options)
-
     def own(self, options: dict) -> dict:
         """The target's own options popped from the export API's keywords ``options``."""
         return {o.name: options.pop(o.name) for o in self.options if o.name in options}
