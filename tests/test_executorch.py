@@ -414,7 +414,8 @@ def test_int4_projections_run_as_xnnpacks_8da4w_within_int8_activations(programs
 
 def test_a_planted_fault_in_the_int4_blocks_fails_the_check(programs, tmp_path, monkeypatch):
     """The program rebuilt with each row's block scales rolled by one block (a packing bug)."""
-    from mha_export.lossy.projections import rtn, torchao
+    from mha_export.lossy.projections import rtn
+    from mha_export.targets.executorch import torchao
 
     def rolled(weight, spec):
         q = rtn.quantize(weight, spec)

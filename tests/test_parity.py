@@ -322,7 +322,7 @@ def test_bfloat16_models_pass_on_openvino_with_the_bfloat16_tolerance(tmp_path, 
     """bf16 graphs (ONNX Runtime's CPU provider has no bf16 kernels: OpenVINO runs them here),
     within atol 3e-2 / rtol 5e-2, finite, and really rounded to bf16."""
     pytest.importorskip("openvino")
-    from mha_export.check.runners import BFLOAT16
+    from mha_export.comparison.comparator import BFLOAT16
     path = export_onnx(CFG, tmp_path / "bf16", attention=form, dtype="bfloat16",
                        validate=False, **kind).path
     report = check_parity(path, runners=["openvino-cpu"], seq_lens=[1, 7], batch_sizes=[2],
