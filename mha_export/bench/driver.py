@@ -27,7 +27,7 @@ from ..signature import FLOAT, INT8
 from ..lossy.int8_cache.codes import INT8_CACHE_TAG, KVCacheSpec
 from ..lossy.projections.rtn import QuantSpec
 from ..lossy.projections.records import quant_spec_from_record
-from .plan import BenchPlan
+from .plan import BenchPlan, timed_targets
 from .report import BACK_TO_BACK, BASELINE, BenchReport, BenchRow
 from .worker import on_cuda
 
@@ -116,11 +116,8 @@ def prepare_models(config: MHAConfig, variants: dict[str, dict], folder: Path, m
                                 specs=v["specs"]).write(out[key][0])
     run = BenchRun(config, module, kind, make_signature(config, kind), variants, batch,
                    tuple(points), capacity, folder)
-    timed = {name for name in runners} | {"torchscript"}  # TorchScript's row: always
-    for target in TARGETS.values():
-        if target.name == "torchscript" or any(k.name in timed for k in target.runners):
-            if target.name != "onnx":  # a compile or a lowering: seconds to a minute each
-                out.update(target.programs(target, run))
+    for target in timed_targets(runners):  # a compile or a lowering: seconds to a minute each
+        out.update(target.programs(target, run))
     return out
 
 

@@ -109,14 +109,22 @@ def layer_measured(artifact: Optional[str], fields: dict, quantize: list,
                     for q in quantize], int8_cache
 
 
+def timed_targets(runners: Sequence[str]) -> list:
+    """The export targets whose own files a run times: TorchScript's (its row is always
+    there), and each other whose runner is among ``runners`` (not ONNX: its models are the
+    run's variants)."""
+    from ..targets.registry import TARGETS
+    timed = {*runners, "torchscript"}
+    return [t for t in TARGETS.values()
+            if t.name != "onnx" and any(k.name in timed for k in t.runners)]
+
+
 def cpp_folder(folder: Optional[str], runners: Sequence[str]) -> Optional[Path]:
     """--cpp: the `make cpp` folder, checked before any work (every program it will run
     exists: TorchScript's always, another target's with a runner of its file)."""
     if folder is None:
         return None
-    from ..targets.registry import TARGETS
-    needed = [t.cpp_program for t in TARGETS.values() if t.cpp_program and (
-        t.name == "torchscript" or any(k.name in runners for k in t.runners))]
+    needed = [t.cpp_program for t in timed_targets(runners) if t.cpp_program]
     missing = [p for p in needed if not (Path(folder) / p).is_file()]
     if missing:
         raise UsageError(f"--cpp {folder}: no {', '.join(missing)} there (build with `make cpp`)")
