@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import NotAttentionLayer, UsageError
 from .families import FAMILIES, GGUF, GGUF_REFUSED, Family
-from .families.gguf_common import GGUFArch, head_dim, present
+from .families.gguf_common import GGUFArch, Metadata, head_dim, present
 from .gguf_header import HeaderError, header_scalars
 from .huggingface import layer_fields, require_layer
 
@@ -213,20 +213,26 @@ def _rope_scaling(f: GGUFFile) -> Optional[dict]:
                      "not read")
 
 
-def _config(f: GGUFFile, arch: GGUFArch, layer: int, biases: bool) -> dict:
-    """The config.json a Hugging Face checkpoint of the layer would have (the keys its family
-    reads), from the metadata llama.cpp's converter wrote and its runtime's defaults."""
+def _shape(f: Metadata, layer: int) -> dict:
+    """The config.json keys of the attention's shape: heads of one width (key_length, else
+    n_embd / n_head), values of the same width, the rotated fraction."""
     heads, width = f.require("attention.head_count", layer), head_dim(f, layer)
     if f.arch_value("attention.value_length", width) != width:
         raise UsageError(f"{f.path}: value heads of another width than key heads "
                          f"({f.arch_value('attention.value_length')} vs {width}) are not read")
+    return {"num_attention_heads": heads, "head_dim": width,
+            "num_key_value_heads": f.arch_value("attention.head_count_kv", heads, layer),
+            "partial_rotary_factor": f.arch_value("rope.dimension_count", width) / width}
+
+
+def _config(f: GGUFFile, arch: GGUFArch, layer: int, biases: bool) -> dict:
+    """The config.json a Hugging Face checkpoint of the layer would have (the keys its family
+    reads), from the metadata llama.cpp's converter wrote and its runtime's defaults."""
     rope = arch.rope(f, _rope_scaling) if arch.rope else _rope_scaling(f)
     config = present(
         model_type=arch.model_type, num_hidden_layers=f.require("block_count"),
-        hidden_size=f.require("embedding_length"), num_attention_heads=heads,
-        num_key_value_heads=f.arch_value("attention.head_count_kv", heads, layer),
-        head_dim=width, rope_theta=f.arch_value("rope.freq_base", 10000.0),  # llama.cpp's
-        partial_rotary_factor=f.arch_value("rope.dimension_count", width) / width,
+        hidden_size=f.require("embedding_length"), **(arch.shape or _shape)(f, layer),
+        rope_theta=f.arch_value("rope.freq_base", 10000.0),  # llama.cpp's
         rope_scaling=rope, rms_norm_eps=f.arch_value("attention.layer_norm_rms_epsilon"),
         max_position_embeddings=f.arch_value("context_length"), **{arch.bias: biases},
         original_max_position_embeddings=f.arch_value("rope.scaling.original_context_length"))
@@ -331,7 +337,9 @@ def read_gguf_layer(path: str | Path, layer: Optional[int]) -> tuple[dict, dict,
     f, arch, family = _open_layer(path, layer)
     _require_attention(f, arch, family, layer)
     raw = _layer_tensors(f, arch, family, layer)
-    config = _config(f, arch, layer, any(name.endswith(".bias") for name in raw))
+    # the projections' biases (a sparse indexer's key norm, a LayerNorm, has one of its own)
+    biases = any(n.endswith(".bias") and not n.startswith("indexer.") for n in raw)
+    config = _config(f, arch, layer, biases)
     fields = layer_fields(f.path, family, config, layer)
     _check_stacked(f, fields, raw)
     named = {}
@@ -376,7 +384,9 @@ def _check_stacked(f: GGUFFile, fields: dict, raw: dict[str, RawTensor]) -> None
     """A stacked qkv_proj (query, key, value rows) has the rows the heads say (a StarCoder file
     converted from a checkpoint with several key/value heads does not)."""
     qkv = raw.get("qkv_proj.weight")
+    if qkv is None:
+        return
     rows = (fields["heads"] + 2 * fields["kv_heads"]) * fields["head_dim"]
-    if qkv is not None and qkv.shape[0] != rows:
+    if qkv.shape[0] != rows:
         raise UsageError(f"{f.path}: {qkv.name} has {qkv.shape[0]} rows, not the {rows} of "
                          f"{fields['heads']} query and {fields['kv_heads']} key/value heads")

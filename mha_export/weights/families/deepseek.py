@@ -10,7 +10,7 @@ from typing import Callable, Optional
 from ...errors import UsageError
 from .base import Family, Fields, Settings
 from .decoder import ATTN
-from .gguf_common import FROM_HF
+from .gguf_common import FROM_HF, GGUFArch, Metadata, RopeScaling, has, present
 from .layer_types import ATTENTION_TYPES, FULL, not_attention, typed
 from .rope import rope
 
@@ -151,11 +151,76 @@ RECORDS += (
 )
 
 
-# GGUF (llama.cpp's files): refused, saying why
-MLA_STORED = ("Multi-head Latent Attention as llama.cpp stores it (kv_b_proj split into "
-              "transposed k_b/v_b, yarn's mscale folded into a log multiplier) is not read")
+# GGUF (llama.cpp's files) ----------------------------------------------------------------------
+# llama.cpp's converter (DeepseekV2Model, and GlmMoeDsaModel after it) writes MLA as multi-query
+# attention over the latent: key_length kv_lora_rank + rope, value_length kv_lora_rank, the heads'
+# own widths as key_length_mla / value_length_mla, and kv_b_proj split per head into k_b
+# (transposed: [N, R, Hn]) and v_b ([N, Hv, R]); every other tensor as the checkpoint holds it.
+
+def latent_shape(f: Metadata, layer: int) -> dict:
+    """MLA's heads (the file's head_count_kv 1 is its multi-query form, not the layer's)."""
+    heads = f.require("attention.head_count", layer)
+    return {"num_attention_heads": heads, "num_key_value_heads": heads}
+
+
+def latent_gguf(f: Metadata, layer: int) -> dict:
+    """The latent widths; rope_interleave: llama.cpp rotates adjacent pairs (pairs in; the
+    halves out are the same attention)."""
+    rope = f.require("rope.dimension_count")
+    return {"q_lora_rank": f.arch_value("attention.q_lora_rank"),
+            "kv_lora_rank": f.require("attention.kv_lora_rank"), "qk_rope_head_dim": rope,
+            "qk_nope_head_dim": f.require("attention.key_length_mla") - rope,
+            "v_head_dim": f.require("attention.value_length_mla"), "rope_interleave": True}
+
+
+def sparse_gguf(f: Metadata, layer: int) -> dict:
+    """glm-dsa: the indexer's settings; a layer without indexer tensors reuses an earlier
+    layer's top-k (transformers' indexer_types "shared", which the file does not name: its
+    shared layers hold no indexer)."""
+    types = ["full" if has(f, i, "indexer.attn_k.weight") else "shared"
+             for i in range(f.require("block_count"))]
+    return {**latent_gguf(f, layer), "index_topk": f.require("attention.indexer.top_k"),
+            "index_n_heads": f.require("attention.indexer.head_count"),
+            "index_head_dim": f.require("attention.indexer.key_length"), "indexer_types": types}
+
+
+def yarn_log_multiplier(f: Metadata, generic: RopeScaling) -> Optional[dict]:
+    """yarn whose mscale the converter wrote as yarn_log_multiplier = 0.1 * mscale_all_dim (its
+    deepseek2 rule); transformers' mscale (not stored) read as equal to mscale_all_dim, as in
+    the released checkpoints' configs (their ratio, the rope's attention factor, is then 1)."""
+    log_multiplier = f.arch_value("rope.scaling.yarn_log_multiplier")
+    if f.arch_value("rope.scaling.type") != "yarn" or log_multiplier is None:
+        return generic(f)
+    mscale = round(log_multiplier / 0.1, 6)  # as written: float32 (~7 digits)
+    return {"rope_type": "yarn", "factor": f.require("rope.scaling.factor"),
+            "mscale": mscale, "mscale_all_dim": mscale, **present(
+                beta_fast=f.arch_value("rope.scaling.yarn_beta_fast"),
+                beta_slow=f.arch_value("rope.scaling.yarn_beta_slow"))}
+
+
+def joined_kv_b(fields: dict, tensors: dict) -> dict:
+    """kv_b_proj [N * (Hn + Hv), R] from the file's k_b [N, R, Hn] and v_b [N, Hv, R]."""
+    out = dict(tensors)
+    k_b, v_b = out.pop("k_b_proj.weight"), out.pop("v_b_proj.weight")
+    heads, rank, nope = k_b.shape
+    joined = v_b.new_empty((heads, nope + v_b.shape[1], rank))  # (N, Hn + Hv, R)
+    joined[:, :nope] = k_b.transpose(1, 2)
+    joined[:, nope:] = v_b
+    out["kv_b_proj.weight"] = joined.reshape(-1, rank)
+    return out
+
+
+GGUF_LATENT_TENSORS = {**{n: n for n in LATENT_TENSORS if n != "kv_b_proj"},
+                       "k_b_proj": "k_b_proj", "v_b_proj": "v_b_proj"}
+GGUF = {
+    "deepseek2": GGUFArch("deepseek_v3", extra=latent_gguf, shape=latent_shape,
+                          tensors=GGUF_LATENT_TENSORS, convert=joined_kv_b,
+                          rope=yarn_log_multiplier),
+    "glm-dsa": GGUFArch("glm_moe_dsa", extra=sparse_gguf, shape=latent_shape,
+                        tensors=GGUF_LATENT_TENSORS, convert=joined_kv_b,
+                        rope=yarn_log_multiplier),
+}
 GGUF_REFUSED = {
-    "deepseek2": MLA_STORED + FROM_HF,
-    "kimi-linear": MLA_STORED + FROM_HF,
-    "glm-dsa": MLA_STORED + " (nor the lightning indexer beside it)" + FROM_HF,
+    "kimi-linear": ("its KDA linear-attention layers and NoPE MLA layers are not read from "
+                    "GGUF" + FROM_HF),
 }

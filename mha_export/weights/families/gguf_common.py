@@ -58,6 +58,9 @@ class GGUFArch:
     # rope_scaling from the metadata where the architecture writes its own keys (None: yarn,
     # linear, longrope as the generic reading takes them)
     rope: Optional[Rope] = None
+    # the attention's shape keys (heads, widths) where they are not heads of one width
+    # (Multi-head Latent Attention's); None: the generic reading
+    shape: Optional[GGUFExtra] = None
 
 
 def has(f: Metadata, layer: int, name: str) -> bool:
