@@ -22,7 +22,7 @@ from mha_export.graph.ops import Ops
 from mha_export.kinds.dsv4 import checkpoint, graph, graph_compressed
 from mha_export.kinds.dsv4.graph import dsv4_model
 
-from test_dsv4 import PAD, _config, _hooked, _prompt, _transformers_y, tiny  # noqa: F401
+from test_dsv4 import _config, _transformers_y, tiny  # noqa: F401
 
 SLIDING, CSA, HCA = 0, 1, 2  # the tiny model's layers
 TOLERANCE = 1e-5
