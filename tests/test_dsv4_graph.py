@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from mha_export.errors import UsageError
 from mha_export.graph.ops import Ops
 from mha_export.kinds.dsv4 import checkpoint, graph, graph_compressed
 from mha_export.kinds.dsv4.graph import dsv4_model
@@ -147,14 +148,15 @@ def _sinks_dropped(monkeypatch):
 
 def _window_ignored(monkeypatch):
     bias = graph._sliding_bias
-    monkeypatch.setattr(graph, "_sliding_bias", lambda g, s, keep, positions: bias(
-        g, dataclasses.replace(s, window=10 ** 6), keep, positions))
+    monkeypatch.setattr(graph, "_sliding_bias", lambda g, s, keep, positions, keys: bias(
+        g, dataclasses.replace(s, window=10 ** 6), keep, positions, keys))
 
 
 def _padding_ignored(monkeypatch):
     bias = graph._sliding_bias
-    monkeypatch.setattr(graph, "_sliding_bias", lambda g, s, keep, positions: bias(
-        g, s, Ops(g).Add(Ops(g).Mul(keep, g.ints("none", 0)), g.ints("all", 1)), positions))
+    monkeypatch.setattr(graph, "_sliding_bias", lambda g, s, keep, positions, keys: bias(
+        g, s, Ops(g).Add(Ops(g).Mul(keep, g.ints("none", 0)), g.ints("all", 1)), positions,
+        keys))
 
 
 def _inverse_rotary_dropped(monkeypatch):
@@ -220,3 +222,43 @@ def test_a_planted_fault_fails(tiny, fault, monkeypatch):  # noqa: F811
         plant(patch)
         error, _ = _errors(layer, x, keep, monkeypatch)
     assert error > 1e-3
+
+
+# --- the sliding layer's cached call ------------------------------------------------------------
+
+def test_the_sliding_layers_cached_calls_equal_eager(tiny):  # noqa: F811
+    """The cached model (past_key: the rotated key = value rows, at most window - 1): the
+    left-padded prompt from an empty past, then a 5-token chunk, then 8 one-token steps, the
+    attention_mask the whole history (its last past_seq + seq columns read); y and
+    present_key equal the eager layer's at every call."""
+    import onnxruntime as ort
+    model, folder = tiny
+    x, keep = _transformers_y(model, SLIDING)[:2]
+    layer = checkpoint.read_layer(folder, SLIDING)
+    onnx_model = dsv4_model(layer.shape, layer.state_dict(), cached=True)
+    session = ort.InferenceSession(onnx_model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    past, past_keep, mask = torch.zeros(2, 1, 0, layer.shape.head_dim), None, keep[:, :0]
+    torch.manual_seed(3)
+    chunks = [(x, keep)] + [(torch.randn(2, t, layer.shape.dim),
+                             torch.ones(2, t, dtype=torch.long)) for t in [5] + [1] * 8]
+    for step, (xs, ks) in enumerate(chunks):
+        positions = torch.arange(mask.size(1), mask.size(1) + xs.size(1)).expand(2, -1)
+        mask = torch.cat([mask, ks], dim=1)
+        with torch.no_grad():
+            y, present, past_keep, _ = layer(xs, ks, positions.contiguous(),
+                                             None if step == 0 else past, past_keep)
+        got_y, got_present = session.run(["y", "present_key"], {
+            "x": xs.numpy(), "attention_mask": mask.numpy(), "past_key": past.numpy(),
+            "position_ids": positions.contiguous().numpy()})
+        assert np.abs(got_y - y.numpy()).max() <= TOLERANCE, step
+        assert got_present.shape == present.shape and np.abs(
+            got_present - present.numpy()).max() <= TOLERANCE, step
+        past = torch.from_numpy(got_present)
+
+
+def test_a_cached_call_of_a_compressed_layer_is_refused(tiny):  # noqa: F811
+    _, folder = tiny
+    layer = checkpoint.read_layer(folder, HCA)
+    with pytest.raises(UsageError, match="not built"):
+        dsv4_model(layer.shape, layer.state_dict(), cached=True)

@@ -29,27 +29,56 @@ import torch
 from onnx import TensorProto, helper
 from torch import Tensor
 
+from ...errors import UsageError
 from ...graph.builder import GraphBuilder
 from ...graph.norm import heads_rms_norm, rms_norm
 from ...graph.ops import Ops
 from ...graph.rotary import cos_sin_at
-from ...signature import BATCH, SEQ
+from ...signature import BATCH, PAST, SEQ, TOTAL
 from .graph_compressed import additive, pooled_rows, rotate_tail
 from .settings import SLIDING, DSV4Shape
 
 OPSET = 17
 INPUTS = ("x", "attention_mask", "position_ids")  # signature.py's names, in its order
+# a sliding layer's cached call: key = value, one cache tensor (past_key / present_key)
+INPUTS_CACHED = ("x", "attention_mask", "past_key", "position_ids")
+OUTPUTS_CACHED = ("y", "present_key")
+PRESENT = "min(past_seq + seq, window - 1)"
 
 
 def dsv4_full_sequence(g: GraphBuilder, shape: DSV4Shape, weights: Mapping[str, Tensor],
                        x: str, keep: str, positions: str) -> str:
     """The layer's nodes for x (B, T, D), keep (B, T) int64 (1 token, 0 padding) and
     positions (B, T) int64; returns y (B, T, D)."""
-    s, w, op = shape, weights, Ops(g)
+    return _layer(g, shape, weights, x, keep, positions, None)[0]
+
+
+def dsv4_sliding_cached(g: GraphBuilder, shape: DSV4Shape, weights: Mapping[str, Tensor],
+                        x: str, keep: str, positions: str, past: str) -> tuple[str, str]:
+    """A sliding layer's call after P cached rows: past (B, 1, P, d) the rotated key = value
+    rows of the positions before these (transformers' sliding cache: at most W - 1), keep
+    (B, >= P + T) int64 (its last P + T columns read: the past's and this call's), positions
+    (B, T); returns y (B, T, D) and present (B, 1, min(P + T, W - 1), d)."""
+    if shape.layer_type != SLIDING:
+        raise UsageError(f"a cached ONNX call of a {shape.layer_type} layer is not built "
+                         "(its compressor's and indexer's caches): only sliding_attention's")
+    y, present = _layer(g, shape, weights, x, keep, positions, past)
+    assert present is not None
+    return y, present
+
+
+def _layer(g: GraphBuilder, s: DSV4Shape, w: Mapping[str, Tensor], x: str, keep: str,
+           positions: str, past: str | None) -> tuple[str, str | None]:
+    """y (B, T, D), and with a past (B, 1, P, d) the sliding rows kept (B, 1, <= W - 1, d)."""
+    op = Ops(g)
     scaling = dict(s.rope_scaling) if s.rope_scaling else None
     cos, sin = cos_sin_at(g, positions, s.rope_dim, s.rope_theta, scaling)  # (B, T, r/2)
     q, kv, residual = _project(g, s, w, x, cos, sin)  # (B,H,T,d), (B,1,T,d), (B,T,Rq)
-    bias = _sliding_bias(g, s, keep, positions)  # (B, 1, T, T)
+    present = None
+    if past is not None:
+        kv = op.Concat(past, kv, axis=2, name="sliding_rows")  # (B, 1, P + T, d)
+        present = _last_rows(g, kv, s.window - 1)  # (B, 1, min(P + T, W - 1), d)
+    bias = _sliding_bias(g, s, keep, positions, kv)  # (B, 1, T, P + T)
     if s.layer_type != SLIDING:
         rows, row_bias = pooled_rows(g, s, w, x, residual, positions, cos, sin)
         kv = op.Concat(kv, rows, axis=2, name="keys_values")  # (B, 1, S, d)
@@ -59,7 +88,15 @@ def dsv4_full_sequence(g: GraphBuilder, shape: DSV4Shape, weights: Mapping[str, 
                    g.ints("o_flat", [0, 0, s.heads * s.head_dim]))  # (B, T, H*d)
     o = rotate_tail(g, o, s.heads, s.head_dim, s.rope_dim, cos, op.Neg(sin, name="minus_sin"),
                     "unrotate")  # (B, T, H*d): the value's rotation undone
-    return _grouped_output(g, s, w, o)  # (B, T, D)
+    return _grouped_output(g, s, w, o), present  # (B, T, D)
+
+
+def _last_rows(g: GraphBuilder, rows: str, count: int) -> str:
+    """rows (B, 1, R, d) -> the last min(R, count) of them (the node ``present_rows``)."""
+    op = Ops(g).named("present")
+    total = op.Shape(rows, start=2, end=3)  # (1,) R
+    start = op.Max(op.Sub(total, g.ints("kept_rows", [count])), g.ints("zero_1d", [0]))
+    return op.Slice(rows, start, total, g.ints("axes2_1d", [2]), name="rows")
 
 
 def _project(g: GraphBuilder, s: DSV4Shape, w: Mapping[str, Tensor], x: str, cos: str,
@@ -81,23 +118,28 @@ def _project(g: GraphBuilder, s: DSV4Shape, w: Mapping[str, Tensor], x: str, cos
     return q, op.Unsqueeze(kv, g.ints("axes1", [1]), name="kv"), residual  # kv (B, 1, T, d)
 
 
-def _sliding_bias(g: GraphBuilder, s: DSV4Shape, keep: str, positions: str) -> str:
-    """(B, 1, T, T) additive: query i sees key j iff i - W < j <= i (positions; key j at
-    positions[:, 0] + j, as the eager layer) and j is not padding. Nodes ``sliding_*``
-    (``sliding_behind``: a test's fault edits it)."""
+def _sliding_bias(g: GraphBuilder, s: DSV4Shape, keep: str, positions: str, keys: str
+                  ) -> str:
+    """(B, 1, T, R) additive over the R sliding keys (B, 1, R, d), the P = R - T past ones
+    first: query i sees key j iff i - W < j <= i (positions; key j at positions[:, 0] - P + j,
+    as the eager layer) and j is not padding (keep's last R columns). Nodes ``sliding_*``."""
     op = Ops(g).named("sliding")
-    seq = op.Squeeze(op.Shape(keep, start=1, end=2), g.ints("axes0", [0]))  # () T
-    steps = op.Range(g.ints("zero", 0), seq, g.ints("one", 1))  # (T,)
+    count = op.Shape(keys, start=2, end=3)  # (1,) R
+    past = op.Sub(count, op.Shape(positions, start=1, end=2))  # (1,) P
+    steps = op.Range(g.ints("zero", 0), op.Squeeze(count, g.ints("axes0", [0])),
+                     g.ints("one", 1))  # (R,)
     first = op.Slice(positions, g.ints("zero_1d", [0]), g.ints("one_1d", [1]),
                      g.ints("axes1", [1]))  # (B, 1)
-    key_pos = op.Unsqueeze(op.Add(first, steps), g.ints("axes1", [1]))  # (B, 1, T)
+    key_pos = op.Unsqueeze(op.Add(op.Sub(first, past), steps), g.ints("axes1", [1]))  # B,1,R
     query_pos = op.Unsqueeze(positions, g.ints("axes_last", [2]))  # (B, T, 1)
-    future = op.Greater(key_pos, query_pos, name="future")  # (B, T, T)
+    future = op.Greater(key_pos, query_pos, name="future")  # (B, T, R)
     oldest = op.Sub(query_pos, g.ints("window", s.window - 1))  # (B, T, 1)
-    behind = op.Less(key_pos, oldest, name="behind")  # (B, T, T): i - j >= W
-    padding = op.Unsqueeze(op.Equal(keep, g.ints("pad", 0)), g.ints("axes1", [1]))  # (B,1,T)
-    hidden = op.Or(op.Or(future, behind), padding)  # (B, T, T)
-    return additive(g, op.Not(hidden, name="seen"), "sliding_mask")  # (B, 1, T, T)
+    behind = op.Less(key_pos, oldest, name="behind")  # (B, T, R): i - j >= W
+    keep = op.Slice(keep, op.Neg(count), op.Shape(keep, start=1, end=2),
+                    g.ints("axes1", [1]))  # (B, R): the keys' own columns
+    padding = op.Unsqueeze(op.Equal(keep, g.ints("pad", 0)), g.ints("axes1", [1]))  # (B,1,R)
+    hidden = op.Or(op.Or(future, behind), padding)  # (B, T, R)
+    return additive(g, op.Not(hidden, name="seen"), "sliding_mask")  # (B, 1, T, R)
 
 
 def _attend(g: GraphBuilder, s: DSV4Shape, w: Mapping[str, Tensor], q: str, kv: str,
@@ -131,20 +173,33 @@ def _grouped_output(g: GraphBuilder, s: DSV4Shape, w: Mapping[str, Tensor], o: s
     return g.linear(low, "o_b_proj", w["o_b_proj.weight"], None)  # (B, T, D)
 
 
-def dsv4_model(shape: DSV4Shape, weights: Mapping[str, Tensor], opset: int = OPSET
-               ) -> onnx.ModelProto:
-    """The layer's ONNX model, float32: inputs x (batch, seq, D) float, attention_mask
-    (batch, seq) int64 (1 token, 0 padding), position_ids (batch, seq) int64; output y
-    (batch, seq, D); batch and seq dynamic."""
+def dsv4_model(shape: DSV4Shape, weights: Mapping[str, Tensor], opset: int = OPSET,
+               cached: bool = False) -> onnx.ModelProto:
+    """The layer's ONNX model, float32, batch and seq dynamic: inputs x (batch, seq, D) float,
+    attention_mask (batch, seq) int64 (1 token, 0 padding), position_ids (batch, seq) int64;
+    output y (batch, seq, D). ``cached`` (sliding layers): attention_mask (batch, past_seq +
+    seq) (its last past_seq + seq columns read), past_key (batch, 1, past_seq, d) (the rotated
+    key = value rows, past_seq <= window - 1; 0 at prefill) before position_ids, and output
+    present_key (batch, 1, min(past_seq + seq, window - 1), d) after y."""
     g = GraphBuilder(dtype="float32")
-    y = dsv4_full_sequence(g, shape, weights, *INPUTS)
+    names = INPUTS_CACHED if cached else INPUTS
+    if cached:
+        y, present = dsv4_sliding_cached(g, shape, weights, "x", "attention_mask",
+                                         "position_ids", "past_key")
+        g.nodes.append(helper.make_node("Identity", [present], ["present_key"],
+                                        name="present_key_out"))
+    else:
+        y = dsv4_full_sequence(g, shape, weights, *names)
     g.nodes.append(helper.make_node("Identity", [y], ["y"], name="y_out"))
+    rows = [BATCH, 1, PAST, shape.head_dim]
     spec = {"x": (TensorProto.FLOAT, [BATCH, SEQ, shape.dim]),
-            "attention_mask": (TensorProto.INT64, [BATCH, SEQ]),
+            "attention_mask": (TensorProto.INT64, [BATCH, TOTAL if cached else SEQ]),
+            "past_key": (TensorProto.FLOAT, rows),
             "position_ids": (TensorProto.INT64, [BATCH, SEQ]),
-            "y": (TensorProto.FLOAT, [BATCH, SEQ, shape.dim])}
-    inputs, outputs = ([helper.make_tensor_value_info(n, *spec[n]) for n in names]
-                       for names in (INPUTS, ("y",)))
+            "y": (TensorProto.FLOAT, [BATCH, SEQ, shape.dim]),
+            "present_key": (TensorProto.FLOAT, rows[:2] + [PRESENT] + rows[3:])}
+    inputs, outputs = ([helper.make_tensor_value_info(n, *spec[n]) for n in group]
+                       for group in (names, OUTPUTS_CACHED if cached else ("y",)))
     graph = helper.make_graph(g.nodes, f"dsv4_{shape.layer_type}", inputs, outputs,
                               initializer=g.initializers)
     opsets = [helper.make_opsetid("", opset)]
