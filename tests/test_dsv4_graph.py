@@ -23,7 +23,7 @@ from mha_export.graph.ops import Ops
 from mha_export.kinds.dsv4 import checkpoint, graph, graph_compressed
 from mha_export.kinds.dsv4.graph import dsv4_model
 
-from test_dsv4 import _config, _transformers_y, tiny  # noqa: F401
+from test_dsv4 import _config, _transformers_y, tiny, tiny_yarn  # noqa: F401
 
 SLIDING, CSA, HCA = 0, 1, 2  # the tiny model's layers
 TOLERANCE = 1e-5
@@ -85,6 +85,30 @@ def test_each_layer_type_equals_eager_and_transformers_on_a_left_padded_prompt(
     assert float((got - expected)[rows].abs().max()) <= 2e-5
     if index == CSA:  # the prompt's tied queries (reported), most still compared
         assert free.sum() >= 0.7 * free.numel(), (~free).nonzero().tolist()
+
+
+@pytest.mark.parametrize("index", [SLIDING, CSA, HCA])
+def test_a_yarn_compress_rope_equals_eager(tiny_yarn, index, monkeypatch):  # noqa: F811
+    """The released checkpoints' "compress" rope (YaRN) on the compressed layers' queries,
+    keys, pooled rows, index queries and keys; the sliding layer's stays default."""
+    model, folder = tiny_yarn
+    x, keep, _ = _transformers_y(model, index)
+    layer = checkpoint.read_layer(folder, index)
+    assert layer.shape.rope_scaling or index == SLIDING
+    error, free = _errors(layer, x, keep, monkeypatch)
+    assert error <= TOLERANCE and free.sum() >= 0.7 * free.numel()
+
+
+def test_the_compress_rope_built_without_its_yarn_fails(tiny_yarn, monkeypatch):  # noqa: F811
+    model, folder = tiny_yarn
+    x, keep, _ = _transformers_y(model, HCA)
+    layer = checkpoint.read_layer(folder, HCA)
+    with monkeypatch.context() as patch:
+        for module in (graph, graph_compressed):
+            at = module.cos_sin_at
+            patch.setattr(module, "cos_sin_at", lambda g, pos, dim, theta, scaling, at=at: at(
+                g, pos, dim, theta, None))
+        assert _errors(layer, x, keep, monkeypatch)[0] > 1e-3
 
 
 def _saved_with_index_heads(tmp_path_factory, heads: int):
