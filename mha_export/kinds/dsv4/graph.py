@@ -1,11 +1,13 @@
 """DeepSeek-V4's attention layer as ONNX graph code (layer.py's and compressed.py's function;
 docs/deepseek-v4.md says what each layer type computes): the full-sequence call with a padding
-mask, for every layer type.
+mask, for every layer type (``dsv4_full_sequence``); a sliding layer's cached call too
+(``dsv4_sliding_cached``: past_key the rotated key = value rows of its sliding cache). A whole
+model: ``dsv4_model``.
 
     x -> q_a_proj -> q_a_norm (weighted RMSNorm) -> q_b_proj -> per-head RMSNorm (no weight)
     x -> kv_proj -> kv_norm: one key = value head, the key and the value of every query head
     rotary: interleaved pairs on each head's trailing r channels, at the token's position
-    keys = values = [this call's rows | the pooled rows (HCA, CSA: graph_compressed.py)]
+    keys = values = [past | this call's rows | the pooled rows (HCA, CSA: graph_compressed.py)]
     mask: sliding-window causal with padding on this call's rows; the pooled rows' causality
           (a query sees the windows its position closed), CSA: only the indexer's top k of them
     softmax over [logits | the head's sink], its column dropped -> o
@@ -16,8 +18,8 @@ Weights: the eager layer's state dict (transformers' names: ``q_a_proj.weight``,
 17), float32, on ONNX Runtime's CPU provider.
 
 Shape legend: B = batch, T = this call, D = hidden size, H = heads, d = head width,
-r = rope_dim, Rq = q_lora_rank, G = o_groups, Ro = o_lora_rank, n = pooled rows,
-S = T + n keys.
+r = rope_dim, Rq = q_lora_rank, G = o_groups, Ro = o_lora_rank, W = window, P = cached
+rows, R = P + T sliding keys, n = pooled rows, S = R + n keys.
 """
 from __future__ import annotations
 
