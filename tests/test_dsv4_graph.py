@@ -1,0 +1,288 @@
+"""DeepSeek-V4's ONNX graph (mha_export/kinds/dsv4/graph.py), full-sequence call with a padding
+mask, in ONNX Runtime's CPU provider against the eager layer (which tests/test_dsv4.py proves
+against transformers 5.23) and transformers' own y: every layer type on the left-padded 40-token
+prompt of test_dsv4 (window 8 acting; CSA 10 closed rows, the indexer keeping 3; HCA 5 closed
+rows), two other batch sizes and lengths through the same model (dynamic axes, one of them
+shorter than a window), and a planted fault per feature failing.
+
+CSA's ties: the indexer's ReLU makes exact-zero scores, and where the k-th and (k + 1)-th
+closed rows of a query score the same, torch.topk (the eager layer's, transformers') and ONNX
+TopK (the lower index first) may keep different rows. Such a query's y is then not compared
+(``_tie_free``: the eager scores read at its topk call); with 8 index heads instead of 2 no
+query of the prompt has such a tie, and every one is compared."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from mha_export.errors import UsageError
+from mha_export.graph.ops import Ops
+from mha_export.kinds.dsv4 import checkpoint, graph, graph_compressed
+from mha_export.kinds.dsv4.graph import dsv4_model
+
+from test_dsv4 import _config, _transformers_y, tiny, tiny_yarn  # noqa: F401
+
+SLIDING, CSA, HCA = 0, 1, 2  # the tiny model's layers
+TOLERANCE = 1e-5
+
+
+def _onnx_y(layer, x: torch.Tensor, keep: torch.Tensor, positions: torch.Tensor
+            ) -> torch.Tensor:
+    import onnxruntime as ort
+    model = dsv4_model(layer.shape, layer.state_dict())
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    feeds = {"x": x.numpy(), "attention_mask": keep.numpy(), "position_ids": positions.numpy()}
+    return torch.from_numpy(session.run(["y"], feeds)[0])
+
+
+def _tie_free(layer, x: torch.Tensor, keep: torch.Tensor, positions: torch.Tensor,
+              monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(eager y (B, T, D), (B, T) bool: the queries without a tie between their k-th and
+    (k + 1)-th finite index scores; every query for a layer without an indexer)."""
+    scores = []
+    topk = torch.Tensor.topk
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.Tensor, "topk", lambda t, k, dim=-1, **kw: (
+            scores.append(t.detach().clone()), topk(t, k, dim=dim, **kw))[1])
+        with torch.no_grad():
+            y = layer(x, keep, positions)[0]
+    free = torch.ones(x.shape[:2], dtype=torch.bool)
+    k = layer.shape.index_topk
+    if scores and scores[0].size(-1) > k:
+        ordered = scores[0].sort(dim=-1, descending=True).values  # (B, T, n)
+        kth, after = ordered[..., k - 1], ordered[..., k]
+        free = ~((kth == after) & torch.isfinite(kth))
+    return y, free
+
+
+def _positions(keep: torch.Tensor) -> torch.Tensor:
+    """transformers' position_ids of a left-padded batch without them: 0 .. T - 1."""
+    return torch.arange(keep.size(1)).expand(keep.size(0), -1).contiguous()
+
+
+def _errors(layer, x, keep, monkeypatch) -> tuple[float, torch.Tensor]:
+    """(max |ONNX y - eager y| over the tie-free queries, those queries (B, T))."""
+    positions = _positions(keep)
+    want, free = _tie_free(layer, x, keep, positions, monkeypatch)
+    got = _onnx_y(layer, x, keep, positions)
+    return float((got - want)[free].abs().max()), free
+
+
+@pytest.mark.parametrize("index", [SLIDING, CSA, HCA])
+def test_each_layer_type_equals_eager_and_transformers_on_a_left_padded_prompt(
+        tiny, index, monkeypatch):  # noqa: F811
+    model, folder = tiny
+    x, keep, expected = _transformers_y(model, index)
+    layer = checkpoint.read_layer(folder, index)
+    error, free = _errors(layer, x, keep, monkeypatch)
+    assert error <= TOLERANCE
+    got = _onnx_y(layer, x, keep, _positions(keep))
+    rows = keep.bool() & free
+    assert float((got - expected)[rows].abs().max()) <= 2e-5
+    if index == CSA:  # the prompt's tied queries (reported), most still compared
+        assert free.sum() >= 0.7 * free.numel(), (~free).nonzero().tolist()
+
+
+@pytest.mark.parametrize("index", [SLIDING, CSA, HCA])
+def test_a_yarn_compress_rope_equals_eager(tiny_yarn, index, monkeypatch):  # noqa: F811
+    """The released checkpoints' "compress" rope (YaRN) on the compressed layers' queries,
+    keys, pooled rows, index queries and keys; the sliding layer's stays default."""
+    model, folder = tiny_yarn
+    x, keep, _ = _transformers_y(model, index)
+    layer = checkpoint.read_layer(folder, index)
+    assert layer.shape.rope_scaling or index == SLIDING
+    error, free = _errors(layer, x, keep, monkeypatch)
+    assert error <= TOLERANCE and free.sum() >= 0.7 * free.numel()
+
+
+def test_the_compress_rope_built_without_its_yarn_fails(tiny_yarn, monkeypatch):  # noqa: F811
+    model, folder = tiny_yarn
+    x, keep, _ = _transformers_y(model, HCA)
+    layer = checkpoint.read_layer(folder, HCA)
+    with monkeypatch.context() as patch:
+        for module in (graph, graph_compressed):
+            at = module.cos_sin_at
+            patch.setattr(module, "cos_sin_at", lambda g, pos, dim, theta, scaling, at=at: at(
+                g, pos, dim, theta, None))
+        assert _errors(layer, x, keep, monkeypatch)[0] > 1e-3
+
+
+def _saved_with_index_heads(tmp_path_factory, heads: int):
+    """test_dsv4's tiny model, its indexer with ``heads`` heads (transformers' config)."""
+    from transformers import AutoModelForCausalLM
+    config = _config()
+    config.index_n_heads = heads
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, t in model.named_parameters():
+            if name.endswith(("sinks", "norm.weight")):
+                t.copy_(torch.randn_like(t) * 0.5 + (0 if name.endswith("sinks") else 1))
+    folder = tmp_path_factory.mktemp("dsv4_index")
+    model.save_pretrained(folder)
+    return model, folder
+
+
+def test_csa_with_eight_index_heads_equals_eager_on_every_query(tmp_path_factory, monkeypatch):
+    """No tie on the top-k boundary with 8 index heads: every query of the prompt compared."""
+    model, folder = _saved_with_index_heads(tmp_path_factory, 8)
+    x, keep, expected = _transformers_y(model, CSA)
+    layer = checkpoint.read_layer(folder, CSA)
+    assert layer.shape.index_heads == 8
+    error, free = _errors(layer, x, keep, monkeypatch)
+    assert bool(free.all()) and error <= TOLERANCE
+    got = _onnx_y(layer, x, keep, _positions(keep))
+    assert float((got - expected)[keep.bool()].abs().max()) <= 2e-5
+
+
+@pytest.mark.parametrize("index", [SLIDING, CSA, HCA])
+def test_one_model_takes_other_batch_sizes_and_lengths(tiny, index, monkeypatch):  # noqa: F811
+    """The same model (batch and seq dynamic): 1 x 3 (no window closed, no pooled row),
+    3 x 29 (each row its own left padding), 1 x 17 (no padding)."""
+    import onnxruntime as ort
+    _, folder = tiny
+    layer = checkpoint.read_layer(folder, index)
+    session = ort.InferenceSession(dsv4_model(layer.shape, layer.state_dict())
+                                   .SerializeToString(), providers=["CPUExecutionProvider"])
+    torch.manual_seed(2)
+    for batch, length, pads in ((1, 3, [1]), (3, 29, [0, 5, 11]), (1, 17, [0])):
+        x = torch.randn(batch, length, layer.shape.dim)
+        keep = torch.ones(batch, length, dtype=torch.long)
+        for row, pad in enumerate(pads):
+            keep[row, :pad] = 0
+        positions = _positions(keep)
+        want, free = _tie_free(layer, x, keep, positions, monkeypatch)
+        got = session.run(["y"], {"x": x.numpy(), "attention_mask": keep.numpy(),
+                                  "position_ids": positions.numpy()})[0]
+        assert got.shape == (batch, length, layer.shape.dim)
+        assert np.abs(got - want.numpy())[free.numpy()].max() <= TOLERANCE, (batch, length)
+
+
+# --- planted faults: each one's graph code patched while the model is built ------------------
+
+def _sinks_dropped(monkeypatch):
+    attend = graph._attend
+    monkeypatch.setattr(graph, "_attend", lambda g, s, w, q, kv, bias: attend(
+        g, s, {**w, "sinks": torch.full_like(w["sinks"], float("-inf"))}, q, kv, bias))
+
+
+def _window_ignored(monkeypatch):
+    bias = graph._sliding_bias
+    monkeypatch.setattr(graph, "_sliding_bias", lambda g, s, keep, positions, keys: bias(
+        g, dataclasses.replace(s, window=10 ** 6), keep, positions, keys))
+
+
+def _padding_ignored(monkeypatch):
+    bias = graph._sliding_bias
+    monkeypatch.setattr(graph, "_sliding_bias", lambda g, s, keep, positions, keys: bias(
+        g, s, Ops(g).Add(Ops(g).Mul(keep, g.ints("none", 0)), g.ints("all", 1)), positions,
+        keys))
+
+
+def _inverse_rotary_dropped(monkeypatch):
+    rotate = graph.rotate_tail
+    monkeypatch.setattr(graph, "rotate_tail", lambda g, x, *args: x if args[-1] == "unrotate"
+                        else rotate(g, x, *args))
+
+
+def _output_groups_swapped(monkeypatch):
+    grouped = graph._grouped_output
+
+    def swapped(g, s, w, o):  # o_a_proj's two groups of rows swapped
+        wa = w["o_a_proj.weight"]
+        return grouped(g, s, {**w, "o_a_proj.weight": torch.cat(wa.chunk(2)[::-1])}, o)
+    monkeypatch.setattr(graph, "_grouped_output", swapped)
+
+
+def _pooled_causality_ignored(monkeypatch):
+    closed = graph_compressed.closed_by
+    monkeypatch.setattr(graph_compressed, "closed_by", lambda g, positions, rows, rate: closed(
+        g, Ops(g).Add(positions, g.ints("far", 10 ** 6)), rows, rate))
+
+
+def _pooled_rotary_dropped(monkeypatch):
+    rotate = graph_compressed.rotate_tail
+    monkeypatch.setattr(graph_compressed, "rotate_tail", lambda g, x, *args: x if args[-1]
+                        == "compressor_rope" else rotate(g, x, *args))
+
+
+def _indexer_ignored(monkeypatch):
+    monkeypatch.setattr(graph_compressed, "index_picks", lambda g, s, w, x, residual, closed,
+                        cos, sin: closed)
+
+
+def _overlap_dropped(monkeypatch):
+    overlapped = graph_compressed._overlapped
+
+    def dropped(g, t, width, fill, name):  # the first series of every window: the fill
+        first = Ops(g).Mul(t, g.const("first_dropped", np.array([0.0] * width + [1.0] * width)))
+        return overlapped(g, first, width, fill, name) if fill == 0.0 else overlapped(
+            g, t, width, fill, name)
+    monkeypatch.setattr(graph_compressed, "_overlapped", dropped)
+
+
+# fault -> (how it is planted, the layer where it acts)
+FAULTS = {"sinks dropped": (_sinks_dropped, SLIDING), "window ignored": (_window_ignored, SLIDING),
+          "padding ignored": (_padding_ignored, SLIDING),
+          "inverse rotary dropped": (_inverse_rotary_dropped, SLIDING),
+          "output groups swapped": (_output_groups_swapped, SLIDING),
+          "pooled rows' causality ignored": (_pooled_causality_ignored, HCA),
+          "pooled rows' rotary dropped": (_pooled_rotary_dropped, HCA),
+          "indexer ignored": (_indexer_ignored, CSA),
+          "window overlap dropped": (_overlap_dropped, CSA)}
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_planted_fault_fails(tiny, fault, monkeypatch):  # noqa: F811
+    model, folder = tiny
+    plant, index = FAULTS[fault]
+    x, keep = _transformers_y(model, index)[:2]
+    layer = checkpoint.read_layer(folder, index)
+    with monkeypatch.context() as patch:
+        plant(patch)
+        error, _ = _errors(layer, x, keep, monkeypatch)
+    assert error > 1e-3
+
+
+# --- the sliding layer's cached call ------------------------------------------------------------
+
+def test_the_sliding_layers_cached_calls_equal_eager(tiny):  # noqa: F811
+    """The cached model (past_key: the rotated key = value rows, at most window - 1): the
+    left-padded prompt from an empty past, then a 5-token chunk, then 8 one-token steps, the
+    attention_mask the whole history (its last past_seq + seq columns read); y and
+    present_key equal the eager layer's at every call."""
+    import onnxruntime as ort
+    model, folder = tiny
+    x, keep = _transformers_y(model, SLIDING)[:2]
+    layer = checkpoint.read_layer(folder, SLIDING)
+    onnx_model = dsv4_model(layer.shape, layer.state_dict(), cached=True)
+    session = ort.InferenceSession(onnx_model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    past, past_keep, mask = torch.zeros(2, 1, 0, layer.shape.head_dim), None, keep[:, :0]
+    torch.manual_seed(3)
+    chunks = [(x, keep)] + [(torch.randn(2, t, layer.shape.dim),
+                             torch.ones(2, t, dtype=torch.long)) for t in [5] + [1] * 8]
+    for step, (xs, ks) in enumerate(chunks):
+        positions = torch.arange(mask.size(1), mask.size(1) + xs.size(1)).expand(2, -1)
+        mask = torch.cat([mask, ks], dim=1)
+        with torch.no_grad():
+            y, present, past_keep, _ = layer(xs, ks, positions.contiguous(),
+                                             None if step == 0 else past, past_keep)
+        got_y, got_present = session.run(["y", "present_key"], {
+            "x": xs.numpy(), "attention_mask": mask.numpy(), "past_key": past.numpy(),
+            "position_ids": positions.contiguous().numpy()})
+        assert np.abs(got_y - y.numpy()).max() <= TOLERANCE, step
+        assert got_present.shape == present.shape and np.abs(
+            got_present - present.numpy()).max() <= TOLERANCE, step
+        past = torch.from_numpy(got_present)
+
+
+def test_a_cached_call_of_a_compressed_layer_is_refused(tiny):  # noqa: F811
+    _, folder = tiny
+    layer = checkpoint.read_layer(folder, HCA)
+    with pytest.raises(UsageError, match="not built"):
+        dsv4_model(layer.shape, layer.state_dict(), cached=True)
