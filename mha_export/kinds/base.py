@@ -9,7 +9,8 @@ instead (``MHAConfig.section``: cache widths, the softmax scale, derived fields)
                        (name -> [out, in] shape), map_projections (a module with new weights)
     lossy steps     -> quantizable projections; unbuilt: step -> why it is refused
     export targets  -> needs: operator -> (the feature, how it uses it): a target lacking one
-                       refuses the layer (targets/base.py's ``lacks``)
+                       refuses the layer (targets/base.py's ``lacks``); example_seq: the
+                       length a tracing export's example call has
     bench           -> call_flops
 """
 from __future__ import annotations
@@ -45,6 +46,9 @@ class AttentionKind:
     # config -> the operators its layer needs that a target may lack (every target has MatMul,
     # Softmax, ...): operator -> (the feature that needs it, how it uses it)
     needs: Callable[[MHAConfig], Mapping[str, tuple[str, str]]] = lambda config: {}
+    # a call length that takes every path of its layer: a tracing export (torch.export)
+    # specialises an axis whose example skips one (QSA's: more complete blocks than it keeps)
+    example_seq: Callable[[MHAConfig], int] = lambda config: 3
 
     def refuse(self, step: str) -> None:
         """A lossy step not built for this kind: its one-line refusal."""

@@ -31,10 +31,15 @@ def block_layout(visible: Tensor, c: int) -> Tuple[Tensor, Tensor, Tensor]:
     return block, torch.div(counts, c, rounding_mode="floor"), counts
 
 
-def block_keys(keys: Tensor, block: Tensor, c: int) -> Tensor:
+# blocks past the last that can be complete (never usable, their keys zero): NB is never 0
+# or 1, sizes a tracing export (torch.export) would otherwise specialise the call length to
+SPARE_BLOCKS = 2
+
+
+def block_keys(keys: Tensor, block: Tensor, c: int, spare: int = SPARE_BLOCKS) -> Tensor:
     """keys (B, 1, S, Di) raw, block (B', S) -> each block's mean key (B, NB, Di) (float32
-    mean cast back, as transformers does)."""
-    blocks = keys.size(2) // c
+    mean cast back, as transformers does), NB = S // c + spare."""
+    blocks = keys.size(2) // c + spare
     ids = torch.arange(blocks, device=keys.device).view(1, blocks, 1)  # (1, NB, 1)
     members = (block.unsqueeze(1) == ids).float()  # (B', NB, S)
     return ((members @ keys.squeeze(1).float()) / c).to(keys.dtype)  # (B, NB, Di)
@@ -42,17 +47,19 @@ def block_keys(keys: Tensor, block: Tensor, c: int) -> Tensor:
 
 def kept_blocks(scores: Tensor, complete: Tensor, topk: int) -> Tensor:
     """scores (B, T, NB) float32, complete (B', T) -> (B, T, NB + 1) bool: each query's top
-    ``topk`` complete blocks (ties to the earlier block, as ONNX's TopK; the last column
-    False). -inf columns after the blocks: the sort never needs min(topk, NB)."""
+    ``topk`` complete blocks (the last column False). A block is kept when fewer than ``topk``
+    complete blocks outrank it: a higher score, or an equal one earlier (ties to the earlier
+    block, as a stable sort and ONNX's TopK order them). Comparisons, not a sort: every target
+    has them (NB = S / c blocks: (B, T, NB, NB) of them)."""
     blocks = scores.size(-1)
-    ids = torch.arange(blocks + topk, device=scores.device)  # (NB + k,)
-    usable = ids.view(1, 1, -1) < complete.unsqueeze(-1)  # (B', T, NB + k)
-    padded = torch.nn.functional.pad(scores, (0, topk), value=float("-inf"))
-    padded = padded.masked_fill(~usable, float("-inf"))  # (B, T, NB + k)
-    order = torch.sort(padded, dim=-1, descending=True, stable=True).indices[..., :topk]
-    chosen = torch.zeros(padded.shape, dtype=torch.bool, device=scores.device)
-    chosen = chosen.scatter(-1, order, True) & usable  # (B, T, NB + k)
-    return torch.nn.functional.pad(chosen[..., :blocks], (0, 1), value=False)
+    ids = torch.arange(blocks, device=scores.device)  # (NB,)
+    usable = ids.view(1, 1, -1) < complete.unsqueeze(-1)  # (B', T, NB)
+    ranked = scores.masked_fill(~usable, float("-inf"))  # (B, T, NB)
+    mine, other = ranked.unsqueeze(-1), ranked.unsqueeze(-2)  # (B, T, NB, 1), (B, T, 1, NB)
+    earlier = ids.view(1, -1) < ids.view(-1, 1)  # (NB, NB): [i, j] = j before i
+    outranks = (other > mine) | ((other == mine) & earlier)  # (B, T, NB, NB)
+    kept = (outranks & usable.unsqueeze(-2)).sum(dim=-1) < topk  # (B, T, NB)
+    return torch.nn.functional.pad(kept & usable, (0, 1), value=False)
 
 
 class QSAIndexer(nn.Module):

@@ -1,6 +1,6 @@
-"""QSA's kind record: what every stage asks of it (kinds/base.py). Eager and TorchScript build
-it; the ONNX target refuses it (no graph form), AOTInductor and ExecuTorch by what they lack of
-its ``needs``, each in one line."""
+"""QSA's kind record: what every stage asks of it (kinds/base.py). Eager, TorchScript,
+AOTInductor and ExecuTorch build it (its selection ranks blocks by comparisons: no sort, which
+ExecuTorch lacks); the ONNX target refuses it in one line (no graph form)."""
 from __future__ import annotations
 
 from ...config import MHAConfig
@@ -8,14 +8,6 @@ from .. import standard
 from ..base import AttentionKind
 from .layer import QSAttention
 from .settings import LAYOUT, NAME
-
-# what its layer needs that a target may lack (targets/base.py's ``lacks``): its indexer keeps
-# each query's top blocks by a stable sort, over keys pooled per block
-NEEDS = {
-    "aten.sort": (NAME, "its indexer keeps each query's top blocks by a stable sort"),
-    "pooled block top-k": (NAME, "its indexer picks each query's blocks of keys by their "
-                                 "pooled scores"),
-}
 
 
 def projections(c: MHAConfig) -> dict[str, tuple[int, int]]:
@@ -35,14 +27,16 @@ def call_flops(c: MHAConfig, seq: int, pairs: float, past: int) -> float:
             + 2.0 * seq * blocks * index.heads * index.head_dim)
 
 
-def needs(c: MHAConfig) -> dict[str, tuple[str, str]]:
-    return NEEDS
+def example_seq(c: MHAConfig) -> int:
+    """More complete blocks than a query keeps, and a tail: every path of the selection."""
+    return (c.qsa.block_topk + 1) * c.qsa.compress_ratio + 1
 
 
 KIND = AttentionKind(
     name="qsa", summary=NAME, layouts={LAYOUT: QSAttention}, anchors={}, forms=(),
     projections=projections, quantizable=standard.quantizable,
-    map_projections=standard.map_projections, call_flops=call_flops, needs=needs,
+    map_projections=standard.map_projections, call_flops=call_flops,
+    example_seq=example_seq,
     unbuilt={"int8-cache": f"--kv-cache-dtype int8 is not built for {NAME} yet (its value "
                            "cache holds the raw index keys)",
              "quantize": f"--quantize is not built for {NAME} yet (the indexer's projection "

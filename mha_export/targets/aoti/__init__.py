@@ -38,11 +38,6 @@ def _no_torch_cuda() -> Optional[str]:
     return None if torch.cuda.is_available() else "no CUDA device visible to torch"
 
 
-# what a layer may need (its kind's ``needs``) that AOTInductor does not compile right (measured)
-LACKS = {"pooled block top-k": "torch 2.13's Inductor compiles that selection but its "
-                               "program's y differs from the eager layer's from the first "
-                               "complete block on"}
-
 RUNNERS = (
     RunnerKind("aoti-cpu", MODEL_FILE, "cpu", "AOTInductor (torch)", _open("cpu"),
                lambda dtype, options: FP32),
@@ -58,4 +53,4 @@ TARGET = ExportTarget(
     options=(TargetOption("device", default="cpu", choices=DEVICES, show_default=True,
                           help="Device the package is compiled for (cuda: only where torch "
                                "sees a GPU)."),),
-    runners=RUNNERS, cpp_program="mha_aoti", lacks=LACKS)
+    runners=RUNNERS, cpp_program="mha_aoti")

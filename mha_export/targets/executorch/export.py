@@ -56,6 +56,7 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
     module, records = in_program(without_empty_buffers(in_split_layout(module)), specs or {},
                                  config)
     bounds = program_bounds(config, sig, max_batch, max_seq)
+    example = {**EXAMPLE, "seq": kind_of(config).example_seq(config)}
     export: dict[str, Any] = {"file": MODEL_FILE, "method": "torch.export + ExecuTorch",
                               "backend": backend, "bounds": bounds,
                               "program_layout": module.config.layout, **records}
@@ -65,13 +66,13 @@ def prepare(module: nn.Module, config: MHAConfig, sig: Signature, backend: str =
             load_llm_kernels()
         methods = cache_methods(
             module, sig, max_batch, config.max_seq_len,
-            *_step_example(sig, bounds, {"past_key", "past_value"}, static_batch=rows),
+            *_step_example(sig, bounds, example, {"past_key", "past_value"}, rows),
             kernels=kernels if rows else None)
         export["cache"] = cache_record(sig, max_batch, config.max_seq_len,
                                              kernels if rows else "")
     else:
         entry = entry_module(module, sig.kind, sig.input_names, sig.output_names)
-        methods = {"forward": Method(entry, *_step_example(sig, bounds, set()))}
+        methods = {"forward": Method(entry, *_step_example(sig, bounds, example, set()))}
     program = _lowered(methods, bounds, backend, io_names(sig))
     export.update(placement=placement(program.exported_program("forward")),
                   executorch=_version())
@@ -177,12 +178,13 @@ def without_empty_buffers(module: nn.Module) -> nn.Module:
     return module
 
 
-def _step_example(sig: Signature, bounds: dict, inside: set[str], static_batch: bool = False
-                  ) -> tuple[tuple, tuple]:
-    """forward's example arguments and dynamic axes: the signature's inputs but those the
-    program holds inside; ``static_batch``: batch is bounds' batch, no axis."""
+def _step_example(sig: Signature, bounds: dict, example: dict, inside: set[str],
+                  static_batch: bool = False) -> tuple[tuple, tuple]:
+    """forward's example arguments (each axis ``example``'s size within its bound) and
+    dynamic axes: the signature's inputs but those the program holds inside;
+    ``static_batch``: batch is bounds' batch, no axis."""
     inputs = [t for t in sig.inputs if t.name not in inside]
-    sizes = {d: min(EXAMPLE[d], bounds[d]) for d in EXAMPLE if d in bounds}
+    sizes = {d: min(example[d], bounds[d]) for d in example if d in bounds}
     if static_batch:
         sizes["batch"] = bounds["batch"]
     dynamic = tuple({i: d for i, d in t.dynamic_axes.items()
