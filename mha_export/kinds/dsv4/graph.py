@@ -1,8 +1,19 @@
 """DeepSeek-V4's attention layer as ONNX graph code (layer.py's and compressed.py's function;
 docs/deepseek-v4.md says what each layer type computes): the full-sequence call with a padding
-mask, for every layer type (``dsv4_full_sequence``); a sliding layer's cached call too
-(``dsv4_sliding_cached``: past_key the rotated key = value rows of its sliding cache). A whole
-model: ``dsv4_model``.
+mask, for every layer type (``dsv4_full_sequence``); the cached call of every layer type
+(``dsv4_cached``; ``dsv4_sliding_cached`` a sliding layer's): past_key the rotated key = value
+rows of its sliding cache, and a compressed layer's compressor (CSA: and indexer) state as
+transformers keeps it, one input ``past_<key>`` and one output ``present_<key>`` per tensor
+(graph_state.py names them: ``past_compressor.buffer_kv`` ...). A whole model: ``dsv4_model``.
+
+    cached model    inputs                                  outputs
+    sliding         x, attention_mask, past_key,            y, present_key
+                    position_ids
+    HCA             ... past_key, past_compressor.{buffer_kv, buffer_gate, compressed_kv},
+                    position_ids -> y, present_key, present_compressor.{...}
+    CSA             ... past_key, past_{compressor, indexer}.{buffer_kv, buffer_gate,
+                    compressed_kv, overlap_kv, overlap_gate}, position_ids
+                    -> y, present_key, present_{compressor, indexer}.{...}
 
     x -> q_a_proj -> q_a_norm (weighted RMSNorm) -> q_b_proj -> per-head RMSNorm (no weight)
     x -> kv_proj -> kv_norm: one key = value head, the key and the value of every query head

@@ -1,13 +1,16 @@
 """DeepSeek-V4's compressed layers' parts as ONNX graph code (compressed.py's functions, the
-full-sequence call): the compressor's pooled rows (HCA: windows of ``rate`` tokens; CSA:
-overlapping windows of 2 * rate slots), their causality, and CSA's lightning indexer (ReLU
-scores, TopK, ScatterElements into a mask); and the helpers graph.py shares with them (the
-rotation of a head's trailing channels, the additive mask). Standard ops only (opset 17),
-float32.
+full-sequence and cached calls): the compressor's pooled rows (HCA: windows of ``rate`` tokens;
+CSA: overlapping windows of 2 * rate slots), their causality, and CSA's lightning indexer (ReLU
+scores, TopK, ScatterElements into a mask) over every row pooled so far; the cached call's
+state (buffer, rows, overlap) through graph_state.py; and the helpers graph.py shares with
+them (the rotation of a head's trailing channels, the additive mask). Standard ops only
+(opset 17), float32.
 
-Shape legend: B = batch, T = this call, D = hidden size, m = rate, n = T // m closed windows,
-w = a row's width (d, the head width, or the indexer's di), r = rope_dim (the rotated trailing
-channels), Hi = index heads, k = index_topk.
+Shape legend: B = batch, T = this call, D = hidden size, m = rate, n = the windows this call
+closes ((Pb + T) // m, Pb the past's buffered tokens, 0 without a past), N = the past's rows,
+w = a row's width (d, the head width, or the indexer's di), c = a projection's width (2w
+overlapping, else w), r = rope_dim (the rotated trailing channels), Hi = index heads,
+k = index_topk.
 """
 from __future__ import annotations
 
