@@ -391,8 +391,14 @@ def test_the_compressed_layers_cached_calls_equal_eager(request, index, source, 
 
 
 def test_the_cached_models_io_names_and_shapes(request):
-    layer = _layer_and_prompt(request, CSA)[0]
-    session = _session(layer)
+    """CSA's inputs and outputs by name and order, HCA's state keys; onnx's full check (strict
+    shape inference) passes on both models."""
+    import onnx
+    for index in (HCA, CSA):
+        layer = _layer_and_prompt(request, index)[0]
+        onnx.checker.check_model(dsv4_model(layer.shape, layer.state_dict(), cached=True),
+                                 full_check=True)
+    session = _session(layer)  # CSA's
     keys = graph_state.state_keys(layer.shape.layer_type)
     assert [i.name for i in session.get_inputs()] == [
         "x", "attention_mask", "past_key", *("past_" + k for k in keys), "position_ids"]

@@ -107,7 +107,8 @@ def _layer(g: GraphBuilder, s: DSV4Shape, w: Mapping[str, Tensor], x: str, keep:
     scaling = dict(s.rope_scaling) if s.rope_scaling else None
     cos, sin = cos_sin_at(g, positions, s.rope_dim, s.rope_theta, scaling)  # (B, T, r/2)
     q, kv, residual = _project(g, s, w, x, cos, sin)  # (B,H,T,d), (B,1,T,d), (B,T,Rq)
-    present, presents = None, {}  # type: ignore[var-annotated]
+    present: str | None = None
+    presents: dict[str, str] = {}
     if past is not None:
         kv = op.Concat(past, kv, axis=2, name="sliding_rows")  # (B, 1, P + T, d)
         present = _last_rows(g, kv, s.window - 1)  # (B, 1, min(P + T, W - 1), d)

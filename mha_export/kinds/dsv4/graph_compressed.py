@@ -121,7 +121,8 @@ def compressed_rows(g: GraphBuilder, s: DSV4Shape, w: Mapping[str, Tensor], x: s
     state (empty without a past). ``prefix``: the weights' (``compressor.``,
     ``compressor.indexer.compressor.``); nodes named after it."""
     name = prefix.rstrip(".").replace(".", "_")
-    op, present = Ops(g).named(name), {}  # type: ignore[var-annotated]
+    op = Ops(g).named(name)
+    present: dict[str, str] = {}
     series = 2 * width if overlap else width
     kv = g.linear(x, f"{prefix}kv_proj", w[f"{prefix}kv_proj.weight"], None)  # (B, T, c)
     gate = g.linear(x, f"{prefix}gate_proj", w[f"{prefix}gate_proj.weight"], None)
