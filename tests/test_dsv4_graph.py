@@ -3,7 +3,10 @@ mask, in ONNX Runtime's CPU provider against the eager layer (which tests/test_d
 against transformers 5.23) and transformers' own y: every layer type on the left-padded 40-token
 prompt of test_dsv4 (window 8 acting; CSA 10 closed rows, the indexer keeping 3; HCA 5 closed
 rows), two other batch sizes and lengths through the same model (dynamic axes, one of them
-shorter than a window), and a planted fault per feature failing.
+shorter than a window), and a planted fault per feature failing. The cached calls: the sliding
+layer's (past_key), the compressed layers' (past_key and the compressor's, CSA's indexer's
+state: graph_state.py) over a prompt, a chunk and 8 one-token steps in which windows close,
+every state output compared too, two other batch sizes, and a planted fault per state feature.
 
 CSA's ties: the indexer's ReLU makes exact-zero scores, and where the k-th and (k + 1)-th
 closed rows of a query score the same, torch.topk (the eager layer's, transformers') and ONNX
@@ -19,8 +22,9 @@ import pytest
 import torch
 
 from mha_export.errors import UsageError
+from mha_export.graph.builder import GraphBuilder
 from mha_export.graph.ops import Ops
-from mha_export.kinds.dsv4 import checkpoint, graph, graph_compressed
+from mha_export.kinds.dsv4 import checkpoint, graph, graph_compressed, graph_state
 from mha_export.kinds.dsv4.graph import dsv4_model
 
 from test_dsv4 import _config, _transformers_y, tiny, tiny_yarn  # noqa: F401
@@ -43,20 +47,26 @@ def _tie_free(layer, x: torch.Tensor, keep: torch.Tensor, positions: torch.Tenso
               monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
     """(eager y (B, T, D), (B, T) bool: the queries without a tie between their k-th and
     (k + 1)-th finite index scores; every query for a layer without an indexer)."""
+    out, free = _scored(layer, monkeypatch, x, keep, positions)
+    return out[0], free
+
+
+def _scored(layer, monkeypatch, x: torch.Tensor, *args) -> tuple[tuple, torch.Tensor]:
+    """(the eager layer's outputs for (x, *args), (B, T) bool: _tie_free's queries)."""
     scores = []
     topk = torch.Tensor.topk
     with monkeypatch.context() as patch:
         patch.setattr(torch.Tensor, "topk", lambda t, k, dim=-1, **kw: (
             scores.append(t.detach().clone()), topk(t, k, dim=dim, **kw))[1])
         with torch.no_grad():
-            y = layer(x, keep, positions)[0]
+            out = layer(x, *args)
     free = torch.ones(x.shape[:2], dtype=torch.bool)
     k = layer.shape.index_topk
     if scores and scores[0].size(-1) > k:
         ordered = scores[0].sort(dim=-1, descending=True).values  # (B, T, n)
         kth, after = ordered[..., k - 1], ordered[..., k]
         free = ~((kth == after) & torch.isfinite(kth))
-    return y, free
+    return out, free
 
 
 def _positions(keep: torch.Tensor) -> torch.Tensor:
@@ -127,9 +137,15 @@ def _saved_with_index_heads(tmp_path_factory, heads: int):
     return model, folder
 
 
-def test_csa_with_eight_index_heads_equals_eager_on_every_query(tmp_path_factory, monkeypatch):
+@pytest.fixture(scope="module")
+def eight_heads(tmp_path_factory):
+    """The tiny model, its indexer with 8 heads (no top-k tie in the prompt)."""
+    return _saved_with_index_heads(tmp_path_factory, 8)
+
+
+def test_csa_with_eight_index_heads_equals_eager_on_every_query(eight_heads, monkeypatch):
     """No tie on the top-k boundary with 8 index heads: every query of the prompt compared."""
-    model, folder = _saved_with_index_heads(tmp_path_factory, 8)
+    model, folder = eight_heads
     x, keep, expected = _transformers_y(model, CSA)
     layer = checkpoint.read_layer(folder, CSA)
     assert layer.shape.index_heads == 8
@@ -212,16 +228,16 @@ def _pooled_rotary_dropped(monkeypatch):
 
 def _indexer_ignored(monkeypatch):
     monkeypatch.setattr(graph_compressed, "index_picks", lambda g, s, w, x, residual, closed,
-                        cos, sin: closed)
+                        cos, sin, past=None: (closed, {}))
 
 
 def _overlap_dropped(monkeypatch):
     overlapped = graph_compressed._overlapped
 
-    def dropped(g, t, width, fill, name):  # the first series of every window: the fill
+    def dropped(g, t, width, fill, name, prior=None):  # every window's first series: the fill
         first = Ops(g).Mul(t, g.const("first_dropped", np.array([0.0] * width + [1.0] * width)))
-        return overlapped(g, first, width, fill, name) if fill == 0.0 else overlapped(
-            g, t, width, fill, name)
+        return overlapped(g, first, width, fill, name, prior) if fill == 0.0 else overlapped(
+            g, t, width, fill, name, prior)
     monkeypatch.setattr(graph_compressed, "_overlapped", dropped)
 
 
@@ -281,8 +297,211 @@ def test_the_sliding_layers_cached_calls_equal_eager(tiny):  # noqa: F811
         past = torch.from_numpy(got_present)
 
 
-def test_a_cached_call_of_a_compressed_layer_is_refused(tiny):  # noqa: F811
+def test_the_sliding_cached_builder_refuses_a_compressed_layer(tiny):  # noqa: F811
     _, folder = tiny
     layer = checkpoint.read_layer(folder, HCA)
-    with pytest.raises(UsageError, match="not built"):
-        dsv4_model(layer.shape, layer.state_dict(), cached=True)
+    with pytest.raises(UsageError, match="dsv4_cached"):
+        graph.dsv4_sliding_cached(GraphBuilder(), layer.shape, layer.state_dict(), "x",
+                                  "attention_mask", "position_ids", "past_key")
+
+
+# --- the compressed layers' cached calls ---------------------------------------------------------
+
+def _session(layer):
+    import onnxruntime as ort
+    model = dsv4_model(layer.shape, layer.state_dict(), cached=True)
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _empty_state(layer, batch: int) -> dict[str, np.ndarray]:
+    """The first call's state inputs: every symbolic axis (buffer, rows, overlap) 0 long."""
+    return {key: np.zeros([0 if isinstance(d, str) else d for d in dims], np.float32)
+            for key, dims in graph_state.state_shapes(layer.shape, batch).items()}
+
+
+def _state_error(got: np.ndarray, want) -> float:
+    """max |got - want|; inf when the shapes differ (``want`` None: no entry, 0 rows)."""
+    want = np.zeros(got.shape[:1] + (0,) + got.shape[2:]) if want is None else want.numpy()
+    return float(np.abs(got - want).max(initial=0.0)) if got.shape == want.shape else np.inf
+
+
+def _cached_errors(layer, session, chunks, monkeypatch) -> tuple[list, list, int]:
+    """Each call of ``chunks`` ((x, keep) pairs, the mask growing with them) through the eager
+    layer and the cached model, the model fed its own outputs: (per call, max |y| error over
+    the tie-free queries; per call, the max state error over present_key and every state
+    output; the tied queries skipped)."""
+    batch = chunks[0][0].size(0)
+    past, past_keep, state, mask = None, None, None, chunks[0][1][:, :0]
+    feeds = {"past_key": np.zeros((batch, 1, 0, layer.shape.head_dim), np.float32),
+             **{"past_" + k: v for k, v in _empty_state(layer, batch).items()}}
+    names = [o.name for o in session.get_outputs()]
+    y_errors, state_errors, tied = [], [], 0
+    for xs, ks in chunks:
+        positions = torch.arange(mask.size(1), mask.size(1) + xs.size(1)).expand(batch, -1)
+        mask = torch.cat([mask, ks], dim=1)
+        (y, past, past_keep, state), free = _scored(
+            layer, monkeypatch, xs, ks, positions.contiguous(), past, past_keep, state)
+        got = dict(zip(names, session.run(None, {
+            **feeds, "x": xs.numpy(), "attention_mask": mask.numpy(),
+            "position_ids": positions.contiguous().numpy()})))
+        y_errors.append(float(np.abs(got["y"] - y.numpy())[free.numpy()].max(initial=0.0)))
+        state_errors.append(max([_state_error(got["present_key"], past)] + [
+            _state_error(got["present_" + k], state.get(k))
+            for k in graph_state.state_keys(layer.shape.layer_type)]))
+        tied += int((~free).sum())
+        feeds = {n.replace("present_", "past_"): v for n, v in got.items() if n != "y"}
+    return y_errors, state_errors, tied
+
+
+def _decode_chunks(x: torch.Tensor, keep: torch.Tensor, chunk: int = 5, steps: int = 8):
+    """The prompt, then a ``chunk``-token call, then ``steps`` one-token calls (random x)."""
+    torch.manual_seed(3)
+    batch, dim = x.size(0), x.size(2)
+    return [(x, keep)] + [(torch.randn(batch, t, dim), torch.ones(batch, t, dtype=torch.long))
+                          for t in [chunk] + [1] * steps]
+
+
+def _layer_and_prompt(request, index, source: str = ""):
+    """(eager layer, prompt x, keep): from the ``source`` fixture's model; by default HCA's
+    from the tiny model, CSA's from the 8-index-head one."""
+    source = source or ("eight_heads" if index == CSA else "tiny")
+    model, folder = request.getfixturevalue(source)
+    x, keep = _transformers_y(model, index)[:2]
+    return checkpoint.read_layer(folder, index), x, keep
+
+
+@pytest.mark.parametrize("index, source, ties", [(CSA, "eight_heads", 0), (CSA, "tiny", 0.2),
+                                                  (HCA, "tiny", 0)])
+def test_the_compressed_layers_cached_calls_equal_eager(request, index, source, ties,
+                                                       monkeypatch):
+    """The left-padded 40-token prompt from an empty state, a 5-token chunk (a window closes
+    in its middle, a token left in the buffer), then 8 one-token steps (CSA: windows close at
+    the 3rd and 7th, each after a non-empty buffer; HCA: at the 3rd, after 7 buffered tokens):
+    y and every state output (present_key, the buffers, the pooled rows, CSA's overlap and
+    indexer state) equal the eager layer's at every call; the model fed its own outputs.
+    CSA with 8 index heads: no top-k tie, every query compared; with 2: the tied ones (at
+    most ``ties`` of them) skipped."""
+    layer, x, keep = _layer_and_prompt(request, index, source)
+    session = _session(layer)
+    y_errors, state_errors, tied = _cached_errors(layer, session, _decode_chunks(x, keep),
+                                                  monkeypatch)
+    assert max(y_errors) <= TOLERANCE and max(state_errors) <= TOLERANCE, (
+        y_errors, state_errors)
+    assert tied <= ties * (x.size(1) + 13) * x.size(0), tied
+
+
+def test_the_cached_models_io_names_and_shapes(request):
+    """CSA's inputs and outputs by name and order, HCA's state keys; onnx's full check (strict
+    shape inference) passes on both models."""
+    import onnx
+    for index in (HCA, CSA):
+        layer = _layer_and_prompt(request, index)[0]
+        onnx.checker.check_model(dsv4_model(layer.shape, layer.state_dict(), cached=True),
+                                 full_check=True)
+    session = _session(layer)  # CSA's
+    keys = graph_state.state_keys(layer.shape.layer_type)
+    assert [i.name for i in session.get_inputs()] == [
+        "x", "attention_mask", "past_key", *("past_" + k for k in keys), "position_ids"]
+    assert [o.name for o in session.get_outputs()] == [
+        "y", "present_key", *("present_" + k for k in keys)]
+    assert len(keys) == 10 and "indexer.overlap_gate" in keys
+    assert graph_state.state_keys("heavily_compressed_attention") == (
+        "compressor.buffer_kv", "compressor.buffer_gate", "compressor.compressed_kv")
+
+
+@pytest.mark.parametrize("index", [CSA, HCA])
+def test_one_cached_model_takes_other_batch_sizes(request, index, monkeypatch):
+    """Dynamic axes: batch 1 (an 11-token prompt, 3 steps) and batch 3 (a 3-token prompt
+    shorter than a window, one row left-padded; a 6-token chunk, 4 steps) through one model."""
+    layer = _layer_and_prompt(request, index)[0]
+    session = _session(layer)
+    torch.manual_seed(4)
+    for batch, length, chunk, steps in ((1, 11, 2, 3), (3, 3, 6, 4)):
+        keep = torch.ones(batch, length, dtype=torch.long)
+        keep[-1, :1] = 0 if batch > 1 else 1
+        chunks = _decode_chunks(torch.randn(batch, length, layer.shape.dim), keep, chunk,
+                                steps)
+        y_errors, state_errors, _ = _cached_errors(layer, session, chunks, monkeypatch)
+        assert max(y_errors + state_errors) <= TOLERANCE, (batch, y_errors, state_errors)
+
+
+# --- planted faults in the cached call: each one's graph code patched while the model is built --
+
+def _emptied(g, t: str) -> str:
+    """t (B, P, w) -> its first 0 rows (B, 0, w): a state input not read."""
+    zero = g.ints("fault_zero", [0])
+    return Ops(g).Slice(t, zero, zero, g.ints("fault_axes1", [1]))
+
+
+def _zeroed(g, t: str) -> str:
+    """t with every value 0 (its shape kept)."""
+    return Ops(g).Mul(t, g.const("fault_none", np.array(0.0)))
+
+
+def _buffer_dropped(cache: str, how):
+    """The past buffer of a compressor (node names starting with ``cache``) through ``how``
+    (_emptied: not read; _zeroed: its values lost)."""
+    def plant(monkeypatch):
+        windows = graph_compressed.complete_windows
+
+        def dropped(g, kv, gate, rate, past, present, name):
+            if name.startswith(cache):
+                past = {**past, **{k: how(g, past[k]) for k in ("buffer_kv", "buffer_gate")}}
+            return windows(g, kv, gate, rate, past, present, name)
+        monkeypatch.setattr(graph_compressed, "complete_windows", dropped)
+    return plant
+
+
+def _index_past_rows_zeroed(monkeypatch):  # the top-k over this call's rows only, in effect
+    rows = graph_compressed.compressed_rows
+
+    def zeroed(g, s, w, x, prefix, width, overlap, past=None):
+        if prefix.startswith("compressor.indexer") and past is not None:
+            past = {**past, "compressed_kv": _zeroed(g, past["compressed_kv"])}
+        return rows(g, s, w, x, prefix, width, overlap, past)
+    monkeypatch.setattr(graph_compressed, "compressed_rows", zeroed)
+
+
+def _overlap_state_dropped(monkeypatch):
+    prior = graph_compressed.prior_window
+    monkeypatch.setattr(graph_compressed, "prior_window", lambda g, overlap, *args: prior(
+        g, _emptied(g, overlap), *args))
+
+
+def _overlap_state_kept(monkeypatch):  # the present overlap: the past's, never updated
+    monkeypatch.setattr(graph_compressed, "last_firsts", lambda g, overlap, *args: overlap)
+
+
+def _pooled_row_closing_late(monkeypatch):
+    closed = graph_compressed.closed_by
+    monkeypatch.setattr(graph_compressed, "closed_by", lambda g, positions, rows, rate: closed(
+        g, Ops(g).Sub(positions, g.ints("late", 1)), rows, rate))
+
+
+def _rows_rotated_from_zero(monkeypatch):  # this call's rows rotated as if none were past
+    starts = graph_compressed.window_starts
+    monkeypatch.setattr(graph_compressed, "window_starts", lambda g, windows, rate, past_rows:
+                        starts(g, windows, rate, None))
+
+
+CACHED_FAULTS = {"buffer not carried": (_buffer_dropped("compressor", _emptied), HCA),
+                 "indexer's buffer zeroed": (_buffer_dropped("compressor_indexer", _zeroed),
+                                             CSA),
+                 "indexer's past rows zeroed": (_index_past_rows_zeroed, CSA),
+                 "overlap state dropped": (_overlap_state_dropped, CSA),
+                 "overlap state never updated": (_overlap_state_kept, CSA),
+                 "a pooled row closing one token late": (_pooled_row_closing_late, HCA),
+                 "new rows rotated from position 0": (_rows_rotated_from_zero, HCA)}
+
+
+@pytest.mark.parametrize("fault", CACHED_FAULTS)
+def test_a_planted_fault_in_the_cached_call_fails(request, fault, monkeypatch):
+    """The cached test's calls: the fault's y differs from eager's in a call after the
+    prompt (one with a past state)."""
+    plant, index = CACHED_FAULTS[fault]
+    layer, x, keep = _layer_and_prompt(request, index)
+    with monkeypatch.context() as patch:
+        plant(patch)
+        session = _session(layer)
+    y_errors = _cached_errors(layer, session, _decode_chunks(x, keep), monkeypatch)[0]
+    assert max(y_errors[1:]) > 1e-3, y_errors

@@ -1,8 +1,19 @@
 """DeepSeek-V4's attention layer as ONNX graph code (layer.py's and compressed.py's function;
 docs/deepseek-v4.md says what each layer type computes): the full-sequence call with a padding
-mask, for every layer type (``dsv4_full_sequence``); a sliding layer's cached call too
-(``dsv4_sliding_cached``: past_key the rotated key = value rows of its sliding cache). A whole
-model: ``dsv4_model``.
+mask, for every layer type (``dsv4_full_sequence``); the cached call of every layer type
+(``dsv4_cached``; ``dsv4_sliding_cached`` a sliding layer's): past_key the rotated key = value
+rows of its sliding cache, and a compressed layer's compressor (CSA: and indexer) state as
+transformers keeps it, one input ``past_<key>`` and one output ``present_<key>`` per tensor
+(graph_state.py names them: ``past_compressor.buffer_kv`` ...). A whole model: ``dsv4_model``.
+
+    cached model    inputs                                  outputs
+    sliding         x, attention_mask, past_key,            y, present_key
+                    position_ids
+    HCA             ... past_key, past_compressor.{buffer_kv, buffer_gate, compressed_kv},
+                    position_ids -> y, present_key, present_compressor.{...}
+    CSA             ... past_key, past_{compressor, indexer}.{buffer_kv, buffer_gate,
+                    compressed_kv, overlap_kv, overlap_gate}, position_ids
+                    -> y, present_key, present_{compressor, indexer}.{...}
 
     x -> q_a_proj -> q_a_norm (weighted RMSNorm) -> q_b_proj -> per-head RMSNorm (no weight)
     x -> kv_proj -> kv_norm: one key = value head, the key and the value of every query head
@@ -38,6 +49,7 @@ from ...graph.ops import Ops
 from ...graph.rotary import cos_sin_at
 from ...signature import BATCH, PAST, SEQ, TOTAL
 from .graph_compressed import additive, pooled_rows, rotate_tail
+from .graph_state import PRESENT_AXES, state_keys, state_shapes
 from .settings import SLIDING, DSV4Shape
 
 OPSET = 17
@@ -45,6 +57,8 @@ INPUTS = ("x", "attention_mask", "position_ids")  # signature.py's names, in its
 # a sliding layer's cached call: key = value, one cache tensor (past_key / present_key)
 INPUTS_CACHED = ("x", "attention_mask", "past_key", "position_ids")
 OUTPUTS_CACHED = ("y", "present_key")
+# a compressed layer's state: past_<key> in, present_<key> out (graph_state.py's keys)
+PAST_STATE, PRESENT_STATE = "past_", "present_"
 PRESENT = "min(past_seq + seq, window - 1)"
 
 
@@ -62,27 +76,46 @@ def dsv4_sliding_cached(g: GraphBuilder, shape: DSV4Shape, weights: Mapping[str,
     (B, >= P + T) int64 (its last P + T columns read: the past's and this call's), positions
     (B, T); returns y (B, T, D) and present (B, 1, min(P + T, W - 1), d)."""
     if shape.layer_type != SLIDING:
-        raise UsageError(f"a cached ONNX call of a {shape.layer_type} layer is not built "
-                         "(its compressor's and indexer's caches): only sliding_attention's")
-    y, present = _layer(g, shape, weights, x, keep, positions, past)
-    assert present is not None
+        raise UsageError(f"a {shape.layer_type} layer's cached call carries its compressor's "
+                         "state too: build it with dsv4_cached")
+    y, present, _ = dsv4_cached(g, shape, weights, x, keep, positions, past, {})
     return y, present
 
 
+def dsv4_cached(g: GraphBuilder, shape: DSV4Shape, weights: Mapping[str, Tensor], x: str,
+                keep: str, positions: str, past: str, state: Mapping[str, str]
+                ) -> tuple[str, str, dict[str, str]]:
+    """Any layer type's call after P cached positions: as ``dsv4_sliding_cached``, and a
+    compressed layer's ``state`` the past compressor (and indexer) state by the eager state
+    dict's key (graph_state.py: ``compressor.buffer_kv`` ...; every key of
+    ``state_keys(layer_type)``); returns y, present and the updated state by key."""
+    missing = set(state_keys(shape.layer_type)) - set(state)
+    if missing:
+        raise UsageError(f"a {shape.layer_type} layer's cached call needs its state "
+                         f"{sorted(missing)}")
+    y, present, presents = _layer(g, shape, weights, x, keep, positions, past, state)
+    assert present is not None
+    return y, present, presents
+
+
 def _layer(g: GraphBuilder, s: DSV4Shape, w: Mapping[str, Tensor], x: str, keep: str,
-           positions: str, past: str | None) -> tuple[str, str | None]:
-    """y (B, T, D), and with a past (B, 1, P, d) the sliding rows kept (B, 1, <= W - 1, d)."""
+           positions: str, past: str | None, state: Mapping[str, str] | None = None
+           ) -> tuple[str, str | None, dict[str, str]]:
+    """y (B, T, D), and with a past (B, 1, P, d) the sliding rows kept (B, 1, <= W - 1, d)
+    and the updated compressor state (``state``: the past's; empty for a sliding layer)."""
     op = Ops(g)
     scaling = dict(s.rope_scaling) if s.rope_scaling else None
     cos, sin = cos_sin_at(g, positions, s.rope_dim, s.rope_theta, scaling)  # (B, T, r/2)
     q, kv, residual = _project(g, s, w, x, cos, sin)  # (B,H,T,d), (B,1,T,d), (B,T,Rq)
-    present = None
+    present: str | None = None
+    presents: dict[str, str] = {}
     if past is not None:
         kv = op.Concat(past, kv, axis=2, name="sliding_rows")  # (B, 1, P + T, d)
         present = _last_rows(g, kv, s.window - 1)  # (B, 1, min(P + T, W - 1), d)
     bias = _sliding_bias(g, s, keep, positions, kv)  # (B, 1, T, P + T)
     if s.layer_type != SLIDING:
-        rows, row_bias = pooled_rows(g, s, w, x, residual, positions, cos, sin)
+        rows, row_bias, presents = pooled_rows(g, s, w, x, residual, positions, cos, sin,
+                                               state if past is not None else None)
         kv = op.Concat(kv, rows, axis=2, name="keys_values")  # (B, 1, S, d)
         bias = op.Concat(bias, row_bias, axis=3, name="all_bias")  # (B, 1, T, S)
     o = _attend(g, s, w, q, kv, bias)  # (B, H, T, d)
@@ -90,7 +123,7 @@ def _layer(g: GraphBuilder, s: DSV4Shape, w: Mapping[str, Tensor], x: str, keep:
                    g.ints("o_flat", [0, 0, s.heads * s.head_dim]))  # (B, T, H*d)
     o = rotate_tail(g, o, s.heads, s.head_dim, s.rope_dim, cos, op.Neg(sin, name="minus_sin"),
                     "unrotate")  # (B, T, H*d): the value's rotation undone
-    return _grouped_output(g, s, w, o), present  # (B, T, D)
+    return _grouped_output(g, s, w, o), present, presents  # y (B, T, D)
 
 
 def _last_rows(g: GraphBuilder, rows: str, count: int) -> str:
@@ -179,20 +212,34 @@ def dsv4_model(shape: DSV4Shape, weights: Mapping[str, Tensor], opset: int = OPS
                cached: bool = False) -> onnx.ModelProto:
     """The layer's ONNX model, float32, batch and seq dynamic: inputs x (batch, seq, D) float,
     attention_mask (batch, seq) int64 (1 token, 0 padding), position_ids (batch, seq) int64;
-    output y (batch, seq, D). ``cached`` (sliding layers): attention_mask (batch, past_seq +
-    seq) (its last past_seq + seq columns read), past_key (batch, 1, past_seq, d) (the rotated
-    key = value rows, past_seq <= window - 1; 0 at prefill) before position_ids, and output
-    present_key (batch, 1, min(past_seq + seq, window - 1), d) after y."""
+    output y (batch, seq, D). ``cached``: attention_mask (batch, past_seq + seq) (its last
+    past_seq + seq columns read), past_key (batch, 1, past_seq, d) (the rotated key = value
+    rows, past_seq <= window - 1; 0 at prefill), then a compressed layer's state inputs
+    (graph_state.py: ``past_compressor.buffer_kv`` ..., zero-length at prefill), before
+    position_ids; outputs present_key (batch, 1, min(past_seq + seq, window - 1), d) and the
+    updated state (``present_compressor.buffer_kv`` ...) after y."""
     g = GraphBuilder(dtype="float32")
-    names = INPUTS_CACHED if cached else INPUTS
+    keys = state_keys(shape.layer_type) if cached else ()
     if cached:
-        y, present = dsv4_sliding_cached(g, shape, weights, "x", "attention_mask",
-                                         "position_ids", "past_key")
-        g.nodes.append(helper.make_node("Identity", [present], ["present_key"],
-                                        name="present_key_out"))
+        state = {key: PAST_STATE + key for key in keys}
+        y, present, presents = dsv4_cached(g, shape, weights, "x", "attention_mask",
+                                           "position_ids", "past_key", state)
+        outputs = {"y": y, "present_key": present,
+                   **{PRESENT_STATE + key: presents[key] for key in keys}}
     else:
-        y = dsv4_full_sequence(g, shape, weights, *names)
-    g.nodes.append(helper.make_node("Identity", [y], ["y"], name="y_out"))
+        outputs = {"y": dsv4_full_sequence(g, shape, weights, *INPUTS)}
+    for name, tensor in outputs.items():
+        g.nodes.append(helper.make_node("Identity", [tensor], [name], name=f"{name}_out"))
+    inputs, outputs_info = _io(shape, cached)
+    graph = helper.make_graph(g.nodes, f"dsv4_{shape.layer_type}", inputs, outputs_info,
+                              initializer=g.initializers)
+    opsets = [helper.make_opsetid("", opset)]
+    return helper.make_model(graph, opset_imports=opsets, producer_name="mha-export",
+                             ir_version=helper.find_min_ir_version_for(opsets))
+
+
+def _io(shape: DSV4Shape, cached: bool) -> tuple[list, list]:
+    """The model's inputs and outputs (ValueInfoProto), in order, with their shapes."""
     rows = [BATCH, 1, PAST, shape.head_dim]
     spec = {"x": (TensorProto.FLOAT, [BATCH, SEQ, shape.dim]),
             "attention_mask": (TensorProto.INT64, [BATCH, TOTAL if cached else SEQ]),
@@ -200,10 +247,14 @@ def dsv4_model(shape: DSV4Shape, weights: Mapping[str, Tensor], opset: int = OPS
             "position_ids": (TensorProto.INT64, [BATCH, SEQ]),
             "y": (TensorProto.FLOAT, [BATCH, SEQ, shape.dim]),
             "present_key": (TensorProto.FLOAT, rows[:2] + [PRESENT] + rows[3:])}
-    inputs, outputs = ([helper.make_tensor_value_info(n, *spec[n]) for n in group]
-                       for group in (names, OUTPUTS_CACHED if cached else ("y",)))
-    graph = helper.make_graph(g.nodes, f"dsv4_{shape.layer_type}", inputs, outputs,
-                              initializer=g.initializers)
-    opsets = [helper.make_opsetid("", opset)]
-    return helper.make_model(graph, opset_imports=opsets, producer_name="mha-export",
-                             ir_version=helper.find_min_ir_version_for(opsets))
+    inputs, outputs = list(INPUTS_CACHED if cached else INPUTS), list(
+        OUTPUTS_CACHED if cached else ("y",))
+    if cached:
+        for key, dims in state_shapes(shape, BATCH).items():
+            spec[PAST_STATE + key] = (TensorProto.FLOAT, dims)
+            spec[PRESENT_STATE + key] = (TensorProto.FLOAT, [PRESENT_AXES.get(d, d)
+                                                             for d in dims])
+            inputs.insert(inputs.index("position_ids"), PAST_STATE + key)
+            outputs.append(PRESENT_STATE + key)
+    return ([helper.make_tensor_value_info(n, *spec[n]) for n in inputs],
+            [helper.make_tensor_value_info(n, *spec[n]) for n in outputs])
