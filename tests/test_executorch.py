@@ -143,9 +143,8 @@ def test_the_step_reads_each_buffer_where_it_lies(programs, kernels):
     sig = artifact.signature
     bounds = {"batch": ROWS, "seq": 16, "cache": 16, "rows": ROWS}
     methods = executorch_cache.cache_methods(
-        module, sig, ROWS, 16, *to_executorch._step_example(sig, bounds, {"past_key",
-                                                                           "past_value"},
-                                                            static_batch=True),
+        module, sig, ROWS, 16, *to_executorch._step_example(
+            sig, bounds, to_executorch.EXAMPLE, {"past_key", "past_value"}, static_batch=True),
         kernels=kernels)
     program = to_executorch._lowered({"forward": methods["forward"]}, bounds, "xnnpack",
                                      to_executorch.io_names(sig))
