@@ -46,12 +46,20 @@ def call_flops(c: MHAConfig, seq: int, pairs: float, past: int) -> float:
     return 2.0 * seq * weights + attention + index
 
 
+# what its layers need that a target may lack (targets/base.py's ``lacks``)
+CALL_SHAPED = "call-length shapes"  # every layer: its sliding mask and cache rows
+POOLED = "pooled compressed rows"  # the compressed layers
+
+
 def needs(c: MHAConfig) -> dict[str, tuple[str, str]]:
-    """A CSA layer's indexer keeps each query's top rows (aten.topk)."""
-    if c.dsv4.layer_type != CSA:
-        return {}
-    return {"aten.topk": (f"{NAME}'s compressed_sparse_attention layer",
-                          "its indexer keeps each query's top index_topk pooled rows")}
+    """Every layer's masks and rows are shaped by each call's length; a compressed layer pools
+    every ``rate`` tokens into extra key = value rows."""
+    out = {CALL_SHAPED: (NAME, "its sliding mask and kept rows are shaped by each call's "
+                               "length")}
+    if c.dsv4.layer_type != SLIDING:
+        out[POOLED] = (f"{NAME}'s {c.dsv4.layer_type} layer",
+                       f"it pools every {c.dsv4.rate} tokens into extra key = value rows")
+    return out
 
 
 def no_quantizable(c: MHAConfig) -> list[str]:
