@@ -171,8 +171,7 @@ def v4_fields(s: Settings, layer: int) -> dict:
 
 
 RECORDS += (
-    Family("deepseek_v4", "dsv4", "{layer}", module_names(), {}, v4_fields,
-           prefix=r"(?:^|\.)layers\.",
+    Family("deepseek_v4", "dsv4", "layers.{layer}", module_names(), {}, v4_fields,
            summary="DeepSeek-V4's attention (kinds/dsv4/): layer_types (sliding_attention, "
                    "compressed_sparse_attention, heavily_compressed_attention), compress_rates, "
                    "q_lora_rank, o_groups, o_lora_rank, sliding_window, index_n_heads, "
