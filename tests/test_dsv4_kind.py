@@ -21,7 +21,7 @@ from mha_export.config import MHAConfig
 from mha_export.errors import UsageError
 from mha_export.kinds.registry import build_module, kind_of
 from mha_export.weights.source import load_source
-from test_dsv4 import LAYER_TYPES, LENGTH, _saved, _transformers_y
+from test_dsv4 import LAYER_TYPES, LENGTH, YARN, _saved, _transformers_y
 
 pytest.importorskip("transformers")
 
@@ -55,6 +55,19 @@ def test_each_layer_type_reads_as_the_kind_with_its_section(tiny):
         assert config.kind == "dsv4" and config.layout == "dsv4"
         assert config.dsv4.layer_type == layer_type and config.kv_heads == 1
         assert MHAConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+def test_a_yarn_compress_rope_is_read_into_the_config(tmp_path_factory):
+    """The released checkpoints' "compress" rope (YaRN) through the family record and
+    MHAConfig's rope_scaling: the module load_source builds equals transformers' (CSA, HCA)."""
+    model, folder = _saved(tmp_path_factory, rope_parameters=YARN)
+    for layer in (1, 2):
+        config = load_source(None, folder, layer).config
+        assert config.rope_scaling["rope_type"] == "yarn"
+        x, keep, want = _transformers_y(model, layer)
+        with torch.no_grad():
+            y = load_source(None, folder, layer).module.attend(x, keep, None, None)[0]
+        assert float((y - want)[keep.bool()].abs().max()) <= 2e-5
 
 
 @pytest.mark.parametrize("layer", [0, 1, 2])
@@ -136,6 +149,9 @@ def test_a_random_layer_of_each_type_builds_and_its_records_answer():
         assert kind_of(c).call_flops(c, 16, 100.0, 0) > 0
         y, _, _ = module.attend(torch.randn(2, 16, 64), None, None, None)
         assert y.shape == (2, 16, 64) and torch.isfinite(y).all()
+        copy = build_module(c)
+        copy.load_weights(module.to_weights())  # what an ONNX form's layer will read
+        assert copy.to_weights().keys() == module.state_dict().keys()
 
 
 @pytest.mark.parametrize("change, says", [

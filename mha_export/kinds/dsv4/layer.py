@@ -166,3 +166,14 @@ class DSV4SlidingAttention(nn.Module):
         (settings.py's UNBUILT_CALLS refuse the cached calls)."""
         y, present, _, _ = self.forward(x, attention_mask, position_ids)
         return y, present, present
+
+    @torch.jit.ignore
+    def to_weights(self) -> Dict[str, Tensor]:
+        """The weights an ONNX graph of the layer reads (a kind's ``form.layer``, as MLA's):
+        the state dict, transformers' names (a compressed layer's under ``compressor.``)."""
+        return {k: v.detach() for k, v in self.state_dict().items()}
+
+    @torch.jit.ignore
+    def load_weights(self, w: Dict[str, Tensor]) -> None:
+        """The weights ``to_weights`` gives (its one layout: a copy)."""
+        self.load_state_dict(w)
