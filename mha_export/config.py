@@ -10,16 +10,18 @@ from .errors import UsageError, require_positive as _positive
 from .layer_option import check_declared, option
 from .kinds.kv_shared.settings import SharedKV
 from .kinds.mla.settings import ROPE_LAYOUTS, Latent  # noqa: F401 (ROPE_LAYOUTS: the CLI's)
+from .kinds.dsv4.settings import DeepSeekV4
 from .kinds.qsa.settings import BlockIndex
 from .rope_types import SCALING_FIELDS, SCALINGS, normalized_scaling  # noqa: F401
 
 # A kind of attention other than the standard one is a section of the config (kinds/): its field
 # -> its settings class, which derives the fields it decides, and answers the torch-free stages.
 # Multi-head Latent Attention (kinds/mla/), cross-layer KV sharing (kinds/kv_shared/), Qwen4-exp's
-# block top-k sparse attention (kinds/qsa/)
-SECTIONS = {"latent": Latent, "kv_shared": SharedKV, "qsa": BlockIndex}
-# "latent", "shared", "qsa": the layouts of a config with that section (its checkpoints' one)
-LAYOUTS = ("single", "stacked", "split", "fused", "latent", "shared", "qsa")
+# block top-k sparse attention (kinds/qsa/), DeepSeek-V4's attention (kinds/dsv4/)
+SECTIONS = {"latent": Latent, "kv_shared": SharedKV, "qsa": BlockIndex, "dsv4": DeepSeekV4}
+# "latent", "shared", "qsa", "dsv4": the layouts of a config with that section (its checkpoints'
+# one)
+LAYOUTS = ("single", "stacked", "split", "fused", "latent", "shared", "qsa", "dsv4")
 # RMSNorm of q and k after the projections: over each head's features (Qwen3, Gemma 3, Qwen3.5) or
 # over the whole projection before the heads split (OLMo 2).
 QK_NORMS = ("none", "head", "full")
@@ -111,6 +113,7 @@ class MHAConfig:
     latent: Optional[Latent] = None  # Multi-head Latent Attention (kinds/mla/), or a plain layer
     kv_shared: Optional[SharedKV] = None  # attends with another layer's keys and values
     qsa: Optional[BlockIndex] = None  # Qwen4-exp's indexer picks each query's blocks of keys
+    dsv4: Optional[DeepSeekV4] = None  # DeepSeek-V4's sliding and compressed attention
 
     def __post_init__(self) -> None:
         _positive("dim", self.dim)
@@ -182,6 +185,8 @@ class MHAConfig:
                              "with (--kv-shared-layer N)")
         if self.layout == "qsa" and self.qsa is None:
             raise UsageError("layout 'qsa' is Qwen4-exp's QSA: give its qsa section")
+        if self.layout == "dsv4" and self.dsv4 is None:
+            raise UsageError("layout 'dsv4' is DeepSeek-V4's attention: give its dsv4 section")
 
     @property
     def section(self) -> Any:

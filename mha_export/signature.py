@@ -220,6 +220,9 @@ def make_signature(config: MHAConfig, kind: str = "full", cache_dtype: str = FLO
         raise UsageError(f"an int8 cache needs the static-cache signature (--static-cache), "
                          f"got {kind!r}")
     kind = _layer_kind(config, kind)
+    unbuilt = getattr(config.section, "unbuilt_calls", {})  # a kind's calls not built yet
+    if kind in unbuilt:
+        raise UsageError(unbuilt[kind])
     ins, outs = KINDS[kind]
     ins += config.extra_inputs  # the kind's own (a shared-top-k layer's indices)
     rotates = config.rotary not in ("none", "unrotated")  # (unrotated: NoPE MLA, Kimi Linear)

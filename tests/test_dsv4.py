@@ -2,8 +2,9 @@
 DeepseekV4Attention: a tiny random checkpoint saved by transformers, the layer read from the
 folder, y on a left-padded 40-token prompt (window 8: the window acts) equal to the y the
 module gives inside transformers' model; a planted fault per feature fails; the compressed layer
-types' full-sequence calls too (the indexer's top-k below the closed rows), their cached calls
-refused in one line."""
+types' full-sequence calls too (the indexer's top-k below the closed rows), and every type's
+cached decode steps against transformers' cache. (The registered kind's exports:
+test_dsv4_kind.py.)"""
 from __future__ import annotations
 
 import dataclasses

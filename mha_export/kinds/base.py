@@ -32,7 +32,9 @@ WeightMap = Callable[[str, Tensor], Tensor]
 class AttentionKind:
     name: str  # MHAConfig.kind
     summary: str
-    layouts: Mapping[str, type]  # layout -> the eager module's class (nn.Module)
+    # layout -> the eager module's class (nn.Module), or what builds one of the config
+    # (DeepSeek-V4's: its layer type's class)
+    layouts: Mapping[str, Callable[[MHAConfig], nn.Module]]
     anchors: Mapping[str, str]  # layout -> the tensor name that identifies it in a file
     forms: tuple[GraphForm, ...]  # its ONNX graph forms, the default first
     # name -> [out, in] of every projection weight (the bench's bytes)

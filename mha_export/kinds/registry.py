@@ -17,11 +17,12 @@ from ..graph.forms import DEFAULT, GraphForm
 from ..signature import Signature, make_signature
 from . import standard
 from .base import AttentionKind
+from .dsv4 import kind as dsv4
 from .kv_shared import kind as kv_shared
 from .mla import kind as mla
 from .qsa import kind as qsa
 
-_KINDS = (standard.KIND, mla.KIND, kv_shared.KIND, qsa.KIND)
+_KINDS = (standard.KIND, mla.KIND, kv_shared.KIND, qsa.KIND, dsv4.KIND)
 KINDS: dict[str, AttentionKind] = {k.name: k for k in _KINDS}
 FORMS: dict[str, GraphForm] = {f.name: f for k in _KINDS for f in k.forms}
 # layout -> the tensor name that identifies it in a weights file (the first that matches wins)

@@ -16,21 +16,9 @@ from ...errors import UsageError
 from ...weights.huggingface import _layer_tensors, _weights_file
 from .compressed import DSV4CompressedAttention
 from .layer import DSV4SlidingAttention
+from .names import DISK_NAMES, OUR_NAMES
 from .settings import SLIDING, shape_from_config
 
-# DeepSeek's tensor name (after layers.L.attn.) -> the layer's (transformers') name
-DISK_NAMES = {"wq_a.weight": "q_a_proj.weight", "q_norm.weight": "q_a_norm.weight",
-              "wq_b.weight": "q_b_proj.weight", "wkv.weight": "kv_proj.weight",
-              "norm.weight": "kv_norm.weight", "wo_a.weight": "o_a_proj.weight",
-              "wo_b.weight": "o_b_proj.weight", "attn_sink": "sinks"}
-COMPRESSOR = {"wkv.weight": "kv_proj.weight", "wgate.weight": "gate_proj.weight",
-              "ape": "position_bias", "norm.weight": "kv_norm.weight"}
-DISK_NAMES.update({f"compressor.{a}": f"compressor.{b}" for a, b in COMPRESSOR.items()})
-DISK_NAMES.update({f"indexer.compressor.{a}": f"compressor.indexer.compressor.{b}"
-                   for a, b in COMPRESSOR.items()})
-DISK_NAMES.update({"indexer.wq_b.weight": "compressor.indexer.q_b_proj.weight",
-                   "indexer.weights_proj.weight": "compressor.indexer.scorer.weights_proj.weight"})
-OUR_NAMES = tuple(DISK_NAMES.values())
 
 
 def _config(folder: Path) -> dict:

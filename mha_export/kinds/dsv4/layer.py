@@ -155,3 +155,25 @@ class DSV4SlidingAttention(nn.Module):
         y = self.grouped_output(o.transpose(1, 2))  # (B, T, H, d) -> (B, T, D)
         start = max(kv.size(2) - (self.window - 1), 0)
         return y, kv[:, :, start:], keep[:, start:], held_state
+
+    def attend(self, x: Tensor, attention_mask: Optional[Tensor], past_key: Optional[Tensor],
+               past_value: Optional[Tensor], position_ids: Optional[Tensor] = None
+               ) -> Tuple[Tensor, Tensor, Tensor]:
+        """The project's call of a layer (layer/entry.py's entry points), full-sequence:
+        attention_mask (B, T) 1 = token, 0 = padding; position_ids (B, T) (default 0..T-1, as
+        transformers gives a padded prompt too) -> y (B, T, D), and twice the rotated key =
+        value rows the sliding cache keeps (B, 1, <= window - 1, d). A cache is not read
+        (settings.py's UNBUILT_CALLS refuse the cached calls)."""
+        y, present, _, _ = self.forward(x, attention_mask, position_ids)
+        return y, present, present
+
+    @torch.jit.ignore
+    def to_weights(self) -> Dict[str, Tensor]:
+        """The weights an ONNX graph of the layer reads (a kind's ``form.layer``, as MLA's):
+        the state dict, transformers' names (a compressed layer's under ``compressor.``)."""
+        return {k: v.detach() for k, v in self.state_dict().items()}
+
+    @torch.jit.ignore
+    def load_weights(self, w: Dict[str, Tensor]) -> None:
+        """The weights ``to_weights`` gives (its one layout: a copy)."""
+        self.load_state_dict(w)

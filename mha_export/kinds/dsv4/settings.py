@@ -1,5 +1,8 @@
 """DeepSeek-V4's attention settings (torch-free): ``DSV4Shape``, one layer's shape as read from a
-checkpoint's config.json (docs/deepseek-v4.md says what each layer type computes).
+checkpoint's config.json (docs/deepseek-v4.md says what each layer type computes), and
+``DeepSeekV4``, the section MHAConfig nests (``MHAConfig.dsv4``: the kind "dsv4", layout "dsv4"):
+what of the shape MHAConfig's own fields do not hold (dim, heads, head_dim, rotary_dim,
+rope_theta, rope_scaling and sliding_window do).
 
     queries   q_b_proj(RMSNorm(q_a_proj(x))) -> (B, S, H, d), then an unweighted RMSNorm per head
     key=value RMSNorm(kv_proj(x)) -> (B, S, d): one head, the key and the value of every head
@@ -16,16 +19,24 @@ Every layer type is built, full-sequence and cached calls.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ... import rope_types
 from ...errors import UsageError, require_positive
-from ...weights.families.base import Settings
-from ...weights.families.rope import rope_scaling
+from ...layer_option import declared
+from ..section import section_from_json
 
 SLIDING = "sliding_attention"
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
 LAYER_TYPES = (SLIDING, CSA, HCA)
+NAME = "DeepSeek-V4 attention"
+LAYOUT = "dsv4"  # its one weight layout: transformers' DeepseekV4Attention's tensor names
+# the call kinds (signature.py) not built for it: its caches are not mapped onto the signature
+UNBUILT_CALLS = {kind: f"--{kind} is not built for {NAME} yet: its caches (the sliding "
+                       "window's rows, the compressor's and indexer's pooled rows and open "
+                       "windows) are not mapped onto the signature's past_key/past_value; the "
+                       "full-sequence call (--attention-mask) is"
+                 for kind in ("kv-cache", "static-cache")}
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,8 @@ def layer_type(cfg: Mapping[str, Any], layer: int) -> str:
 def _rope(cfg: Mapping[str, Any], kind: str) -> tuple[float, float, Optional[dict]]:
     """(theta, partial_rotary_factor, scaling) of the layer type's rope: "main" for sliding
     layers, "compress" (YaRN in the released checkpoints) for the others."""
+    from ...weights.families.base import Settings  # (weights.families reads this module)
+    from ...weights.families.rope import rope_scaling
     label = "main" if kind == SLIDING else "compress"
     rope = (cfg.get("rope_parameters") or {}).get(label) or {}
     factor = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
@@ -117,3 +130,102 @@ def shape_from_config(cfg: Mapping[str, Any], layer: int) -> DSV4Shape:
         rope_theta=theta, eps=float(cfg.get("rms_norm_eps", 1e-6)), layer_type=kind,
         rope_scaling=scaling,
         rate=(cfg.get("compress_rates") or {}).get(kind, 0) if kind != SLIDING else 0, **index)
+
+
+OWN_OPTIONS = ("qk_norm_eps",)  # declared options it reads or ignores (its eps: DeepSeekV4's)
+# DSV4Shape's fields MHAConfig holds itself: the shape's name -> MHAConfig's
+SHARED_FIELDS = {"dim": "dim", "heads": "heads", "head_dim": "head_dim",
+                 "rope_dim": "rotary_dim", "window": "sliding_window",
+                 "rope_theta": "rope_theta", "rope_scaling": "rope_scaling"}
+
+
+@dataclass(frozen=True)
+class DeepSeekV4:
+    """The layer's own settings (DSV4Shape's fields MHAConfig does not hold)."""
+
+    layer_type: str = SLIDING  # LAYER_TYPES
+    q_lora_rank: int = 1024
+    o_groups: int = 8
+    o_lora_rank: int = 1024
+    eps: float = 1e-6  # rms_norm_eps
+    rate: int = 0  # tokens pooled into one row (0: sliding)
+    index_heads: int = 0  # CSA's indexer
+    index_head_dim: int = 0
+    index_topk: int = 0
+
+    def shape(self, c: Any) -> DSV4Shape:
+        """The eager layer's shape (its checks: DSV4Shape's)."""
+        shared = {name: getattr(c, field) for name, field in SHARED_FIELDS.items()}
+        own = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        return DSV4Shape(**shared, **own)
+
+    def resolve(self, c: Any) -> Dict[str, Any]:
+        """The layout, one key = value head, sinks; the options its layer does not have
+        refused, the shape checked."""
+        options = {f.name: getattr(c, f.name) for f, _ in declared(c)
+                   if f.name not in OWN_OPTIONS}  # the declared ones it has none of
+        refused = {**options, "attention chunks": c.attention_chunk,
+                   "alibi": c.alibi, "softcap": c.softcap, "a non-causal layer": not c.causal,
+                   "q/k/v biases": c.qkv_bias, "an output gate": c.output_gate,
+                   "d_in other than dim": c.d_in not in (None, c.dim),
+                   "v_head_dim other than head_dim": c.v_head_dim not in (None, c.head_dim),
+                   "a q/k norm other than its own": c.qk_norm != "none",
+                   "layout " + repr(c.layout): c.layout not in (None, LAYOUT)}
+        for name, on in refused.items():
+            if on:
+                raise UsageError(f"{name} does not apply to {NAME}")
+        missing = [name for name in ("head_dim", "sliding_window", "rotary_dim")
+                   if getattr(c, name) is None]
+        if missing:
+            raise UsageError(f"{NAME} needs {', '.join(missing)}")
+        self.shape(c)
+        return {"layout": LAYOUT, "kv_heads": 1, "sinks": True, "out_bias": False}
+
+    rotary_choices = ("interleaved",)
+
+    def check_rope(self, scaling: Optional[dict]) -> None:
+        return None  # DSV4Shape's (resolve): an attention_factor of 1
+
+    def cache_shape(self, c: Any) -> Tuple[int, int, int]:
+        """(heads, key width, value width): one rotated key = value row per token."""
+        return 1, c.head_dim, c.head_dim
+
+    def attended_kv_width(self, c: Any) -> int:
+        return c.head_dim
+
+    def scale(self, c: Any) -> float:
+        return float(c.head_dim) ** -0.5
+
+    def slug(self, c: Any) -> str:
+        """'dsv4-csa4-h4-d64-hd32-w8' (sliding: 'dsv4-sliding-h4-...')."""
+        kind = {SLIDING: "sliding", CSA: "csa", HCA: "hca"}[self.layer_type]
+        rate = str(self.rate) if self.rate else ""
+        return f"{LAYOUT}-{kind}{rate}-h{c.heads}-d{c.dim}-hd{c.head_dim}-w{c.sliding_window}"
+
+    unbuilt_calls = UNBUILT_CALLS
+
+    @property
+    def cache_docs(self) -> Dict[str, str]:
+        return {}
+
+    @classmethod
+    def cli_options(cls) -> Dict[str, str]:
+        return {}
+
+    @classmethod
+    def from_options(cls, kw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        return None
+
+    @classmethod
+    def from_value(cls, value: Any) -> "DeepSeekV4":
+        """A DeepSeekV4, or config.json's object of one (unknown keys refused)."""
+        return section_from_json(cls, value, "dsv4")
+
+
+def config_fields(shape: DSV4Shape) -> Dict[str, Any]:
+    """MHAConfig's fields of a layer's shape (the family record's, from config.json)."""
+    own = {name: getattr(shape, name) for name in DeepSeekV4.__dataclass_fields__}
+    shared = {field: getattr(shape, name) for name, field in SHARED_FIELDS.items()}
+    scaling = shared["rope_scaling"]
+    return {**shared, "rope_scaling": dict(scaling) if scaling else None,
+            "rotary": "interleaved", "causal": True, "dsv4": own}

@@ -4,7 +4,4 @@ The list is ../shared/notes/families-transformers-5.23.md's, less what the regis
 from __future__ import annotations
 
 # model_type -> what its attention needs that the layer lacks
-NOT_YET: dict[str, str] = {
-    "deepseek_v4": ("its kind's config section, ONNX graph forms and exports (its eager layers, "
-                    "every layer type, are built: mha_export/kinds/dsv4, docs/deepseek-v4.md)"),
-}
+NOT_YET: dict[str, str] = {}

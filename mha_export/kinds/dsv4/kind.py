@@ -1,0 +1,82 @@
+"""DeepSeek-V4's kind record: what every stage asks of it (kinds/base.py). Eager and TorchScript
+build it; the ONNX target refuses it in one line until its graph forms are wired in (``FORMS``);
+AOTInductor and ExecuTorch by what they lack of its ``needs``; the lossy steps by ``unbuilt``."""
+from __future__ import annotations
+
+from torch import nn
+
+from ...config import MHAConfig
+from ..base import AttentionKind, WeightMap
+from .module import dsv4_layer
+from .settings import CSA, LAYOUT, NAME, SLIDING
+
+# its ONNX graph forms, the default first (none yet: the ONNX target refuses the kind)
+FORMS: tuple = ()
+
+
+def projections(c: MHAConfig) -> dict[str, tuple[int, int]]:
+    """Every projection weight [out, in]: the query's low rank, the key = value row, the grouped
+    output; a compressed layer's compressor, a CSA layer's indexer."""
+    s = c.dsv4.shape(c)
+    shapes = {"q_a_proj": (s.q_lora_rank, s.dim), "q_b_proj": (s.heads * s.head_dim,
+                                                                 s.q_lora_rank),
+              "kv_proj": (s.head_dim, s.dim), "o_a_proj": (s.o_groups * s.o_lora_rank,
+                                                             s.group_width),
+              "o_b_proj": (s.dim, s.o_groups * s.o_lora_rank)}
+    if s.layer_type != SLIDING:
+        series = 2 * s.head_dim if s.layer_type == CSA else s.head_dim
+        shapes.update({f"compressor.{p}": (series, s.dim) for p in ("kv_proj", "gate_proj")})
+    if s.layer_type == CSA:
+        index = "compressor.indexer."
+        shapes.update({f"{index}compressor.{p}": (2 * s.index_head_dim, s.dim)
+                       for p in ("kv_proj", "gate_proj")})
+        shapes.update({f"{index}q_b_proj": (s.index_heads * s.index_head_dim, s.q_lora_rank),
+                       f"{index}scorer.weights_proj": (s.index_heads, s.dim)})
+    return shapes
+
+
+def call_flops(c: MHAConfig, seq: int, pairs: float, past: int) -> float:
+    """The projections, and attention over the window and the pooled rows (an upper bound:
+    every pooled row of the call for each query; the indexer's scores over them)."""
+    s = c.dsv4.shape(c)
+    weights = sum(o * i for o, i in projections(c).values())
+    rows = (seq + past) // s.rate if s.rate else 0
+    attention = 4 * s.heads * s.head_dim * (min(pairs, seq * s.window) + seq * rows)
+    index = 2 * seq * rows * s.index_heads * s.index_head_dim
+    return 2.0 * seq * weights + attention + index
+
+
+# what its layers need that a target may lack (targets/base.py's ``lacks``)
+CALL_SHAPED = "call-length shapes"  # every layer: its sliding mask and cache rows
+POOLED = "pooled compressed rows"  # the compressed layers
+
+
+def needs(c: MHAConfig) -> dict[str, tuple[str, str]]:
+    """Every layer's masks and rows are shaped by each call's length; a compressed layer pools
+    every ``rate`` tokens into extra key = value rows."""
+    out = {CALL_SHAPED: (NAME, "its sliding mask and kept rows are shaped by each call's "
+                               "length")}
+    if c.dsv4.layer_type != SLIDING:
+        out[POOLED] = (f"{NAME}'s {c.dsv4.layer_type} layer",
+                       f"it pools every {c.dsv4.rate} tokens into extra key = value rows")
+    return out
+
+
+def no_quantizable(c: MHAConfig) -> list[str]:
+    return []
+
+
+def unchanged(module: nn.Module, fn: WeightMap) -> nn.Module:
+    """--quantize is refused (``unbuilt``): nothing is mapped."""
+    return module
+
+
+UNBUILT = {"quantize": f"--quantize is not built for {NAME} yet (its low-rank, grouped and "
+                       "compressor projections have no quantized form here)",
+           "int8-cache": f"--kv-cache-dtype int8 is not built for {NAME} yet (its cached calls "
+                         "are not built)"}
+KIND = AttentionKind(
+    name="dsv4", summary=NAME, layouts={LAYOUT: dsv4_layer},
+    anchors={LAYOUT: "o_a_proj.weight"}, forms=FORMS,
+    projections=projections, quantizable=no_quantizable, map_projections=unchanged,
+    call_flops=call_flops, unbuilt=UNBUILT, needs=needs)
