@@ -15,10 +15,11 @@ import torch
 from click.testing import CliRunner
 
 from hf_decode import capture, decode
-from mha_export import export_torchscript
+from mha_export import export_to, export_torchscript
 from mha_export.artifact import read_artifact
 from mha_export.cli.commands import cli
 from mha_export.comparison.runner import positions
+from mha_export.check.runners.ort import OrtRunner
 from mha_export.comparison.torch_runners import TorchScriptRunner
 from mha_export.config import MHAConfig
 from mha_export.errors import UsageError
@@ -99,6 +100,10 @@ def _eager_runner(module):
 def _runner(fmt, folder, tmp_path, **call):
     if fmt == "eager":
         return _eager_runner(_eager(folder))
+    if fmt == "onnx":
+        art = export_to("onnx", weights=folder, layer=LAYER, output=tmp_path / "onnx",
+                        validate=False, **call).path
+        return OrtRunner(read_artifact(art).signature, art / "model.onnx", threads=1).run
     art = export_torchscript(weights=folder, layer=LAYER, output=tmp_path / "ts",
                              validate=False, **call).path
     runner = TorchScriptRunner(read_artifact(art).signature, art / "model.pt")
@@ -124,7 +129,7 @@ def test_the_selection_acts_on_this_batch(qwen4):
     assert diff[0, :11].max() < 1e-5 and diff[0, 11:].min() > 1e-3
 
 
-@pytest.mark.parametrize("fmt", ["eager", "torchscript"])
+@pytest.mark.parametrize("fmt", ["eager", "torchscript", "onnx"])
 def test_full_sequence_equals_transformers(qwen4, fmt, tmp_path):
     model, folder = qwen4
     x, want = _full(model)
@@ -150,13 +155,13 @@ def _decode(run, model):
     return worst, past, cache.layers[LAYER]
 
 
-@pytest.mark.parametrize("fmt", ["eager", "torchscript"])
+@pytest.mark.parametrize("fmt", ["eager", "torchscript", "onnx"])
 def test_cached_decode_equals_transformers_with_its_cache(qwen4, fmt, tmp_path):
     """y of every step, and the cache: keys, values and the raw index keys (each kv head's
     value then the index key) equal transformers' keys, values and indexer_keys."""
     model, folder = qwen4
     run = _runner(fmt, folder, tmp_path, kv_cache=True)
-    if fmt == "torchscript":  # the signature's empty past first
+    if fmt != "eager":  # the signature's empty past first
         empty = {"past_key": np.zeros((B, 2, 0, HV), np.float32),
                  "past_value": np.zeros((B, 2, 0, HV + 16), np.float32)}
         first = run

@@ -1,11 +1,12 @@
-"""QSA's kind record: what every stage asks of it (kinds/base.py). Eager and TorchScript build
-it; the ONNX target refuses it (no graph form), AOTInductor and ExecuTorch by what they lack of
-its ``needs``, each in one line."""
+"""QSA's kind record: what every stage asks of it (kinds/base.py). Eager, TorchScript and ONNX
+(its one graph form, graph.py's ``qsa-masked``: every call kind) build it; AOTInductor and
+ExecuTorch refuse it by what they lack of its ``needs``, each in one line."""
 from __future__ import annotations
 
 from ...config import MHAConfig
 from .. import standard
 from ..base import AttentionKind
+from .graph import FORMS
 from .layer import QSAttention
 from .settings import LAYOUT, NAME
 
@@ -40,7 +41,7 @@ def needs(c: MHAConfig) -> dict[str, tuple[str, str]]:
 
 
 KIND = AttentionKind(
-    name="qsa", summary=NAME, layouts={LAYOUT: QSAttention}, anchors={}, forms=(),
+    name="qsa", summary=NAME, layouts={LAYOUT: QSAttention}, anchors={}, forms=FORMS,
     projections=projections, quantizable=standard.quantizable,
     map_projections=standard.map_projections, call_flops=call_flops, needs=needs,
     unbuilt={"int8-cache": f"--kv-cache-dtype int8 is not built for {NAME} yet (its value "
