@@ -92,15 +92,18 @@ def rotated_block_keys(g: GraphBuilder, c: MHAConfig, pooled: str, layout: Layou
                    name="first")  # (B, T)
     starts = op.Mul(layout.ids, g.ints("block_ratio", c.qsa.compress_ratio))  # (NB,)
     at = op.Add(op.Unsqueeze(first, g.ints("axes_last", [2])), starts, name="at")  # (B, T, NB)
-    cos, sin = cos_sin_at(g, op.Reshape(at, g.ints("block_rot_flat", [0, -1])), c.rotary_dim,
-                          c.rope_theta, c.rope_scaling)  # (B, T*NB, rd/2)
-    di = c.qsa.head_dim
-    tiled = op.Concat(op.Shape(at), g.ints("block_rot_di", [di]), axis=0)  # [B, T, NB, Di]
+    # [B, T*NB] spelled out, allowzero: NB is 0 below c keys (no -1 to infer, no 0 to copy)
+    rows = op.Concat(op.Shape(at, start=0, end=1), op.Mul(op.Shape(at, start=1, end=2),
+                                                          op.Shape(at, start=2, end=3)), axis=0)
+    cos, sin = cos_sin_at(g, op.Reshape(at, rows, allowzero=1), c.rotary_dim, c.rope_theta,
+                          c.rope_scaling)  # (B, T*NB, rd/2)
+    di = g.ints("block_rot_di", [c.qsa.head_dim])
+    tiled = op.Concat(op.Shape(at), di, axis=0)  # [B, T, NB, Di]
     keys = op.Expand(op.Unsqueeze(pooled, g.ints("axes1", [1])), tiled)  # (B, T, NB, Di)
-    keys = op.Reshape(keys, g.ints("block_rot_rows", [0, -1, di]))  # (B, T*NB, Di)
-    keys = rotate_heads(g, keys, 1, di, c.rotary_dim, c.rotary == "interleaved", cos, sin,
+    keys = op.Reshape(keys, op.Concat(rows, di, axis=0), allowzero=1)  # (B, T*NB, Di)
+    keys = rotate_heads(g, keys, 1, c.qsa.head_dim, c.rotary_dim, c.rotary == "interleaved", cos, sin,
                         "block_rot_rope")  # (B, T*NB, Di)
-    return op.Reshape(keys, tiled)  # (B, T, NB, Di)
+    return op.Reshape(keys, tiled, allowzero=1)  # (B, T, NB, Di)
 
 
 def index_queries(g: GraphBuilder, c: MHAConfig, w: QSAWeights, q: str, cos: str | None,
