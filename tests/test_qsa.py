@@ -14,8 +14,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+import faults
 from hf_decode import capture, decode
-from mha_export import export_to, export_torchscript
+from mha_export import check_parity, export_to, export_torchscript
 from mha_export.artifact import read_artifact
 from mha_export.cli.commands import cli
 from mha_export.comparison.runner import positions
@@ -194,15 +195,35 @@ def _static_runner(module, capacity: int = 48):
     return run
 
 
-def test_static_cache_decode_of_an_unpadded_row_equals_transformers(qwen4):
+def _onnx_static_runner(folder, tmp_path, capacity: int = 48):
+    """The ONNX static-cache model over buffers the test keeps, fed back each call."""
+    art = export_to("onnx", weights=folder, layer=LAYER, output=tmp_path / "static",
+                    validate=False, static_cache=True).path
+    session = OrtRunner(read_artifact(art).signature, art / "model.onnx", threads=1)
+    state = {"past_key": np.zeros((B, 2, capacity, HV), np.float32),
+             "past_value": np.zeros((B, 2, capacity, HV + 16), np.float32),
+             "past_lengths": np.zeros(B, np.int64)}
+
+    def run(feeds):
+        out = session.run({"x": feeds["x"], "position_ids": feeds["position_ids"], **state})
+        state.update(past_key=out["present_key"], past_value=out["present_value"],
+                     past_lengths=state["past_lengths"] + feeds["x"].shape[1])
+        end = int(state["past_lengths"][0])
+        return {"y": out["y"], "present_value": out["present_value"][:, :, :end]}
+    return run
+
+
+@pytest.mark.parametrize("fmt", ["eager", "onnx"])
+def test_static_cache_decode_of_an_unpadded_row_equals_transformers(qwen4, fmt, tmp_path):
     """The static call (buffers written in place at past_lengths): row 0 (no padding) through
     prefill and single steps, y and the cache against transformers'."""
     model, folder = qwen4
     ids, mask, pos = _batch()
     calls, cache = decode(model, model.model.layers[LAYER].self_attn, ids, mask, pos, PREFILL)
-    run, start = _static_runner(_eager(folder)), 0
+    run, start = (_static_runner(_eager(folder)) if fmt == "eager"
+                  else _onnx_static_runner(folder, tmp_path)), 0
     for x, want in calls:
-        out = run({"x": x, "position_ids": pos[:, start:start + x.shape[1]].numpy()})
+        out = run({"x": np.asarray(x), "position_ids": pos[:, start:start + x.shape[1]].numpy()})
         assert _worst(out["y"][:1], want[:1], np.s_[:]) <= 2e-5
         start += x.shape[1]
     theirs = cache.layers[LAYER]
@@ -290,7 +311,7 @@ def test_the_wrapper_reads_its_text_model(qwen4, tmp_path):
 
 
 @pytest.mark.parametrize("target, lacks", [
-    ("onnx", "not built as an ONNX graph yet"), ("aoti", "not built for AOTInductor"),
+    ("aoti", "not built for AOTInductor"),
     ("executorch", "ExecuTorch's edge dialect refuses aten.sort")])
 def test_targets_that_cannot_hold_it_refuse_in_one_line(qwen4, tmp_path, target, lacks):
     _, folder = qwen4
@@ -333,3 +354,37 @@ def test_a_config_json_without_a_usable_indexer_is_one_line(qwen4, tmp_path, key
     r = CliRunner().invoke(cli, ["onnx", "--weights", str(tmp_path), "--layer", "3", "-o",
                                  str(tmp_path / "x")])
     assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1 and msg in r.stderr, r.stderr
+
+
+SWEEP = dict(seq_lens=[1, 5, 14], past_lens=[0, 13], batch_sizes=[1, 2], providers=["cpu"])
+GRAPH_FAULTS = {  # planted in the exported graph (tests/faults.py); each fails the check
+    "top-k one short": lambda p: faults.rope_initializer_set(p, "kept_k", [1]),
+    "the indexer ignored": lambda p: faults._edit(p, lambda m: faults._bypass(m, "hidden")),
+    "index scores negated (the lowest blocks kept)": lambda p: faults.rope_initializer_set(
+        p, "index_score_div", -4.0),
+    "blocks start one key late": lambda p: faults._edit(
+        p, lambda m: faults._shift_output(m, "block_rank")),
+    "blocks rotated one position late": lambda p: faults._edit(
+        p, lambda m: faults._shift_output(m, "block_rot_first")),
+    "block keys not normed": lambda p: faults.norm_skipped(p, "index_k_norm"),
+    "the tail dropped": lambda p: faults._edit(p, lambda m: faults._bypass(m, "dropped_or", 0)),
+}
+
+
+@pytest.mark.parametrize("call", ["attention_mask", "kv_cache", "static_cache"])
+def test_the_check_passes_on_every_call_of_the_onnx_export(qwen4, tmp_path, call):
+    """The project's check (ONNX Runtime against the eager layer, random inputs) over lengths
+    that cross block_topk complete blocks (14 and 13 + 14 keys: 3 and 6 blocks, 2 kept)."""
+    _, folder = qwen4
+    path = export_to("onnx", weights=folder, layer=LAYER, output=tmp_path / "a",
+                     validate=False, **{call: True}).path
+    assert check_parity(path, **SWEEP).passed
+
+
+@pytest.mark.parametrize("fault", sorted(GRAPH_FAULTS))
+def test_a_planted_graph_fault_fails_the_check(qwen4, tmp_path, fault):
+    _, folder = qwen4
+    path = export_to("onnx", weights=folder, layer=LAYER, output=tmp_path / "a",
+                     validate=False, kv_cache=True).path
+    GRAPH_FAULTS[fault](path / "model.onnx")
+    assert not check_parity(path, **SWEEP).passed
