@@ -74,7 +74,7 @@ def block_keys(g: GraphBuilder, c: MHAConfig, w: QSAWeights, keys: str, layout: 
     back, then k_layernorm."""
     op = Ops(g).named("block_key")
     mean = op.Div(op.MatMul(layout.members, _float32(g, keys)), g.const(
-        "block_key.ratio", np.array(c.qsa.compress_ratio, np.float32), float_dtype=False),
+        "index_block_ratio", np.array(c.qsa.compress_ratio, np.float32), float_dtype=False),
         name="mean")  # (B, NB, Di) float32
     mean = mean if g.dtype == "float32" else op.Cast(mean, to=g.elem)
     return rms_norm(g, mean, w.index_k_norm, c.qk_norm_eps, c.norm_offset or 0.0,
@@ -101,8 +101,8 @@ def rotated_block_keys(g: GraphBuilder, c: MHAConfig, pooled: str, layout: Layou
     tiled = op.Concat(op.Shape(at), di, axis=0)  # [B, T, NB, Di]
     keys = op.Expand(op.Unsqueeze(pooled, g.ints("axes1", [1])), tiled)  # (B, T, NB, Di)
     keys = op.Reshape(keys, op.Concat(rows, di, axis=0), allowzero=1)  # (B, T*NB, Di)
-    keys = rotate_heads(g, keys, 1, c.qsa.head_dim, c.rotary_dim, c.rotary == "interleaved", cos, sin,
-                        "block_rot_rope")  # (B, T*NB, Di)
+    keys = rotate_heads(g, keys, 1, c.qsa.head_dim, c.rotary_dim, c.rotary == "interleaved",
+                        cos, sin, "block_rot_rope")  # (B, T*NB, Di)
     return op.Reshape(keys, tiled, allowzero=1)  # (B, T, NB, Di)
 
 
@@ -140,7 +140,7 @@ def kept_blocks(g: GraphBuilder, scores: str, layout: Layout, topk: int) -> str:
     ids = op.Range(g.ints("zero", 0), wide, g.ints("one", 1))  # (NB + k,)
     usable = op.Less(ids, op.Unsqueeze(layout.complete, g.ints("axes_last", [2])),
                      name="usable")  # (B', T, NB + k)
-    lowest = g.const("kept_lowest", -INF, float_dtype=False)
+    lowest = g.const("index_lowest", -INF, float_dtype=False)
     padded = op.Pad(scores, g.ints("kept_pads", [0, 0, 0, 0, 0, topk]), lowest)  # (B,T,NB+k)
     padded = op.Where(usable, padded, lowest)  # (B, T, NB + k)
     _, order = op.TopK(padded, g.ints("kept_k", [topk]), axis=-1, largest=1, sorted=1,
@@ -159,7 +159,7 @@ def dropped_keys(g: GraphBuilder, chosen: str, layout: Layout) -> str:
     does not keep (its tail, the keys after its last complete block, always kept)."""
     op = Ops(g).named("dropped")
     in_kept = op.Greater(op.MatMul(chosen, layout.members), g.const(
-        "dropped_half", np.array(0.5, np.float32), float_dtype=False))  # (B, T, S)
+        "index_half", np.array(0.5, np.float32), float_dtype=False))  # (B, T, S)
     tail = op.GreaterOrEqual(op.Unsqueeze(layout.block, g.ints("axes1", [1])),
                              op.Unsqueeze(layout.complete, g.ints("axes_last", [2])),
                              name="tail")  # (B', T, S)
