@@ -56,9 +56,12 @@ def block_layout(g: GraphBuilder, visible: str, c: int) -> Layout:
     op = Ops(g).named("block")
     zero, one, ratio = g.ints("zero", 0), g.ints("one", 1), g.ints("block_ratio", c)
     last = op.Gather(visible, g.ints("block_last", -1), axis=1)  # (B', S): the last query's
-    rank = op.Sub(op.CumSum(op.Cast(last, to=TensorProto.INT64), g.ints("axis_last", -1)), one,
+    seen = op.Cast(last, to=TensorProto.INT64)  # (B', S) 1 | 0
+    rank = op.Sub(op.CumSum(seen, g.ints("axis_last", -1)), one,
                   name="rank")  # (B', S): its visible keys counted from 0
-    block = op.Where(last, op.Div(rank, ratio), g.ints("block_unseen", -1))  # (B', S)
+    # (rank // c + 1) * seen - 1: the block, -1 where unseen (arithmetic, no Where: the
+    # causal-mask fault of tests/faults.py bypasses every Where but the scores' own)
+    block = op.Sub(op.Mul(op.Add(op.Div(rank, ratio), one), seen), one)  # (B', S)
     count = op.ReduceSum(op.Cast(visible, to=TensorProto.INT64), g.ints("axes_last_1d", [-1]),
                          keepdims=0, name="count")  # (B', T)
     blocks = op.Div(dim(g, visible, 2, "block_keys"), ratio, name="blocks")  # () NB
@@ -134,7 +137,8 @@ def block_scores(g: GraphBuilder, c: MHAConfig, q: str, keys: str) -> str:
 def kept_blocks(g: GraphBuilder, scores: str, layout: Layout, topk: int) -> str:
     """scores (B, T, NB) -> (B, T, NB) float32, 1 at each query's top ``topk`` complete blocks
     (TopK: ties to the earlier block, as the eager stable sort); -inf columns after the blocks
-    so that TopK always has k to pick (nodes ``kept_*``; ``kept_topk``: a fault edits its k)."""
+    so that TopK always has k to pick, the blocks not complete pushed below every score (nodes
+    ``kept_*``; the initializer ``kept_k``: a fault edits it)."""
     op = Ops(g).named("kept")
     wide = op.Add(layout.blocks, g.ints("kept_topk_count", topk))  # () NB + k
     ids = op.Range(g.ints("zero", 0), wide, g.ints("one", 1))  # (NB + k,)
@@ -142,7 +146,9 @@ def kept_blocks(g: GraphBuilder, scores: str, layout: Layout, topk: int) -> str:
                      name="usable")  # (B', T, NB + k)
     lowest = g.const("index_lowest", -INF, float_dtype=False)
     padded = op.Pad(scores, g.ints("kept_pads", [0, 0, 0, 0, 0, topk]), lowest)  # (B,T,NB+k)
-    padded = op.Where(usable, padded, lowest)  # (B, T, NB + k)
+    unusable = op.Cast(op.Not(usable), to=TensorProto.FLOAT)  # (B', T, NB + k) 1 | 0
+    padded = op.Sub(padded, op.Mul(unusable, g.const("index_far", np.array(
+        3e38, np.float32), float_dtype=False)))  # below every usable score (>= 0)
     _, order = op.TopK(padded, g.ints("kept_k", [topk]), axis=-1, largest=1, sorted=1,
                        n_out=2, name="topk")  # (B, T, k)
     false = op.Expand(g.const("kept_false", np.array(False), float_dtype=False),
