@@ -359,15 +359,13 @@ def test_a_config_json_without_a_usable_indexer_is_one_line(qwen4, tmp_path, key
 SWEEP = dict(seq_lens=[1, 5, 14], past_lens=[0, 13], batch_sizes=[1, 2], providers=["cpu"])
 GRAPH_FAULTS = {  # planted in the exported graph (tests/faults.py); each fails the check
     "top-k one short": lambda p: faults.rope_initializer_set(p, "kept_k", [1]),
-    "the indexer ignored": lambda p: faults._edit(p, lambda m: faults._bypass(m, "hidden")),
+    "the indexer ignored": faults.qsa_indexer_ignored,
     "index scores negated (the lowest blocks kept)": lambda p: faults.rope_initializer_set(
         p, "index_score_div", -4.0),
-    "blocks start one key late": lambda p: faults._edit(
-        p, lambda m: faults._shift_output(m, "block_rank")),
-    "blocks rotated one position late": lambda p: faults._edit(
-        p, lambda m: faults._shift_output(m, "block_rot_first")),
+    "blocks start one key late": faults.qsa_blocks_start_late,
+    "blocks rotated one position late": faults.qsa_blocks_rotated_late,
     "block keys not normed": lambda p: faults.norm_skipped(p, "index_k_norm"),
-    "the tail dropped": lambda p: faults._edit(p, lambda m: faults._bypass(m, "dropped_or", 0)),
+    "the tail dropped": faults.qsa_tail_dropped,
 }
 
 
