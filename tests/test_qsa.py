@@ -1,9 +1,11 @@
 """Qwen4-exp's QSA (kinds/qsa/) against transformers' own ``Qwen4ExpTextAttention``: a tiny
 random qwen4_exp_text checkpoint (save_pretrained here), its indexed layer exported with
 --weights DIR --layer 3, on a left-padded batch of 40 tokens whose queries see up to 10
-complete blocks of 4 keys and keep 2 (the selection acts): the full sequence, and cached
-decode against transformers' cache (keys, values, indexer keys). Planted faults, one per
-feature, fail; GatedDeltaNet layers are rows of --layers all; what is not built is one line."""
+complete blocks of 4 keys and keep 2 (the selection acts): the full sequence, cached decode
+against transformers' cache (keys, values, indexer keys) and static-cache decode, eager,
+TorchScript and ONNX (the form qsa-masked, run by ONNX Runtime). Planted faults, one per
+feature, fail: in the eager layer against transformers, in the ONNX graph the check;
+GatedDeltaNet layers are rows of --layers all; what is not built is one line."""
 from __future__ import annotations
 
 import json
@@ -279,12 +281,13 @@ def test_a_planted_fault_fails_against_transformers(qwen4, fault, monkeypatch):
     assert max(full, cached) > 1e-3, (fault, full, cached)
 
 
-def test_layers_all_lists_every_layer(qwen4, tmp_path):
+@pytest.mark.parametrize("target", ["torchscript", "onnx"])
+def test_layers_all_lists_every_layer(qwen4, tmp_path, target):
     """The GatedDeltaNet layers are rows saying why they are left to the model; the indexed
     layer is exported and passes its check."""
     from mha_export.fanout import export_layers
     _, folder = qwen4
-    summary = export_layers("torchscript", folder, "all", tmp_path / "run")
+    summary = export_layers(target, folder, "all", tmp_path / "run")
     assert summary.passed
     rows = json.loads((tmp_path / "run" / "layers.json").read_text())["layers"]
     assert [(r["layer"], r["status"]) for r in rows] == [

@@ -50,23 +50,32 @@ def build_qsa(g: GraphBuilder, c: MHAConfig, w: QSAWeights, form: GraphForm, sig
               opset: int = 17, kv_cache: Any = None) -> dict[str, str]:
     """The layer's nodes; returns the graph values of y (and present_key / present_value)."""
     q, k, v = queries_keys_values(g, c, w, opset, sig)  # (B, T, N*H), (B, T, K*H), (B,T,K*Hv)
-    index = c.qsa
-    op = Ops(g).named("index")
-    qk = g.linear("x", "indexer.index_qk_proj", w.index_qk, None)  # (B, T, (Hi + 1)*Di)
-    index_q, index_k = op.Split(qk, g.ints("index_split", [index.heads * index.head_dim,
-                                                           index.head_dim]),
-                                axis=2, n_out=2)  # (B, T, Hi*Di), (B, T, Di)
-    keys, values, masked, present = _read(g, c, sig, split_heads(g, k, c.kv_heads, c.head_dim,
-                                                                 "k"), _entries(g, c, v, index_k))
-    read = op.Slice(values, g.ints("index_key_from", [0, c.value_dim]),
-                    g.ints("index_key_to", [1, c.value_dim + index.head_dim]),
-                    g.ints("index_key_axes", [1, 3]))  # (B, 1, S, Di)
-    read = op.Squeeze(read, g.ints("axes1", [1]), name="keys_read")  # (B, S, Di)
+    index_q, index_k = _index_projection(g, c, w)  # (B, T, Hi*Di), (B, T, Di)
+    k = split_heads(g, k, c.kv_heads, c.head_dim, "k")  # (B, K, T, H)
+    keys, values, masked, present = _read(g, c, sig, k, _entries(g, c, v, index_k))
     cos, sin = rotary_cos_sin(g, "position_ids", c) if c.rotary != "none" else (None, None)
-    dropped = indexer_hides(g, c, w, index_q, read, masked, cos, sin)  # (B, 1, T, S)
+    dropped = indexer_hides(g, c, w, index_q, _index_keys_read(g, c, values), masked, cos,
+                            sin)  # (B, 1, T, S)
     hidden = Ops(g).Or(masked, dropped, name="hidden")  # (B, 1, T, S)
     context = form.core(g, SparseIO(q, keys, values, hidden), c)  # (B, T, N*Hv)
     return {"y": layer_output(g, c, w, context), **present}
+
+
+def _index_projection(g: GraphBuilder, c: MHAConfig, w: QSAWeights) -> list[str]:
+    """x -> indexer.index_qk_proj -> [index queries (B, T, Hi*Di) | raw index key (B, T, Di)]."""
+    index = c.qsa
+    qk = g.linear("x", "indexer.index_qk_proj", w.index_qk, None)  # (B, T, (Hi + 1)*Di)
+    sizes = g.ints("index_split", [index.heads * index.head_dim, index.head_dim])
+    return Ops(g).named("index").Split(qk, sizes, axis=2, n_out=2)
+
+
+def _index_keys_read(g: GraphBuilder, c: MHAConfig, values: str) -> str:
+    """values (B, K, S, Hv + Di) -> the raw index keys (B, S, Di), kv head 0's."""
+    op = Ops(g).named("index")
+    read = op.Slice(values, g.ints("index_key_from", [0, c.value_dim]),
+                    g.ints("index_key_to", [1, c.value_dim + c.qsa.head_dim]),
+                    g.ints("index_key_axes", [1, 3]))  # (B, 1, S, Di)
+    return op.Squeeze(read, g.ints("axes1", [1]), name="keys_read")  # (B, S, Di)
 
 
 def _entries(g: GraphBuilder, c: MHAConfig, v: str, index_k: str) -> str:
