@@ -599,6 +599,27 @@ def shared_topk_ignored(path: Path) -> None:
     _every_node(path, "given_hides", _bypass)
 
 
+def qsa_indexer_ignored(path: Path) -> None:
+    """A QSA layer's indexer hides nothing: attention reads the causal and padding mask."""
+    _every_node(path, "hidden", _bypass)
+
+
+def qsa_blocks_start_late(path: Path) -> None:
+    """A QSA layer's blocks start one visible key late (each key's rank + 1)."""
+    _every_node(path, "block_rank", _shift_output)
+
+
+def qsa_blocks_rotated_late(path: Path) -> None:
+    """A QSA layer's block keys rotated one position after their first key."""
+    _every_node(path, "block_rot_first", _shift_output)
+
+
+def qsa_tail_dropped(path: Path) -> None:
+    """A QSA layer's queries keep only their top blocks, not the keys after their last
+    complete block."""
+    _every_node(path, "dropped_or", _bypass)
+
+
 STATIC_FAULTS = {
     "write at the wrong index (off by one)": static_write_off_by_one,
     "a row reads past its valid length": static_reads_past_its_length,

@@ -25,6 +25,9 @@ CONFIGS = {
     "d64h4": MHAConfig(dim=64, heads=4, qkv_bias=True),
     "d48h3hd20": MHAConfig(dim=48, heads=3, head_dim=20, qkv_bias=True),
 }
+QSA = MHAConfig(dim=32, heads=4, kv_heads=2, rotary="interleaved", rotary_dim=4, qk_norm="head",
+                norm_offset=1.0, output_gate=True,
+                qsa=dict(heads=2, head_dim=8, budget=4, compress_ratio=2))  # block_topk 2
 VARIANTS = {"attention_op": "blocked", "plain": "blocked-plain"}
 MLA = MHAConfig(dim=32, heads=4, latent=dict(kv_lora_rank=16, qk_nope_head_dim=8,
                                             qk_rope_head_dim=4, v_head_dim=12, q_lora_rank=24))
@@ -119,10 +122,10 @@ def test_reference_evaluator_runs_the_portable_forms(form: str, kind: str) -> No
     """Standard ops only, rotary (in plain ops at opset 17) and grouped-query included."""
     config = MHAConfig(dim=32, heads=4, kv_heads=2, qkv_bias=True, rotary="interleaved",
                        rotary_dim=4)
-    # Multi-head Latent Attention's forms, a KV-shared layer's
+    # Multi-head Latent Attention's forms, a KV-shared layer's, a QSA layer's
     if FORMS[form].kind != "standard":
         config = {"latent": MLA, "kv_shared": config.replace(
-            kv_shared={"kv_shared_layer": 0}, layout="shared")}[FORMS[form].kind]
+            kv_shared={"kv_shared_layer": 0}, layout="shared"), "qsa": QSA}[FORMS[form].kind]
     args = {"block": 3} if form == "blocked-plain" else {}
     if form == "decomposed" or config.kind != "standard":
         module = build_module(config, seed=0)

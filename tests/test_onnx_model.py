@@ -33,7 +33,11 @@ CONFIGS = [MHAConfig(dim=64, heads=4, qkv_bias=True),
                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                    "high_freq_factor": 4.0,
                                    "original_max_position_embeddings": 16}),
-           MLA]
+           MLA,
+           # Qwen4-exp's QSA: gated, q/k norms (1 + w), partial rotary; blocks of 4, 2 kept
+           MHAConfig(dim=64, heads=4, kv_heads=2, rotary="half", rotary_dim=8, qk_norm="head",
+                     norm_offset=1.0, output_gate=True,
+                     qsa=dict(heads=4, head_dim=16, budget=8, compress_ratio=4))]
 
 
 def _session(model):
@@ -52,12 +56,15 @@ def _signature(form: str, config: MHAConfig):
 
 def _for(form: str, config: MHAConfig) -> MHAConfig:
     """config, or a layer of its width of the kind the form builds (an MLA layer; a KV-shared
-    layer reading layer 0's keys)."""
+    layer reading layer 0's keys; a QSA layer)."""
     kind = FORMS[form].kind
     if kind == config.kind or _buildable(FORMS[form], config, make_signature(config)):
         return config
     if kind == "latent":
         return MLA.replace(dim=config.dim, d_in=None, max_seq_len=config.max_seq_len)
+    if kind == "qsa":  # block_topk 2 of blocks of 2 keys
+        return config.replace(layout="qsa", qsa=dict(heads=2, head_dim=config.head_dim,
+                                                     budget=4, compress_ratio=2))
     return config.replace(kv_shared={"kv_shared_layer": 0}, layout="shared")
 
 
@@ -187,7 +194,8 @@ def test_bfloat16_models_build_with_bfloat16_io_and_weights(form, kind):
                                                            *model.graph.output]}
     assert floats and {io[n] for n in floats} == {TensorProto.BFLOAT16}
     stored = {t.name: t.data_type for t in model.graph.initializer}
-    assert {t for n, t in stored.items() if not n.startswith("rotary.")} - {
+    # the rotary frequencies, and a QSA indexer's constants (its pooling and scores float32)
+    assert {t for n, t in stored.items() if not n.startswith(("rotary.", "index_"))} - {
         TensorProto.INT64, TensorProto.BOOL} == {TensorProto.BFLOAT16}
     fills = [numpy_helper.to_array(t) for t in model.graph.initializer if t.name == "mask_fill"]
     assert all(f == ml_dtypes.finfo(ml_dtypes.bfloat16).min for f in fills)

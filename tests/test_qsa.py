@@ -1,9 +1,11 @@
 """Qwen4-exp's QSA (kinds/qsa/) against transformers' own ``Qwen4ExpTextAttention``: a tiny
 random qwen4_exp_text checkpoint (save_pretrained here), its indexed layer exported with
 --weights DIR --layer 3, on a left-padded batch of 40 tokens whose queries see up to 10
-complete blocks of 4 keys and keep 2 (the selection acts): the full sequence, and cached
-decode against transformers' cache (keys, values, indexer keys). Planted faults, one per
-feature, fail; GatedDeltaNet layers are rows of --layers all; what is not built is one line."""
+complete blocks of 4 keys and keep 2 (the selection acts): the full sequence, cached decode
+against transformers' cache (keys, values, indexer keys) and static-cache decode, eager,
+TorchScript and ONNX (the form qsa-masked, run by ONNX Runtime). Planted faults, one per
+feature, fail: in the eager layer against transformers, in the ONNX graph the check;
+GatedDeltaNet layers are rows of --layers all; what is not built is one line."""
 from __future__ import annotations
 
 import json
@@ -14,11 +16,13 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+import faults
 from hf_decode import capture, decode
-from mha_export import export_torchscript
+from mha_export import check_parity, export_to, export_torchscript
 from mha_export.artifact import read_artifact
 from mha_export.cli.commands import cli
 from mha_export.comparison.runner import positions
+from mha_export.check.runners.ort import OrtRunner
 from mha_export.comparison.torch_runners import TorchScriptRunner
 from mha_export.config import MHAConfig
 from mha_export.errors import UsageError
@@ -99,6 +103,10 @@ def _eager_runner(module):
 def _runner(fmt, folder, tmp_path, **call):
     if fmt == "eager":
         return _eager_runner(_eager(folder))
+    if fmt == "onnx":
+        art = export_to("onnx", weights=folder, layer=LAYER, output=tmp_path / "onnx",
+                        validate=False, **call).path
+        return OrtRunner(read_artifact(art).signature, art / "model.onnx", threads=1).run
     art = export_torchscript(weights=folder, layer=LAYER, output=tmp_path / "ts",
                              validate=False, **call).path
     runner = TorchScriptRunner(read_artifact(art).signature, art / "model.pt")
@@ -124,7 +132,7 @@ def test_the_selection_acts_on_this_batch(qwen4):
     assert diff[0, :11].max() < 1e-5 and diff[0, 11:].min() > 1e-3
 
 
-@pytest.mark.parametrize("fmt", ["eager", "torchscript"])
+@pytest.mark.parametrize("fmt", ["eager", "torchscript", "onnx"])
 def test_full_sequence_equals_transformers(qwen4, fmt, tmp_path):
     model, folder = qwen4
     x, want = _full(model)
@@ -150,13 +158,13 @@ def _decode(run, model):
     return worst, past, cache.layers[LAYER]
 
 
-@pytest.mark.parametrize("fmt", ["eager", "torchscript"])
+@pytest.mark.parametrize("fmt", ["eager", "torchscript", "onnx"])
 def test_cached_decode_equals_transformers_with_its_cache(qwen4, fmt, tmp_path):
     """y of every step, and the cache: keys, values and the raw index keys (each kv head's
     value then the index key) equal transformers' keys, values and indexer_keys."""
     model, folder = qwen4
     run = _runner(fmt, folder, tmp_path, kv_cache=True)
-    if fmt == "torchscript":  # the signature's empty past first
+    if fmt != "eager":  # the signature's empty past first
         empty = {"past_key": np.zeros((B, 2, 0, HV), np.float32),
                  "past_value": np.zeros((B, 2, 0, HV + 16), np.float32)}
         first = run
@@ -189,15 +197,35 @@ def _static_runner(module, capacity: int = 48):
     return run
 
 
-def test_static_cache_decode_of_an_unpadded_row_equals_transformers(qwen4):
+def _onnx_static_runner(folder, tmp_path, capacity: int = 48):
+    """The ONNX static-cache model over buffers the test keeps, fed back each call."""
+    art = export_to("onnx", weights=folder, layer=LAYER, output=tmp_path / "static",
+                    validate=False, static_cache=True).path
+    session = OrtRunner(read_artifact(art).signature, art / "model.onnx", threads=1)
+    state = {"past_key": np.zeros((B, 2, capacity, HV), np.float32),
+             "past_value": np.zeros((B, 2, capacity, HV + 16), np.float32),
+             "past_lengths": np.zeros(B, np.int64)}
+
+    def run(feeds):
+        out = session.run({"x": feeds["x"], "position_ids": feeds["position_ids"], **state})
+        state.update(past_key=out["present_key"], past_value=out["present_value"],
+                     past_lengths=state["past_lengths"] + feeds["x"].shape[1])
+        end = int(state["past_lengths"][0])
+        return {"y": out["y"], "present_value": out["present_value"][:, :, :end]}
+    return run
+
+
+@pytest.mark.parametrize("fmt", ["eager", "onnx"])
+def test_static_cache_decode_of_an_unpadded_row_equals_transformers(qwen4, fmt, tmp_path):
     """The static call (buffers written in place at past_lengths): row 0 (no padding) through
     prefill and single steps, y and the cache against transformers'."""
     model, folder = qwen4
     ids, mask, pos = _batch()
     calls, cache = decode(model, model.model.layers[LAYER].self_attn, ids, mask, pos, PREFILL)
-    run, start = _static_runner(_eager(folder)), 0
+    run, start = (_static_runner(_eager(folder)) if fmt == "eager"
+                  else _onnx_static_runner(folder, tmp_path)), 0
     for x, want in calls:
-        out = run({"x": x, "position_ids": pos[:, start:start + x.shape[1]].numpy()})
+        out = run({"x": np.asarray(x), "position_ids": pos[:, start:start + x.shape[1]].numpy()})
         assert _worst(out["y"][:1], want[:1], np.s_[:]) <= 2e-5
         start += x.shape[1]
     theirs = cache.layers[LAYER]
@@ -253,12 +281,13 @@ def test_a_planted_fault_fails_against_transformers(qwen4, fault, monkeypatch):
     assert max(full, cached) > 1e-3, (fault, full, cached)
 
 
-def test_layers_all_lists_every_layer(qwen4, tmp_path):
+@pytest.mark.parametrize("target", ["torchscript", "onnx"])
+def test_layers_all_lists_every_layer(qwen4, tmp_path, target):
     """The GatedDeltaNet layers are rows saying why they are left to the model; the indexed
     layer is exported and passes its check."""
     from mha_export.fanout import export_layers
     _, folder = qwen4
-    summary = export_layers("torchscript", folder, "all", tmp_path / "run")
+    summary = export_layers(target, folder, "all", tmp_path / "run")
     assert summary.passed
     rows = json.loads((tmp_path / "run" / "layers.json").read_text())["layers"]
     assert [(r["layer"], r["status"]) for r in rows] == [
@@ -294,15 +323,6 @@ def test_aoti_and_executorch_programs_pass_their_checks(qwen4, tmp_path, target,
     assert r.exit_code == 0 and "PASS" in r.output, r.output
 
 
-@pytest.mark.parametrize("target, lacks", [("onnx", "not built as an ONNX graph yet")])
-def test_targets_that_cannot_hold_it_refuse_in_one_line(qwen4, tmp_path, target, lacks):
-    _, folder = qwen4
-    r = CliRunner().invoke(cli, [target, "--weights", str(folder), "--layer", str(LAYER), "-o",
-                                 str(tmp_path / "x")])
-    assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1 and lacks in r.stderr, r.stderr
-    assert not (tmp_path / "x").exists()
-
-
 def test_a_linear_attention_layer_is_one_line_naming_the_indexed_ones(qwen4, tmp_path):
     _, folder = qwen4
     r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), "--layer", "1", "-o",
@@ -336,3 +356,35 @@ def test_a_config_json_without_a_usable_indexer_is_one_line(qwen4, tmp_path, key
     r = CliRunner().invoke(cli, ["onnx", "--weights", str(tmp_path), "--layer", "3", "-o",
                                  str(tmp_path / "x")])
     assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1 and msg in r.stderr, r.stderr
+
+
+SWEEP = dict(seq_lens=[1, 5, 14], past_lens=[0, 13], batch_sizes=[1, 2], providers=["cpu"])
+GRAPH_FAULTS = {  # planted in the exported graph (tests/faults.py); each fails the check
+    "top-k one short": lambda p: faults.rope_initializer_set(p, "kept_k", [1]),
+    "the indexer ignored": faults.qsa_indexer_ignored,
+    "index scores negated (the lowest blocks kept)": lambda p: faults.rope_initializer_set(
+        p, "index_score_div", -4.0),
+    "blocks start one key late": faults.qsa_blocks_start_late,
+    "blocks rotated one position late": faults.qsa_blocks_rotated_late,
+    "block keys not normed": lambda p: faults.norm_skipped(p, "index_k_norm"),
+    "the tail dropped": faults.qsa_tail_dropped,
+}
+
+
+@pytest.mark.parametrize("call", ["attention_mask", "kv_cache", "static_cache"])
+def test_the_check_passes_on_every_call_of_the_onnx_export(qwen4, tmp_path, call):
+    """The project's check (ONNX Runtime against the eager layer, random inputs) over lengths
+    that cross block_topk complete blocks (14 and 13 + 14 keys: 3 and 6 blocks, 2 kept)."""
+    _, folder = qwen4
+    path = export_to("onnx", weights=folder, layer=LAYER, output=tmp_path / "a",
+                     validate=False, **{call: True}).path
+    assert check_parity(path, **SWEEP).passed
+
+
+@pytest.mark.parametrize("fault", sorted(GRAPH_FAULTS))
+def test_a_planted_graph_fault_fails_the_check(qwen4, tmp_path, fault):
+    _, folder = qwen4
+    path = export_to("onnx", weights=folder, layer=LAYER, output=tmp_path / "a",
+                     validate=False, kv_cache=True).path
+    GRAPH_FAULTS[fault](path / "model.onnx")
+    assert not check_parity(path, **SWEEP).passed

@@ -120,7 +120,7 @@ def _attention_layer(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, form: G
                                          for n in ("past_key", "past_value", "attention_mask")),
                      sinks=sinks, alibi=alibi,  # (1, N, 1, 1) each
                      past_lengths="past_lengths" if "past_lengths" in named else None,
-                     project=functools.partial(_queries_keys_values, c=c, w=w, opset=opset,
+                     project=functools.partial(queries_keys_values, c=c, w=w, opset=opset,
                                                sig=sig),
                      int8_cache=_int8_cache(g, c, kv_cache),
                      project_packed=functools.partial(packed_projection, c=c, w=w),
@@ -169,7 +169,7 @@ def _name_output(g: GraphBuilder, tensor: str, name: str) -> None:
         node.output[:] = [name if o == tensor else o for o in node.output]
 
 
-def _queries_keys_values(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, opset: int,
+def queries_keys_values(g: GraphBuilder, c: MHAConfig, w: AttentionWeights, opset: int,
                          sig: Signature) -> tuple[str, str, str]:
     """x -> projections -> q/k norm -> clamp -> rotary (-> q/k norm, where it comes after
     rotary) -> queries scaled by position or slot: q (B, T, N*H), k and v (B, T, K*H)."""

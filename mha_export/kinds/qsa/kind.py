@@ -1,11 +1,12 @@
-"""QSA's kind record: what every stage asks of it (kinds/base.py). Eager, TorchScript,
-AOTInductor and ExecuTorch build it (its selection ranks blocks by comparisons: no sort, which
-ExecuTorch lacks); the ONNX target refuses it in one line (no graph form)."""
+"""QSA's kind record: what every stage asks of it (kinds/base.py). Eager, TorchScript, ONNX
+(its one graph form, graph.py's ``qsa-masked``: every call kind), AOTInductor and ExecuTorch
+build it (its selection ranks blocks by comparisons: no sort, which ExecuTorch lacks)."""
 from __future__ import annotations
 
 from ...config import MHAConfig
 from .. import standard
 from ..base import AttentionKind
+from .graph import FORMS
 from .layer import QSAttention
 from .settings import LAYOUT, NAME
 
@@ -33,7 +34,7 @@ def example_seq(c: MHAConfig) -> int:
 
 
 KIND = AttentionKind(
-    name="qsa", summary=NAME, layouts={LAYOUT: QSAttention}, anchors={}, forms=(),
+    name="qsa", summary=NAME, layouts={LAYOUT: QSAttention}, anchors={}, forms=FORMS,
     projections=projections, quantizable=standard.quantizable,
     map_projections=standard.map_projections, call_flops=call_flops,
     example_seq=example_seq,

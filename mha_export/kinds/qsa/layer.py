@@ -13,6 +13,8 @@ size, Hv = value head size, Di = index head size, NB = blocks.
 """
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
@@ -20,10 +22,19 @@ from torch import Tensor
 
 from ...config import MHAConfig
 from ...layer.attention import attention_probs, score_mask
-from ...layer.base import valid_end
+from ...layer.base import AttentionWeights, valid_end
 from ...layer.layouts import SplitHeadsAttention
 from ...layer.rotary import cos_sin, rotate
 from .indexer import QSAIndexer, block_keys, block_layout
+
+
+@dataclass
+class QSAWeights(AttentionWeights):
+    """The split layout's weights and the indexer's (the graph layer reads them, graph.py)."""
+
+    index_qk: Optional[Tensor] = None  # ((Hi + 1) * Di, d_in): [Hi query heads | one key]
+    index_q_norm: Optional[Tensor] = None  # (Di,) q_layernorm's w (read as offset + w)
+    index_k_norm: Optional[Tensor] = None  # (Di,) k_layernorm's w
 
 
 class QSAttention(SplitHeadsAttention):
@@ -31,6 +42,13 @@ class QSAttention(SplitHeadsAttention):
         super().__init__(config)
         c = config
         self.indexer = QSAIndexer(c.qsa, c.d_in, c.qk_norm_eps, c.norm_offset or 0.0)
+
+    def to_weights(self) -> QSAWeights:
+        base = super().to_weights()
+        return QSAWeights(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)},
+                          index_qk=self.indexer.index_qk_proj.weight.detach(),
+                          index_q_norm=self.indexer.q_layernorm.weight.detach(),
+                          index_k_norm=self.indexer.k_layernorm.weight.detach())
 
     def _cos_sin(self, position_ids: Tensor, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
         return cos_sin(position_ids, self.inv_freq, dtype, self.long_inv_freq,
