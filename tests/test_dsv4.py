@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from mha_export.errors import UsageError
-from mha_export.kinds.dsv4 import checkpoint, compressed
+from dsv4_layers import read_layer
+from mha_export.kinds.dsv4 import compressed
 from mha_export.kinds.dsv4 import layer as dsv4_layer
-from mha_export.kinds.dsv4.settings import shape_from_config
+from mha_export.weights.families import deepseek_v4
 
 LAYER_TYPES = ["sliding_attention", "compressed_sparse_attention",
                "heavily_compressed_attention", "sliding_attention"]
@@ -97,7 +98,7 @@ def _transformers_y(model, layer: int):
 
 def _error(model, folder, layer: int) -> float:
     x, keep, expected = _transformers_y(model, layer)
-    ours = checkpoint.read_layer(folder, layer)
+    ours = read_layer(folder, layer)
     with torch.no_grad():
         y = ours(x, keep)[0]
     rows = keep.bool()  # a padding query's row is its own business
@@ -118,7 +119,7 @@ def test_a_prompt_shorter_than_a_window_equals_transformers(tiny, layer):
     ids, keep = torch.tensor([[3, 4, 5], [6, 7, 8]]), torch.tensor([[1, 1, 1], [0, 1, 1]])
     x, expected = _hooked(model, layer, input_ids=ids, attention_mask=keep, use_cache=False)
     with torch.no_grad():
-        y = checkpoint.read_layer(folder, layer)(x, keep)[0]
+        y = read_layer(folder, layer)(x, keep)[0]
     assert float((y - expected)[keep.bool()].abs().max()) <= 2e-5
 
 
@@ -133,8 +134,8 @@ def test_a_yarn_compress_rope_equals_transformers(tiny_yarn, layer):
 
 def test_the_compress_rope_read_without_its_yarn_fails(tiny_yarn, monkeypatch):
     model, folder = tiny_yarn
-    shape_of = checkpoint.shape_from_config
-    monkeypatch.setattr(checkpoint, "shape_from_config", lambda cfg, layer: dataclasses.replace(
+    shape_of = deepseek_v4.shape_from_config
+    monkeypatch.setattr(deepseek_v4, "shape_from_config", lambda cfg, layer: dataclasses.replace(
         shape_of(cfg, layer), rope_scaling=None))
     assert _error(model, folder, 1) > 1e-3
 
@@ -206,7 +207,7 @@ def test_eight_cached_decode_steps_equal_transformers_with_its_cache(tiny, layer
     transformers' with its cache (its sliding, buffer, overlap and compressed states)."""
     model, folder = tiny
     ids, keep = _prompt()
-    ours = checkpoint.read_layer(folder, layer)
+    ours = read_layer(folder, layer)
     with torch.no_grad():
         cache = model(input_ids=ids, attention_mask=keep, use_cache=True).past_key_values
         x, _ = _hooked(model, layer, input_ids=ids, attention_mask=keep, use_cache=False)
@@ -226,12 +227,12 @@ def test_eight_cached_decode_steps_equal_transformers_with_its_cache(tiny, layer
 
 def test_bad_input_is_a_short_error(tiny, tmp_path):
     _, folder = tiny
-    with pytest.raises(UsageError, match="not in this checkpoint"):
-        checkpoint.read_layer(folder, 9)
-    with pytest.raises(UsageError, match="no config.json"):
-        checkpoint.read_layer(tmp_path, 0)
+    with pytest.raises(UsageError, match="--layer 9 is out of range"):
+        read_layer(folder, 9)
+    with pytest.raises(UsageError, match="without a Hugging Face config.json"):
+        read_layer(tmp_path, 0)
     with pytest.raises(UsageError, match="o_groups 3 must divide"):
-        shape_from_config({**_config().to_dict(), "o_groups": 3}, 0)
+        deepseek_v4.shape_from_config({**_config().to_dict(), "o_groups": 3}, 0)
 
 
 def test_a_cached_decode_step_equals_transformers_with_its_cache(tiny):
@@ -239,7 +240,7 @@ def test_a_cached_decode_step_equals_transformers_with_its_cache(tiny):
     rotated key = value rows) equal transformers' with its DynamicCache."""
     model, folder = tiny
     ids, keep = _prompt()
-    ours = checkpoint.read_layer(folder, 0)
+    ours = read_layer(folder, 0)
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=keep, use_cache=True)
         x, _ = _hooked(model, 0, input_ids=ids, attention_mask=keep, use_cache=False)
@@ -261,7 +262,7 @@ def test_torchscript_of_the_layer_equals_eager(tiny, tmp_path):
     it gives the eager layer's y and cache."""
     model, folder = tiny
     x, keep, expected = _transformers_y(model, 0)
-    eager = checkpoint.read_layer(folder, 0)
+    eager = read_layer(folder, 0)
     torch.jit.script(eager).save(str(tmp_path / "model.pt"))
     loaded = torch.jit.load(str(tmp_path / "model.pt"))
     with torch.no_grad():
@@ -279,7 +280,7 @@ def test_torchscript_of_a_compressed_layer_equals_eager(tiny, layer, tmp_path):
     then a decode step that closes a window, as the eager layer gives them."""
     model, folder = tiny
     x, keep, expected = _transformers_y(model, layer)
-    eager = checkpoint.read_layer(folder, layer)
+    eager = read_layer(folder, layer)
     torch.jit.script(eager).save(str(tmp_path / "model.pt"))
     loaded = torch.jit.load(str(tmp_path / "model.pt"))
     with torch.no_grad():

@@ -24,7 +24,8 @@ import torch
 from mha_export.errors import UsageError
 from mha_export.graph.builder import GraphBuilder
 from mha_export.graph.ops import Ops
-from mha_export.kinds.dsv4 import checkpoint, graph, graph_compressed, graph_state
+from dsv4_layers import read_layer
+from mha_export.kinds.dsv4 import graph, graph_compressed, graph_state
 from mha_export.kinds.dsv4.graph import dsv4_model
 
 from test_dsv4 import _config, _transformers_y, tiny, tiny_yarn  # noqa: F401
@@ -87,7 +88,7 @@ def test_each_layer_type_equals_eager_and_transformers_on_a_left_padded_prompt(
         tiny, index, monkeypatch):  # noqa: F811
     model, folder = tiny
     x, keep, expected = _transformers_y(model, index)
-    layer = checkpoint.read_layer(folder, index)
+    layer = read_layer(folder, index)
     error, free = _errors(layer, x, keep, monkeypatch)
     assert error <= TOLERANCE
     got = _onnx_y(layer, x, keep, _positions(keep))
@@ -103,7 +104,7 @@ def test_a_yarn_compress_rope_equals_eager(tiny_yarn, index, monkeypatch):  # no
     keys, pooled rows, index queries and keys; the sliding layer's stays default."""
     model, folder = tiny_yarn
     x, keep, _ = _transformers_y(model, index)
-    layer = checkpoint.read_layer(folder, index)
+    layer = read_layer(folder, index)
     assert layer.shape.rope_scaling or index == SLIDING
     error, free = _errors(layer, x, keep, monkeypatch)
     assert error <= TOLERANCE and free.sum() >= 0.7 * free.numel()
@@ -112,7 +113,7 @@ def test_a_yarn_compress_rope_equals_eager(tiny_yarn, index, monkeypatch):  # no
 def test_the_compress_rope_built_without_its_yarn_fails(tiny_yarn, monkeypatch):  # noqa: F811
     model, folder = tiny_yarn
     x, keep, _ = _transformers_y(model, HCA)
-    layer = checkpoint.read_layer(folder, HCA)
+    layer = read_layer(folder, HCA)
     with monkeypatch.context() as patch:
         for module in (graph, graph_compressed):
             at = module.cos_sin_at
@@ -147,7 +148,7 @@ def test_csa_with_eight_index_heads_equals_eager_on_every_query(eight_heads, mon
     """No tie on the top-k boundary with 8 index heads: every query of the prompt compared."""
     model, folder = eight_heads
     x, keep, expected = _transformers_y(model, CSA)
-    layer = checkpoint.read_layer(folder, CSA)
+    layer = read_layer(folder, CSA)
     assert layer.shape.index_heads == 8
     error, free = _errors(layer, x, keep, monkeypatch)
     assert bool(free.all()) and error <= TOLERANCE
@@ -161,7 +162,7 @@ def test_one_model_takes_other_batch_sizes_and_lengths(tiny, index, monkeypatch)
     3 x 29 (each row its own left padding), 1 x 17 (no padding)."""
     import onnxruntime as ort
     _, folder = tiny
-    layer = checkpoint.read_layer(folder, index)
+    layer = read_layer(folder, index)
     session = ort.InferenceSession(dsv4_model(layer.shape, layer.state_dict())
                                    .SerializeToString(), providers=["CPUExecutionProvider"])
     torch.manual_seed(2)
@@ -257,7 +258,7 @@ def test_a_planted_fault_fails(tiny, fault, monkeypatch):  # noqa: F811
     model, folder = tiny
     plant, index = FAULTS[fault]
     x, keep = _transformers_y(model, index)[:2]
-    layer = checkpoint.read_layer(folder, index)
+    layer = read_layer(folder, index)
     with monkeypatch.context() as patch:
         plant(patch)
         error, _ = _errors(layer, x, keep, monkeypatch)
@@ -274,7 +275,7 @@ def test_the_sliding_layers_cached_calls_equal_eager(tiny):  # noqa: F811
     import onnxruntime as ort
     model, folder = tiny
     x, keep = _transformers_y(model, SLIDING)[:2]
-    layer = checkpoint.read_layer(folder, SLIDING)
+    layer = read_layer(folder, SLIDING)
     onnx_model = dsv4_model(layer.shape, layer.state_dict(), cached=True)
     session = ort.InferenceSession(onnx_model.SerializeToString(),
                                    providers=["CPUExecutionProvider"])
@@ -299,7 +300,7 @@ def test_the_sliding_layers_cached_calls_equal_eager(tiny):  # noqa: F811
 
 def test_the_sliding_cached_builder_refuses_a_compressed_layer(tiny):  # noqa: F811
     _, folder = tiny
-    layer = checkpoint.read_layer(folder, HCA)
+    layer = read_layer(folder, HCA)
     with pytest.raises(UsageError, match="dsv4_cached"):
         graph.dsv4_sliding_cached(GraphBuilder(), layer.shape, layer.state_dict(), "x",
                                   "attention_mask", "position_ids", "past_key")
@@ -367,7 +368,7 @@ def _layer_and_prompt(request, index, source: str = ""):
     source = source or ("eight_heads" if index == CSA else "tiny")
     model, folder = request.getfixturevalue(source)
     x, keep = _transformers_y(model, index)[:2]
-    return checkpoint.read_layer(folder, index), x, keep
+    return read_layer(folder, index), x, keep
 
 
 @pytest.mark.parametrize("index, source, ties", [(CSA, "eight_heads", 0), (CSA, "tiny", 0.2),

@@ -1,8 +1,7 @@
 """DeepSeek-V4's attention tensor names (torch-free): DeepSeek's on disk
 (``layers.L.attn.wq_a.weight``, ``attn.attn_sink``: what ``save_pretrained`` writes) and
 transformers' (``layers.L.self_attn.q_a_proj.weight``), which the eager layers' parameters
-carry. checkpoint.py and the family
-record (weights/families/deepseek.py) read them."""
+carry. The family record (weights/families/deepseek_v4.py) reads them."""
 from __future__ import annotations
 
 # DeepSeek's tensor name (after layers.L.attn.) -> the layer's (transformers') name

@@ -1,5 +1,6 @@
-"""DeepSeek-V4's attention settings (torch-free): ``DSV4Shape``, one layer's shape as read from a
-checkpoint's config.json (docs/deepseek-v4.md says what each layer type computes), and
+"""DeepSeek-V4's attention settings (torch-free): ``DSV4Shape``, one layer's shape (read from a
+checkpoint's config.json by weights/families/deepseek_v4.py; docs/deepseek-v4.md says what each
+layer type computes), and
 ``DeepSeekV4``, the section MHAConfig nests (``MHAConfig.dsv4``: the kind "dsv4", layout "dsv4"):
 what of the shape MHAConfig's own fields do not hold (dim, heads, head_dim, rotary_dim,
 rope_theta, rope_scaling and sliding_window do).
@@ -90,46 +91,6 @@ class DSV4Shape:
     def group_width(self) -> int:
         """The input width of one output group: H * d / o_groups."""
         return self.heads * self.head_dim // self.o_groups
-
-
-def layer_type(cfg: Mapping[str, Any], layer: int) -> str:
-    """The layer's type, or a one-line refusal (an index out of range)."""
-    types = cfg.get("layer_types") or []
-    if not 0 <= layer < len(types):
-        raise UsageError(f"layer {layer} is not in this checkpoint: it has {len(types)} layers "
-                         f"(0..{len(types) - 1})")
-    return types[layer]
-
-
-def _rope(cfg: Mapping[str, Any], kind: str) -> tuple[float, float, Optional[dict]]:
-    """(theta, partial_rotary_factor, scaling) of the layer type's rope: "main" for sliding
-    layers, "compress" (YaRN in the released checkpoints) for the others."""
-    from ...weights.families.base import Settings  # (weights.families reads this module)
-    from ...weights.families.rope import rope_scaling
-    label = "main" if kind == SLIDING else "compress"
-    rope = (cfg.get("rope_parameters") or {}).get(label) or {}
-    factor = rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
-    if factor is None:
-        raise UsageError("config.json has no partial_rotary_factor (nor rope_parameters')")
-    default = cfg.get("rope_theta" if label == "main" else "compress_rope_theta", 10000.0)
-    return float(rope.get("rope_theta", default)), factor, rope_scaling(Settings(cfg), rope)
-
-
-def shape_from_config(cfg: Mapping[str, Any], layer: int) -> DSV4Shape:
-    """The shape of a layer from a deepseek_v4 config.json (as transformers 5.23's
-    DeepseekV4Config writes it)."""
-    kind = layer_type(cfg, layer)
-    theta, factor, scaling = _rope(cfg, kind)
-    head_dim = cfg["head_dim"]
-    index = {"index_heads": cfg["index_n_heads"], "index_head_dim": cfg["index_head_dim"],
-             "index_topk": cfg["index_topk"]} if kind == CSA else {}
-    return DSV4Shape(
-        dim=cfg["hidden_size"], heads=cfg["num_attention_heads"], head_dim=head_dim,
-        rope_dim=int(head_dim * factor), q_lora_rank=cfg["q_lora_rank"],
-        o_groups=cfg["o_groups"], o_lora_rank=cfg["o_lora_rank"], window=cfg["sliding_window"],
-        rope_theta=theta, eps=float(cfg.get("rms_norm_eps", 1e-6)), layer_type=kind,
-        rope_scaling=scaling,
-        rate=(cfg.get("compress_rates") or {}).get(kind, 0) if kind != SLIDING else 0, **index)
 
 
 OWN_OPTIONS = ("qk_norm_eps",)  # declared options it reads or ignores (its eps: DeepSeekV4's)

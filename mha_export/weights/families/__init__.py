@@ -6,19 +6,19 @@ rotary_pct, rotary_emb_base and 5.x rope_parameters, partial_rotary_factor, laye
 transformers' defaults for the keys a config.json may omit — data in the record, read through
 ``Settings``. ``huggingface`` does the reading (files, shards, layer selection, errors).
 
-The records live in this package, one module per group of related model types (llama.py,
-llama4.py, olmo.py, pairs.py, local_global.py, mimo.py, layernorm.py, qwen.py, gemma.py,
-gpt.py, classic.py, alibi.py, deepseek.py, longcat.py), on shared parts: base.py (``Family``,
+The records live in this package, one module per group of related model types (llama.py, llama4.py,
+olmo.py, pairs.py, local_global.py, mimo.py, layernorm.py, qwen.py, gemma.py, gpt.py, classic.py,
+alibi.py, deepseek.py, deepseek_v4.py, longcat.py), on shared parts: base.py (``Family``,
 ``Settings``, ``Extra``), rope.py, layer_types.py and decoder.py (Llama-style fields, extras,
-conversions). Adding a model type is one record in its group's ``RECORDS``
-(docs/checkpoints.md's table is generated from them) and a test spec: reuse a fields function
-(``decoder_fields`` serves Llama-style decoders: its layer-type rule, biases and extras — q/k
-norms, softmax scale, softcapping, sinks, output gate, NoPE layers — are arguments) and write a
-small one, or a ``convert``, only where the new type's math differs. Multimodal wrappers (Gemma
-3, Qwen3.5) are their text model's record with ``nested`` (config.json's text_config) and
-``prefix`` (the language model's tensors only, never the vision tower's or a multi-token-
-prediction head's). A record whose decoder layers hold several attention modules (LongCat-Flash)
-says how many (``modules``): each is addressed "L.M" (huggingface.py, ``address``).
+conversions). Adding a model type is one record in its group's ``RECORDS`` (docs/checkpoints.md's
+table is generated from them) and a test spec: reuse a fields function (``decoder_fields`` serves
+Llama-style decoders: its layer-type rule, biases and extras — q/k norms, softmax scale,
+softcapping, sinks, output gate, NoPE layers — are arguments) and write a small one, or a
+``convert``, only where the new type's math differs. Multimodal wrappers (Gemma 3, Qwen3.5) are
+their text model's record with ``nested`` (config.json's text_config) and ``prefix`` (the language
+model's tensors only, never the vision tower's or a multi-token-prediction head's). A record whose
+decoder layers hold several attention modules (LongCat-Flash) says how many (``modules``): each is
+addressed "L.M" (huggingface.py, ``address``).
 
 A module also says how llama.cpp's converter wrote its model types into GGUF files: its ``GGUF``
 (``general.architecture`` -> ``gguf_common.GGUFArch``, with the functions that read the
@@ -31,8 +31,8 @@ registry for its help without importing torch.
 """
 from __future__ import annotations
 
-from . import (alibi, classic, deepseek, gemma, gpt, layernorm, llama, llama4, local_global,
-               longcat, mimo, olmo, pairs, qwen)
+from . import (alibi, classic, deepseek, deepseek_v4, gemma, gpt, layernorm, llama, llama4,
+               local_global, longcat, mimo, olmo, pairs, qwen)
 from .base import ANY_PREFIX, INDEXED, Convert, Family, Fields, Settings, unchanged
 from .gguf_common import GGUFArch
 from .not_yet import NOT_YET
@@ -42,7 +42,7 @@ __all__ = ["ANY_PREFIX", "INDEXED", "Convert", "FAMILIES", "Family", "Fields", "
 
 # the order of the help's and the docs' lists
 GROUPS = (llama, llama4, olmo, pairs, local_global, mimo, layernorm, qwen, gemma, gpt, classic,
-          alibi, deepseek, longcat)
+          alibi, deepseek, deepseek_v4, longcat)
 FAMILIES: dict[str, Family] = {f.model_type: f for group in GROUPS for f in group.RECORDS}
 
 

@@ -9,8 +9,6 @@ import dataclasses
 from typing import Callable, Optional
 
 from ...errors import UsageError
-from ...kinds.dsv4.names import module_names
-from ...kinds.dsv4.settings import config_fields, shape_from_config
 from .base import Family, Fields, Settings
 from .decoder import ATTN
 from .gguf_common import FROM_HF, GGUFArch, Metadata, RopeScaling, has, present
@@ -227,18 +225,3 @@ GGUF_REFUSED = {
     "kimi-linear": ("its KDA linear-attention layers and NoPE MLA layers are not read from "
                     "GGUF" + FROM_HF),
 }
-
-
-def v4_fields(s: Settings, layer: int) -> dict:
-    """A DeepSeek-V4 layer's MHAConfig fields: its shape (kinds/dsv4/settings.py) read from
-    config.json as the eager layer reads it."""
-    return config_fields(shape_from_config(s.config, layer))
-
-
-RECORDS += (
-    Family("deepseek_v4", "dsv4", "layers.{layer}", module_names(), {}, v4_fields,
-           summary="DeepSeek-V4's attention (kinds/dsv4/): layer_types (sliding_attention, "
-                   "compressed_sparse_attention, heavily_compressed_attention), compress_rates, "
-                   "q_lora_rank, o_groups, o_lora_rank, sliding_window, index_n_heads, "
-                   "index_head_dim, index_topk, the main and compress ropes"),
-)
