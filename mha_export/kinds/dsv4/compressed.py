@@ -168,7 +168,13 @@ class NoIndexer(nn.Module):
 
     def forward(self, x: Tensor, residual: Tensor, positions: Tensor, inv_freq: Tensor,
                 state: Dict[str, Tensor], spare: bool = False) -> Tensor:
-        return closed_by(positions, state["compressor.compressed_kv"].size(1), self.rate)
+        """(B, T, n) bool; ``spare``: the spare rows never, whatever the positions."""
+        rows = state["compressor.compressed_kv"].size(1)
+        seen = closed_by(positions, rows, self.rate)
+        if spare:
+            real = torch.arange(rows, device=x.device) < x.size(1) // self.rate  # (n,)
+            seen = seen & real
+        return seen
 
 
 class DSV4CompressedAttention(DSV4SlidingAttention):
