@@ -2,8 +2,9 @@
 test_dsv4.py read by the family machinery (``--weights DIR --layer L``), a sliding, a CSA and an
 HCA layer exported to TorchScript through the CLI (its check passes), the artifact's y on a
 left-padded 40-token prompt (the window and the indexer's top-k acting: test_dsv4.py's planted
-faults show it) equal to transformers' module's; a planted fault fails the check; ``--layers
-all`` lists every layer; what is not built is one line, exit code 2."""
+faults show it) equal to transformers' module's; a planted fault fails the check; AOTInductor
+(HCA) and ExecuTorch (sliding, HCA) programs pass their checks; ``--layers all`` lists every
+layer; what is not built is one line, exit code 2 (CSA on AOTInductor and ExecuTorch)."""
 from __future__ import annotations
 
 import json
@@ -113,6 +114,10 @@ def test_a_planted_fault_fails_the_check(exported, layer, tmp_path):
     (["torchscript", "--static-cache"],
      "--static-cache is not built for DeepSeek-V4 attention yet"),
     (["onnx", "--quantize", "int4"], "--quantize is not built for DeepSeek-V4 attention yet"),
+    (["aoti", "--attention-mask"],
+     "compressed_sparse_attention layer is not built for AOTInductor: its indexer keeps"),
+    (["executorch", "--attention-mask"],
+     "compressed_sparse_attention layer is not built for ExecuTorch: its indexer keeps"),
 ])
 def test_what_is_not_built_is_one_line(tiny, tmp_path, args, says):
     _, folder = tiny
@@ -121,6 +126,18 @@ def test_what_is_not_built_is_one_line(tiny, tmp_path, args, says):
     errors = [line for line in r.stderr.splitlines() if not line.startswith("note:")]
     assert r.exit_code == 2 and len(errors) == 1 and says in errors[0], r.stderr
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("target, layer", [("aoti", 2), ("executorch", 0), ("executorch", 2)])
+def test_aoti_and_executorch_programs_pass_their_checks(tiny, tmp_path, target, layer):
+    """HCA (2) on both, sliding (0) on ExecuTorch (AOTInductor's sliding: as HCA's minus the
+    pooled rows), seq dynamic from 1 token: the check's sweep runs up to 257 tokens, the
+    pooled rows' count T // 8 from 0 on. (The TorchScript artifact's test above holds the
+    same call, spare rows and all, to transformers.)"""
+    _, folder = tiny
+    r = CliRunner().invoke(cli, [target, "--weights", str(folder), "--layer", str(layer),
+                                 "--attention-mask", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 0 and "PASS" in r.output, r.output
 
 
 def test_layers_all_lists_every_layer(tiny, tmp_path):

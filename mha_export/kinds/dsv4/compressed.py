@@ -18,6 +18,8 @@ from ...layer.rotary import cos_sin
 from .layer import DSV4SlidingAttention, WeightedRMSNorm, rotate_tail
 from .settings import CSA, DSV4Shape
 
+SPARE = 3  # a full-sequence call's never-closed rows: torch.export guards sizes 0 and 1
+
 
 def overlapped(t: Tensor, width: int, fill: float, prior: Optional[Tensor] = None) -> Tensor:
     """t (B, n, m, 2w) -> (B, n, 2m, w): window i's slots are window i - 1's first series
@@ -36,22 +38,27 @@ class Compressor(nn.Module):
 
     def __init__(self, dim: int, width: int, rate: int, overlap: bool, eps: float):
         super().__init__()
-        self.width, self.rate, self.overlap = width, rate, overlap
+        self.width, self.rate, self.overlap, self.spare = width, rate, overlap, SPARE
         series = 2 * width if overlap else width
         self.kv_proj = nn.Linear(dim, series, bias=False)
         self.gate_proj = nn.Linear(dim, series, bias=False)
         self.position_bias = nn.Parameter(torch.zeros(rate, series))
         self.kv_norm = WeightedRMSNorm(width, eps)
 
-    def forward(self, x: Tensor, inv_freq: Tensor, state: Dict[str, Tensor], name: str
-                ) -> Tensor:
+    def forward(self, x: Tensor, inv_freq: Tensor, state: Dict[str, Tensor], name: str,
+                spare: bool = False) -> Tensor:
         """x (B, T, D) -> every row pooled so far (B, N, w), rotated at positions 0, m, 2m,
         ...; ``state`` (transformers' cache, under ``name``): buffer_kv / buffer_gate the
         projections of the tokens since the last closed window (B, < m, w or 2w),
         compressed_kv the rows (B, N, w), overlap_kv / overlap_gate (overlapping windows) the
-        last closed window's first series (B, m, w)."""
+        last closed window's first series (B, m, w). ``spare`` (a full-sequence call, the
+        state not kept): SPARE more rows, of the open window's and zero tokens, never closed
+        (``closed_by``), so torch.export keeps seq dynamic (N, N - 1 >= 2; no branch on N; no
+        tail kept)."""
         b = x.size(0)
         kv, gate = self.kv_proj(x), self.gate_proj(x)  # (B, T, w or 2w)
+        if spare:
+            return self.spared(kv, gate, inv_freq, state, name)
         if name + ".buffer_kv" in state:
             kv = torch.cat([state[name + ".buffer_kv"], kv], dim=1)
             gate = torch.cat([state[name + ".buffer_gate"], gate], dim=1)
@@ -63,6 +70,21 @@ class Compressor(nn.Module):
             kv = kv[:, :usable].view(b, n, self.rate, -1)  # (B, n, m, w or 2w)
             gate = gate[:, :usable].view(b, n, self.rate, -1) + self.position_bias
             rows = torch.cat([rows, self.pool(kv, gate, state, name, rows.size(1), inv_freq)], 1)
+        state[name + ".compressed_kv"] = rows
+        return rows
+
+    def spared(self, kv: Tensor, gate: Tensor, inv_freq: Tensor, state: Dict[str, Tensor],
+               name: str) -> Tensor:
+        """kv, gate (B, T, w or 2w) -> the rows of every closed window and three spare ones
+        (B, T // m + 3, w): the open window's tokens and zero ones; the state is written (not
+        kept by the caller)."""
+        b, m, series = kv.size(0), self.rate, kv.size(2)
+        n = kv.size(1) // m + self.spare
+        slots = (torch.arange(n, device=kv.device).unsqueeze(1) * m
+                 + torch.arange(m, device=kv.device))  # (n, m): gathered, no size from T % m
+        zeros = kv.new_zeros(b, self.spare * m, series)
+        kv, gate = torch.cat([kv, zeros], 1)[:, slots], torch.cat([gate, zeros], 1)[:, slots]
+        rows = self.pool(kv, gate + self.position_bias, state, name, 0, inv_freq)
         state[name + ".compressed_kv"] = rows
         return rows
 
@@ -116,9 +138,10 @@ class Indexer(nn.Module):
         self.scorer = Scorer(s.dim, s.index_heads)
 
     def forward(self, x: Tensor, residual: Tensor, positions: Tensor, inv_freq: Tensor,
-                state: Dict[str, Tensor]) -> Tensor:
+                state: Dict[str, Tensor], spare: bool = False) -> Tensor:
         """x (B, T, D), residual (B, T, Rq), positions (B, T) -> (B, T, n) bool: the rows
-        each query keeps."""
+        each query keeps (its top k closed rows: torch.topk over exactly the closed windows'
+        rows, as transformers', whose picks among equal scores ``spare`` rows would change)."""
         b, t = x.size(0), x.size(1)
         keys = self.compressor(x, inv_freq, state, "indexer")  # (B, n, di)
         cos, sin = cos_sin(positions, inv_freq, torch.float32)  # (B, 1, T, rd/2)
@@ -144,8 +167,14 @@ class NoIndexer(nn.Module):
         self.rate = rate
 
     def forward(self, x: Tensor, residual: Tensor, positions: Tensor, inv_freq: Tensor,
-                state: Dict[str, Tensor]) -> Tensor:
-        return closed_by(positions, state["compressor.compressed_kv"].size(1), self.rate)
+                state: Dict[str, Tensor], spare: bool = False) -> Tensor:
+        """(B, T, n) bool; ``spare``: the spare rows never, whatever the positions."""
+        rows = state["compressor.compressed_kv"].size(1)
+        seen = closed_by(positions, rows, self.rate)
+        if spare:
+            real = torch.arange(rows, device=x.device) < x.size(1) // self.rate  # (n,)
+            seen = seen & real
+        return seen
 
 
 class DSV4CompressedAttention(DSV4SlidingAttention):
@@ -160,8 +189,10 @@ class DSV4CompressedAttention(DSV4SlidingAttention):
         self.compressor.indexer = Indexer(shape) if self.sparse else NoIndexer(shape.rate)
 
     def extra_rows(self, x: Tensor, residual: Tensor, positions: Tensor,
-                   state: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
+                   state: Dict[str, Tensor], spare: bool = False) -> Tuple[Tensor, Tensor]:
         """The pooled rows (B, 1, n, d) and their mask (B, 1, T, n)."""
-        rows = self.compressor(x, self.inv_freq, state, "compressor")  # (B, n, d)
-        seen = self.compressor.indexer(x, residual, positions, self.inv_freq, state)  # B,T,n
+        spare = spare and not self.sparse  # CSA: its indexer's rows exactly (Indexer)
+        rows = self.compressor(x, self.inv_freq, state, "compressor", spare)  # (B, n, d)
+        seen = self.compressor.indexer(x, residual, positions, self.inv_freq, state,
+                                       spare)  # (B, T, n)
         return rows.unsqueeze(1), additive(seen)

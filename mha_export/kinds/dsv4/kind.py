@@ -46,20 +46,22 @@ def call_flops(c: MHAConfig, seq: int, pairs: float, past: int) -> float:
     return 2.0 * seq * weights + attention + index
 
 
-# what its layers need that a target may lack (targets/base.py's ``lacks``)
-CALL_SHAPED = "call-length shapes"  # every layer: its sliding mask and cache rows
-POOLED = "pooled compressed rows"  # the compressed layers
+# what its layers need that a target may lack (targets/base.py's ``lacks``): the sliding and
+# HCA layers nothing (a full-sequence call's rows untrimmed, HCA's pooled rows with spare ones:
+# layer.py, compressed.py), CSA its indexer's top-k
+TOPK = "top-k of call-length rows"
 
 
 def needs(c: MHAConfig) -> dict[str, tuple[str, str]]:
-    """Every layer's masks and rows are shaped by each call's length; a compressed layer pools
-    every ``rate`` tokens into extra key = value rows."""
-    out = {CALL_SHAPED: (NAME, "its sliding mask and kept rows are shaped by each call's "
-                               "length")}
-    if c.dsv4.layer_type != SLIDING:
-        out[POOLED] = (f"{NAME}'s {c.dsv4.layer_type} layer",
-                       f"it pools every {c.dsv4.rate} tokens into extra key = value rows")
-    return out
+    """A CSA layer's indexer keeps each query's top min(index_topk, T // rate) pooled rows by
+    torch.topk over exactly those rows: its picks among equal scores (the ReLU's zeros) are
+    transformers', which spare rows would change."""
+    if c.dsv4.layer_type != CSA:
+        return {}
+    return {TOPK: (f"{NAME}'s {CSA} layer",
+                   f"its indexer keeps each query's top min({c.dsv4.index_topk}, T // "
+                   f"{c.dsv4.rate}) pooled rows by torch.topk over exactly those rows (its "
+                   "picks among equal scores are transformers')")}
 
 
 def no_quantizable(c: MHAConfig) -> list[str]:

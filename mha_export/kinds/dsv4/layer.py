@@ -112,22 +112,24 @@ class DSV4SlidingAttention(nn.Module):
         return q, rotate_tail(kv.float(), cos, sin).to(x.dtype), residual
 
     def extra_rows(self, x: Tensor, residual: Tensor, positions: Tensor,
-                   state: Dict[str, Tensor]) -> Tuple[Tensor, Tensor]:
+                   state: Dict[str, Tensor], spare: bool = False) -> Tuple[Tensor, Tensor]:
         """The key = value rows attended after the sliding ones (B, 1, n, d) and their mask
         (B, 1, T, n): none for a sliding layer (compressed.py's layers pool some, reading and
-        writing ``state``)."""
+        writing ``state``; ``spare``: a few more, never seen, the state not kept)."""
         b, t = x.size(0), x.size(1)
         return x.new_zeros(b, 1, 0, self.head_dim), x.new_zeros(b, 1, t, 0)
 
     def forward(self, x: Tensor, keep: Optional[Tensor] = None,
                 positions: Optional[Tensor] = None, past: Optional[Tensor] = None,
-                past_keep: Optional[Tensor] = None, state: Optional[Dict[str, Tensor]] = None
-                ) -> Tuple[Tensor, Tensor, Tensor, Dict[str, Tensor]]:
+                past_keep: Optional[Tensor] = None, state: Optional[Dict[str, Tensor]] = None,
+                trim: bool = True) -> Tuple[Tensor, Tensor, Tensor, Dict[str, Tensor]]:
         """x (B, T, D); keep (B, T) 1 for tokens, 0 for padding (default all 1); positions
         (B, T) (default P..P+T-1; transformers gives a left-padded prompt 0..T-1); past
         (B, 1, P, d) the rotated key = value rows of the P positions before these, past_keep
         (B, P); state a compressed layer's other caches (compressed.py; empty for a sliding
-        layer) -> y (B, T, D), present (B, 1, min(P + T, window - 1), d), its keep, state."""
+        layer) -> y (B, T, D), present (B, 1, min(P + T, window - 1), d), its keep, state
+        (``trim`` False: every row, P + T: torch.export cannot keep seq dynamic over 1.. with
+        a shape min(P + T, window - 1), it guards seq to one side of the window)."""
         b, t = x.size(0), x.size(1)
         if past is None:
             past = x.new_zeros(b, 1, 0, self.head_dim)
@@ -147,12 +149,15 @@ class DSV4SlidingAttention(nn.Module):
         kv, keep = torch.cat([past, kv], dim=2), torch.cat([past_keep.to(keep.dtype), keep], 1)
         key_pos = torch.arange(-held, t, device=x.device) + positions[:, :1]  # (B, P + T)
         mask = sliding_mask(positions, key_pos, keep, self.window).to(x.dtype)
-        rows, bias = self.extra_rows(x, residual, positions, held_state)  # B,1,n,d / B,1,T,n
+        rows, bias = self.extra_rows(x, residual, positions, held_state,
+                                     not trim)  # B,1,n,d / B,1,T,n
         o = attend_with_sinks(q, torch.cat([kv, rows], dim=2),
                               torch.cat([mask, bias.to(mask.dtype)], dim=-1), self.sinks,
                               self.head_dim ** -0.5)  # (B, H, T, d)
         o = unrotate_output(o.float(), cos, sin).to(x.dtype)
         y = self.grouped_output(o.transpose(1, 2))  # (B, T, H, d) -> (B, T, D)
+        if not trim:
+            return y, kv, keep, held_state
         start = max(kv.size(2) - (self.window - 1), 0)
         return y, kv[:, :, start:], keep[:, start:], held_state
 
@@ -161,10 +166,11 @@ class DSV4SlidingAttention(nn.Module):
                ) -> Tuple[Tensor, Tensor, Tensor]:
         """The project's call of a layer (layer/entry.py's entry points), full-sequence:
         attention_mask (B, T) 1 = token, 0 = padding; position_ids (B, T) (default 0..T-1, as
-        transformers gives a padded prompt too) -> y (B, T, D), and twice the rotated key =
-        value rows the sliding cache keeps (B, 1, <= window - 1, d). A cache is not read
-        (settings.py's UNBUILT_CALLS refuse the cached calls)."""
-        y, present, _, _ = self.forward(x, attention_mask, position_ids)
+        transformers gives a padded prompt too) -> y (B, T, D), and twice this call's rotated
+        key = value rows, untrimmed (B, 1, T, d: the sliding cache keeps the last window - 1,
+        ``forward``). A cache is not read (settings.py's UNBUILT_CALLS refuse the cached
+        calls)."""
+        y, present, _, _ = self.forward(x, attention_mask, position_ids, trim=False)
         return y, present, present
 
     @torch.jit.ignore
