@@ -1,4 +1,5 @@
-"""DeepSeek-V4's ONNX graph form: graph.py's layer built from the signature's inputs, as graph/model.py builds a form's layer (``GraphForm.layer``).
+"""DeepSeek-V4's ONNX graph form: graph.py's layer built from the signature's inputs, as
+graph/model.py builds a form's layer (``GraphForm.layer``).
 
     signature          graph.py's inputs
     x                  x (B, T, D)

@@ -1,5 +1,6 @@
 """DeepSeek-V4's kind record: what every stage asks of it (kinds/base.py). Eager, TorchScript
-and ONNX (forms.py's form ``dsv4``, its full-sequence and masked calls) build it; AOTInductor and ExecuTorch by what they lack of its ``needs``; the lossy steps by ``unbuilt``."""
+and ONNX (forms.py's form ``dsv4``: full-sequence and masked calls) build it; AOTInductor and
+ExecuTorch by what they lack of its ``needs``; the lossy steps by ``unbuilt``."""
 from __future__ import annotations
 
 from torch import nn
