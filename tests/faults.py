@@ -76,6 +76,10 @@ def remove_causal_mask(path: Path) -> None:
             _attr(node, "unidirectional", 0)
         if _nodes(m, "GroupQueryAttention"):
             raise NotApplicable("GroupQueryAttention is causal by construction")
+        future = [n for n in all_nodes(m.graph) if n.name == "sliding_future"]
+        if future:  # DeepSeek-V4's additive mask: its sliding rows' future keys never hidden
+            future[0].input[1] = future[0].input[0]  # key > key: never
+            return
         for where in _nodes(m, "Where"):  # feed the unmasked scores straight on
             for n in all_nodes(m.graph):
                 n.input[:] = [where.input[2] if i == where.output[0] else i for i in n.input]

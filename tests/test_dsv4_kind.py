@@ -4,7 +4,11 @@ HCA layer exported to TorchScript through the CLI (its check passes), the artifa
 left-padded 40-token prompt (the window and the indexer's top-k acting: test_dsv4.py's planted
 faults show it) equal to transformers' module's; a planted fault fails the check; AOTInductor
 (HCA) and ExecuTorch (sliding, HCA) programs pass their checks; ``--layers all`` lists every
-layer; what is not built is one line, exit code 2 (CSA on AOTInductor and ExecuTorch)."""
+layer; what is not built is one line, exit code 2 (CSA on AOTInductor and ExecuTorch). ONNX
+(the form ``dsv4``, kinds/dsv4/forms.py): the sliding and HCA layers exported through the CLI,
+full and masked (their checks pass), model.onnx's y on the same prompt equal to transformers'; a
+CSA layer refused in one line (its top-k ties); eval with the ONNX runner over the other
+layers."""
 from __future__ import annotations
 
 import json
@@ -109,7 +113,7 @@ def test_a_planted_fault_fails_the_check(exported, layer, tmp_path):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["onnx", "--attention-mask"], "DeepSeek-V4 attention is not built as an ONNX graph yet"),
+    (["onnx", "--attention-mask"], "does not export DeepSeek-V4 attention's CSA layers yet"),
     (["torchscript", "--kv-cache"], "--kv-cache is not built for DeepSeek-V4 attention yet"),
     (["torchscript", "--static-cache"],
      "--static-cache is not built for DeepSeek-V4 attention yet"),
@@ -188,7 +192,8 @@ def test_bad_settings_are_one_line(change, says):
 
 def test_eval_runs_the_layers_inside_the_model(tiny, tmp_path):
     """eval with the TorchScript runner: every layer exported (full sequence), run inside
-    transformers' model, nothing it would notice; the ONNX runner's refusal is one line."""
+    transformers' model, nothing it would notice; with the ONNX runner (the default) the
+    sliding and HCA layers, and the CSA layer's refusal is one line."""
     import hybrid
     from mha_export.model.eval import evaluate
     _, folder = tiny
@@ -199,8 +204,64 @@ def test_eval_runs_the_layers_inside_the_model(tiny, tmp_path):
                  folder=tmp_path / "exports").to_dict()
     assert [x["layer"] for x in d["layers"]] == [0, 1, 2, 3]
     assert d["exported"]["kl_max"] < 1e-6 and all(x["rel"] < 1e-4 for x in d["layers"])
+    d = evaluate(folder, text, 20, "0,2,3", folder=tmp_path / "onnx").to_dict()
+    assert [x["layer"] for x in d["layers"]] == [0, 2, 3]
+    assert d["exported"]["kl_max"] < 1e-6 and all(x["rel"] < 1e-4 for x in d["layers"])
     r = CliRunner().invoke(cli, ["eval", "--weights", str(folder), "--text", str(text),
                                  "--tokens", "20"])
-    assert r.exit_code == 2 and r.stderr.splitlines() == [
-        "Error: DeepSeek-V4 attention is not built as an ONNX graph yet (no graph form builds "
-        "it): `mha-export torchscript` holds its eager layer"], r.stderr
+    assert r.exit_code == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "does not export DeepSeek-V4 attention's CSA layers yet" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def onnx_exported(tiny, tmp_path_factory):
+    """layer -> the folder `mha-export onnx --weights DIR --layer L --attention-mask` wrote
+    (its check passed: exit code 0), the sliding (0) and HCA (2) layers."""
+    _, folder = tiny
+    out = {}
+    for layer in (0, 2):
+        path = tmp_path_factory.mktemp("onnx") / f"layer-{layer}"
+        r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), "--layer", str(layer),
+                                     "--attention-mask", "-o", str(path)])
+        assert r.exit_code == 0 and "PASS" in r.output, r.output
+        out[layer] = path
+    return out
+
+
+@pytest.mark.parametrize("layer", [0, 2])
+def test_the_onnx_artifact_equals_transformers_on_a_left_padded_prompt(
+        tiny, onnx_exported, layer):
+    """Sliding (0), HCA (2: 5 closed rows): model.onnx's y at transformers' positions on every
+    real query."""
+    import onnxruntime as ort
+    model, _ = tiny
+    x, keep, want = _transformers_y(model, layer)
+    art = read_artifact(onnx_exported[layer])
+    assert art.signature.input_names == ["x", "attention_mask", "position_ids"]
+    session = ort.InferenceSession(str(onnx_exported[layer] / "model.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    positions = torch.arange(LENGTH).expand(2, LENGTH)
+    y = session.run(["y"], {"x": x.numpy(), "attention_mask": keep.numpy(),
+                            "position_ids": positions.numpy()})[0]
+    worst = np.abs(y - want.numpy())[keep.numpy().astype(bool)].max()
+    assert np.isfinite(y).all() and worst <= 2e-5
+
+
+@pytest.mark.parametrize("layer", [0, 2])
+def test_the_full_sequence_onnx_export_passes_its_check(tiny, layer, tmp_path):
+    """Without --attention-mask: every token kept (the layer's own all-ones mask)."""
+    _, folder = tiny
+    r = CliRunner().invoke(cli, ["onnx", "--weights", str(folder), "--layer", str(layer),
+                                 "-o", str(tmp_path / "a")])
+    assert r.exit_code == 0 and "PASS" in r.output, r.output
+    assert read_artifact(tmp_path / "a").signature.input_names == ["x", "position_ids"]
+
+
+def test_onnx_layers_all_lists_every_layer_and_refuses_the_csa_one(tiny, tmp_path):
+    from mha_export.fanout import export_layers
+    _, folder = tiny
+    summary = export_layers("onnx", folder, "all", tmp_path / "run", attention_mask=True)
+    assert not summary.passed
+    rows = json.loads((tmp_path / "run" / "layers.json").read_text())["layers"]
+    assert [(r["layer"], r["status"]) for r in rows] == [
+        (0, "pass"), (1, "error"), (2, "pass"), (3, "pass")]

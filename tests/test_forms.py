@@ -13,6 +13,7 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 from mha_export.config import MHAConfig
+from mha_export.errors import UsageError
 from mha_export.graph.forms import Feature, Memory
 from mha_export.kinds.registry import FORMS
 from mha_export.layer.entry import entry_module
@@ -28,6 +29,11 @@ CONFIGS = {
 QSA = MHAConfig(dim=32, heads=4, kv_heads=2, rotary="interleaved", rotary_dim=4, qk_norm="head",
                 norm_offset=1.0, output_gate=True,
                 qsa=dict(heads=2, head_dim=8, budget=4, compress_ratio=2))  # block_topk 2
+# DeepSeek-V4's HCA layer: its window of 8 and a pooled row every 4 tokens
+DSV4 = MHAConfig(dim=64, heads=4, head_dim=32, rotary="interleaved", rotary_dim=8,
+                 sliding_window=8, dsv4={"layer_type": "heavily_compressed_attention",
+                                         "q_lora_rank": 24, "o_groups": 2, "o_lora_rank": 16,
+                                         "rate": 4})
 VARIANTS = {"attention_op": "blocked", "plain": "blocked-plain"}
 MLA = MHAConfig(dim=32, heads=4, latent=dict(kv_lora_rank=16, qk_nope_head_dim=8,
                                             qk_rope_head_dim=4, v_head_dim=12, q_lora_rank=24))
@@ -122,10 +128,16 @@ def test_reference_evaluator_runs_the_portable_forms(form: str, kind: str) -> No
     """Standard ops only, rotary (in plain ops at opset 17) and grouped-query included."""
     config = MHAConfig(dim=32, heads=4, kv_heads=2, qkv_bias=True, rotary="interleaved",
                        rotary_dim=4)
-    # Multi-head Latent Attention's forms, a KV-shared layer's, a QSA layer's
+    # Multi-head Latent Attention's forms, a KV-shared layer's, a QSA layer's, DeepSeek-V4's
     if FORMS[form].kind != "standard":
         config = {"latent": MLA, "kv_shared": config.replace(
-            kv_shared={"kv_shared_layer": 0}, layout="shared"), "qsa": QSA}[FORMS[form].kind]
+            kv_shared={"kv_shared_layer": 0}, layout="shared"), "qsa": QSA,
+            "dsv4": DSV4}[FORMS[form].kind]
+    if Feature.KV_CACHE not in FORMS[form].supports and kind == "kv-cache":
+        with pytest.raises(UsageError):  # refused: by the signature or the form's problem()
+            build_model(config, build_module(config, seed=0).to_weights(), FORMS[form],
+                        signature=make_signature(config, kind))
+        return
     args = {"block": 3} if form == "blocked-plain" else {}
     if form == "decomposed" or config.kind != "standard":
         module = build_module(config, seed=0)

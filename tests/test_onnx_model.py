@@ -37,7 +37,22 @@ CONFIGS = [MHAConfig(dim=64, heads=4, qkv_bias=True),
            # Qwen4-exp's QSA: gated, q/k norms (1 + w), partial rotary; blocks of 4, 2 kept
            MHAConfig(dim=64, heads=4, kv_heads=2, rotary="half", rotary_dim=8, qk_norm="head",
                      norm_offset=1.0, output_gate=True,
-                     qsa=dict(heads=4, head_dim=16, budget=8, compress_ratio=4))]
+                     qsa=dict(heads=4, head_dim=16, budget=8, compress_ratio=4)),
+           # DeepSeek-V4's HCA layer: window 8 acting, a pooled row every 4 tokens, sinks
+           MHAConfig(dim=64, heads=4, head_dim=32, rotary="interleaved", rotary_dim=8,
+                     sliding_window=8, dsv4={"layer_type": "heavily_compressed_attention",
+                                             "q_lora_rank": 24, "o_groups": 2,
+                                             "o_lora_rank": 16, "rate": 4})]
+
+
+def _signature_of(config: MHAConfig, kind: str):
+    """make_signature's; a call kind the layer's kind declares unbuilt (its ``unbuilt_calls``:
+    DeepSeek-V4's cached calls, their one-line refusal tested in test_dsv4_kind.py) skipped
+    with that refusal as the reason."""
+    refused = getattr(config.section, "unbuilt_calls", {}).get(kind)
+    if refused:
+        pytest.skip(refused)
+    return make_signature(config, kind)
 
 
 def _session(model):
@@ -56,7 +71,7 @@ def _signature(form: str, config: MHAConfig):
 
 def _for(form: str, config: MHAConfig) -> MHAConfig:
     """config, or a layer of its width of the kind the form builds (an MLA layer; a KV-shared
-    layer reading layer 0's keys; a QSA layer)."""
+    layer reading layer 0's keys; a QSA layer; a DeepSeek-V4 HCA layer)."""
     kind = FORMS[form].kind
     if kind == config.kind or _buildable(FORMS[form], config, make_signature(config)):
         return config
@@ -65,6 +80,12 @@ def _for(form: str, config: MHAConfig) -> MHAConfig:
     if kind == "qsa":  # block_topk 2 of blocks of 2 keys
         return config.replace(layout="qsa", qsa=dict(heads=2, head_dim=config.head_dim,
                                                      budget=4, compress_ratio=2))
+    if kind == "dsv4":  # an HCA layer of its width: window 8, a pooled row every 4 tokens
+        return MHAConfig(dim=config.dim, heads=4, head_dim=16, max_seq_len=config.max_seq_len,
+                         rotary="interleaved", rotary_dim=8, sliding_window=8,
+                         dsv4={"layer_type": "heavily_compressed_attention",
+                               "q_lora_rank": 24, "o_groups": 2, "o_lora_rank": 16,
+                               "rate": 4})
     return config.replace(kv_shared={"kv_shared_layer": 0}, layout="shared")
 
 
@@ -72,7 +93,7 @@ def _for(form: str, config: MHAConfig) -> MHAConfig:
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.slug() + ("" if c.causal else "-noncausal"))  # noqa: E501
 def test_matches_eager_at_lengths_never_seen(form, config, kind):
-    sig = make_signature(config, kind)
+    sig = _signature_of(config, kind)
     if not _buildable(FORMS[form], config, sig):
         pytest.skip(f"{form} cannot build this (export refuses it: tested below)")
     m = build_module(config, seed=0)
@@ -109,7 +130,7 @@ def test_matches_eager_at_lengths_never_seen(form, config, kind):
 @pytest.mark.parametrize("form", FORMS)
 def test_io_declares_named_inputs_with_symbolic_axes(form, kind):
     c = _for(form, MHAConfig(dim=64, heads=4))
-    sig = make_signature(c, kind)
+    sig = _signature_of(c, kind)
     if not _buildable(FORMS[form], c, sig):
         pytest.skip("not buildable")
     model = build_model(c, build_module(c, seed=0).to_weights(), FORMS[form], signature=sig)
@@ -129,7 +150,8 @@ def test_no_baked_mask_or_sequence_sized_constant(form):
                         signature=_signature(form, c))
     for t in model.graph.initializer:
         assert 97 not in t.dims, t.name
-        if not t.name.endswith((".weight", ".bias", ".mean")):  # weights (an RMSNorm's mean)
+        # weights (an RMSNorm's mean; DeepSeek-V4's compressor's learned (rate, width) bias)
+        if not t.name.endswith((".weight", ".bias", ".mean", ".position_bias")):
             assert np.prod(t.dims) <= 8, t.name
 
 
@@ -182,7 +204,7 @@ def test_bfloat16_models_build_with_bfloat16_io_and_weights(form, kind):
     import ml_dtypes
     from onnx import TensorProto, numpy_helper
     c = _for(form, MHAConfig(dim=64, heads=4, rotary="half"))
-    sig = make_signature(c, kind)
+    sig = _signature_of(c, kind)
     if not _buildable(FORMS[form], c, sig):
         pytest.skip("not buildable")
     w = build_module(c, seed=0)

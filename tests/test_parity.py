@@ -36,10 +36,17 @@ QSA_CFG = MHAConfig(dim=64, heads=4, kv_heads=2, max_seq_len=32, rotary="half", 
                     qsa=dict(heads=4, head_dim=16, budget=8, compress_ratio=4))
 
 
+# DeepSeek-V4's HCA layer: its window of 8 and a pooled row every 4 tokens (sinks too)
+DSV4_CFG = MHAConfig(dim=64, heads=4, head_dim=32, max_seq_len=32, rotary="interleaved",
+                     rotary_dim=8, sliding_window=8,
+                     dsv4={"layer_type": "heavily_compressed_attention", "q_lora_rank": 24,
+                           "o_groups": 2, "o_lora_rank": 16, "rate": 4})
+
+
 def config_for(form: str) -> MHAConfig:
     """The layer a form's artifact holds: an MLA layer for the latent forms, a QSA layer for
-    QSA's."""
-    return {"latent": MLA_CFG, "qsa": QSA_CFG}.get(FORMS[form].kind, CFG)
+    QSA's, a DeepSeek-V4 HCA layer for its form."""
+    return {"latent": MLA_CFG, "qsa": QSA_CFG, "dsv4": DSV4_CFG}.get(FORMS[form].kind, CFG)
 SWEEP = dict(seq_lens=[1, 5, 32, 513], batch_sizes=[1, 2], providers=["cpu"])  # 513: auto's loop
 
 

@@ -1,18 +1,15 @@
-"""DeepSeek-V4's kind record: what every stage asks of it (kinds/base.py). Eager and TorchScript
-build it; the ONNX target refuses it in one line until its graph forms are wired in (``FORMS``);
-AOTInductor and ExecuTorch by what they lack of its ``needs``; the lossy steps by ``unbuilt``."""
+"""DeepSeek-V4's kind record: what every stage asks of it (kinds/base.py). Eager, TorchScript
+and ONNX (forms.py's form ``dsv4``: full-sequence and masked calls) build it; AOTInductor and
+ExecuTorch by what they lack of its ``needs``; the lossy steps by ``unbuilt``."""
 from __future__ import annotations
 
 from torch import nn
 
 from ...config import MHAConfig
 from ..base import AttentionKind, WeightMap
+from .forms import FORMS
 from .module import dsv4_layer
 from .settings import CSA, LAYOUT, NAME, SLIDING
-
-# its ONNX graph forms, the default first (none yet: the ONNX target refuses the kind)
-FORMS: tuple = ()
-
 
 def projections(c: MHAConfig) -> dict[str, tuple[int, int]]:
     """Every projection weight [out, in]: the query's low rank, the key = value row, the grouped

@@ -1,0 +1,68 @@
+"""DeepSeek-V4's ONNX graph form: graph.py's layer built from the signature's inputs, as
+graph/model.py builds a form's layer (``GraphForm.layer``).
+
+    signature          graph.py's inputs
+    x                  x (B, T, D)
+    attention_mask     keep (B, T) int64, 1 = token; a call without one: every token kept
+    position_ids       positions (B, T) int64
+    -> y (B, T, D)
+
+The whole layer is the form's (its ``core`` is never called on its own: the layer builder
+reads the form only for its name). Standard ops only, opset 17. Sliding and HCA layers;
+a CSA layer is refused in one line (``CSA_REFUSED``: its top-k ties).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from torch import Tensor
+
+from ...config import MHAConfig
+from ...graph.builder import GraphBuilder
+from ...graph.forms.base import QUADRATIC, AttentionIO, AttentionOut, Feature, GraphForm
+from ...graph.ops import Ops
+from ...signature import Signature
+from .graph import dsv4_full_sequence
+from .settings import CSA, LAYOUT, NAME
+
+
+def build_dsv4(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], form: GraphForm,
+               sig: Signature, opset: int = 17, kv_cache: Any = None) -> dict[str, str]:
+    """The layer's nodes for the signature's inputs (``w``: the eager layer's ``to_weights()``,
+    transformers' names); returns the graph value of y."""
+    keep = "attention_mask" if sig.has_mask else _all_kept(g)  # (B, T) int64
+    return {"y": dsv4_full_sequence(g, c.dsv4.shape(c), w, "x", keep, "position_ids")}
+
+
+def _all_kept(g: GraphBuilder) -> str:
+    """(B, T) int64 ones: a call without a padding mask keeps every token."""
+    op = Ops(g).named("keep")
+    return op.Expand(g.ints("keep_token", 1), op.Shape("x", start=0, end=2),
+                     name="all")  # (B, T)
+
+
+def _whole_layer(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut:
+    """Never called: build_dsv4 builds the whole layer (GraphForm's core field is required)."""
+    raise NotImplementedError(f"{NAME}'s form builds its whole layer (build_dsv4)")
+
+
+def _refuse(c: MHAConfig) -> str | None:
+    """CSA layers: their graph is built and proven (tests/test_dsv4_graph.py) but not exported,
+    as no check could pass it (see CSA_REFUSED)."""
+    return CSA_REFUSED if c.dsv4.layer_type == CSA else None
+
+
+CSA_REFUSED = (f"does not export {NAME}'s CSA layers yet: its indexer's top-k ties (ReLU's "
+               "exact-zero scores) are broken by ONNX TopK to the earlier row and by the eager "
+               "layer's torch.topk in no specified order, so the check's random inputs would "
+               "fail it; `mha-export torchscript` holds its eager layer")
+# its one key = value head (GQA's feature), its sliding window, its sinks, a padding mask
+DSV4_FEATURES = frozenset({Feature.ATTENTION_MASK, Feature.GQA, Feature.SLIDING_WINDOW,
+                           Feature.SINKS})
+DSV4_FORM = GraphForm(
+    name="dsv4", kind=LAYOUT, layer=build_dsv4, core=_whole_layer, min_opset=17,
+    memory=QUADRATIC, supports=DSV4_FEATURES, refuse=_refuse,
+    summary=f"{NAME} (the only form for it; sliding and HCA layers): the sliding window's "
+            "rows and the compressor's pooled rows as one key = value head, softmax with the "
+            "head's sink (standard ops)")
+FORMS = (DSV4_FORM,)
