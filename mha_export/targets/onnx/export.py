@@ -56,8 +56,8 @@ def check(config: MHAConfig, sig: Signature, attention: Optional[str] = None,
         raise UsageError(f"{kind.summary} is not built as an ONNX graph yet (no graph form "
                          "builds it): `mha-export torchscript` holds its eager layer")
     form = get_form(attention) if attention else default_form(config, sig)
-    if form.kind != config.kind:  # none of the kind's own forms builds it: the first one says why
-        form = kind.forms[0]
+    if not attention and form.kind != config.kind:  # the default, none of the kind's own forms
+        form = kind.forms[0]  # building it: its first form says why (one asked for says its own)
     check_buildable(config, form, sig, dtype, FORMS.values())  # naming every kind's forms
     resolve_opset(form, opset)
     return form
