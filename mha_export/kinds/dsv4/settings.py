@@ -25,7 +25,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from ... import rope_types
 from ...errors import UsageError, require_positive
 from ...layer_option import declared
-from ..section import section_from_json
+from ..section import ConfigOnlySection
 
 SLIDING = "sliding_attention"
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
@@ -101,8 +101,10 @@ SHARED_FIELDS = {"dim": "dim", "heads": "heads", "head_dim": "head_dim",
 
 
 @dataclass(frozen=True)
-class DeepSeekV4:
+class DeepSeekV4(ConfigOnlySection):
     """The layer's own settings (DSV4Shape's fields MHAConfig does not hold)."""
+
+    json_name = "dsv4"  # MHAConfig's field, config.json's key (no annotation: not a field)
 
     layer_type: str = SLIDING  # LAYER_TYPES
     q_lora_rank: int = 1024
@@ -168,19 +170,6 @@ class DeepSeekV4:
     @property
     def cache_docs(self) -> Dict[str, str]:
         return {}
-
-    @classmethod
-    def cli_options(cls) -> Dict[str, str]:
-        return {}
-
-    @classmethod
-    def from_options(cls, kw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-        return None
-
-    @classmethod
-    def from_value(cls, value: Any) -> "DeepSeekV4":
-        """A DeepSeekV4, or config.json's object of one (unknown keys refused)."""
-        return section_from_json(cls, value, "dsv4")
 
 
 def config_fields(shape: DSV4Shape) -> Dict[str, Any]:

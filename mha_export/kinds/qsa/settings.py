@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from ...errors import UsageError, require_positive
 from ...layer_option import refused_by
-from ..section import section_from_json
+from ..section import ConfigOnlySection
 
 NAME = "Qwen4-exp QSA (block top-k sparse attention)"
 LAYOUT = "qsa"  # its one weight layout: the split layout's projections and the indexer
@@ -28,9 +28,11 @@ ROTARY = ("none", "half", "interleaved")  # config.ROTARY (config imports this m
 
 
 @dataclass(frozen=True)
-class BlockIndex:
+class BlockIndex(ConfigOnlySection):
     """config.json's indexer_n_heads, indexer_head_dim, indexer_budget,
     indexer_compress_ratio (indexer_kv_heads is 1: checked by the family record)."""
+
+    json_name = "qsa"  # MHAConfig's field, config.json's key (no annotation: not a field)
 
     heads: int = 16  # Hi
     head_dim: int = 128  # Di
@@ -93,16 +95,3 @@ class BlockIndex:
     def cache_docs(self) -> Dict[str, str]:
         return {"past_value": "[value | raw index key] per kv head (the index key, one head, "
                               "repeated in each)"}
-
-    @classmethod
-    def cli_options(cls) -> Dict[str, str]:
-        return {}
-
-    @classmethod
-    def from_options(cls, kw: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-        return None
-
-    @classmethod
-    def from_value(cls, value: Any) -> "BlockIndex":
-        """A BlockIndex, or config.json's object of one (unknown keys refused)."""
-        return section_from_json(cls, value, "qsa")
