@@ -1,8 +1,10 @@
 """DeepSeek-V4's compressed layers, eager, full-sequence and cached calls (docs/deepseek-v4.md):
 ``heavily_compressed_attention`` (HCA: every ``rate`` tokens pooled into one more key = value
 row) and ``compressed_sparse_attention`` (CSA: overlapping windows of 2 * rate slots, and a
-lightning indexer keeping each query's top ``index_topk`` rows). Parameter names are
-transformers' (``self_attn.compressor.*``, ``self_attn.compressor.indexer.*``).
+lightning indexer keeping each query's top ``index_topk`` rows, ties to the earlier row as
+ONNX TopK: ``top_rows``). Parameter names are transformers' (``self_attn.compressor.*``,
+``self_attn.compressor.indexer.*``). A full-sequence call (``spare``) pools SPARE more rows,
+never seen, so that torch.export keeps seq dynamic (AOTInductor, ExecuTorch).
 
 Shape legend: B batch, T this call, n = T // rate closed windows, w a row's width (d, or the
 indexer's di), m = rate.
