@@ -3,7 +3,10 @@ DeepseekV4Attention: a tiny random checkpoint saved by transformers, the layer r
 folder, y on a left-padded 40-token prompt (window 8: the window acts) equal to the y the
 module gives inside transformers' model; a planted fault per feature fails; the compressed layer
 types' full-sequence calls too (the indexer's top-k below the closed rows), and every type's
-cached decode steps against transformers' cache. (The registered kind's exports:
+cached decode steps against transformers' cache. CSA's queries tied on the indexer's top-k
+boundary are not compared with transformers (its torch.topk picks among equal scores in no
+specified order; ours the earlier row: the selection is held to a stable sort's here, and to
+ONNX TopK's on every query in test_dsv4_graph.py). (The registered kind's exports:
 test_dsv4_kind.py.)"""
 from __future__ import annotations
 
