@@ -1,8 +1,10 @@
 """DeepSeek-V4's compressed layers, eager, full-sequence and cached calls (docs/deepseek-v4.md):
 ``heavily_compressed_attention`` (HCA: every ``rate`` tokens pooled into one more key = value
 row) and ``compressed_sparse_attention`` (CSA: overlapping windows of 2 * rate slots, and a
-lightning indexer keeping each query's top ``index_topk`` rows). Parameter names are
-transformers' (``self_attn.compressor.*``, ``self_attn.compressor.indexer.*``).
+lightning indexer keeping each query's top ``index_topk`` rows, ties to the earlier row as
+ONNX TopK: ``top_rows``). Parameter names are transformers' (``self_attn.compressor.*``,
+``self_attn.compressor.indexer.*``). A full-sequence call (``spare``) pools SPARE more rows,
+never seen, so that torch.export keeps seq dynamic (AOTInductor, ExecuTorch).
 
 Shape legend: B batch, T this call, n = T // rate closed windows, w a row's width (d, or the
 indexer's di), m = rate.
@@ -140,10 +142,10 @@ class Indexer(nn.Module):
     def forward(self, x: Tensor, residual: Tensor, positions: Tensor, inv_freq: Tensor,
                 state: Dict[str, Tensor], spare: bool = False) -> Tensor:
         """x (B, T, D), residual (B, T, Rq), positions (B, T) -> (B, T, n) bool: the rows
-        each query keeps (its top k closed rows: torch.topk over exactly the closed windows'
-        rows, as transformers', whose picks among equal scores ``spare`` rows would change)."""
+        each query keeps, its top k closed rows (``top_rows``: ties to the earlier row);
+        ``spare`` (a full-sequence call): SPARE more rows (the compressor's), never kept."""
         b, t = x.size(0), x.size(1)
-        keys = self.compressor(x, inv_freq, state, "indexer")  # (B, n, di)
+        keys = self.compressor(x, inv_freq, state, "indexer", spare)  # (B, n, di)
         cos, sin = cos_sin(positions, inv_freq, torch.float32)  # (B, 1, T, rd/2)
         q = self.q_b_proj(residual).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         q = rotate_tail(q.float(), cos, sin).to(x.dtype).transpose(1, 2)  # (B, T, Hi, di)
@@ -151,11 +153,32 @@ class Indexer(nn.Module):
         weights = self.scorer.weights_proj(x).float() * self.heads ** -0.5  # (B, T, Hi)
         scores = (torch.relu(dots) * self.head_dim ** -0.5 * weights.unsqueeze(-1)).sum(2)
         closed = closed_by(positions, keys.size(1), self.rate)  # (B, T, n)
-        scores = scores.masked_fill(~closed, float("-inf"))
-        picks = scores.topk(min(self.topk, keys.size(1)), dim=-1).indices  # (B, T, k)
-        chosen = torch.ones_like(picks, dtype=torch.bool)
-        picked = torch.zeros_like(closed).scatter(-1, picks, chosen)  # (B, T, n)
-        return picked & closed
+        if spare:
+            closed = closed & unspared(keys.size(1), t, self.rate, x.device)
+        return top_rows(scores, closed, self.topk)
+
+
+def top_rows(scores: Tensor, closed: Tensor, k: int) -> Tensor:
+    """scores (B, T, n) float32, closed (B, T, n) bool -> (B, T, n) bool: each query's top k
+    closed rows, ties to the earlier row (as ONNX TopK breaks them). A closed row is kept when
+    it scores above the k-th largest closed score, or equals it and is among the first
+    k - (how many score above) rows that do. The k-th score is torch.topk's value, whatever
+    order it picks equal rows in; k is fixed (k columns of -inf appended), so no size depends
+    on min(k, n) and torch.export keeps n dynamic; no sort."""
+    lowest = float("-inf")
+    ranked = scores.masked_fill(~closed, lowest)  # (B, T, n)
+    padded = torch.nn.functional.pad(ranked, [0, k], value=lowest)  # (B, T, n + k)
+    kth = padded.topk(k, dim=-1).values.min(dim=-1, keepdim=True).values  # (B, T, 1)
+    above = closed & (ranked > kth)  # (B, T, n)
+    level = closed & (ranked == kth)  # (B, T, n): -inf (fewer than k closed) never closed
+    room = k - above.sum(dim=-1, keepdim=True)  # (B, T, 1)
+    return above | (level & (level.cumsum(dim=-1) <= room))
+
+
+def unspared(rows: int, t: int, rate: int, device: torch.device) -> Tensor:
+    """(n,) bool: a full-sequence call's rows that are a closed window's (the first T // m),
+    not its SPARE ones, whatever the positions."""
+    return torch.arange(rows, device=device) < t // rate
 
 
 class NoIndexer(nn.Module):
@@ -170,10 +193,9 @@ class NoIndexer(nn.Module):
                 state: Dict[str, Tensor], spare: bool = False) -> Tensor:
         """(B, T, n) bool; ``spare``: the spare rows never, whatever the positions."""
         rows = state["compressor.compressed_kv"].size(1)
-        seen = closed_by(positions, rows, self.rate)
+        seen = closed_by(positions, rows, self.rate)  # (B, T, n)
         if spare:
-            real = torch.arange(rows, device=x.device) < x.size(1) // self.rate  # (n,)
-            seen = seen & real
+            seen = seen & unspared(rows, x.size(1), self.rate, x.device)
         return seen
 
 
@@ -191,7 +213,6 @@ class DSV4CompressedAttention(DSV4SlidingAttention):
     def extra_rows(self, x: Tensor, residual: Tensor, positions: Tensor,
                    state: Dict[str, Tensor], spare: bool = False) -> Tuple[Tensor, Tensor]:
         """The pooled rows (B, 1, n, d) and their mask (B, 1, T, n)."""
-        spare = spare and not self.sparse  # CSA: its indexer's rows exactly (Indexer)
         rows = self.compressor(x, self.inv_freq, state, "compressor", spare)  # (B, n, d)
         seen = self.compressor.indexer(x, residual, positions, self.inv_freq, state,
                                        spare)  # (B, T, n)

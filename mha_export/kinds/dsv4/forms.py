@@ -8,8 +8,9 @@ graph/model.py builds a form's layer (``GraphForm.layer``).
     -> y (B, T, D)
 
 The whole layer is the form's (its ``core`` is never called on its own: the layer builder
-reads the form only for its name). Standard ops only, opset 17. Sliding and HCA layers;
-a CSA layer is refused in one line (``CSA_REFUSED``: its top-k ties).
+reads the form only for its name). Standard ops only, opset 17. Every layer type: sliding,
+HCA and CSA (its indexer's TopK keeps the earlier of equal scores, as the eager layer's
+``top_rows``, so the check compares every query, the tied ones too).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from ...graph.forms.base import QUADRATIC, AttentionIO, AttentionOut, Feature, G
 from ...graph.ops import Ops
 from ...signature import Signature
 from .graph import dsv4_full_sequence
-from .settings import CSA, LAYOUT, NAME
+from .settings import LAYOUT, NAME
 
 
 def build_dsv4(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], form: GraphForm,
@@ -46,23 +47,14 @@ def _whole_layer(g: GraphBuilder, io: AttentionIO, c: MHAConfig) -> AttentionOut
     raise NotImplementedError(f"{NAME}'s form builds its whole layer (build_dsv4)")
 
 
-def _refuse(c: MHAConfig) -> str | None:
-    """CSA layers: their graph is built and proven (tests/test_dsv4_graph.py) but not exported,
-    as no check could pass it (see CSA_REFUSED)."""
-    return CSA_REFUSED if c.dsv4.layer_type == CSA else None
-
-
-CSA_REFUSED = (f"does not export {NAME}'s CSA layers yet: its indexer's top-k ties (ReLU's "
-               "exact-zero scores) are broken by ONNX TopK to the earlier row and by the eager "
-               "layer's torch.topk in no specified order, so the check's random inputs would "
-               "fail it; `mha-export torchscript` holds its eager layer")
 # its one key = value head (GQA's feature), its sliding window, its sinks, a padding mask
 DSV4_FEATURES = frozenset({Feature.ATTENTION_MASK, Feature.GQA, Feature.SLIDING_WINDOW,
                            Feature.SINKS})
 DSV4_FORM = GraphForm(
     name="dsv4", kind=LAYOUT, layer=build_dsv4, core=_whole_layer, min_opset=17,
-    memory=QUADRATIC, supports=DSV4_FEATURES, refuse=_refuse,
-    summary=f"{NAME} (the only form for it; sliding and HCA layers): the sliding window's "
-            "rows and the compressor's pooled rows as one key = value head, softmax with the "
-            "head's sink (standard ops)")
+    memory=QUADRATIC, supports=DSV4_FEATURES,
+    summary=f"{NAME} (the only form for it; sliding, CSA and HCA layers): the sliding "
+            "window's rows and the compressor's pooled rows (CSA: the indexer's top-k by "
+            "TopK, ties to the earlier row) as one key = value head, softmax with the head's "
+            "sink (standard ops)")
 FORMS = (DSV4_FORM,)

@@ -152,7 +152,8 @@ def index_picks(g: GraphBuilder, s: DSV4Shape, w: Mapping[str, Tensor], x: str,
     by score[t, s] = sum_h wt[t, h] * ReLU(qi[t, h] . K[s]) / sqrt(di), float32, over every
     row its compressor pooled (past and new: ``past`` its state, graph_state.py's entries; the
     updated one returned). residual (B, T, Rq) the queries' q_a_norm output; closed (B, T, n);
-    cos, sin (B, T, r/2) at the queries' positions. Nodes named ``index_*``."""
+    cos, sin (B, T, r/2) at the queries' positions. TopK keeps the lower index of equal
+    scores, as the eager layer's ``top_rows``. Nodes named ``index_*``."""
     op, hi, di = Ops(g).named("index"), s.index_heads, s.index_head_dim
     pre = "compressor.indexer."
     keys, present = compressed_rows(g, s, w, x, pre + "compressor.", di, True, past)  # B,n,di

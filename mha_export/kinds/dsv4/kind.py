@@ -1,6 +1,8 @@
-"""DeepSeek-V4's kind record: what every stage asks of it (kinds/base.py). Eager, TorchScript
-and ONNX (forms.py's form ``dsv4``: full-sequence and masked calls) build it; AOTInductor and
-ExecuTorch by what they lack of its ``needs``; the lossy steps by ``unbuilt``."""
+"""DeepSeek-V4's kind record: what every stage asks of it (kinds/base.py). Eager, TorchScript,
+ONNX (forms.py's form ``dsv4``: full-sequence and masked calls), AOTInductor and ExecuTorch
+build every layer type (no ``needs``: CSA's indexer reads the k-th largest score of a fixed-k
+torch.topk and keeps rows by comparisons, compressed.py's ``top_rows``: no sort, no size from
+min(k, n)); the lossy steps are refused by ``unbuilt``."""
 from __future__ import annotations
 
 from torch import nn
@@ -43,24 +45,6 @@ def call_flops(c: MHAConfig, seq: int, pairs: float, past: int) -> float:
     return 2.0 * seq * weights + attention + index
 
 
-# what its layers need that a target may lack (targets/base.py's ``lacks``): the sliding and
-# HCA layers nothing (a full-sequence call's rows untrimmed, HCA's pooled rows with spare ones:
-# layer.py, compressed.py), CSA its indexer's top-k
-TOPK = "top-k of call-length rows"
-
-
-def needs(c: MHAConfig) -> dict[str, tuple[str, str]]:
-    """A CSA layer's indexer keeps each query's top min(index_topk, T // rate) pooled rows by
-    torch.topk over exactly those rows: its picks among equal scores (the ReLU's zeros) are
-    transformers', which spare rows would change."""
-    if c.dsv4.layer_type != CSA:
-        return {}
-    return {TOPK: (f"{NAME}'s {CSA} layer",
-                   f"its indexer keeps each query's top min({c.dsv4.index_topk}, T // "
-                   f"{c.dsv4.rate}) pooled rows by torch.topk over exactly those rows (its "
-                   "picks among equal scores are transformers')")}
-
-
 def no_quantizable(c: MHAConfig) -> list[str]:
     return []
 
@@ -78,4 +62,4 @@ KIND = AttentionKind(
     name="dsv4", summary=NAME, layouts={LAYOUT: dsv4_layer},
     anchors={LAYOUT: "o_a_proj.weight"}, forms=FORMS,
     projections=projections, quantizable=no_quantizable, map_projections=unchanged,
-    call_flops=call_flops, unbuilt=UNBUILT, needs=needs)
+    call_flops=call_flops, unbuilt=UNBUILT)

@@ -38,14 +38,6 @@ def _no_torch_cuda() -> Optional[str]:
     return None if torch.cuda.is_available() else "no CUDA device visible to torch"
 
 
-# what a layer may need (its kind's ``needs``) that AOTInductor does not compile right (measured)
-LACKS = {"top-k of call-length rows": "torch.export (2.13) specialises that count (it guards "
-                                     "T // rate against 0, 1 and k) and the AOTInductor "
-                                     "program's y is off by up to 6.4 from 7 tokens on; spare "
-                                     "rows that keep it dynamic change torch.topk's picks among "
-                                     "equal scores (4% of random rows), so it would no longer "
-                                     "equal transformers'"}
-
 RUNNERS = (
     RunnerKind("aoti-cpu", MODEL_FILE, "cpu", "AOTInductor (torch)", _open("cpu"),
                lambda dtype, options: FP32),
@@ -61,4 +53,4 @@ TARGET = ExportTarget(
     options=(TargetOption("device", default="cpu", choices=DEVICES, show_default=True,
                           help="Device the package is compiled for (cuda: only where torch "
                                "sees a GPU)."),),
-    runners=RUNNERS, cpp_program="mha_aoti", lacks=LACKS)
+    runners=RUNNERS, cpp_program="mha_aoti")
