@@ -264,19 +264,18 @@ def test_aoti_and_executorch_pass_their_checks(tmp_path, target, call):
     assert check_parity(path, **sweep).passed
 
 
-def test_eval_runs_the_shared_layers_inside_the_model(tmp_path):
-    """eval of a tiny GLM-5: the shared layers 1 and 2 exported, run by ONNX Runtime with the
-    top-k the model hands them (prefill and cached generation), layer 3 too; layer 0, whose
-    selection they read, left to the model; nothing a model would notice."""
+def test_eval_runs_every_layer_inside_the_model(tmp_path):
+    """eval of a tiny GLM-5 with every attention layer exported: layer 0, whose selection the
+    shared layers 1 and 2 read, hands them its artifact's topk_indices (prefill and cached
+    generation); layer 3 too; none left to the model, nothing a model would notice."""
     import hybrid
     from mha_export.model.eval import evaluate
     ckpt = hybrid.save_tiny_glm5(tmp_path / "ckpt")
     text = tmp_path / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog, again and again. " * 4)
     d = evaluate(ckpt, text, 40, "all", generate=3, folder=tmp_path / "exports").to_dict()
-    assert [x["layer"] for x in d["layers"]] == [1, 2, 3]
-    assert d["left_to_model"] == {"0": "dsa_topk_source (its top-k feeds layers 1, 2; not an "
-                                       "output of the export)"}
+    assert [x["layer"] for x in d["layers"]] == [0, 1, 2, 3]
+    assert d["left_to_model"] == {}
     assert d["exported"]["kl_max"] < 1e-6 and d["generation"]["matched"] == 3
     assert all(x["rel"] < 1e-4 for x in d["layers"])
 
