@@ -159,6 +159,106 @@ def test_cached_decode_equals_transformers_with_its_cache(glm5, fmt, tmp_path):
         assert diff.max() <= 2e-5, float(diff.max())
 
 
+def _selections(model, layer: int, run) -> list:
+    """Each call of the layer's attention under ``run()``: (its x, the top-k its module
+    returned (B, T, K), its indexer's scores (B, T, S) (torch.topk's input, read there))."""
+    calls, scores, real_topk = [], [], torch.Tensor.topk
+    attention = model.model.layers[layer].self_attn
+    inside = []  # set while the indexer runs (the MoE router calls topk too)
+
+    def topk(self, *args, **kwargs):
+        if inside:
+            scores.append(self.float().numpy().copy())
+        return real_topk(self, *args, **kwargs)
+
+    def hook(module, args, kwargs, out):
+        calls.append((kwargs["hidden_states"].numpy().copy(), out[2].long().numpy().copy(),
+                      scores.pop()))
+    handles = [attention.indexer.register_forward_pre_hook(lambda m, a: inside.append(1)),
+               attention.indexer.register_forward_hook(lambda m, a, o: inside.clear()),
+               attention.register_forward_hook(hook, with_kwargs=True)]
+    torch.Tensor.topk = topk
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        torch.Tensor.topk = real_topk
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def _same_kept(ours, theirs, scores, mask, start: int) -> tuple[int, int]:
+    """Each real query's kept keys it can see, as a set: ours equal transformers'. A query
+    whose k-th and (k+1)-th visible scores are equal is not compared (torch.topk's pick between
+    them is unspecified). Returns (queries compared, queries with such a tie)."""
+    assert ours.shape == theirs.shape and ours.dtype == np.int64
+    b, t, k = ours.shape
+    keys = scores.shape[-1]
+    visible = ((np.arange(keys)[None, None, :] <= start + np.arange(t)[None, :, None])
+               & mask[:, None, :keys].astype(bool))  # (B, T, S)
+    kept = []
+    for picks in (ours, theirs):
+        sets = np.zeros((b, t, keys), bool)
+        np.put_along_axis(sets, picks, True, axis=-1)
+        kept.append(sets & visible)  # (B, T, S)
+    ranked = -np.sort(-np.where(visible, scores, -np.inf), axis=-1)  # (B, T, S) best first
+    tie = (visible.sum(-1) > k) & (ranked[..., k - 1] == ranked[..., min(k, keys - 1)])
+    rows = mask[:, start:start + t].astype(bool) & ~tie  # (B, T): the compared queries
+    assert (kept[0] == kept[1]).all(-1)[rows].all(), np.argwhere(
+        ~(kept[0] == kept[1]).all(-1) & rows)[:3]
+    return int(rows.sum()), int(tie.sum())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_source_layers_selection_equals_transformers(glm5, fmt, tmp_path):
+    """Layer 0 (the shared layers' source) exported outputs topk_indices: on the left-padded
+    40-token prompt (index_topk 4), each real query's kept keys are transformers' own
+    (GlmMoeDsaAttention's returned top-k), as sets; y too."""
+    model, folder = glm5
+    ids, mask, pos = _batch()
+    (x, theirs, scores), = _selections(model, 0, lambda: model(
+        input_ids=ids, attention_mask=mask, position_ids=pos))
+    art, runner = _export(fmt, folder, 0, tmp_path / "a", attention_mask=True)
+    sig = read_artifact(art).signature
+    assert sig.output_names == ["y", "topk_indices"] and read_artifact(
+        art).config.latent.index.feeds
+    out = runner.run(_feeds(sig, x=x, attention_mask=mask.numpy(), position_ids=pos.numpy()))
+    compared, ties = _same_kept(out["topk_indices"], theirs, scores, mask.numpy(), 0)
+    assert theirs.shape == (B, L, 4) and compared >= 0.9 * int(mask.sum()), (compared, ties)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_source_layers_cached_selection_equals_transformers(glm5, fmt, tmp_path):
+    """Prefill 34 tokens, then single-token steps with transformers' cache: each call's
+    selection over the whole cache (K = min(4, keys)) is transformers' own, as sets."""
+    model, folder = glm5
+    ids, mask, pos = _batch()
+
+    def run():
+        cache = model(input_ids=ids[:, :PREFILL], attention_mask=mask[:, :PREFILL],
+                      position_ids=pos[:, :PREFILL], use_cache=True).past_key_values
+        for t in range(PREFILL, L):
+            cache = model(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
+                          position_ids=pos[:, t:t + 1], past_key_values=cache,
+                          use_cache=True).past_key_values
+    calls = _selections(model, 0, run)
+    art, runner = _export(fmt, folder, 0, tmp_path / "kv", kv_cache=True)
+    sig = read_artifact(art).signature
+    out = {f"present_{n}": np.zeros(sig.cache_buffer(f"past_{n}", B, 0), np.float32)
+           for n in ("key", "value")}
+    start, compared = 0, 0
+    for x, theirs, scores in calls:
+        end = start + x.shape[1]
+        out = runner.run(_feeds(sig, x=x, attention_mask=mask[:, :end].numpy(),
+                                past_key=out["present_key"], past_value=out["present_value"],
+                                position_ids=pos[:, start:end].numpy()))
+        assert out["topk_indices"].shape == theirs.shape == (B, end - start, min(4, end))
+        compared += _same_kept(out["topk_indices"], theirs, scores, mask.numpy(), start)[0]
+        start = end
+    assert compared >= 0.9 * int(mask.sum())
+
+
 def test_layers_all_lists_every_layer_and_the_shared_ones_pass(glm5, tmp_path):
     from mha_export.fanout import check_layers, export_layers
     _, folder = glm5
