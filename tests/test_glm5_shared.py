@@ -266,6 +266,9 @@ def test_layers_all_lists_every_layer_and_the_shared_ones_pass(glm5, tmp_path):
     assert summary.passed
     rows = json.loads((tmp_path / "run" / "layers.json").read_text())["layers"]
     assert [(r["layer"], r["status"]) for r in rows] == [(i, "exported") for i in range(5)]
+    for layer in (0, 3):  # the layers they read: their selection an output
+        art = read_artifact(tmp_path / "run" / f"layer-{layer}")
+        assert art.config.latent.index.feeds and "topk_indices" in art.signature.output_names
     for layer, source in ((1, 0), (2, 0), (4, 3)):
         config = read_artifact(tmp_path / "run" / f"layer-{layer}").config
         assert config.latent.index.source == source
@@ -277,6 +280,8 @@ def test_layers_all_lists_every_layer_and_the_shared_ones_pass(glm5, tmp_path):
 LATENT = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24,
               q_lora_rank=48, index={"topk": 4, "heads": 8, "head_dim": 16, "source": 0})
 SWEEP = dict(seq_lens=[1, 3, 9], past_lens=[0, 6], batch_sizes=[1, 2], providers=["cpu"])
+# the layer they read: its own indexer, its selection an output (index feeds)
+SOURCE = dict(LATENT, index={"topk": 4, "heads": 8, "head_dim": 16, "feeds": True})
 SHARED_FAULTS = {"the key after each given one kept": faults.shared_topk_off_by_one,
                  "the given selection never acts": faults.shared_topk_ignored}
 
@@ -364,6 +369,27 @@ def test_aoti_and_executorch_pass_their_checks(tmp_path, target, call):
     assert check_parity(path, **sweep).passed
 
 
+@pytest.mark.parametrize("call", ["masked", "static-cache"])
+def test_the_source_layer_on_aoti_passes_its_check(tmp_path, call):
+    """AOTInductor's program of a layer whose selection shared layers read outputs it in every
+    call (K = min(index_topk, keys) without a guard on the keys: the sweep's calls read 1 to 15),
+    and its check passes, topk_indices compared."""
+    from mha_export import export_aoti
+    c = MHAConfig(dim=64, heads=4, max_seq_len=16, latent=SOURCE)
+    path = export_aoti(c, tmp_path / "a", validate=False, attention_mask=call == "masked",
+                       static_cache=call == "static-cache").path
+    report = check_parity(path, **SWEEP)
+    assert report.passed and "topk_indices" in {r.output for r in report.results}
+
+
+def test_executorch_refuses_the_source_layer_in_one_line(tmp_path):
+    from mha_export import export_executorch
+    c = MHAConfig(dim=64, heads=4, max_seq_len=16, latent=SOURCE)
+    with pytest.raises(UsageError, match="is not built for ExecuTorch: its indexer keeps each "
+                                         "query's top keys by a stable sort"):
+        export_executorch(c, tmp_path / "a", validate=False, static_cache=True)
+
+
 def test_eval_runs_every_layer_inside_the_model(tmp_path):
     """eval of a tiny GLM-5 with every attention layer exported: layer 0, whose selection the
     shared layers 1 and 2 read, hands them its artifact's topk_indices (prefill and cached
@@ -378,6 +404,21 @@ def test_eval_runs_every_layer_inside_the_model(tmp_path):
     assert d["left_to_model"] == {}
     assert d["exported"]["kl_max"] < 1e-6 and d["generation"]["matched"] == 3
     assert all(x["rel"] < 1e-4 for x in d["layers"])
+
+
+def test_eval_hands_the_shared_layers_the_exported_selection(tmp_path, monkeypatch):
+    """Planted: the stand-in of layer 0 hands on its artifact's selection each one key earlier;
+    the shared layers read it, and the model notices."""
+    import hybrid
+    from mha_export.model import eval as model_eval
+    ckpt = hybrid.save_tiny_glm5(tmp_path / "ckpt")
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog, again and again. " * 4)
+    passed = model_eval.ExportedAttention._passed
+    monkeypatch.setattr(model_eval.ExportedAttention, "_passed", lambda self, given, own: tuple(
+        (t - 1).clamp(min=0) if self.gives_topk else t for t in passed(self, given, own)))
+    d = model_eval.evaluate(ckpt, text, 40, "all", folder=tmp_path / "exports").to_dict()
+    assert d["left_to_model"] == {} and d["exported"]["kl_max"] > 1e-2
 
 
 def test_the_cli_builds_a_shared_layer_and_checks_it(tmp_path):
