@@ -5,14 +5,15 @@ Any NaN or Inf in the output is a failure, never a pass. ``rel`` is the error re
 output's scale: max |actual - expected| / max |expected| (an element-by-element ratio explodes
 where expected is near zero, and says nothing a person can act on).
 
-An integer output is a selection (a DSA layer's topk_indices (B, T, K): key positions) and is
-compared as what it means: each row's set of positions, in any order (ONNX TopK and torch.sort
-order equal scores differently; the positions, not their order, decide what attention sees).
-Equal scores pick the same positions in every runtime (the earlier key: ONNX TopK's rule and the
-eager stable sort), so sets must match exactly, but for near-equal scores that float rounding
-orders differently: at most ``SWAPS`` rows (or ``changed`` of the rows) may differ, each by one
-position swapped at its k-th pick. A position shifted, a wrong k-th pick in every row, a row
-missing a key: all fail. The figures count positions: ``max_abs`` the most one row differs by.
+An int64 output is a selection (a DSA layer's topk_indices (B, T, K): key positions; an int8
+cache's codes are values, compared elementwise) and is compared as what it means: each row's set
+of positions, in any order (ONNX TopK and torch.sort order equal scores differently; the
+positions, not their order, decide what attention sees). Equal scores pick the same positions
+in every runtime (the earlier key: ONNX TopK's rule and the eager stable sort), so the sets must
+match, but for near-equal scores that float rounding orders differently: at most ``SWAPS`` rows
+(or ``changed`` of the rows) may differ, each by one position at its k-th pick. A position
+shifted, a wrong k-th pick in every row, a row missing a key: all fail. The figures count
+positions: ``max_abs`` the most one row differs by.
 """
 from __future__ import annotations
 
@@ -133,7 +134,7 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
     a, e = np.asarray(actual), np.asarray(expected)
     if a.shape != e.shape:
         return _failed(f"shape {list(a.shape)} != expected {list(e.shape)}")
-    if np.issubdtype(e.dtype, np.integer):
+    if e.dtype == np.int64:  # positions (an int8 cache's codes are values: elementwise)
         return compare_selection(a, e, tol, valid)
     nonfinite = _nonfinite(a)
     if nonfinite or _nonfinite(e):
