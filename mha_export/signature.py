@@ -108,8 +108,7 @@ TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
         "the values this call attends with" + SHARED_DOCS[kind]),
     "topk_indices": lambda c, kind: TensorSpec(
         "topk_indices", "int64", (BATCH, SEQ, INDEX_K),
-        "the key positions each query keeps (those of the keys this call reads; a position "
-        "past them keeps nothing)"),
+        "the key positions each query keeps, of the keys this call reads"),
     "y": lambda c, kind: TensorSpec("y", FLOAT, (BATCH, SEQ, c.dim), "output"),
     "present_key": lambda c, kind: TensorSpec(
         "present_key", FLOAT, _cache(c, kind, TOTAL, 1),

@@ -144,7 +144,7 @@ class Latent:
             rope = (f"[{rope} | the lightning indexer's keys (index_head_dim wide)], side by "
                     "side")
         source = {"topk_indices": f"layer {self.index.source}'s top-k key positions of each "
-                                  "query"} if shared else {}
+                                  "query (one past the keys keeps nothing)"} if shared else {}
         if self.index and self.index.feeds:
             source = {"topk_indices": "this layer's top-k key positions of each query, best "
                                       "first (the selection later shared layers read)"}
