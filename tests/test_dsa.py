@@ -118,6 +118,17 @@ def test_a_feeding_layers_selection_is_checked_and_a_planted_fault_caught(tmp_pa
     assert {r.output for r in report.results if not r.passed} == {"topk_indices"}
 
 
+@pytest.mark.parametrize("call", ["full", "static-cache"])
+def test_a_feeding_layers_torchscript_calls_pass_their_check(tmp_path, call):
+    from mha_export import export_torchscript
+    c = MHAConfig(dim=64, heads=4, max_seq_len=16,
+                  latent=dict(LATENT, index=dict(INDEX, feeds=True)))
+    path = export_torchscript(c, tmp_path / "a", validate=False,
+                              static_cache=call == "static-cache").path
+    report = check_parity(path, **SWEEP)
+    assert report.passed and "topk_indices" in {r.output for r in report.results}
+
+
 @pytest.mark.parametrize("change, msg", [
     (dict(q_lora_rank=None), "it needs q_lora_rank"),
     (dict(index={"topk": 0}), "index topk must be a positive integer"),
