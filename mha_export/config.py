@@ -237,6 +237,12 @@ class MHAConfig:
         return getattr(self.section, "extra_inputs", ())
 
     @property
+    def extra_outputs(self) -> tuple[str, ...]:
+        """Outputs every call of the layer gives beyond its signature kind's, where its kind
+        says (a GLM-5 DSA layer's selection that later shared layers read)."""
+        return getattr(self.section, "extra_outputs", ())
+
+    @property
     def cache_docs(self) -> dict[str, str]:
         """What the cache tensors hold, where the kind says (signature.py)."""
         return getattr(self.section, "cache_docs", {})

@@ -30,6 +30,11 @@ A layer's kind can add inputs to every call (``MHAConfig.extra_inputs``), before
     topk_indices      (batch, seq, index_k) int64: a GLM-5 shared-top-k layer's source layer's
                       selection, index_k = min(index_topk, the keys the call reads)
 
+and outputs to every call (``MHAConfig.extra_outputs``), after its kind's:
+
+    topk_indices      (batch, seq, index_k) int64: a GLM-5 DSA layer's own selection that later
+                      shared layers read, best first (transformers' returned top-k)
+
 Adding an input or output: one entry in ``TENSORS`` and its name in the ``KINDS`` that take it.
 """
 from __future__ import annotations
@@ -103,8 +108,7 @@ TENSORS: dict[str, Callable[[MHAConfig, str], TensorSpec]] = {
         "the values this call attends with" + SHARED_DOCS[kind]),
     "topk_indices": lambda c, kind: TensorSpec(
         "topk_indices", "int64", (BATCH, SEQ, INDEX_K),
-        "the key positions each query keeps (those of the keys this call reads; a position "
-        "past them keeps nothing)"),
+        "the key positions each query keeps, of the keys this call reads"),
     "y": lambda c, kind: TensorSpec("y", FLOAT, (BATCH, SEQ, c.dim), "output"),
     "present_key": lambda c, kind: TensorSpec(
         "present_key", FLOAT, _cache(c, kind, TOTAL, 1),
@@ -225,6 +229,7 @@ def make_signature(config: MHAConfig, kind: str = "full", cache_dtype: str = FLO
         raise UsageError(unbuilt[kind])
     ins, outs = KINDS[kind]
     ins += config.extra_inputs  # the kind's own (a shared-top-k layer's indices)
+    outs += config.extra_outputs  # (a DSA layer's selection that shared layers read)
     rotates = config.rotary not in ("none", "unrotated")  # (unrotated: NoPE MLA, Kimi Linear)
     ins += ("position_ids",) if rotates else ()  # rotary layers: the last input
     spec = lambda n: _documented(_cached(TENSORS[n](config, kind), cache_dtype),  # noqa: E731

@@ -603,6 +603,43 @@ def shared_topk_ignored(path: Path) -> None:
     _every_node(path, "given_hides", _bypass)
 
 
+def _output_produced_as(m, output: str, inner: str):
+    """The node computing graph output ``output`` writes ``inner`` instead (a fault then
+    computes ``output`` from it)."""
+    node = next(n for n in all_nodes(m.graph) if output in n.output)
+    node.output[:] = [inner if o == output else o for o in node.output]
+
+
+def selection_shifted(path: Path) -> None:
+    """A DSA layer's output topk_indices each one position later (attention's own unchanged)."""
+    def fn(m):
+        _output_produced_as(m, "topk_indices", "topk_indices_fault")
+        m.graph.initializer.append(numpy_helper.from_array(np.array(1, np.int64), "fault_one"))
+        m.graph.node.append(onnx.helper.make_node("Add", ["topk_indices_fault", "fault_one"],
+                                                  ["topk_indices"]))
+    _edit(path, fn)
+
+
+def selection_kth_pick_wrong(path: Path, topk: int) -> None:
+    """A DSA layer's output topk_indices keeps each query's (k+1)-th key in place of its k-th
+    (its TopK of k + 1, the k-th dropped)."""
+    def fn(m):
+        _set_initializer(m, "selection_topk", np.array([topk + 1], np.int64))
+        _output_produced_as(m, "topk_indices", "topk_indices_fault")
+        for name, value in (("fault_zero", [0]), ("fault_head", [topk - 1]),
+                            ("fault_tail", [topk]), ("fault_end", [topk + 1]),
+                            ("fault_axis", [2])):
+            m.graph.initializer.append(numpy_helper.from_array(np.array(value, np.int64), name))
+        make = onnx.helper.make_node
+        m.graph.node.extend([
+            make("Slice", ["topk_indices_fault", "fault_zero", "fault_head", "fault_axis"],
+                 ["fault_best"]),
+            make("Slice", ["topk_indices_fault", "fault_tail", "fault_end", "fault_axis"],
+                 ["fault_next"]),
+            make("Concat", ["fault_best", "fault_next"], ["topk_indices"], axis=2)])
+    _edit(path, fn)
+
+
 def qsa_indexer_ignored(path: Path) -> None:
     """A QSA layer's indexer hides nothing: attention reads the causal and padding mask."""
     _every_node(path, "hidden", _bypass)

@@ -60,3 +60,43 @@ def test_int8_codes_may_change_only_where_the_call_wrote_and_rarely():
     far = tie.copy()
     far[0, 0, 1023, 9] = 3  # more than one code
     assert not compare(far, expected, INT8_CODES, valid, written).passed
+
+
+def _selection(rows: int = 9, k: int = 4, keys: int = 20) -> np.ndarray:
+    """(2, rows, k) int64: distinct key positions per row."""
+    rng = np.random.default_rng(0)
+    return np.stack([np.stack([rng.permutation(keys)[:k] for _ in range(rows)])
+                     for _ in range(2)]).astype(np.int64)
+
+
+def _outside(picks: np.ndarray, keys: int = 20) -> np.ndarray:
+    """Each row's k-th pick replaced by a position the row does not keep."""
+    out = picks.copy()
+    for i, j in np.ndindex(picks.shape[:2]):
+        out[i, j, -1] = next(p for p in range(keys) if p not in picks[i, j])
+    return out
+
+
+def test_a_selection_is_compared_as_sets_of_positions():
+    """int64 outputs (a DSA layer's topk_indices): each row's positions in any order; one
+    near-tied swap in at most 4 rows; a shift, a k-th pick wrong in every row, a repeated
+    position, fail; rows outside ``valid`` are not compared."""
+    want = _selection()
+    assert compare(want[..., ::-1].copy(), want, TOL).passed
+    shifted = compare(want + 1, want, TOL)
+    assert not shifted.passed and "keeps 4 of 4 positions elsewhere" in shifted.reason
+    wrong = compare(_outside(want), want, TOL)
+    assert not wrong.passed and "18 of 18 rows keep another position" in wrong.reason
+    one = want.copy()
+    one[0, :4] = _outside(want)[0, :4]  # 4 rows: near ties flipped
+    assert compare(one, want, TOL).passed
+    one[0, 4] = _outside(want)[0, 4]
+    assert not compare(one, want, TOL).passed
+    twice = want.copy()
+    twice[0, 0, 2] = twice[0, 0, 3]
+    assert not compare(twice, want, TOL).passed
+    real = np.ones((2, 9, 1), bool)
+    real[1] = False
+    moved = want.copy()
+    moved[1] += 1
+    assert compare(moved, want, TOL, real).passed

@@ -94,6 +94,41 @@ def test_planted_indexer_fault_is_caught(tmp_path, fault, call):
     assert not check_parity(path, **SWEEP).passed
 
 
+SELECTION_FAULTS = {"each position one later": faults.selection_shifted,
+                    "the (k+1)-th key kept for the k-th": lambda p: faults.selection_kth_pick_wrong(
+                        p, INDEX["topk"])}
+
+
+@pytest.mark.parametrize("fault", sorted(SELECTION_FAULTS))
+@pytest.mark.parametrize("call", ["full", "masked", "kv-cache", "static-cache"])
+def test_a_feeding_layers_selection_is_checked_and_a_planted_fault_caught(tmp_path, fault,
+                                                                          call):
+    """A layer whose selection shared layers read (index feeds) outputs topk_indices in every
+    call; the check compares it (as sets per real query) and fails a planted fault that leaves
+    y as it was."""
+    c = MHAConfig(dim=64, heads=4, max_seq_len=16,
+                  latent=dict(LATENT, index=dict(INDEX, feeds=True)))
+    path = export_onnx(c, tmp_path / "a", validate=False, attention_mask=call == "masked",
+                       kv_cache=call == "kv-cache", static_cache=call == "static-cache").path
+    report = check_parity(path, **SWEEP)
+    assert report.passed and "topk_indices" in {r.output for r in report.results}
+    SELECTION_FAULTS[fault](path / "model.onnx")
+    report = check_parity(path, **SWEEP)
+    assert not report.passed
+    assert {r.output for r in report.results if not r.passed} == {"topk_indices"}
+
+
+@pytest.mark.parametrize("call", ["full", "static-cache"])
+def test_a_feeding_layers_torchscript_calls_pass_their_check(tmp_path, call):
+    from mha_export import export_torchscript
+    c = MHAConfig(dim=64, heads=4, max_seq_len=16,
+                  latent=dict(LATENT, index=dict(INDEX, feeds=True)))
+    path = export_torchscript(c, tmp_path / "a", validate=False,
+                              static_cache=call == "static-cache").path
+    report = check_parity(path, **SWEEP)
+    assert report.passed and "topk_indices" in {r.output for r in report.results}
+
+
 @pytest.mark.parametrize("change, msg", [
     (dict(q_lora_rank=None), "it needs q_lora_rank"),
     (dict(index={"topk": 0}), "index topk must be a positive integer"),

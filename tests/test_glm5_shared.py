@@ -159,6 +159,106 @@ def test_cached_decode_equals_transformers_with_its_cache(glm5, fmt, tmp_path):
         assert diff.max() <= 2e-5, float(diff.max())
 
 
+def _selections(model, layer: int, run) -> list:
+    """Each call of the layer's attention under ``run()``: (its x, the top-k its module
+    returned (B, T, K), its indexer's scores (B, T, S) (torch.topk's input, read there))."""
+    calls, scores, real_topk = [], [], torch.Tensor.topk
+    attention = model.model.layers[layer].self_attn
+    inside = []  # set while the indexer runs (the MoE router calls topk too)
+
+    def topk(self, *args, **kwargs):
+        if inside:
+            scores.append(self.float().numpy().copy())
+        return real_topk(self, *args, **kwargs)
+
+    def hook(module, args, kwargs, out):
+        calls.append((kwargs["hidden_states"].numpy().copy(), out[2].long().numpy().copy(),
+                      scores.pop()))
+    handles = [attention.indexer.register_forward_pre_hook(lambda m, a: inside.append(1)),
+               attention.indexer.register_forward_hook(lambda m, a, o: inside.clear()),
+               attention.register_forward_hook(hook, with_kwargs=True)]
+    torch.Tensor.topk = topk
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        torch.Tensor.topk = real_topk
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def _same_kept(ours, theirs, scores, mask, start: int) -> tuple[int, int]:
+    """Each real query's kept keys it can see, as a set: ours equal transformers'. A query
+    whose k-th and (k+1)-th visible scores are equal is not compared (torch.topk's pick between
+    them is unspecified). Returns (queries compared, queries with such a tie)."""
+    assert ours.shape == theirs.shape and ours.dtype == np.int64
+    b, t, k = ours.shape
+    keys = scores.shape[-1]
+    visible = ((np.arange(keys)[None, None, :] <= start + np.arange(t)[None, :, None])
+               & mask[:, None, :keys].astype(bool))  # (B, T, S)
+    kept = []
+    for picks in (ours, theirs):
+        sets = np.zeros((b, t, keys), bool)
+        np.put_along_axis(sets, picks, True, axis=-1)
+        kept.append(sets & visible)  # (B, T, S)
+    ranked = -np.sort(-np.where(visible, scores, -np.inf), axis=-1)  # (B, T, S) best first
+    tie = (visible.sum(-1) > k) & (ranked[..., k - 1] == ranked[..., min(k, keys - 1)])
+    rows = mask[:, start:start + t].astype(bool) & ~tie  # (B, T): the compared queries
+    assert (kept[0] == kept[1]).all(-1)[rows].all(), np.argwhere(
+        ~(kept[0] == kept[1]).all(-1) & rows)[:3]
+    return int(rows.sum()), int(tie.sum())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_source_layers_selection_equals_transformers(glm5, fmt, tmp_path):
+    """Layer 0 (the shared layers' source) exported outputs topk_indices: on the left-padded
+    40-token prompt (index_topk 4), each real query's kept keys are transformers' own
+    (GlmMoeDsaAttention's returned top-k), as sets; y too."""
+    model, folder = glm5
+    ids, mask, pos = _batch()
+    (x, theirs, scores), = _selections(model, 0, lambda: model(
+        input_ids=ids, attention_mask=mask, position_ids=pos))
+    art, runner = _export(fmt, folder, 0, tmp_path / "a", attention_mask=True)
+    sig = read_artifact(art).signature
+    assert sig.output_names == ["y", "topk_indices"] and read_artifact(
+        art).config.latent.index.feeds
+    out = runner.run(_feeds(sig, x=x, attention_mask=mask.numpy(), position_ids=pos.numpy()))
+    compared, ties = _same_kept(out["topk_indices"], theirs, scores, mask.numpy(), 0)
+    assert theirs.shape == (B, L, 4) and compared >= 0.9 * int(mask.sum()), (compared, ties)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_source_layers_cached_selection_equals_transformers(glm5, fmt, tmp_path):
+    """Prefill 34 tokens, then single-token steps with transformers' cache: each call's
+    selection over the whole cache (K = min(4, keys)) is transformers' own, as sets."""
+    model, folder = glm5
+    ids, mask, pos = _batch()
+
+    def run():
+        cache = model(input_ids=ids[:, :PREFILL], attention_mask=mask[:, :PREFILL],
+                      position_ids=pos[:, :PREFILL], use_cache=True).past_key_values
+        for t in range(PREFILL, L):
+            cache = model(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
+                          position_ids=pos[:, t:t + 1], past_key_values=cache,
+                          use_cache=True).past_key_values
+    calls = _selections(model, 0, run)
+    art, runner = _export(fmt, folder, 0, tmp_path / "kv", kv_cache=True)
+    sig = read_artifact(art).signature
+    out = {f"present_{n}": np.zeros(sig.cache_buffer(f"past_{n}", B, 0), np.float32)
+           for n in ("key", "value")}
+    start, compared = 0, 0
+    for x, theirs, scores in calls:
+        end = start + x.shape[1]
+        out = runner.run(_feeds(sig, x=x, attention_mask=mask[:, :end].numpy(),
+                                past_key=out["present_key"], past_value=out["present_value"],
+                                position_ids=pos[:, start:end].numpy()))
+        assert out["topk_indices"].shape == theirs.shape == (B, end - start, min(4, end))
+        compared += _same_kept(out["topk_indices"], theirs, scores, mask.numpy(), start)[0]
+        start = end
+    assert compared >= 0.9 * int(mask.sum())
+
+
 def test_layers_all_lists_every_layer_and_the_shared_ones_pass(glm5, tmp_path):
     from mha_export.fanout import check_layers, export_layers
     _, folder = glm5
@@ -166,6 +266,9 @@ def test_layers_all_lists_every_layer_and_the_shared_ones_pass(glm5, tmp_path):
     assert summary.passed
     rows = json.loads((tmp_path / "run" / "layers.json").read_text())["layers"]
     assert [(r["layer"], r["status"]) for r in rows] == [(i, "exported") for i in range(5)]
+    for layer in (0, 3):  # the layers they read: their selection an output
+        art = read_artifact(tmp_path / "run" / f"layer-{layer}")
+        assert art.config.latent.index.feeds and "topk_indices" in art.signature.output_names
     for layer, source in ((1, 0), (2, 0), (4, 3)):
         config = read_artifact(tmp_path / "run" / f"layer-{layer}").config
         assert config.latent.index.source == source
@@ -177,6 +280,8 @@ def test_layers_all_lists_every_layer_and_the_shared_ones_pass(glm5, tmp_path):
 LATENT = dict(kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24,
               q_lora_rank=48, index={"topk": 4, "heads": 8, "head_dim": 16, "source": 0})
 SWEEP = dict(seq_lens=[1, 3, 9], past_lens=[0, 6], batch_sizes=[1, 2], providers=["cpu"])
+# the layer they read: its own indexer, its selection an output (index feeds)
+SOURCE = dict(LATENT, index={"topk": 4, "heads": 8, "head_dim": 16, "feeds": True})
 SHARED_FAULTS = {"the key after each given one kept": faults.shared_topk_off_by_one,
                  "the given selection never acts": faults.shared_topk_ignored}
 
@@ -264,21 +369,56 @@ def test_aoti_and_executorch_pass_their_checks(tmp_path, target, call):
     assert check_parity(path, **sweep).passed
 
 
-def test_eval_runs_the_shared_layers_inside_the_model(tmp_path):
-    """eval of a tiny GLM-5: the shared layers 1 and 2 exported, run by ONNX Runtime with the
-    top-k the model hands them (prefill and cached generation), layer 3 too; layer 0, whose
-    selection they read, left to the model; nothing a model would notice."""
+@pytest.mark.parametrize("call", ["masked", "static-cache"])
+def test_the_source_layer_on_aoti_passes_its_check(tmp_path, call):
+    """AOTInductor's program of a layer whose selection shared layers read outputs it in every
+    call (K = min(index_topk, keys) without a guard on the keys: the sweep's calls read 1 to 15),
+    and its check passes, topk_indices compared."""
+    from mha_export import export_aoti
+    c = MHAConfig(dim=64, heads=4, max_seq_len=16, latent=SOURCE)
+    path = export_aoti(c, tmp_path / "a", validate=False, attention_mask=call == "masked",
+                       static_cache=call == "static-cache").path
+    report = check_parity(path, **SWEEP)
+    assert report.passed and "topk_indices" in {r.output for r in report.results}
+
+
+def test_executorch_refuses_the_source_layer_in_one_line(tmp_path):
+    from mha_export import export_executorch
+    c = MHAConfig(dim=64, heads=4, max_seq_len=16, latent=SOURCE)
+    with pytest.raises(UsageError, match="is not built for ExecuTorch: its indexer keeps each "
+                                         "query's top keys by a stable sort"):
+        export_executorch(c, tmp_path / "a", validate=False, static_cache=True)
+
+
+def test_eval_runs_every_layer_inside_the_model(tmp_path):
+    """eval of a tiny GLM-5 with every attention layer exported: layer 0, whose selection the
+    shared layers 1 and 2 read, hands them its artifact's topk_indices (prefill and cached
+    generation); layer 3 too; none left to the model, nothing a model would notice."""
     import hybrid
     from mha_export.model.eval import evaluate
     ckpt = hybrid.save_tiny_glm5(tmp_path / "ckpt")
     text = tmp_path / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog, again and again. " * 4)
     d = evaluate(ckpt, text, 40, "all", generate=3, folder=tmp_path / "exports").to_dict()
-    assert [x["layer"] for x in d["layers"]] == [1, 2, 3]
-    assert d["left_to_model"] == {"0": "dsa_topk_source (its top-k feeds layers 1, 2; not an "
-                                       "output of the export)"}
+    assert [x["layer"] for x in d["layers"]] == [0, 1, 2, 3]
+    assert d["left_to_model"] == {}
     assert d["exported"]["kl_max"] < 1e-6 and d["generation"]["matched"] == 3
     assert all(x["rel"] < 1e-4 for x in d["layers"])
+
+
+def test_eval_hands_the_shared_layers_the_exported_selection(tmp_path, monkeypatch):
+    """Planted: the stand-in of layer 0 hands on its artifact's selection each one key earlier;
+    the shared layers read it, and the model notices."""
+    import hybrid
+    from mha_export.model import eval as model_eval
+    ckpt = hybrid.save_tiny_glm5(tmp_path / "ckpt")
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog, again and again. " * 4)
+    passed = model_eval.ExportedAttention._passed
+    monkeypatch.setattr(model_eval.ExportedAttention, "_passed", lambda self, given, own: tuple(
+        (t - 1).clamp(min=0) if self.gives_topk else t for t in passed(self, given, own)))
+    d = model_eval.evaluate(ckpt, text, 40, "all", folder=tmp_path / "exports").to_dict()
+    assert d["left_to_model"] == {} and d["exported"]["kl_max"] > 1e-2
 
 
 def test_the_cli_builds_a_shared_layer_and_checks_it(tmp_path):

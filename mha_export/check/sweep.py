@@ -262,6 +262,7 @@ def valid_entries(sig: Signature, feeds: dict[str, np.ndarray], case: Case
     y's rows of real tokens (padding rows are not), a static buffer's valid entries
     [0, past_lengths[b] + T) (beyond them the contract says nothing)."""
     valid: dict[str, Optional[np.ndarray]] = {"y": real_queries(feeds, case)}
+    valid["topk_indices"] = valid["y"]  # a DSA layer's selection: the real queries' rows
     if sig.static_cache:
         starts = feeds["past_lengths"][:, None]  # (B, 1)
         slots = np.arange(static_capacity(case))[None, :]  # (1, C)

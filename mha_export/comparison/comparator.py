@@ -4,6 +4,16 @@ An element passes when |actual - expected| <= atol + rtol * |expected| (numpy.al
 Any NaN or Inf in the output is a failure, never a pass. ``rel`` is the error relative to the
 output's scale: max |actual - expected| / max |expected| (an element-by-element ratio explodes
 where expected is near zero, and says nothing a person can act on).
+
+An int64 output is a selection (a DSA layer's topk_indices (B, T, K): key positions; an int8
+cache's codes are values, compared elementwise) and is compared as what it means: each row's set
+of positions, in any order (ONNX TopK and torch.sort order equal scores differently; the
+positions, not their order, decide what attention sees). Equal scores pick the same positions
+in every runtime (the earlier key: ONNX TopK's rule and the eager stable sort), so the sets must
+match, but for near-equal scores that float rounding orders differently: at most ``SWAPS`` rows
+(or ``changed`` of the rows) may differ, each by one position at its k-th pick. A position
+shifted, a wrong k-th pick in every row, a row missing a key: all fail. The figures count
+positions: ``max_abs`` the most one row differs by.
 """
 from __future__ import annotations
 
@@ -124,6 +134,8 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
     a, e = np.asarray(actual), np.asarray(expected)
     if a.shape != e.shape:
         return _failed(f"shape {list(a.shape)} != expected {list(e.shape)}")
+    if e.dtype == np.int64:  # positions (an int8 cache's codes are values: elementwise)
+        return compare_selection(a, e, tol, valid)
     nonfinite = _nonfinite(a)
     if nonfinite or _nonfinite(e):
         where = "output" if nonfinite else "expected output"
@@ -146,6 +158,41 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
         passed, reason = _few_changed(err, keep, tol, written, a.shape)
     top = float(err.max())
     return Comparison(passed, top, float(err.mean()), _p99(err), top / max(scale, 1e-30), 0,
+                      worst, reason)
+
+
+SWAPS = TIES  # rows of a selection that may differ by one near-tied pick (``changed``: more)
+
+
+def compare_selection(actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
+                      valid: Optional[np.ndarray] = None) -> Comparison:
+    """Integer selections (.., K) as sets of positions per row (the module docstring's rule);
+    ``valid`` (broadcastable to the output): the rows compared (a row is when all its K are)."""
+    k = actual.shape[-1]
+    keep = np.ones(actual.shape[:-1], bool) if valid is None else np.broadcast_to(
+        valid, actual.shape).all(axis=-1)  # (..): the rows compared
+    if not keep.any() or k == 0:
+        return Comparison(True, 0.0, 0.0, 0.0, 0.0, 0, ())
+    a, e = actual[keep], expected[keep]  # (rows, K)
+    if min(a.min(), e.min()) < 0:
+        return _failed("negative positions in a selection")
+    width = int(max(a.max(), e.max())) + 1
+    rows = np.arange(a.shape[0])[:, None]  # (rows, 1)
+    kept_a, kept_e = (np.zeros((a.shape[0], width), bool) for _ in range(2))  # (rows, S)
+    kept_a[rows, a], kept_e[rows, e] = True, True
+    missing = (kept_e & ~kept_a).sum(axis=-1).astype(np.float64)  # (rows,) picks not made
+    missing += k - kept_a.sum(axis=-1)  # a position picked twice: one pick short
+    at = int(np.argmax(missing))
+    worst = tuple(int(i) for i in np.argwhere(keep)[at]) + (0,)
+    differ = int(np.count_nonzero(missing))
+    allowed = max(SWAPS, (tol.changed or 0.0) * a.shape[0])
+    reason = ""
+    if missing.max() > 1:
+        reason = f"a row keeps {int(missing.max())} of {k} positions elsewhere; worst at {worst}"
+    elif differ > allowed:
+        reason = f"{differ} of {a.shape[0]} rows keep another position (at most {allowed:g})"
+    top = float(missing.max())
+    return Comparison(not reason, top, float(missing.mean()), _p99(missing), top / k, 0,
                       worst, reason)
 
 

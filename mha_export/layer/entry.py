@@ -96,6 +96,49 @@ class TopKStaticStep(EntryPoint):
                                          topk_indices)
 
 
+def _kept(kept: Optional[Tensor]) -> Tensor:
+    """A DSA layer's selection (B, T, K), which its calls always make."""
+    if kept is None:
+        raise RuntimeError("a layer outputting topk_indices selects its keys (DSA)")
+    return kept
+
+
+class SelectingSequence(EntryPoint):
+    """A GLM-5 DSA layer whose selection later shared layers read (kinds/dsa/): its
+    topk_indices (B, T, K) an output after the kind's."""
+
+    def forward(self, x: Tensor, position_ids: Optional[Tensor] = None
+                ) -> Tuple[Tensor, Tensor]:
+        y, _, _, kept = self.inner.attend_selecting(x, None, None, None, position_ids)
+        return y, _kept(kept)
+
+
+class SelectingMaskedSequence(EntryPoint):
+    def forward(self, x: Tensor, attention_mask: Tensor,
+                position_ids: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        y, _, _, kept = self.inner.attend_selecting(x, attention_mask, None, None, position_ids)
+        return y, _kept(kept)
+
+
+Selected = Tuple[Tensor, Tensor, Tensor, Tensor]  # y, present_key, present_value, topk_indices
+
+
+class SelectingCachedStep(EntryPoint):
+    def forward(self, x: Tensor, attention_mask: Tensor, past_key: Tensor, past_value: Tensor,
+                position_ids: Optional[Tensor] = None) -> Selected:
+        y, key, value, kept = self.inner.attend_selecting(x, attention_mask, past_key,
+                                                          past_value, position_ids, True)
+        return y, key, value, _kept(kept)
+
+
+class SelectingStaticStep(EntryPoint):
+    def forward(self, x: Tensor, past_key: Tensor, past_value: Tensor, past_lengths: Tensor,
+                position_ids: Optional[Tensor] = None) -> Selected:
+        y, key, value, kept = self.inner.static_selecting(x, past_key, past_value,
+                                                          past_lengths, position_ids)
+        return y, key, value, _kept(kept)
+
+
 ENTRY_POINTS = {"full": FullSequence, "masked": MaskedSequence, "kv-cache": CachedStep,
                 "static-cache": StaticCacheStep, "shared": SharedKeys,
                 "shared-masked": SharedKeysMasked, "shared-kv-cache": SharedKeysMasked,
@@ -103,11 +146,15 @@ ENTRY_POINTS = {"full": FullSequence, "masked": MaskedSequence, "kv-cache": Cach
 # the calls of a layer taking another layer's top-k (signature: topk_indices)
 TOPK_ENTRY_POINTS = {"full": TopKSequence, "masked": TopKMaskedSequence,
                      "kv-cache": TopKCachedStep, "static-cache": TopKStaticStep}
+# the calls of a layer giving its own top-k (signature: the output topk_indices)
+SELECTING_ENTRY_POINTS = {"full": SelectingSequence, "masked": SelectingMaskedSequence,
+                          "kv-cache": SelectingCachedStep, "static-cache": SelectingStaticStep}
 
 
 def entry_module(module: AttentionBase, kind: str, input_names: List[str],
                  output_names: List[str]) -> EntryPoint:
     """The module to call (and to script) for a signature kind (and its inputs: a shared-top-k
-    layer's take topk_indices)."""
-    table = TOPK_ENTRY_POINTS if "topk_indices" in input_names else ENTRY_POINTS
+    layer's take topk_indices, a layer whose selection shared layers read gives it)."""
+    table = (TOPK_ENTRY_POINTS if "topk_indices" in input_names else SELECTING_ENTRY_POINTS
+             if "topk_indices" in output_names else ENTRY_POINTS)
     return table[kind](module, list(input_names), list(output_names)).eval()

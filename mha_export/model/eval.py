@@ -131,8 +131,10 @@ class ExportedAttention(torch.nn.Module):
         self.original, self.runner, self.capacity = original, runner, capacity
         self.sig = runner.signature
         # GLM-5's attention modules take the previous layer's top-k and return the one they
-        # used (a shared layer's: the one given; its artifact reads it as topk_indices)
+        # used (a shared layer's: the one given, its artifact reads it as topk_indices; a DSA
+        # layer whose selection later shared layers read: its artifact's output topk_indices)
         self.passes_topk = "prev_topk_indices" in inspect.signature(original.forward).parameters
+        self.gives_topk = "topk_indices" in self.sig.output_names
         self.deviations: list[tuple[float, float]] = []  # (rel, cosine) per prefill call
         self.comparing = True  # off for the timed run
         # True: each call brings only new tokens (the model runs with its own cache, as in
@@ -144,6 +146,7 @@ class ExportedAttention(torch.nn.Module):
     def reset(self) -> None:
         self.length = 0
         self.outputs: Optional[torch.Tensor] = None  # (1, length, dim)
+        self.selection: Optional[torch.Tensor] = None  # (1, length, K): gives_topk's rows
         if self.bound is not None:
             for buffer in self.cache.values():  # the bound buffers, emptied in place
                 buffer.fill(0)
@@ -153,43 +156,57 @@ class ExportedAttention(torch.nn.Module):
                 self.runner, "dtypes", {}).get("past_key", np.float32)  # the model's own
             self.cache = {n: np.zeros(self.sig.cache_buffer(n, 1, size), dtype)
                           for n in ("past_key", "past_value")}
-            # a static cache: bound once where the runner can (an app's step, no copies)
-            self.bound = self.runner.bind_cache(self.cache) if self.sig.static_cache else None
+            # a static cache: bound once where the runner can (an app's step, no copies; its
+            # call gives y alone, so not where the selection is an output too)
+            self.bound = self.runner.bind_cache(self.cache) if (
+                self.sig.static_cache and not self.gives_topk) else None
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
         topk = kwargs.get("prev_topk_indices")  # (1, T, K) of a GLM-5 model, or None
-        passed = (topk,) if self.passes_topk else ()  # what the module returns after y
         if self.incremental:
-            return (self._step(hidden_states, kwargs.get(
-                "past_key_values", kwargs.get("past_key_value")), topk), None, *passed)
+            y, own = self._step(hidden_states, kwargs.get(
+                "past_key_values", kwargs.get("past_key_value")), topk)
+            return (y, None, *self._passed(topk, own))
         total = hidden_states.shape[1]
         if not self.sig.has_cache:  # a full-sequence artifact: every call from position 0
             self.reset()
         new = hidden_states[:, self.length:]  # (1, T, d_in): the tokens not yet attended
         rows = None if topk is None else topk[:, self.length:]  # (1, T, K): the new queries'
-        y = torch.from_numpy(self._run(new.detach().float().numpy(), rows)).to(
-            hidden_states.dtype)
+        y, own = self._run(new.detach().float().numpy(), rows)
+        y = torch.from_numpy(y).to(hidden_states.dtype)
         if self.length == 0 and self.comparing:
             self._compare(hidden_states, y, *args, **kwargs)
         self.outputs = y if self.outputs is None else torch.cat([self.outputs, y], dim=1)
+        if own is not None:
+            self.selection = own if self.selection is None else _joined(self.selection, own)
         self.length = total
-        return (self.outputs, None, *passed)
+        return (self.outputs, None, *self._passed(topk, self.selection))
+
+    def _passed(self, given: Optional[torch.Tensor], own: Optional[torch.Tensor]) -> tuple:
+        """What the module returns after y and the weights: a GLM-5 layer's top-k (its
+        artifact's own where it outputs one, else the one it was given); nothing elsewhere."""
+        if not self.passes_topk:
+            return ()
+        return (own if self.gives_topk else given,)
 
     def _step(self, hidden_states: torch.Tensor, model_cache: Any,
-              topk: Optional[torch.Tensor]) -> torch.Tensor:
-        """New tokens only, over the artifact's own cache. The model's cache gets a placeholder
-        of the same length for this layer (1 x 1 x T x 1), so that the layers still eager and
-        the mask see the right sequence length."""
-        y = torch.from_numpy(self._run(hidden_states.detach().float().numpy(), topk))
+              topk: Optional[torch.Tensor]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """New tokens only, over the artifact's own cache: y, and its selection (None: not an
+        output). The model's cache gets a placeholder of the same length for this layer
+        (1 x 1 x T x 1), so that the layers still eager and the mask see the right sequence
+        length."""
+        y, own = self._run(hidden_states.detach().float().numpy(), topk)
         self.length += hidden_states.shape[1]
         layer = getattr(self.original, "layer_idx", None)
         if model_cache is not None and layer is not None:
             place = hidden_states.new_zeros(1, 1, hidden_states.shape[1], 1)
             model_cache.update(place, place, layer)
-        return y.to(hidden_states.dtype)
+        return torch.from_numpy(y).to(hidden_states.dtype), own
 
-    def _run(self, x: np.ndarray, topk: Optional[torch.Tensor] = None) -> np.ndarray:
-        """``topk`` (1, T, K): a shared-top-k layer's selection, its source layer's."""
+    def _run(self, x: np.ndarray, topk: Optional[torch.Tensor] = None
+             ) -> tuple[np.ndarray, Optional[torch.Tensor]]:
+        """y, and the artifact's selection (1, T, K) where it outputs one. ``topk`` (1, T, K):
+        a shared-top-k layer's selection, its source layer's."""
         t = x.shape[1]
         feeds = {"x": x}
         if self.sig.reads_topk:
@@ -201,13 +218,14 @@ class ExportedAttention(torch.nn.Module):
         if "past_lengths" in self.sig.input_names:
             feeds["past_lengths"] = np.array([self.length], np.int64)
         if self.bound is not None:  # the fast path: the cache written in place
-            return self.bound(feeds)
+            return self.bound(feeds), None
         if self.sig.has_cache:
             feeds.update(self.cache)
         out = self.runner.run(feeds)
         if self.sig.has_cache:  # growing: the longer cache; static: the buffer, written
             self.cache = {"past_key": out["present_key"], "past_value": out["present_value"]}
-        return out["y"]
+        own = torch.from_numpy(out["topk_indices"]) if self.gives_topk else None
+        return out["y"], own
 
     def _compare(self, hidden_states: torch.Tensor, y: torch.Tensor, *args, **kwargs) -> None:
         with torch.inference_mode():
@@ -216,6 +234,14 @@ class ExportedAttention(torch.nn.Module):
         scale = want.abs().max().clamp_min(1e-30)
         cos = torch.nn.functional.cosine_similarity(y.double().flatten(), want.flatten(), dim=0)
         self.deviations.append((float(d / scale), float(cos)))
+
+
+def _joined(earlier: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+    """Selections of successive calls (1, T1, K1), (1, T2, K2) as one (1, T1 + T2, K2): a call
+    over more keys keeps up to more (K1 <= K2 = min(index_topk, keys)); an earlier row, which
+    saw fewer than K2 keys, repeats its first pick (a repeated position keeps nothing more)."""
+    wide = earlier[..., :1].expand(-1, -1, new.size(-1) - earlier.size(-1))  # (1, T1, K2-K1)
+    return torch.cat([torch.cat([earlier, wide], dim=-1), new], dim=1)  # (1, T1 + T2, K2)
 
 
 def _reset(stand_ins: dict[Address, "ExportedAttention"]) -> None:

@@ -2,7 +2,8 @@
 caches, and the keys each query drops (all but its top-k visible ones), built per block of
 queries inside MLA's mask builder (kinds/mla/graph.py). Standard ops: MatMul, Relu, TopK,
 ScatterElements (opset 17). The scores in float32, as transformers computes them. A GLM-5
-shared-top-k layer runs no indexer: ``given_dropped`` scatters its input ``topk_indices``.
+shared-top-k layer runs no indexer: ``given_dropped`` scatters its input ``topk_indices``; the
+layer it reads outputs its own selection (``kept_keys``).
 
 Shape legend: B = batch, T = this call, t = a block of queries, S = keys, Hi = index heads,
 Di = their width, Hr = the rotated part.
@@ -75,32 +76,61 @@ def index_queries(g: GraphBuilder, index: SparseIndex, w: Mapping[str, Tensor], 
     return IndexQueries(q, weights, keys_t, index.topk, index.head_dim ** -0.5)
 
 
+def _index_scores(b: GraphBuilder, iq: IndexQueries, start: str, t: str, masked: str,
+                  stem: str) -> str:
+    """(B, 1, t, S) float32 index scores of queries [start, start + t), -inf at the keys
+    ``masked`` (broadcastable to (B, 1, t, S)) hides. Nodes and constants named ``<stem>_*``
+    (``<stem>_scores``: a test's fault edits it)."""
+    op = Ops(b).named(stem)
+    rows = [as_1d(b, start, f"{stem}_start_1d"), as_1d(b, op.Add(start, t), f"{stem}_end_1d"),
+            b.ints("axes1_1d", [1])]
+    q, w = (op.Slice(v, *rows) for v in (iq.queries, iq.weights))  # (B, t, Hi, Di), (B,t,1,Hi)
+    scale = b.const(f"{stem}_score_scale", np.array(iq.scale, np.float32), float_dtype=False)
+    scores = op.Relu(op.Mul(op.MatMul(q, iq.keys_t), scale))  # (B, t, Hi, S)
+    index = op.Transpose(op.MatMul(w, scores), perm=[0, 2, 1, 3],
+                         name="scores")  # (B, 1, t', S): summed over heads
+    # a Loop's last block is padded past T (t' < t rows): rows of 0 to the block's size
+    missing = op.Sub(as_1d(b, t, f"{stem}_rows_1d"), op.Shape(q, start=1, end=2))  # (1,)
+    pads = op.Concat(b.ints(f"{stem}_pads_head", [0] * 6), missing,
+                     b.ints(f"{stem}_pads_tail", [0]), axis=0)  # [0, 0, 0, 0, 0, 0, t - t', 0]
+    index = op.Pad(index, pads)  # (B, 1, t, S)
+    hidden = b.const(f"{stem}_hidden", np.array(-np.inf, np.float32), float_dtype=False)
+    return op.Where(masked, hidden, index)  # (B, 1, t, S)
+
+
+def _top_keys(b: GraphBuilder, iq: IndexQueries, index: str, stem: str, best_first: int
+              ) -> str:
+    """(B, 1, t, k) int64: each query's top k = min(topk, S) keys by ``index`` (B, 1, t, S);
+    equal scores keep the earlier key (ONNX TopK's rule)."""
+    op = Ops(b).named(stem)
+    k = op.Min(op.Shape(index, start=3, end=4), b.ints(f"{stem}_topk", [iq.topk]))  # (1,)
+    _, kept = op.TopK(index, k, axis=-1, largest=1, sorted=best_first, n_out=2)
+    return kept  # (B, 1, t, k)
+
+
 def dropped_keys(b: GraphBuilder, iq: IndexQueries, start: str, t: str, masked: str) -> str:
     """(B, 1, t, S) bool, True at the keys queries [start, start + t) drop: all but each one's
     top-k by index score among those ``masked`` (broadcastable to (B, 1, t, S)) leaves
     visible. Nodes named ``index_*`` (``index_scores``: a test's fault edits it)."""
     op = Ops(b).named("index")
-    rows = [as_1d(b, start, "index_start_1d"), as_1d(b, op.Add(start, t), "index_end_1d"),
-            b.ints("axes1_1d", [1])]
-    q, w = (op.Slice(v, *rows) for v in (iq.queries, iq.weights))  # (B, t, Hi, Di), (B,t,1,Hi)
-    scale = b.const("index_score_scale", np.array(iq.scale, np.float32), float_dtype=False)
-    scores = op.Relu(op.Mul(op.MatMul(q, iq.keys_t), scale))  # (B, t, Hi, S)
-    index = op.Transpose(op.MatMul(w, scores), perm=[0, 2, 1, 3],
-                         name="scores")  # (B, 1, t', S): summed over heads
-    # a Loop's last block is padded past T (t' < t rows): rows of 0 to the block's size
-    missing = op.Sub(as_1d(b, t, "index_rows_1d"), op.Shape(q, start=1, end=2))  # (1,)
-    pads = op.Concat(b.ints("index_pads_head", [0] * 6), missing, b.ints("index_pads_tail", [0]),
-                     axis=0)  # [0, 0, 0, 0, 0, 0, t - t', 0]
-    index = op.Pad(index, pads)  # (B, 1, t, S)
-    hidden = b.const("index_hidden", np.array(-np.inf, np.float32), float_dtype=False)
-    index = op.Where(masked, hidden, index)  # (B, 1, t, S)
-    keys = op.Shape(index, start=3, end=4)  # (1,) S
-    k = op.Min(keys, b.ints("index_topk", [iq.topk]))  # (1,) min(topk, S)
-    _, kept = op.TopK(index, k, axis=-1, largest=1, sorted=0, n_out=2)  # (B, 1, t, k)
+    index = _index_scores(b, iq, start, t, masked, "index")  # (B, 1, t, S)
+    kept = _top_keys(b, iq, index, "index", 0)  # (B, 1, t, k)
     true = op.Expand(b.const("index_true", np.array(True), float_dtype=False), op.Shape(index))
     false = op.Expand(b.const("index_false", np.array(False), float_dtype=False),
                       op.Shape(kept))
     return op.ScatterElements(true, kept, false, axis=-1)  # (B, 1, t, S)
+
+
+def kept_keys(g: GraphBuilder, iq: IndexQueries, queries: str, masked: str) -> str:
+    """The output topk_indices (B, T, K) int64 of a layer whose selection later shared layers
+    read: each query's kept key positions, best first, K = min(topk, S) (as transformers'
+    top-k; a query seeing fewer than K keys fills its row with hidden positions, the earliest
+    first). Over the whole call (``queries``: () T, ``masked`` (.., T, S)), in nodes of its
+    own named ``selection_*``: the same arithmetic as the blocks' ``dropped_keys``."""
+    index = _index_scores(g, iq, g.ints("selection_start", 0), queries, masked,
+                          "selection")  # (B, 1, T, S)
+    kept = _top_keys(g, iq, index, "selection", 1)  # (B, 1, T, K)
+    return Ops(g).Squeeze(kept, g.ints("selection_axes1", [1]), name="topk")  # (B, T, K)
 
 
 def given_dropped(b: GraphBuilder, start: str, t: str, masked: str) -> str:

@@ -6,7 +6,7 @@ Hr = the rotated part (MLA's qk_rope_head_dim).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -40,11 +40,11 @@ class Indexer(nn.Module):
         k = self.k_norm(self.wk(x)).unsqueeze(1)  # (B, 1, T, Di)
         return rotate_part(k, cos, sin, self.rope)
 
-    def unselected(self, x: Tensor, q_resid: Tensor, cos: Tensor, sin: Tensor,
-                   keys: Tensor, masked: Optional[Tensor]) -> Tensor:
-        """(B, 1, T, S) bool, True at the keys a query does not keep: all but its top-k
-        visible keys (``masked`` (B|1, 1, T, S): what the layer hides anyway) by index score,
-        computed in float32 as transformers does. keys (B, 1, S, Di): the cache's."""
+    def scores(self, x: Tensor, q_resid: Tensor, cos: Tensor, sin: Tensor, keys: Tensor,
+               masked: Optional[Tensor]) -> Tensor:
+        """(B, T, S) float32 index scores, -inf at the keys ``masked`` (B|1, 1, T, S) hides
+        (what the layer hides anyway), computed as transformers does. keys (B, 1, S, Di): the
+        cache's."""
         b, t = x.size(0), x.size(1)
         q = self.wq_b(q_resid).view(b, t, self.heads, self.head_dim)  # (B, T, Hi, Di)
         q = rotate_part(q, cos.transpose(1, 2), sin.transpose(1, 2), self.rope)
@@ -54,6 +54,15 @@ class Indexer(nn.Module):
         index = (weights.unsqueeze(-2) @ scores).squeeze(-2)  # (B, T, S): summed over heads
         if masked is not None:
             index = index.masked_fill(masked.squeeze(1), float("-inf"))
+        return index
+
+    def selected(self, x: Tensor, q_resid: Tensor, cos: Tensor, sin: Tensor,
+                 keys: Tensor, masked: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """(B, 1, T, S) bool, True at the keys a query does not keep: all but its top-k
+        visible keys by index score (``scores``); and the kept positions (B, T, K), best
+        first, K = min(topk, S): transformers' top-k (a query seeing fewer than K keys fills
+        its row with hidden positions, the earliest first)."""
+        index = self.scores(x, q_resid, cos, sin, keys, masked)  # (B, T, S)
         # topk columns of -inf after the keys: every row then has at least topk to keep,
         # with no min(topk, S) (a guard on S under torch.export); equal scores keep the
         # earlier key (ONNX TopK's rule; torch.topk leaves ties unspecified, and a query whose
@@ -64,7 +73,14 @@ class Indexer(nn.Module):
         kept = order[..., :self.topk]  # (B, T, k)
         dropped = torch.ones(padded.shape, dtype=torch.bool, device=x.device)
         dropped = dropped.scatter(-1, kept, False)[..., :count]  # (B, T, S)
-        return dropped.unsqueeze(1)  # (B, 1, T, S)
+        return dropped.unsqueeze(1), order[..., :at_most(self.topk, count)]  # (B,1,T,S),(B,T,K)
+
+
+def at_most(topk: int, keys: int) -> int:
+    """min(topk, keys): torch.sym_min under torch.export (no guard on the keys' count)."""
+    if torch.jit.is_scripting():
+        return min(topk, keys)
+    return torch.sym_min(topk, keys)
 
 
 def unselected_by(indices: Tensor, keys: int) -> Tensor:
@@ -84,6 +100,6 @@ class NoIndexer(nn.Module):
     def keys(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         raise RuntimeError("a dense layer has no indexer")
 
-    def unselected(self, x: Tensor, q_resid: Tensor, cos: Tensor, sin: Tensor,
-                   keys: Tensor, masked: Optional[Tensor]) -> Tensor:
+    def selected(self, x: Tensor, q_resid: Tensor, cos: Tensor, sin: Tensor,
+                 keys: Tensor, masked: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
         raise RuntimeError("a dense layer has no indexer")

@@ -16,7 +16,10 @@ GLM-5's "shared" layers (``indexer_types``) run no indexer: ``source`` names the
 whose selection they reuse, given to the exported layer as the input ``topk_indices``
 (B, T, K) int64, K = min(index_topk, S): the source layer's top-k key positions of each query,
 as transformers' decoder loop passes them (``prev_topk_indices``). Such a layer caches no index
-key; its weights are MLA's alone.
+key; its weights are MLA's alone. The "full" layer they read (``feeds``) outputs its selection:
+``topk_indices`` (B, T, K) int64, each query's kept key positions, best first, as transformers'
+``GlmMoeDsaAttention`` returns them (K = min(index_topk, S); a query seeing fewer than K keys
+fills its row with hidden positions, the earliest first).
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ class SparseIndex:
     head_dim: int = 128  # index_head_dim (Di)
     rope: str = "half"  # INDEX_ROPES
     source: Optional[int] = None  # a shared layer's: the layer whose top-k it reuses
+    feeds: bool = False  # later shared layers read its top-k: an output (topk_indices)
 
     def __post_init__(self) -> None:
         for name in ("topk", "heads", "head_dim"):
@@ -45,6 +49,11 @@ class SparseIndex:
         if self.source is not None and (isinstance(self.source, bool) or not isinstance(
                 self.source, int) or self.source < 0):
             raise UsageError(f"index source must be a layer index >= 0, got {self.source!r}")
+        if not isinstance(self.feeds, bool):
+            raise UsageError(f"index feeds must be true or false, got {self.feeds!r}")
+        if self.feeds and self.shared:
+            raise UsageError("a shared-top-k layer (index source) has no selection of its own "
+                             "to output (index feeds)")
         if self.rope not in INDEX_ROPES:
             raise UsageError(f"unknown index rope {self.rope!r}: choose one of "
                              f"{', '.join(INDEX_ROPES)}")

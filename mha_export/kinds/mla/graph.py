@@ -30,7 +30,7 @@ from ...graph.norm import rms_norm
 from ...graph.ops import Ops
 from ...graph.rotary import cos_sin_at, rotate_heads
 from ...signature import Signature
-from ..dsa.graph import dropped_keys, given_dropped, index_keys, index_queries
+from ..dsa.graph import dropped_keys, given_dropped, index_keys, index_queries, kept_keys
 from .settings import UNROTATED, MLAConfig
 
 # (builder, first query's index in the call (), queries ()) -> additive bias (B|1, 1, t, S)
@@ -81,29 +81,30 @@ def build_latent(g: GraphBuilder, c: MHAConfig, w: Mapping[str, Tensor], form: G
             first = op.Add(op.Sub(keys, seq_len), start, name="first_query")  # () P + start
             return score_mask(b, True, t, keys, "attention_mask" if sig.has_mask else None,
                               start=first)  # (.., t, S)
-    rope, mask = _sparse(g, m, w, q_resid, rope, masked, cos, sin)
+    rope, mask, selection = _sparse(g, m, w, q_resid, rope, masked, cos, sin)
     ctx = form.core(g, LatentIO(q_nope, q_rot, latents, rope, mask, w), c)  # (B, N, T, Hv)
     y = g.linear(merge_heads(g, ctx, m.heads * m.v_head_dim), "o_proj", w["o_proj.weight"],
                  w.get("o_proj.bias"))  # (B, T, dim)
-    return {"y": y, **present}
+    return {"y": y, **present, **selection}
 
 
 def _sparse(g: GraphBuilder, m: MLAConfig, w: Mapping[str, Tensor], q_resid: str, values: str,
             masked: Callable[[GraphBuilder, str, str], str], cos: str, sin: str
-            ) -> tuple[str, MaskBuilder]:
-    """The rotated keys (B, 1, S, Hr) the cores read, and the mask builder: a block's causal
-    and padding mask; DeepSeek Sparse Attention's (the value cache [k_rot | index key]): each
-    query's keys outside its top-k too (kinds/dsa/graph.py), a shared layer's by the given
-    topk_indices."""
+            ) -> tuple[str, MaskBuilder, dict[str, str]]:
+    """The rotated keys (B, 1, S, Hr) the cores read, the mask builder, and the outputs it
+    adds: a block's causal and padding mask; DeepSeek Sparse Attention's (the value cache
+    [k_rot | index key]): each query's keys outside its top-k too (kinds/dsa/graph.py), a
+    shared layer's by the given topk_indices; a layer whose selection shared layers read
+    outputs it (topk_indices (B, T, K))."""
     if m.index is None:
-        return values, lambda b, start, t: additive(b, masked(b, start, t), "bias")
+        return values, lambda b, start, t: additive(b, masked(b, start, t), "bias"), {}
     if m.index.shared:  # GLM-5's shared layers: the selection is an input (topk_indices)
         def given(b: GraphBuilder, start: str, t: str) -> str:
             hidden = masked(b, start, t)  # (.., t, S)
             dropped = given_dropped(b, start, t, hidden)  # (B, 1, t, S)
             hides = Ops(b).Or(hidden, dropped, name="given_hides")  # (B, 1, t, S)
             return additive(b, hides, "bias")
-        return values, given
+        return values, given, {}
     op, hr = Ops(g), m.qk_rope_head_dim
     k_rot, keys = op.Split(values, g.ints("index_split", [hr, m.index.head_dim]), n_out=2,
                            axis=3)  # (B, 1, S, Hr), (B, 1, S, Di)
@@ -113,7 +114,11 @@ def _sparse(g: GraphBuilder, m: MLAConfig, w: Mapping[str, Tensor], q_resid: str
         hidden = masked(b, start, t)  # (.., t, S)
         dropped = dropped_keys(b, iq, start, t, hidden)  # (B, 1, t, S)
         return additive(b, Ops(b).Or(hidden, dropped), "bias")  # (B, 1, t, S)
-    return k_rot, mask
+    if not m.index.feeds:
+        return k_rot, mask, {}
+    queries = dim(g, "x", 1, "selection_queries")  # () T
+    kept = kept_keys(g, iq, queries, masked(g, g.ints("zero", 0), queries))  # (B, T, K)
+    return k_rot, mask, {"topk_indices": kept}
 
 
 def _static_cache(g: GraphBuilder, latent: str, k_rot: str, seq_len: str

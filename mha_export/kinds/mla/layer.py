@@ -101,6 +101,17 @@ class MLAttention(nn.Module):
         1 = token; rotary positions default to P + i. ``absorbed``: the decode form (the cache
         read as stored), else the expanded one (transformers' computation). ``topk_indices``
         (B, T, K): a shared-top-k layer's selection (its source layer's)."""
+        y, latent, k_rot, _ = self.attend_selecting(x, attention_mask, past_key, past_value,
+                                                    position_ids, absorbed, topk_indices)
+        return y, latent, k_rot
+
+    def attend_selecting(self, x: Tensor, attention_mask: Optional[Tensor],
+                         past_key: Optional[Tensor], past_value: Optional[Tensor],
+                         position_ids: Optional[Tensor] = None, absorbed: bool = False,
+                         topk_indices: Optional[Tensor] = None
+                         ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+        """``attend``'s outputs and DSA's selection (B, T, K): the key positions each query
+        kept, best first (None: dense MLA)."""
         past = 0 if past_key is None else past_key.size(2)
         if position_ids is None:
             position_ids = torch.arange(past, past + x.size(1), device=x.device).expand(
@@ -111,13 +122,14 @@ class MLAttention(nn.Module):
             latent = torch.cat([past_key, latent], dim=2)  # (B, 1, S, R)
             k_rot = torch.cat([past_value, k_rot], dim=2)  # (B, 1, S, Hr[+Di])
         masked = score_mask(x.size(1), latent.size(2), True, attention_mask, x.device)
-        dropped = self._dropped(x, position_ids, k_rot, masked, topk_indices)  # (B,1,T,S)|None
+        dropped, kept = self._dropped(x, position_ids, k_rot, masked,
+                                      topk_indices)  # (B, 1, T, S), (B, T, K) | None
         rope = k_rot[..., :self.rope]  # (B, 1, S, Hr)
         if absorbed:
             ctx = self._absorbed(q_nope, q_rot, latent, rope, masked, dropped)  # (B, N, T, Hv)
         else:
             ctx = self._expanded(q_nope, q_rot, latent, rope, attention_mask, masked, dropped)
-        return self.o_proj(merge_heads(ctx)), latent, k_rot
+        return self.o_proj(merge_heads(ctx)), latent, k_rot, kept
 
     def forward_static(self, x: Tensor, past_key: Tensor, past_value: Tensor,
                        past_lengths: Tensor, position_ids: Optional[Tensor] = None,
@@ -126,6 +138,16 @@ class MLAttention(nn.Module):
         (B, 1, C, Hr); this call's entries written in place at past_lengths[b] + i of row b,
         then the absorbed form over each row's valid prefix (query i of row b sees cached
         positions <= past_lengths[b] + i). Returns y and the buffers themselves."""
+        y, key, value, _ = self.static_selecting(x, past_key, past_value, past_lengths,
+                                                 position_ids, topk_indices)
+        return y, key, value
+
+    def static_selecting(self, x: Tensor, past_key: Tensor, past_value: Tensor,
+                         past_lengths: Tensor, position_ids: Optional[Tensor] = None,
+                         topk_indices: Optional[Tensor] = None
+                         ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+        """``forward_static``'s outputs and DSA's selection (B, T, K): buffer slots, best
+        first (None: dense MLA)."""
         b, t = x.size(0), x.size(1)
         steps = torch.arange(t, device=x.device)
         if position_ids is None:
@@ -139,10 +161,10 @@ class MLAttention(nn.Module):
         # row's prefix
         values = past_value[:b, :, :end]  # (B, 1, S, Hr[+Di]): rows [0, B) of the buffer
         masked = score_mask(t, end, True, None, x.device, 0, past_lengths)  # (B, 1, T, S)
-        dropped = self._dropped(x, position_ids, values, masked, topk_indices)
+        dropped, kept = self._dropped(x, position_ids, values, masked, topk_indices)
         ctx = self._absorbed(q_nope, q_rot, past_key[:b, :, :end], values[..., :self.rope],
                              masked, dropped)  # (B, N, T, Hv)
-        return self.o_proj(merge_heads(ctx)), past_key, past_value
+        return self.o_proj(merge_heads(ctx)), past_key, past_value, kept
 
     def queries(self, x: Tensor, position_ids: Tensor) -> Tuple[Tensor, Tensor]:
         """q_nope (B, N, T, Hn) and the rotated q_rot (B, N, T, Hr)."""
@@ -178,19 +200,19 @@ class MLAttention(nn.Module):
 
     def _dropped(self, x: Tensor, position_ids: Tensor, values: Tensor,
                  masked: Optional[Tensor], topk_indices: Optional[Tensor] = None
-                 ) -> Optional[Tensor]:
+                 ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
         """DSA: (B, 1, T, S) True at the keys outside each query's top-k (values: the value
-        cache read, (B, 1, S, Hr + Di)), a shared layer's given (topk_indices (B, T, K));
-        None for dense MLA."""
+        cache read, (B, 1, S, Hr + Di)), and the kept positions (B, T, K) (a shared layer's
+        given: topk_indices); (None, None) for dense MLA."""
         if self.shares_topk:
             if topk_indices is None:
                 raise RuntimeError("a shared-top-k layer takes its source layer's topk_indices")
-            return unselected_by(topk_indices, values.size(2))
+            return unselected_by(topk_indices, values.size(2)), topk_indices
         if not self.sparse:
-            return None
+            return None, None
         cos, sin = self._cos_sin(position_ids, x.dtype)
-        return self.indexer.unselected(x, self.q_resid(x), cos, sin, values[..., self.rope:],
-                                       masked)
+        return self.indexer.selected(x, self.q_resid(x), cos, sin, values[..., self.rope:],
+                                     masked)
 
     def _rotate(self, x: Tensor, position_ids: Tensor) -> Tensor:
         """x (B, heads, T, Hr) rotated at position_ids, in the config's rope layout."""

@@ -116,6 +116,12 @@ class Latent:
         source indices."""
         return ("topk_indices",) if self.index and self.index.shared else ()
 
+    @property
+    def extra_outputs(self) -> Tuple[str, ...]:
+        """Outputs every call gives beyond its kind's (signature.py): the selection of a DSA
+        layer whose top-k later shared layers read."""
+        return ("topk_indices",) if self.index and self.index.feeds else ()
+
     def attended_kv_width(self, c: Any) -> int:
         """Numbers per key position once attention expands it: every head's key and value."""
         return c.heads * (c.head_dim + self.v_head_dim)
@@ -127,7 +133,8 @@ class Latent:
         q = self.q_lora_rank
         return (f"{c.layout}-h{c.heads}-d{c.dim}-r{self.kv_lora_rank}-rope{c.rotary_dim}"
                 + (f"-q{q}" if q else "") + (f"-topk{self.index.topk}" if self.index else "")
-                + (f"-of{self.index.source}" if self.index and self.index.shared else ""))
+                + (f"-of{self.index.source}" if self.index and self.index.shared else "")
+                + ("-feeds" if self.index and self.index.feeds else ""))
 
     @property
     def cache_docs(self) -> Dict[str, str]:
@@ -137,9 +144,12 @@ class Latent:
             rope = (f"[{rope} | the lightning indexer's keys (index_head_dim wide)], side by "
                     "side")
         source = {"topk_indices": f"layer {self.index.source}'s top-k key positions of each "
-                                  "query"} if shared else {}
+                                  "query (one past the keys keeps nothing)"} if shared else {}
+        if self.index and self.index.feeds:
+            source = {"topk_indices": "this layer's top-k key positions of each query, best "
+                                      "first (the selection later shared layers read)"}
         return {**source, "past_key": "the normalised latents (kv_lora_rank wide)",
-                "past_value": rope,                "present_key": "the latents after this call",
+                "past_value": rope, "present_key": "the latents after this call",
                 "present_value": "the value cache after this call"}
 
     @classmethod

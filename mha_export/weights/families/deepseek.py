@@ -109,26 +109,26 @@ def topk_source(s: Settings, layer: int) -> Optional[int]:
     return full[-1]
 
 
-def topk_feeder(s: Settings, layer: int) -> str:
-    """Why ``eval`` leaves a glm_moe_dsa layer to the model: its own selection feeds later
-    shared layers, and the exported layer does not output it ("": it does not)."""
+def topk_readers(s: Settings, layer: int) -> list[int]:
+    """glm_moe_dsa: the later shared layers that read ``layer``'s own selection (its top-k
+    then an output of the export, topk_indices)."""
     kinds = s.get("indexer_types") or []
-    readers = [str(i) for i in range(layer + 1, len(kinds)) if kinds[i] == "shared"
-               and topk_source(s, i) == layer]
-    return (f"dsa_topk_source (its top-k feeds layer{'s' * (len(readers) > 1)} "
-            f"{', '.join(readers)}; not an output of the export)") if readers else ""
+    return [i for i in range(layer + 1, len(kinds)) if kinds[i] == "shared"
+            and topk_source(s, i) == layer]
 
 
 def sparse_fields(index_rope: str) -> Fields:
     """DeepSeek Sparse Attention: V3's MLA (pairs in, halves out, always) with the lightning
     indexer's settings (kinds/dsa/); glm_moe_dsa's layers that reuse an earlier layer's top-k
-    (indexer_types "shared") name it (the index's source: their input topk_indices)."""
+    (indexer_types "shared") name it (the index's source: their input topk_indices), and the layer
+    they read outputs its selection (the index feeds: its output topk_indices)."""
     def fields(s: Settings, layer: int) -> dict:
         source = topk_source(s, layer)
         out = latent_fields(lambda s: "deinterleaving")(s, layer)
         out["latent"]["index"] = {"topk": s["index_topk"], "heads": s["index_n_heads"],
                                   "head_dim": s["index_head_dim"], "rope": index_rope,
-                                  **({} if source is None else {"source": source})}
+                                  **({} if source is None else {"source": source}),
+                                  **({"feeds": True} if topk_readers(s, layer) else {})}
         return out
     return fields
 
@@ -147,8 +147,8 @@ RECORDS += (
            sparse_fields("deinterleaving"),
            summary="as deepseek_v32, the indexer's rope on pairs (written as halves); "
                    "indexer_types 'shared' layers take the nearest earlier 'full' layer's "
-                   "top-k as the input topk_indices",
-           eval_left=topk_feeder),
+                   "top-k as the input topk_indices, the 'full' layer they read outputs "
+                   "its own (topk_indices)"),
 )
 
 
