@@ -61,6 +61,20 @@ def needs(c: MHAConfig) -> dict[str, tuple[str, str]]:
                    "picks among equal scores are transformers')")}
 
 
+# a compressed layer's cached call closes windows of its carried buffer and this call's tokens
+CARRIED_WINDOWS = "windows closed from a carried buffer"
+
+
+def call_needs(c: MHAConfig, kind: str) -> dict[str, tuple[str, str]]:
+    """A compressed layer's --kv-cache call pools (past_buffer + seq) // rate rows, a count of
+    its input's sizes (the eager layer branches on it: none closed, or some)."""
+    if kind != "kv-cache" or c.dsv4.layer_type == SLIDING:
+        return {}
+    return {CARRIED_WINDOWS: (f"{NAME}'s {c.dsv4.layer_type} layer's --kv-cache call",
+                              f"its compressor closes (past_buffer + seq) // {c.dsv4.rate} "
+                              "windows of the carried buffer's and this call's tokens")}
+
+
 def no_quantizable(c: MHAConfig) -> list[str]:
     return []
 
@@ -78,4 +92,4 @@ KIND = AttentionKind(
     name="dsv4", summary=NAME, layouts={LAYOUT: dsv4_layer},
     anchors={LAYOUT: "o_a_proj.weight"}, forms=FORMS,
     projections=projections, quantizable=no_quantizable, map_projections=unchanged,
-    call_flops=call_flops, unbuilt=UNBUILT, needs=needs)
+    call_flops=call_flops, unbuilt=UNBUILT, needs=needs, call_needs=call_needs)
