@@ -1,6 +1,7 @@
 """DeepSeek-V4's kind record: what every stage asks of it (kinds/base.py). Eager, TorchScript
-and ONNX (forms.py's form ``dsv4``: full-sequence and masked calls) build it; AOTInductor and
-ExecuTorch by what they lack of its ``needs``; the lossy steps by ``unbuilt``."""
+and ONNX (forms.py's form ``dsv4``: full-sequence, masked and --kv-cache calls) build it;
+AOTInductor and ExecuTorch by what they lack of its ``needs`` and ``call_needs``; the lossy
+steps by ``unbuilt``."""
 from __future__ import annotations
 
 from torch import nn
@@ -86,8 +87,8 @@ def unchanged(module: nn.Module, fn: WeightMap) -> nn.Module:
 
 UNBUILT = {"quantize": f"--quantize is not built for {NAME} yet (its low-rank, grouped and "
                        "compressor projections have no quantized form here)",
-           "int8-cache": f"--kv-cache-dtype int8 is not built for {NAME} yet (its cached calls "
-                         "are not built)"}
+           "int8-cache": f"--kv-cache-dtype int8 is not built for {NAME} yet (an int8 cache is "
+                         "a static cache's, and its static cache is not built)"}
 KIND = AttentionKind(
     name="dsv4", summary=NAME, layouts={LAYOUT: dsv4_layer},
     anchors={LAYOUT: "o_a_proj.weight"}, forms=FORMS,
