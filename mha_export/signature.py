@@ -162,7 +162,7 @@ class Signature:
     kind: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    # a kind's own cache's symbolic axes (``own_cache``): their sizes after past_seq tokens
+    # a kind's own cache's symbolic axes (``kind_cache``): their sizes after past_seq tokens
     axis_sizes: Optional[AxisSizes] = field(default=None, compare=False)
 
     @property
@@ -205,6 +205,17 @@ class Signature:
                 if n.startswith("past_") and "present_" + n[len("past_"):] in outputs]
 
     @property
+    def own_cache(self) -> bool:
+        """The cache is the kind's own tensors (``kind_cache``), not the call's keys and values."""
+        return self.axis_sizes is not None
+
+    def prefill_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
+        """The past_* inputs' shapes at a first call: every symbolic axis but the batch 0."""
+        sized = lambda d: batch if d == BATCH else 0 if isinstance(d, str) else d  # noqa: E731
+        pasts = dict(self.cache_pairs)
+        return {t.name: tuple(sized(d) for d in t.shape) for t in self.inputs if t.name in pasts}
+
+    @property
     def has_mask(self) -> bool:
         return "attention_mask" in self.input_names
 
@@ -244,7 +255,7 @@ def make_signature(config: MHAConfig, kind: str = "full", cache_dtype: str = FLO
     if kind in unbuilt:
         raise UsageError(unbuilt[kind])
     ins, outs = KINDS[kind]
-    own, sizes = own_cache(config, kind)
+    own, sizes = kind_cache(config, kind)
     ins, outs = _with_own(ins, own), _with_own(outs, own)
     ins += config.extra_inputs  # the kind's own (a shared-top-k layer's indices)
     rotates = config.rotary not in ("none", "unrotated")  # (unrotated: NoPE MLA, Kimi Linear)
@@ -255,7 +266,7 @@ def make_signature(config: MHAConfig, kind: str = "full", cache_dtype: str = FLO
                      sizes)
 
 
-def own_cache(config: MHAConfig, kind: str) -> tuple[dict[str, TensorSpec], Optional[AxisSizes]]:
+def kind_cache(config: MHAConfig, kind: str) -> tuple[dict[str, TensorSpec], Optional[AxisSizes]]:
     """A kind's own cache tensors in place of past/present key and value, where its section
     declares them (``cache_tensors(config, kind, batch)``: past and present (shape, doc) by
     name, and their axes' sizes after past_seq tokens; DeepSeek-V4's key = value rows and

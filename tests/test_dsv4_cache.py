@@ -6,7 +6,8 @@ one to AOTInductor, each one's check passing; each artifact, from an empty cache
 transformers' left-padded 40-token prompt and 8 one-token steps with its DynamicCache (windows
 close within them: CSA's at tokens 44 and 48, HCA's at 48), gives transformers' module's y,
 and its final cache tensors equal transformers' cache; planted faults (a compressor buffer not
-carried, a sliding cache one row too long) fail the check; what is not built is one line."""
+carried, a sliding cache one row too long) fail the check; eval runs the cached artifacts
+inside the model; what is not built is one line."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -187,3 +188,20 @@ def test_what_is_not_built_is_one_line(tiny, tmp_path, args, layer, says):
     errors = [line for line in r.stderr.splitlines() if not line.startswith("note:")]
     assert r.exit_code == 2 and len(errors) == 1 and says in errors[0], r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_eval_runs_the_cached_layers_inside_the_model(tiny, tmp_path):
+    """eval with --kv-cache artifacts (ONNX: sliding, HCA; TorchScript: CSA), each layer's
+    cache its own, carried call after call inside transformers' model (12 generated tokens
+    too): nothing the model would notice."""
+    import hybrid
+    from mha_export.model.eval import evaluate
+    _, folder = tiny
+    hybrid.save_tokenizer(folder)
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog, again and again. " * 4)
+    for runner, layers in (("ort-cpu", "0,2"), ("torchscript", "1")):
+        d = evaluate(folder, text, 20, layers, runner=runner, options={"kv_cache": True},
+                     folder=tmp_path / runner, generate=12).to_dict()
+        assert [str(x["layer"]) for x in d["layers"]] == layers.split(",")
+        assert d["exported"]["kl_max"] < 1e-6 and all(x["rel"] < 1e-4 for x in d["layers"])

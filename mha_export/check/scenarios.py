@@ -29,7 +29,8 @@ import torch
 
 from ..config import MHAConfig
 from ..comparison.runner import Feeds, Runner
-from ..signature import BATCH, Signature
+from ..comparison.torch_runners import EagerRunner
+from ..signature import Signature
 from .sweep import Case, padding_mask, positions, random_values
 
 Expect = Callable[[np.ndarray, np.ndarray], dict]  # (x, mask) -> {"y", "present_key", ...}
@@ -67,9 +68,7 @@ def generate(runner: Runner, x: np.ndarray, mask: np.ndarray, split: Sequence[in
 
 def empty_cache(sig: Signature, batch: int) -> Feeds:
     """A prefill's past_* inputs: every symbolic axis but the batch 0 long."""
-    sized = lambda d: batch if d == BATCH else 0 if isinstance(d, str) else d  # noqa: E731
-    return {t.name: np.zeros(tuple(sized(d) for d in t.shape), np.float32)
-            for t in sig.inputs if t.name in dict(sig.cache_pairs)}
+    return {n: np.zeros(shape, np.float32) for n, shape in sig.prefill_shapes(batch).items()}
 
 
 def one_call(runner: Runner) -> Expect:
@@ -84,10 +83,10 @@ def one_call(runner: Runner) -> Expect:
     return run
 
 
-def expect_of(runner) -> Expect:
+def expect_of(runner: EagerRunner) -> Expect:
     """A scenario's truth from an eager runner: one full-sequence forward, or for a kind's own
-    cache (``Signature.axis_sizes``: not the call's keys and values) one cached call."""
-    return one_call(runner) if runner.signature.axis_sizes else eager_full(runner.source)
+    cache (``Signature.own_cache``: not the call's keys and values) one cached call."""
+    return one_call(runner) if runner.signature.own_cache else eager_full(runner.source)
 
 
 def alone(expect: Expect, x: np.ndarray, mask: np.ndarray,
@@ -156,7 +155,7 @@ def padding_sides(config: MHAConfig) -> tuple[str, ...]:
     """The sides a padded batch equals its rows alone: not the left where queries scale by
     cache slot, or where keys sit at their slots (``generate_padding``): a left-padded row's
     slots are shifted by its padding, by design."""
-    if config.query_scale_beta and config.query_scale_by == "slot" or keys_by_slot(config):
+    if (config.query_scale_beta and config.query_scale_by == "slot") or keys_by_slot(config):
         return ("right",)
     return ("left", "right")
 

@@ -98,7 +98,7 @@ class TopKStaticStep(EntryPoint):
 
 
 class KeyStep(EntryPoint):
-    """A cached call whose cache is the kind's own (signature.py's ``own_cache``): past_key and
+    """A cached call whose cache is the kind's own (signature.py's ``kind_cache``): past_key and
     no past_value (key = value rows), then the kind's state tensors, here none (DeepSeek-V4's
     sliding layer, ``step``: y, present_key, the state after the call, as a list)."""
 

@@ -1,6 +1,7 @@
 """DeepSeek-V4's compressed layers' cached call as ONNX graph code: the compressor's (and CSA's
 indexer's) state, as transformers' DeepseekV4HCACache / DeepseekV4CSACache and the eager layer
-(compressed.py) keep it, carried through the graph.
+(compressed.py) keep it, carried through the graph. The keys, shapes and axes are
+settings.py's (``state_keys``, ``state_shapes``, ``cache_tensors``: the signature's names).
 
 Naming: one ONNX input per state tensor, ``past_<cache>.<entry>``, and its updated value the
 output ``present_<cache>.<entry>`` (<cache>: ``compressor``, CSA's ``indexer`` too; <entry>:
