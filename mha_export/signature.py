@@ -35,12 +35,20 @@ and outputs to every call (``MHAConfig.extra_outputs``), after its kind's:
     topk_indices      (batch, seq, index_k) int64: a GLM-5 DSA layer's own selection that later
                       shared layers read, best first (transformers' returned top-k)
 
+A layer's kind can put its own cache tensors in place of past/present key and value (its
+section's ``cache_tensors``; ``Signature.axis_sizes`` sizes their axes): DeepSeek-V4's
+
+    kv-cache  x, attention_mask, past_key, past_<state>...   -> y, present_key, present_<state>...
+              (past_key [batch, 1, min(past_seq, window - 1), head_dim]: the last rotated
+              key = value rows, no past_value; a compressed layer's compressor (CSA: and
+              indexer) state past_compressor.buffer_kv ..., docs/deepseek-v4.md)
+
 Adding an input or output: one entry in ``TENSORS`` and its name in the ``KINDS`` that take it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
 from .config import MHAConfig
 from .errors import UsageError
@@ -150,11 +158,16 @@ SHARED_DOCS = {"shared": ": the source layer's of this call's tokens",
 # the kinds whose calls follow earlier ones (a past length P: the sweep runs several)
 WITH_PAST = ("kv-cache", STATIC, "shared-kv-cache", "shared-static-cache")
 
+AxisSizes = Callable[[int], dict]  # past_seq -> the sizes of a kind's own cache axes
+
+
 @dataclass(frozen=True)
 class Signature:
     kind: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # a kind's own cache's symbolic axes (``kind_cache``): their sizes after past_seq tokens
+    axis_sizes: Optional[AxisSizes] = field(default=None, compare=False)
 
     @property
     def input_names(self) -> list[str]:
@@ -187,6 +200,24 @@ class Signature:
     def reads_topk(self) -> bool:
         """A shared-top-k layer's: each call takes another layer's selection (topk_indices)."""
         return "topk_indices" in self.input_names
+
+    @property
+    def cache_pairs(self) -> list[tuple[str, str]]:
+        """(past_<x>, present_<x>) of every cache tensor a call reads and writes, in order."""
+        outputs = set(self.output_names)
+        return [(n, "present_" + n[len("past_"):]) for n in self.input_names
+                if n.startswith("past_") and "present_" + n[len("past_"):] in outputs]
+
+    @property
+    def own_cache(self) -> bool:
+        """The cache is the kind's own tensors (``kind_cache``), not the call's keys and values."""
+        return self.axis_sizes is not None
+
+    def prefill_shapes(self, batch: int) -> dict[str, tuple[int, ...]]:
+        """The past_* inputs' shapes at a first call: every symbolic axis but the batch 0."""
+        sized = lambda d: batch if d == BATCH else 0 if isinstance(d, str) else d  # noqa: E731
+        pasts = dict(self.cache_pairs)
+        return {t.name: tuple(sized(d) for d in t.shape) for t in self.inputs if t.name in pasts}
 
     @property
     def has_mask(self) -> bool:
@@ -228,13 +259,43 @@ def make_signature(config: MHAConfig, kind: str = "full", cache_dtype: str = FLO
     if kind in unbuilt:
         raise UsageError(unbuilt[kind])
     ins, outs = KINDS[kind]
+    own, sizes = kind_cache(config, kind)
+    ins, outs = _with_own(ins, own), _with_own(outs, own)
     ins += config.extra_inputs  # the kind's own (a shared-top-k layer's indices)
     outs += config.extra_outputs  # (a DSA layer's selection that shared layers read)
     rotates = config.rotary not in ("none", "unrotated")  # (unrotated: NoPE MLA, Kimi Linear)
     ins += ("position_ids",) if rotates else ()  # rotary layers: the last input
-    spec = lambda n: _documented(_cached(TENSORS[n](config, kind), cache_dtype),  # noqa: E731
-                                 config)
-    return Signature(kind, tuple(spec(n) for n in ins), tuple(spec(n) for n in outs))
+    spec = lambda n: own.get(n) or _documented(  # noqa: E731
+        _cached(TENSORS[n](config, kind), cache_dtype), config)
+    return Signature(kind, tuple(spec(n) for n in ins), tuple(spec(n) for n in outs),
+                     sizes)
+
+
+def kind_cache(config: MHAConfig, kind: str) -> tuple[dict[str, TensorSpec], Optional[AxisSizes]]:
+    """A kind's own cache tensors in place of past/present key and value, where its section
+    declares them (``cache_tensors(config, kind, batch)``: past and present (shape, doc) by
+    name, and their axes' sizes after past_seq tokens; DeepSeek-V4's key = value rows and
+    compressor state), float; none elsewhere."""
+    declared = getattr(config.section, "cache_tensors", None)
+    found = declared(config, kind, BATCH) if declared else None
+    if found is None:
+        return {}, None
+    past, present, sizes = found
+    own = {n: TensorSpec(n, FLOAT, shape, doc)
+           for n, (shape, doc) in {**past, **present}.items()}
+    return own, sizes
+
+
+def _with_own(names: tuple[str, ...], own: dict[str, TensorSpec]) -> tuple[str, ...]:
+    """names with the cache's (CACHE_NAMES) replaced, in place, by the own cache's past (in
+    inputs) or present (in outputs) tensors."""
+    cache = [i for i, n in enumerate(names) if n in CACHE_NAMES]
+    if not own or not cache:
+        return names
+    side = "past_" if names[cache[0]].startswith("past_") else "present_"
+    mine = tuple(n for n in own if n.startswith(side))
+    rest = tuple(n for n in names if n not in CACHE_NAMES)
+    return rest[:cache[0]] + mine + rest[cache[0]:]
 
 
 def _layer_kind(config: MHAConfig, kind: str) -> str:

@@ -267,9 +267,11 @@ def top_left_causal(path: Path) -> None:
 def padding_ignored(path: Path) -> None:
     """attention_mask read but never applied: padded keys leak into real rows."""
     def fn(m):
-        for n in all_nodes(m.graph):
-            if n.name.endswith("padding_keys"):  # mask == 0 -> mask < 0 (never)
-                n.op_type = "Less"
+        hit = [n for n in all_nodes(m.graph) if n.name.endswith("padding_keys")]
+        if not hit:
+            raise NotApplicable("no padding mask in this graph")
+        for n in hit:  # mask == 0 -> mask < 0 (never)
+            n.op_type = "Less"
     _edit(path, fn)
 
 

@@ -127,7 +127,6 @@ def test_a_planted_fault_fails_the_check(exported, layer, tmp_path):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["torchscript", "--kv-cache"], "--kv-cache is not built for DeepSeek-V4 attention yet"),
     (["torchscript", "--static-cache"],
      "--static-cache is not built for DeepSeek-V4 attention yet"),
     (["onnx", "--quantize", "int4"], "--quantize is not built for DeepSeek-V4 attention yet"),

@@ -270,7 +270,7 @@ def _scenario(truth: Truth, config, case: Case, split: list, seed: int, costs: l
     def run_truth(r: EagerRunner) -> dict:
         if stepwise:
             return scenarios.run(r, case, x, mask, split)
-        return scenarios.expected(case, scenarios.eager_full(r.source), x, mask)
+        return scenarios.expected(case, scenarios.expect_of(r), x, mask)
 
     expected = {"eager": run_truth(truth.opened[0]), "reference": run_truth(truth.reference)}
     for cost in costs:  # e.g. the same scenario's truth with a float cache

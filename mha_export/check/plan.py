@@ -142,7 +142,8 @@ def _multi_call(sig: Signature, sweep: "SweepPlan", config: MHAConfig) -> list:
     if sig.static_cache:
         return scenarios.static_scenario_cases(sweep.static_chunks, sweep.batch_prompts)
     if sig.has_cache:
-        return scenarios.scenario_cases(sweep.switch, scenarios.padding_sides(config))
+        return scenarios.scenario_cases(sweep.switch, scenarios.padding_sides(config),
+                                        scenarios.generate_padding(config))
     return []
 
 

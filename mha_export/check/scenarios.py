@@ -2,7 +2,9 @@
 
 1. ``generate``: a prefill and then single-token (and one chunked) steps, carrying present ->
    past and growing attention_mask, equal ONE full-sequence forward of the whole sequence at
-   every real position; the final present_key/present_value equal the full forward's keys/values.
+   every real position; the final present_key/present_value equal the full forward's keys/values
+   (a kind's own cache, DeepSeek-V4's: its every present_* equals what ONE cached call of the
+   whole sequence from an empty cache leaves: the last window - 1 rows, the compressor state).
 2. ``padded-vs-alone``: a left- or right-padded batch, generated the same way, equals each of its
    sequences run alone without padding (right-padded only where queries scale by cache slot,
    Llama 4's temperature tuning: a left-padded row's slots are not its own, as in transformers).
@@ -27,6 +29,8 @@ import torch
 
 from ..config import MHAConfig
 from ..comparison.runner import Feeds, Runner
+from ..comparison.torch_runners import EagerRunner
+from ..signature import Signature
 from .sweep import Case, padding_mask, positions, random_values
 
 Expect = Callable[[np.ndarray, np.ndarray], dict]  # (x, mask) -> {"y", "present_key", ...}
@@ -47,27 +51,49 @@ def eager_full(module) -> Expect:
 
 
 def generate(runner: Runner, x: np.ndarray, mask: np.ndarray, split: Sequence[int]) -> Feeds:
-    """Calls of len split[0], split[1], ... with the cache carried: y of all calls (B, L, dim)
-    and the last present_key/present_value (B, K, L, H)."""
-    past = {n: np.zeros(runner.signature.cache_buffer(n, x.shape[0], 0), np.float32)
-            for n in ("past_key", "past_value")}
-    ys, pos = [], 0
-    rope = {"position_ids": positions(mask)} if "position_ids" in runner.signature.input_names \
-        else {}
+    """Calls of len split[0], split[1], ... with every cache tensor carried (present_<t> ->
+    past_<t>): y of all calls (B, L, dim) and the last present_* (present_key/present_value
+    (B, K, L, H); a kind's own cache, its own)."""
+    sig = runner.signature
+    past, ys, pos = empty_cache(sig, x.shape[0]), [], 0
+    rope = {"position_ids": positions(mask)} if "position_ids" in sig.input_names else {}
     for n in split:
         out = runner.run({"x": x[:, pos:pos + n], "attention_mask": mask[:, :pos + n], **past,
                           **{k: v[:, pos:pos + n] for k, v in rope.items()}})
         ys.append(out["y"])
-        past = {"past_key": out["present_key"], "past_value": out["present_value"]}
+        past = {p: out[q] for p, q in sig.cache_pairs}
         pos += n
-    return {"y": np.concatenate(ys, axis=1), "present_key": past["past_key"],
-            "present_value": past["past_value"]}
+    return {"y": np.concatenate(ys, axis=1), **{q: past[p] for p, q in sig.cache_pairs}}
 
 
-def alone(expect: Expect, x: np.ndarray, mask: np.ndarray) -> dict:
+def empty_cache(sig: Signature, batch: int) -> Feeds:
+    """A prefill's past_* inputs: every symbolic axis but the batch 0 long."""
+    return {n: np.zeros(shape, np.float32) for n, shape in sig.prefill_shapes(batch).items()}
+
+
+def one_call(runner: Runner) -> Expect:
+    """The whole sequence in one cached call from an empty cache: a kind's own cache (its
+    present_key the last rows, its state) is compared with what this call leaves."""
+    sig = runner.signature
+
+    def run(x: np.ndarray, mask: np.ndarray) -> dict:
+        rope = {"position_ids": positions(mask)} if "position_ids" in sig.input_names else {}
+        return runner.run({"x": x, "attention_mask": mask, **empty_cache(sig, x.shape[0]),
+                           **rope})
+    return run
+
+
+def expect_of(runner: EagerRunner) -> Expect:
+    """A scenario's truth from an eager runner: one full-sequence forward, or for a kind's own
+    cache (``Signature.own_cache``: not the call's keys and values) one cached call."""
+    return one_call(runner) if runner.signature.own_cache else eager_full(runner.source)
+
+
+def alone(expect: Expect, x: np.ndarray, mask: np.ndarray,
+          caches: Sequence[str] = ("present_key", "present_value")) -> dict:
     """y of each row run alone (its real tokens only, no padding), placed at the row's real
-    positions of a (B, L, dim) array, and each row's keys/values packed at [0, real length) of
-    (B, K, L, H); the rest is 0 (and not compared)."""
+    positions of a (B, L, dim) array, and each row's keys/values (``caches``) packed at
+    [0, real length) of (B, K, L, H); the rest is 0 (and not compared)."""
     out: dict = {}
     for r in range(x.shape[0]):
         real = mask[r] == 1
@@ -75,9 +101,9 @@ def alone(expect: Expect, x: np.ndarray, mask: np.ndarray) -> dict:
         if not out:
             out = {"y": np.zeros(x.shape[:2] + got["y"].shape[2:], got["y"].dtype)}
             out.update({n: np.zeros((x.shape[0], got[n].shape[1], x.shape[1], got[n].shape[3]),
-                                    got[n].dtype) for n in ("present_key", "present_value")})
+                                    got[n].dtype) for n in caches})
         out["y"][r, real] = got["y"][0]
-        for n in ("present_key", "present_value"):
+        for n in caches:
             out[n][r, :, :int(real.sum())] = got[n][0]
     return out
 
@@ -127,21 +153,36 @@ def static_scenario_cases(static_chunks: bool = True, batch_prompts: bool = True
 
 def padding_sides(config: MHAConfig) -> tuple[str, ...]:
     """The sides a padded batch equals its rows alone: not the left where queries scale by
-    cache slot (a left-padded row's slots are shifted by its padding, by design)."""
-    if config.query_scale_beta and config.query_scale_by == "slot":
+    cache slot, or where keys sit at their slots (``generate_padding``): a left-padded row's
+    slots are shifted by its padding, by design."""
+    if (config.query_scale_beta and config.query_scale_by == "slot") or keys_by_slot(config):
         return ("right",)
     return ("left", "right")
 
 
-def scenario_cases(switch_seq_lens: Sequence[int] = (), padded: Sequence[str] = ("left", "right")
-                   ) -> list[tuple[Case, list[int]]]:
-    """(case, call lengths): prefill, three steps, a chunk of 3, a step; one long prefill past the
-    form's last code-path switch; padded batches of the ``padded`` sides."""
+def keys_by_slot(config: MHAConfig) -> bool:
+    """The section's ``slot_positions``: a key's position is its slot after the call's first
+    query's position (DeepSeek-V4's window and pooled windows), so a call's left padding at
+    positions from the mask (``positions``) moves its keys from where later calls see them."""
+    return getattr(config.section, "slot_positions", False)
+
+
+def generate_padding(config: MHAConfig) -> str:
+    """The side of a padded batch generated: the left, as apps pad (the right where keys sit
+    at their slots)."""
+    return "right" if keys_by_slot(config) else "left"
+
+
+def scenario_cases(switch_seq_lens: Sequence[int] = (), padded: Sequence[str] = ("left", "right"),
+                   generated: str = "left") -> list[tuple[Case, list[int]]]:
+    """(case, call lengths): prefill, three steps, a chunk of 3, a step (also a batch padded on
+    the ``generated`` side); one long prefill past the form's last code-path switch; padded
+    batches of the ``padded`` sides."""
     splits = [[5, 1, 1, 1, 3, 1]]
     if switch_seq_lens:
         splits.append([max(switch_seq_lens) + 2, 1, 2])
     cases = [(Case(b, sum(s), 0, pad, "generate " + "+".join(map(str, s))), s)
-             for s in splits for b, pad in ((1, "none"), (3, "left"))]
+             for s in splits for b, pad in ((1, "none"), (3, generated))]
     cases += [(Case(3, 9, 0, pad, "padded-vs-alone 7+1+1"), [7, 1, 1])
               for pad in padded]
     return cases
@@ -162,7 +203,7 @@ def expected(case: Case, expect: Expect, x: np.ndarray, mask: np.ndarray) -> dic
     if case.scenario.startswith("static ragged"):  # each row's buffer entries, packed
         return alone(expect, x, mask)
     if case.scenario.startswith("padded-vs-alone"):  # a growing cache keeps the padding's slots
-        return {"y": alone(expect, x, mask)["y"]}
+        return {"y": alone(expect, x, mask, ())["y"]}
     return expect(x, mask)
 
 

@@ -180,6 +180,8 @@ def make_feeds(sig: Signature, case: Case, seed: int) -> dict[str, np.ndarray]:
     sizes = {"batch": case.batch, "seq": case.seq, "past_seq": case.past,
              "past_seq + seq": case.past + case.seq, CACHE: static_capacity(case),
              INDEX_K: sample_width(case)}
+    if sig.axis_sizes:  # a kind's own cache: its axes after case.past tokens
+        sizes.update(sig.axis_sizes(case.past))
     feeds = {}
     for t in sig.inputs:
         shape = tuple(sizes[d] if isinstance(d, str) else d for d in t.shape)

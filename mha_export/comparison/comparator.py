@@ -141,7 +141,7 @@ def compare(actual: np.ndarray, expected: np.ndarray, tol: Tolerance,
         where = "output" if nonfinite else "expected output"
         return _failed(f"non-finite values (NaN/Inf) in the {where}", nonfinite)
     keep = None if valid is None else np.broadcast_to(valid, a.shape)
-    if keep is not None and not keep.any():
+    if a.size == 0 or keep is not None and not keep.any():  # (a cache's empty state: equal)
         return Comparison(True, 0.0, 0.0, 0.0, 0.0, 0, ())
     kept_a, kept_e = (a.ravel(), e.ravel()) if keep is None else (a[keep], e[keep])
     err = np.abs(kept_a.astype(np.float64) - kept_e)  # (K,): the compared elements

@@ -27,7 +27,7 @@ class TorchRunner(Runner):
         args = [a.to(self.dtype) if a.is_floating_point() else a for a in args]
         with torch.inference_mode():
             out = self.module(*args)
-        out = out if isinstance(out, tuple) else (out,)
+        out = tuple(out) if isinstance(out, (tuple, list)) else (out,)  # (list: an own cache's)
         require_in_place(self.signature, args, list(out))
         return {name: o.numpy() for name, o in zip(self.signature.output_names, out)}
 

@@ -122,7 +122,9 @@ def checked_request(target: str, config: Optional[MHAConfig] = None, *,
     steps = lossy.requested(fields, chosen, kind, options.get("dtype", "float32"))
     source = load_source(config, weights, layer, seed, fields)
     lossy.refuse_unbuilt(source.config, steps)
-    refuse_lacking(kind_of(source.config).needs(source.config), chosen.title, chosen.lacks)
+    layer_kind, c = kind_of(source.config), source.config
+    refuse_lacking({**layer_kind.needs(c), **layer_kind.call_needs(c, kind)}, chosen.title,
+                   chosen.lacks)
     sig = make_signature(source.config, kind, lossy.cache_dtype(steps, FLOAT))
     chosen.check(source.config, sig, specs=steps, **options)
     if check_options is not None:

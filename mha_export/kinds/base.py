@@ -48,6 +48,10 @@ class AttentionKind:
     # config -> the operators its layer needs that a target may lack (every target has MatMul,
     # Softmax, ...): operator -> (the feature that needs it, how it uses it)
     needs: Callable[[MHAConfig], Mapping[str, tuple[str, str]]] = lambda config: {}
+    # (config, call kind: signature.py's) -> what that call needs beyond ``needs`` (a cached call's
+    # own operators), as ``needs``
+    call_needs: Callable[[MHAConfig, str], Mapping[str, tuple[str, str]]] = (
+        lambda config, kind: {})
     # a call length that takes every path of its layer: a tracing export (torch.export)
     # specialises an axis whose example skips one (QSA's: more complete blocks than it keeps)
     example_seq: Callable[[MHAConfig], int] = lambda config: 3

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+import torch
 from torch import Tensor, nn
 
 from .layouts import AttentionBase
@@ -139,6 +140,37 @@ class SelectingStaticStep(EntryPoint):
         return y, key, value, _kept(kept)
 
 
+class KeyStep(EntryPoint):
+    """A cached call whose cache is the kind's own (signature.py's ``kind_cache``): past_key and
+    no past_value (key = value rows), then the kind's state tensors, here none (DeepSeek-V4's
+    sliding layer, ``step``: y, present_key, the state after the call, as a list)."""
+
+    def forward(self, x: Tensor, attention_mask: Tensor, past_key: Tensor,
+                position_ids: Optional[Tensor] = None) -> List[Tensor]:
+        none = torch.jit.annotate(List[Tensor], [])
+        return self.inner.step(x, attention_mask, past_key, none, position_ids)
+
+
+class KeyStep3(EntryPoint):
+    """Three state tensors (DeepSeek-V4's HCA layer: its compressor's buffer_kv, buffer_gate,
+    compressed_kv)."""
+
+    def forward(self, x: Tensor, attention_mask: Tensor, past_key: Tensor, s0: Tensor,
+                s1: Tensor, s2: Tensor, position_ids: Optional[Tensor] = None) -> List[Tensor]:
+        return self.inner.step(x, attention_mask, past_key, [s0, s1, s2], position_ids)
+
+
+class KeyStep10(EntryPoint):
+    """Ten (DeepSeek-V4's CSA layer: its compressor's and indexer's five each)."""
+
+    def forward(self, x: Tensor, attention_mask: Tensor, past_key: Tensor, s0: Tensor,
+                s1: Tensor, s2: Tensor, s3: Tensor, s4: Tensor, s5: Tensor, s6: Tensor,
+                s7: Tensor, s8: Tensor, s9: Tensor, position_ids: Optional[Tensor] = None
+                ) -> List[Tensor]:
+        state = [s0, s1, s2, s3, s4, s5, s6, s7, s8, s9]
+        return self.inner.step(x, attention_mask, past_key, state, position_ids)
+
+
 ENTRY_POINTS = {"full": FullSequence, "masked": MaskedSequence, "kv-cache": CachedStep,
                 "static-cache": StaticCacheStep, "shared": SharedKeys,
                 "shared-masked": SharedKeysMasked, "shared-kv-cache": SharedKeysMasked,
@@ -151,10 +183,18 @@ SELECTING_ENTRY_POINTS = {"full": SelectingSequence, "masked": SelectingMaskedSe
                           "kv-cache": SelectingCachedStep, "static-cache": SelectingStaticStep}
 
 
+# a cached call of the kind's own cache (no past_value) by its state tensors' count
+KEY_STEPS = {0: KeyStep, 3: KeyStep3, 10: KeyStep10}
+
+
 def entry_module(module: AttentionBase, kind: str, input_names: List[str],
                  output_names: List[str]) -> EntryPoint:
     """The module to call (and to script) for a signature kind (and its inputs: a shared-top-k
     layer's take topk_indices, a layer whose selection shared layers read gives it)."""
     table = (TOPK_ENTRY_POINTS if "topk_indices" in input_names else SELECTING_ENTRY_POINTS
              if "topk_indices" in output_names else ENTRY_POINTS)
-    return table[kind](module, list(input_names), list(output_names)).eval()
+    entry = table[kind]
+    if "past_key" in input_names and "past_value" not in input_names and kind == "kv-cache":
+        state = [n for n in input_names if n.startswith("past_") and n != "past_key"]
+        entry = KEY_STEPS[len(state)]  # the kind's own cache: key = value rows and state
+    return entry(module, list(input_names), list(output_names)).eval()

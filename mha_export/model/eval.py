@@ -154,8 +154,9 @@ class ExportedAttention(torch.nn.Module):
             size = self.capacity if self.sig.static_cache else 0
             dtype = np.int8 if self.sig.cache_dtype == "int8" else getattr(
                 self.runner, "dtypes", {}).get("past_key", np.float32)  # the model's own
-            self.cache = {n: np.zeros(self.sig.cache_buffer(n, 1, size), dtype)
-                          for n in ("past_key", "past_value")}
+            shapes = ({n: self.sig.cache_buffer(n, 1, size) for n in ("past_key", "past_value")}
+                      if self.sig.static_cache else self.sig.prefill_shapes(1))
+            self.cache = {n: np.zeros(shape, dtype) for n, shape in shapes.items()}
             # a static cache: bound once where the runner can (an app's step, no copies; its
             # call gives y alone, so not where the selection is an output too)
             self.bound = self.runner.bind_cache(self.cache) if (
@@ -223,7 +224,7 @@ class ExportedAttention(torch.nn.Module):
             feeds.update(self.cache)
         out = self.runner.run(feeds)
         if self.sig.has_cache:  # growing: the longer cache; static: the buffer, written
-            self.cache = {"past_key": out["present_key"], "past_value": out["present_value"]}
+            self.cache = {p: out[q] for p, q in self.sig.cache_pairs}
         own = torch.from_numpy(out["topk_indices"]) if self.gives_topk else None
         return out["y"], own
 

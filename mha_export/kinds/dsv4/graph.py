@@ -172,7 +172,8 @@ def _sliding_bias(g: GraphBuilder, s: DSV4Shape, keep: str, positions: str, keys
     behind = op.Less(key_pos, oldest, name="behind")  # (B, T, R): i - j >= W
     keep = op.Slice(keep, op.Neg(count), op.Shape(keep, start=1, end=2),
                     g.ints("axes1", [1]))  # (B, R): the keys' own columns
-    padding = op.Unsqueeze(op.Equal(keep, g.ints("pad", 0)), g.ints("axes1", [1]))  # (B,1,R)
+    padding = op.Unsqueeze(op.Equal(keep, g.ints("pad", 0), name="padding_keys"),
+                           g.ints("axes1", [1]))  # (B, 1, R): a test's fault edits it
     hidden = op.Or(op.Or(future, behind), padding)  # (B, T, R)
     return additive(g, op.Not(hidden, name="seen"), "sliding_mask")  # (B, 1, T, R)
 

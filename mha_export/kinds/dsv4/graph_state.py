@@ -1,6 +1,7 @@
 """DeepSeek-V4's compressed layers' cached call as ONNX graph code: the compressor's (and CSA's
 indexer's) state, as transformers' DeepseekV4HCACache / DeepseekV4CSACache and the eager layer
-(compressed.py) keep it, carried through the graph.
+(compressed.py) keep it, carried through the graph. The keys, shapes and axes are
+settings.py's (``state_keys``, ``state_shapes``, ``cache_tensors``: the signature's names).
 
 Naming: one ONNX input per state tensor, ``past_<cache>.<entry>``, and its updated value the
 output ``present_<cache>.<entry>`` (<cache>: ``compressor``, CSA's ``indexer`` too; <entry>:
@@ -28,37 +29,10 @@ import numpy as np
 
 from ...graph.builder import GraphBuilder
 from ...graph.ops import Ops
-from .settings import CSA, SLIDING, DSV4Shape
+from .settings import (BUFFER, OVERLAP, PRESENT_AXES, ROWS, state_keys,  # noqa: F401
+                       state_shapes)
 
-ENTRIES = ("buffer_kv", "buffer_gate", "compressed_kv", "overlap_kv", "overlap_gate")
 LAST = np.iinfo(np.int64).max  # Slice's "to the end"
-# symbolic axes of the state inputs and outputs
-BUFFER, ROWS, OVERLAP = "past_buffer", "past_rows", "past_overlap"
-PRESENT_AXES = {BUFFER: "(past_buffer + seq) % rate",
-                ROWS: "past_rows + (past_buffer + seq) // rate",
-                OVERLAP: "rate if a window closed else past_overlap"}
-
-
-def state_keys(layer_type: str) -> tuple[str, ...]:
-    """The eager state dict's keys of a layer type, in the ONNX inputs' order: HCA's
-    compressor without overlap entries, CSA's compressor and indexer with them."""
-    if layer_type == SLIDING:
-        return ()
-    caches = ("compressor", "indexer") if layer_type == CSA else ("compressor",)
-    entries = ENTRIES if layer_type == CSA else ENTRIES[:3]
-    return tuple(f"{cache}.{entry}" for cache in caches for entry in entries)
-
-
-def state_shapes(s: DSV4Shape, batch: str) -> dict[str, list]:
-    """key -> the past input's shape, symbolic axes named (BUFFER, ROWS, OVERLAP)."""
-    shapes: dict[str, list] = {}
-    for key in state_keys(s.layer_type):
-        cache, entry = key.split(".")
-        width = s.head_dim if cache == "compressor" else s.index_head_dim
-        series = 2 * width if s.layer_type == CSA else width
-        axis = {"buffer": BUFFER, "compressed": ROWS, "overlap": OVERLAP}[entry.split("_")[0]]
-        shapes[key] = [batch, axis, series if axis == BUFFER else width]
-    return shapes
 
 
 def part(state: Mapping[str, str] | None, cache: str) -> dict[str, str] | None:

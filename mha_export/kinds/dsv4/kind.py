@@ -1,8 +1,9 @@
-"""DeepSeek-V4's kind record: what every stage asks of it (kinds/base.py). Eager, TorchScript,
-ONNX (forms.py's form ``dsv4``: full-sequence and masked calls), AOTInductor and ExecuTorch
-build every layer type (no ``needs``: CSA's indexer reads the k-th largest score of a fixed-k
-torch.topk and keeps rows by comparisons, compressed.py's ``top_rows``: no sort, no size from
-min(k, n)); the lossy steps are refused by ``unbuilt``."""
+"""DeepSeek-V4's kind record: what every stage asks of it (kinds/base.py). Eager, TorchScript
+and ONNX (forms.py's form ``dsv4``: full-sequence, masked and --kv-cache calls) build every
+layer type; AOTInductor and ExecuTorch the full-sequence and masked calls of every layer type
+(CSA's indexer reads the k-th largest score of a fixed-k torch.topk and keeps rows by
+comparisons, compressed.py's ``top_rows``: no sort, no size from min(k, n)), and by what they
+lack of its ``call_needs`` the cached ones; the lossy steps are refused by ``unbuilt``."""
 from __future__ import annotations
 
 from torch import nn
@@ -45,6 +46,20 @@ def call_flops(c: MHAConfig, seq: int, pairs: float, past: int) -> float:
     return 2.0 * seq * weights + attention + index
 
 
+# a compressed layer's cached call closes windows of its carried buffer and this call's tokens
+CARRIED_WINDOWS = "windows closed from a carried buffer"
+
+
+def call_needs(c: MHAConfig, kind: str) -> dict[str, tuple[str, str]]:
+    """A compressed layer's --kv-cache call pools (past_buffer + seq) // rate rows, a count of
+    its input's sizes (the eager layer branches on it: none closed, or some)."""
+    if kind != "kv-cache" or c.dsv4.layer_type == SLIDING:
+        return {}
+    return {CARRIED_WINDOWS: (f"{NAME}'s {c.dsv4.layer_type} layer's --kv-cache call",
+                              f"its compressor closes (past_buffer + seq) // {c.dsv4.rate} "
+                              "windows of the carried buffer's and this call's tokens")}
+
+
 def no_quantizable(c: MHAConfig) -> list[str]:
     return []
 
@@ -56,10 +71,10 @@ def unchanged(module: nn.Module, fn: WeightMap) -> nn.Module:
 
 UNBUILT = {"quantize": f"--quantize is not built for {NAME} yet (its low-rank, grouped and "
                        "compressor projections have no quantized form here)",
-           "int8-cache": f"--kv-cache-dtype int8 is not built for {NAME} yet (its cached calls "
-                         "are not built)"}
+           "int8-cache": f"--kv-cache-dtype int8 is not built for {NAME} yet (an int8 cache is "
+                         "a static cache's, and its static cache is not built)"}
 KIND = AttentionKind(
     name="dsv4", summary=NAME, layouts={LAYOUT: dsv4_layer},
     anchors={LAYOUT: "o_a_proj.weight"}, forms=FORMS,
     projections=projections, quantizable=no_quantizable, map_projections=unchanged,
-    call_flops=call_flops, unbuilt=UNBUILT)
+    call_flops=call_flops, unbuilt=UNBUILT, call_needs=call_needs)

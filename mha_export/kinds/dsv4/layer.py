@@ -3,13 +3,13 @@ a padding mask. Its parameters carry transformers' names (``self_attn.*`` of
 DeepseekV4Attention), so its state dict and transformers' are the same."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from ...layer.rotary import cos_sin, rope_tables, rotate
-from .settings import DSV4Shape
+from .settings import DSV4Shape, state_keys
 
 
 def rms(x: Tensor, eps: float) -> Tensor:
@@ -73,6 +73,10 @@ class DSV4SlidingAttention(nn.Module):
     this call's rows and a past of rotated key = value rows (transformers' sliding cache: the
     last window - 1 of them)."""
 
+    # the cached call's state tensors, in the signature's order (a type for torch.jit.script:
+    # the sliding layer's list is empty)
+    __annotations__ = {"state_names": List[str]}
+
     def __init__(self, shape: DSV4Shape):
         super().__init__()
         s = self.shape = shape
@@ -90,6 +94,7 @@ class DSV4SlidingAttention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(s.heads))
         inv_freq = rope_tables(s.rope_dim, s.rope_theta, s.rope_scaling).inv_freq  # (rd/2,)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.state_names = list(state_keys(s.layer_type))  # (settings.py's)
 
     def grouped_output(self, o: Tensor) -> Tensor:
         """o (B, T, H, d) -> (B, T, D): each group of H / G heads through its own o_a rows."""
@@ -168,10 +173,32 @@ class DSV4SlidingAttention(nn.Module):
         attention_mask (B, T) 1 = token, 0 = padding; position_ids (B, T) (default 0..T-1, as
         transformers gives a padded prompt too) -> y (B, T, D), and twice this call's rotated
         key = value rows, untrimmed (B, 1, T, d: the sliding cache keeps the last window - 1,
-        ``forward``). A cache is not read (settings.py's UNBUILT_CALLS refuse the cached
-        calls)."""
+        ``forward``). A cache is not read (the cached call: ``step``)."""
         y, present, _, _ = self.forward(x, attention_mask, position_ids, trim=False)
         return y, present, present
+
+    def step(self, x: Tensor, attention_mask: Tensor, past_key: Tensor, state: List[Tensor],
+             position_ids: Optional[Tensor] = None) -> List[Tensor]:
+        """The project's cached call (signature "kv-cache", settings.py's cache_tensors):
+        attention_mask (B, past_seq + seq), its last P + T columns the past rows' and this
+        call's; past_key (B, 1, P, d) the last P <= W - 1 rotated key = value rows; ``state``
+        the compressed layer's tensors in ``state_names``' order (an overlap of 0 rows: no
+        window closed yet); position_ids (B, T) (default past_seq ..) -> [y, present_key,
+        the state after the call in the same order (an overlap still unset: the past's)]."""
+        t, held, total = x.size(1), past_key.size(2), attention_mask.size(1)
+        keep = attention_mask[:, total - t:]  # (B, T)
+        past_keep = attention_mask[:, total - t - held: total - t]  # (B, P)
+        if position_ids is None:
+            position_ids = torch.arange(total - t, total, device=x.device).expand(x.size(0), t)
+        given: Dict[str, Tensor] = {}
+        for name, value in zip(self.state_names, state):
+            if value.size(1) > 0 or name.find(".overlap_") < 0:
+                given[name] = value  # (an overlap's absence: window 0's fill)
+        y, present, _, after = self.forward(x, keep, position_ids, past_key, past_keep, given)
+        out = [y, present]
+        for name, value in zip(self.state_names, state):
+            out.append(after[name] if name in after else value)
+        return out
 
     @torch.jit.ignore
     def to_weights(self) -> Dict[str, Tensor]:

@@ -15,12 +15,13 @@ rope_theta, rope_scaling and sliding_window do).
               tokens pooled into extra key = value rows; CSA's lightning indexer keeps the top
               ``index_topk`` of them per query
 
-Every layer type is built, full-sequence and cached calls.
+Every layer type is built, full-sequence and cached calls (the growing cache, --kv-cache:
+``cache_tensors``; --static-cache is refused, ``UNBUILT_CALLS``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ... import rope_types
 from ...errors import UsageError, require_positive
@@ -32,12 +33,13 @@ CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
 LAYER_TYPES = (SLIDING, CSA, HCA)
 NAME = "DeepSeek-V4 attention"
 LAYOUT = "dsv4"  # its one weight layout: transformers' DeepseekV4Attention's tensor names
-# the call kinds (signature.py) not built for it: its caches are not mapped onto the signature
-UNBUILT_CALLS = {kind: f"--{kind} is not built for {NAME} yet: its caches (the sliding "
-                       "window's rows, the compressor's and indexer's pooled rows and open "
-                       "windows) are not mapped onto the signature's past_key/past_value; the "
-                       "full-sequence call (--attention-mask) is"
-                 for kind in ("kv-cache", "static-cache")}
+# the call kinds (signature.py) not built for it: a static cache is one app-owned key buffer
+# written at past_lengths, its compressed layers' state is more (``cache_tensors``)
+UNBUILT_CALLS = {"static-cache": f"--static-cache is not built for {NAME} yet: its cache is "
+                                 "more than one key buffer written in place at past_lengths "
+                                 "(a compressed layer's open window and pooled rows, "
+                                 "past_lengths % rate and past_lengths // rate of them per "
+                                 "row); --kv-cache carries it"}
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,15 @@ class DeepSeekV4(ConfigOnlySection):
         return f"{LAYOUT}-{kind}{rate}-h{c.heads}-d{c.dim}-hd{c.head_dim}-w{c.sliding_window}"
 
     unbuilt_calls = UNBUILT_CALLS
+    # its keys' positions are their slots after a call's first query's (the window, the pooled
+    # windows: transformers'), so a left-padded row is not its tokens alone (check/scenarios.py)
+    slot_positions = True
+
+    def cache_tensors(self, c: Any, kind: str, batch: str
+                      ) -> Optional[Tuple["Tensors", "Tensors", Callable]]:
+        """The growing cache's own tensors (kind "kv-cache", signature.py): past and present
+        ones by name (shape, what it holds), and their axes' sizes after past_seq tokens."""
+        return cache_tensors(self.shape(c), batch) if kind == "kv-cache" else None
 
     @property
     def cache_docs(self) -> Dict[str, str]:
@@ -179,3 +190,86 @@ def config_fields(shape: DSV4Shape) -> Dict[str, Any]:
     scaling = shared["rope_scaling"]
     return {**shared, "rope_scaling": dict(scaling) if scaling else None,
             "rotary": "interleaved", "causal": True, "dsv4": own}
+
+
+# The cached call's cache (``cache_tensors``, the section's hook signature.py reads, in place of
+# past_key/past_value; docs/deepseek-v4.md): what transformers' DeepseekV4 caches hold, the eager
+# layers (layer.py, compressed.py) and the ONNX graph (graph.py, graph_state.py) carry.
+#
+#   past_key               (B, 1, min(past_seq, W - 1), d) the rotated key = value rows of the
+#                          last positions (transformers' sliding cache; no past_value)
+#   past_<cache>.<entry>   a compressed layer's state: <cache> ``compressor`` (CSA: and
+#                          ``indexer``), <entry> the eager state dict's (transformers' cache's)
+#     buffer_kv, buffer_gate    (B, past_buffer, c) the tokens since the last closed window,
+#                               past_buffer = past_seq % m
+#     compressed_kv             (B, past_rows, w) every row pooled so far, past_seq // m
+#     overlap_kv, overlap_gate  (B, past_overlap, w) CSA: the last closed window's first series,
+#                               m once a window closed, else 0
+#   present_*              the same after the call (PRESENT_AXES)
+#
+# Shape legend: B batch, W window, d head width, m = rate, w a row's width (d, or the indexer's
+# di), c a projection's (2w with overlapping windows, else w).
+ENTRIES = ("buffer_kv", "buffer_gate", "compressed_kv", "overlap_kv", "overlap_gate")
+# symbolic axes of the state inputs and outputs
+BUFFER, ROWS, OVERLAP = "past_buffer", "past_rows", "past_overlap"
+WINDOW, PRESENT_WINDOW = "min(past_seq, window - 1)", "min(past_seq + seq, window - 1)"
+PRESENT_AXES = {BUFFER: "(past_buffer + seq) % rate",
+                ROWS: "past_rows + (past_buffer + seq) // rate",
+                OVERLAP: "rate if a window closed else past_overlap",
+                WINDOW: PRESENT_WINDOW}
+PAST, PRESENT = "past_", "present_"  # a state tensor's input and output names: prefix + key
+DOCS = {"buffer_kv": "the projections of the tokens since the last closed window",
+        "buffer_gate": "their gate projections (before the position bias)",
+        "compressed_kv": "every row pooled so far",
+        "overlap_kv": "the last closed window's first series (none before a window closed)",
+        "overlap_gate": "its gate with the position bias (none before a window closed)"}
+Tensors = Dict[str, Tuple[tuple, str]]  # name -> (shape, what it holds)
+
+
+def state_keys(layer_type: str) -> Tuple[str, ...]:
+    """The eager state dict's keys of a layer type, in the call's order: HCA's compressor
+    without overlap entries, CSA's compressor and indexer with them."""
+    if layer_type == SLIDING:
+        return ()
+    caches = ("compressor", "indexer") if layer_type == CSA else ("compressor",)
+    entries = ENTRIES if layer_type == CSA else ENTRIES[:3]
+    return tuple(f"{cache}.{entry}" for cache in caches for entry in entries)
+
+
+def state_shapes(s: DSV4Shape, batch: str) -> Dict[str, List]:
+    """key -> the past input's shape, symbolic axes named (BUFFER, ROWS, OVERLAP)."""
+    shapes: Dict[str, List] = {}
+    for key in state_keys(s.layer_type):
+        cache, entry = key.split(".")
+        width = s.head_dim if cache == "compressor" else s.index_head_dim
+        series = 2 * width if s.layer_type == CSA else width
+        axis = {"buffer": BUFFER, "compressed": ROWS, "overlap": OVERLAP}[entry.split("_")[0]]
+        shapes[key] = [batch, axis, series if axis == BUFFER else width]
+    return shapes
+
+
+def axis_sizes(s: DSV4Shape) -> Callable[[int], Dict[str, int]]:
+    """The cache axes' sizes after ``past`` tokens went through the layer (a sweep's inputs)."""
+    def sizes(past: int) -> Dict[str, int]:
+        rate = max(s.rate, 1)  # (a sliding layer has no state axes)
+        return {WINDOW: min(past, s.window - 1), BUFFER: past % rate, ROWS: past // rate,
+                OVERLAP: rate if past >= rate else 0}
+    return sizes
+
+
+def cache_tensors(s: DSV4Shape, batch: str) -> Tuple[Tensors, Tensors, Callable]:
+    """The cached call's own cache (signature.py's hook): past tensors, present tensors, in
+    call order, and ``axis_sizes``."""
+    rows = (batch, 1, WINDOW, s.head_dim)
+    past: Tensors = {"past_key": (rows, "the rotated key = value rows of the last "
+                                        "min(past_seq, window - 1) positions (keys = values; "
+                                        "none at prefill)")}
+    present: Tensors = {"present_key": ((*rows[:2], PRESENT_WINDOW, rows[3]),
+                                        "past_key's and this call's rows, the last window - 1")}
+    for key, shape in state_shapes(s, batch).items():
+        cache, entry = key.split(".")
+        doc = f"the {cache}'s state: {DOCS[entry]}"
+        past[PAST + key] = (tuple(shape), doc + " (none at prefill)")
+        present[PRESENT + key] = (tuple(PRESENT_AXES.get(d, d) for d in shape),
+                                  doc + ", after this call")
+    return past, present, axis_sizes(s)

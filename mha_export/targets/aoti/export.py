@@ -84,14 +84,15 @@ def _export(entry: torch.nn.Module, sig: Signature, device: str, dynamic_axes: b
     ``dynamic_axes=False`` fixes every axis at the example's size (a planted fault)."""
     import torch.fx.experimental._config as fx_config
     args = tuple(_example(t, sig, device) for t in sig.inputs)
-    dynamic = {t.name: {i: Dim.DYNAMIC for i in t.dynamic_axes} if dynamic_axes else None
-               for t in sig.inputs}
+    dynamic = tuple({i: Dim.DYNAMIC for i in t.dynamic_axes} if dynamic_axes else None
+                    for t in sig.inputs)  # by position (an own cache's entry: s0, s1, ...)
     with fx_config.patch(backed_size_oblivious=True), torch.no_grad():
         return torch.export.export(entry, args, dynamic_shapes=dynamic)
 
 
 def _example(t, sig: Signature, device: str) -> torch.Tensor:
-    sizes = {**EXAMPLE, "past_seq + seq": EXAMPLE["past_seq"] + EXAMPLE["seq"], INDEX_K: 2}
+    sizes = {**EXAMPLE, "past_seq + seq": EXAMPLE["past_seq"] + EXAMPLE["seq"], INDEX_K: 2,
+             **(sig.axis_sizes(EXAMPLE["past_seq"]) if sig.axis_sizes else {})}  # an own cache's
     shape = [sizes[d] if isinstance(d, str) else d for d in t.shape]
     if t.name == "attention_mask":
         return torch.ones(shape, dtype=torch.int64, device=device)
