@@ -114,8 +114,10 @@ std::vector<mha::Array> forward(torch::jit::Module& module, const mha::Declarati
             if (!item.isTensor()) throw std::runtime_error("the model returned a tuple holding a non-tensor");
             tensors.push_back(item.toTensor());
         }
+    } else if (result.isTensorList()) {  // a kind's own cache (DeepSeek-V4's): y, present_*
+        for (const auto& item : result.toTensorVector()) tensors.push_back(item);
     } else {
-        throw std::runtime_error("the model returned neither a tensor nor a tuple of tensors");
+        throw std::runtime_error("the model returned neither a tensor nor a tuple or list of tensors");
     }
     if (tensors.size() != decl.outputs.size())
         throw std::runtime_error("the model returned " + std::to_string(tensors.size()) + " tensors, output_names lists " +

@@ -493,8 +493,9 @@ inline void check_against(const std::vector<TensorDecl>& decls, const std::vecto
                                  shape_str(a.shape) + ": dimension " + std::to_string(k) + " is " +
                                  std::to_string(a.shape[k]) + ", not " + std::to_string(d.dims[k]));
             if (d.dims[k] >= 0) continue;
-            // Only a cache may be empty (past_seq 0 at prefill): no batch, no tokens is bad input.
-            if (a.shape[k] == 0 && d.symbols[k] != "past_seq")
+            // Only a cache may be empty (past_seq 0 at prefill; a kind's own cache: its axes named
+            // past_*, DeepSeek-V4's past_rows ...): no batch, no tokens is bad input.
+            if (a.shape[k] == 0 && d.symbols[k].find("past_") == std::string::npos)
                 throw UsageError(paths[i] + ": input '" + d.name + "' is empty: axis '" +
                                  (d.symbols[k].empty() ? std::to_string(k) : d.symbols[k]) + "' is 0 (shape " +
                                  shape_str(a.shape) + ")");

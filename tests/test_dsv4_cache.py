@@ -8,7 +8,8 @@ prompt and 8 one-token steps with its DynamicCache (windows close within them: C
 the indexer's top-k boundary, whose pick transformers' torch.topk leaves unspecified), and its
 final cache tensors equal transformers' cache; planted faults (a compressor buffer not
 carried, a sliding cache one row too long) fail the check; eval runs the cached artifacts
-inside the model; what is not built is one line."""
+inside the model; the C++ programs mha_ort and mha_torch run the cached
+artifacts; what is not built is one line."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,6 +27,9 @@ from mha_export.kinds.dsv4 import graph, graph_compressed
 from mha_export.kinds.dsv4.settings import state_keys
 from mha_export.signature import Signature, signature_from_meta
 from dsv4_layers import read_layer, with_ties
+from mha_export.check.sweep import Case
+from test_cpp import assert_outputs_match, read_outputs, run, write_case_dirs
+from test_cpp import binaries  # noqa: F401 (the C++ programs, a fixture)
 from test_dsv4 import LAYER_TYPES, LENGTH, _hooked, _prompt, _saved
 
 pytest.importorskip("transformers")
@@ -222,3 +226,22 @@ def test_eval_runs_the_cached_layers_inside_the_model(tiny, tmp_path):
                      folder=tmp_path / runner, generate=12).to_dict()
         assert [str(x["layer"]) for x in d["layers"]] == layers.split(",")
         assert d["exported"]["kl_max"] < 1e-6 and all(x["rel"] < 1e-4 for x in d["layers"])
+
+
+@pytest.mark.parametrize("target, layer", [("onnx", CSA), ("onnx", HCA), ("torchscript", CSA),
+                                           ("torchscript", SLIDING)])
+def test_the_cpp_programs_run_the_cached_artifacts(binaries, exported, tmp_path, target,
+                                                    layer):
+    """mha_ort and mha_torch (cpp/, `make cpp`) feed and fetch every cache tensor by name (a
+    TorchScript step returns a list) and give the Python runner's outputs: a prompt over an
+    empty cache, a step and a chunk after 13 tokens (a window open, pooled rows carried)."""
+    folder = exported[target, layer]
+    program = binaries["ort" if target == "onnx" else "torch"]
+    dirs = write_case_dirs(tmp_path, folder, [Case(2, 9), Case(2, 1, 13), Case(1, 3, 13)])
+    model = folder / ("model.onnx" if target == "onnx" else "model.pt")
+    r = run(program, model, *[d for d, _, _ in dirs])
+    assert r.returncode == 0, r.stderr
+    sig = read_artifact(folder).signature
+    for d, case, feeds in dirs:
+        want = _runner(target, folder)(feeds)
+        assert_outputs_match(read_outputs(d, sig), want, feeds, case, program.name)
