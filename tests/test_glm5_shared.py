@@ -122,6 +122,18 @@ def test_the_given_selection_acts(glm5, tmp_path):
     assert np.abs(got - want)[mask.numpy().astype(bool)].max() > 1e-3
 
 
+def _decode(model, ids, mask, pos):
+    """transformers' model over the batch: a prefill of PREFILL tokens, then one-token steps
+    with its cache; returns the cache."""
+    cache = model(input_ids=ids[:, :PREFILL], attention_mask=mask[:, :PREFILL],
+                  position_ids=pos[:, :PREFILL], use_cache=True).past_key_values
+    for t in range(PREFILL, L):
+        cache = model(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
+                      position_ids=pos[:, t:t + 1], past_key_values=cache,
+                      use_cache=True).past_key_values
+    return cache
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cached_decode_equals_transformers_with_its_cache(glm5, fmt, tmp_path):
     """Prefill 34 tokens, then single-token steps with transformers' cache (each step given
@@ -131,12 +143,7 @@ def test_cached_decode_equals_transformers_with_its_cache(glm5, fmt, tmp_path):
     ids, mask, pos = _batch()
     calls, handle = _hook(model, 2)
     with torch.no_grad():
-        cache = model(input_ids=ids[:, :PREFILL], attention_mask=mask[:, :PREFILL],
-                      position_ids=pos[:, :PREFILL], use_cache=True).past_key_values
-        for t in range(PREFILL, L):
-            cache = model(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
-                          position_ids=pos[:, t:t + 1], past_key_values=cache,
-                          use_cache=True).past_key_values
+        cache = _decode(model, ids, mask, pos)
     handle.remove()
     art, runner = _export(fmt, folder, 2, tmp_path / "kv", kv_cache=True)
     sig = read_artifact(art).signature
@@ -234,15 +241,7 @@ def test_the_source_layers_cached_selection_equals_transformers(glm5, fmt, tmp_p
     selection over the whole cache (K = min(4, keys)) is transformers' own, as sets."""
     model, folder = glm5
     ids, mask, pos = _batch()
-
-    def run():
-        cache = model(input_ids=ids[:, :PREFILL], attention_mask=mask[:, :PREFILL],
-                      position_ids=pos[:, :PREFILL], use_cache=True).past_key_values
-        for t in range(PREFILL, L):
-            cache = model(input_ids=ids[:, t:t + 1], attention_mask=mask[:, :t + 1],
-                          position_ids=pos[:, t:t + 1], past_key_values=cache,
-                          use_cache=True).past_key_values
-    calls = _selections(model, 0, run)
+    calls = _selections(model, 0, lambda: _decode(model, ids, mask, pos))
     art, runner = _export(fmt, folder, 0, tmp_path / "kv", kv_cache=True)
     sig = read_artifact(art).signature
     out = {f"present_{n}": np.zeros(sig.cache_buffer(f"past_{n}", B, 0), np.float32)
