@@ -61,13 +61,13 @@ def _check(model, module, sig, cases, run=None, atol: float = 1e-5) -> None:
         got = run(None, feeds)
         with torch.inference_mode():
             want = entry(*[torch.from_numpy(feeds[n]) for n in sig.input_names])
-        want = want if isinstance(want, tuple) else (want,)
+        want = want if isinstance(want, (tuple, list)) else (want,)
         rows = real_queries(feeds, case)
         for name, g, w in zip(sig.output_names, got, want):
             d = np.abs(g - w.numpy())
             if name == "y" and rows is not None:
                 d = d * rows
-            assert d.max() <= atol, (name, case)
+            assert d.max(initial=0) <= atol, (name, case)  # (a state may be empty)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -116,14 +116,14 @@ def test_matches_eager_at_lengths_never_seen(form, config, kind):
         got = dict(zip(sig.output_names, session.run(None, feeds)))
         with torch.inference_mode():
             want = entry(*[torch.from_numpy(feeds[n]) for n in sig.input_names])
-        want = dict(zip(sig.output_names, want if isinstance(want, tuple) else (want,)))
+        want = dict(zip(sig.output_names, want if isinstance(want, (tuple, list)) else (want,)))
         valid = valid_entries(sig, feeds, case)  # y's real rows, a static buffer's valid entries
         for name in sig.output_names:
             assert np.isfinite(got[name]).all()
             diff = np.abs(got[name] - want[name].numpy())
             if valid.get(name) is not None:
                 diff = diff * valid[name]
-            assert diff.max() <= 1e-5, (name, case)
+            assert diff.max(initial=0) <= 1e-5, (name, case)  # (a state may be empty)
 
 
 @pytest.mark.parametrize("kind", LAYER_KINDS)
