@@ -352,13 +352,30 @@ def test_an_executorch_program_is_bounded_by_the_runs_longest_call(tmp_path, kin
 
 def test_gpu_rows_are_timed_back_to_back_with_one_sync_per_batch():
     """N calls enqueued, one device sync after them (apps' and the anchors' timing), never a
-    sync per call."""
-    from mha_export.bench.worker import back_to_back
+    sync per call; the host's enqueue time per call beside each batch's time."""
+    from mha_export.bench.worker import HostClock, back_to_back
     calls, syncs = [], []
-    times, reps = back_to_back(lambda: calls.append(1), lambda: syncs.append(len(calls)),
-                               min_reps=5, budget_s=0.01, batches=3)
-    assert len(times) == 3 and reps == len(calls) - 6  # the warm-up and the sizing runs
+    times, reps, enqueue = back_to_back(lambda: calls.append(1),
+                                        HostClock(lambda: syncs.append(len(calls))),
+                                        min_reps=5, budget_s=0.01, batches=3)
+    assert len(times) == len(enqueue) == 3 and reps == len(calls) - 6  # warm-up, sizing runs
     assert len(syncs) == 2 + 2 * 3 and reps // 3 >= 5
+    assert all(0 < e <= t for e, t in zip(enqueue, times))
+
+
+def test_a_host_bound_gpu_row_is_named():
+    """A GPU row whose host took nearly the whole step to enqueue a call times its launches,
+    not its kernels: the table says so; a row with room to spare is not named."""
+    from mha_export.bench.report import BACK_TO_BACK, BenchReport, BenchRow, format_table
+    rows = [BenchRow("ort-cuda-graph-auto", 1, 1, 1024, 0.040, 100, timing=BACK_TO_BACK,
+                     device="cuda", enqueue_ms=0.038),
+            BenchRow("torch-cuda-graph-float16", 1, 1, 1024, 0.120, 100, timing=BACK_TO_BACK,
+                     device="cuda", enqueue_ms=0.010)]
+    report = BenchReport({"heads": 2, "dim": 32}, 1, None, {"cpu": "x", "date": "d"}, rows)
+    text = format_table(report)
+    assert "timed by CUDA events" in text
+    assert "host-bound" in text and "ort-cuda-graph-auto past 1024 (38 of 40 us)" in text
+    assert "torch-cuda-graph-float16 past 1024 (" not in text
 
 
 def test_cuda_specs_replay_beside_torchs_graph_and_name_their_timing(tmp_path):
@@ -384,3 +401,41 @@ def test_a_runner_row_keeps_the_kernels_its_runner_named():
     assert row.kernels.startswith("attention: GroupQueryAttention, the CPU provider's")
     from mha_export.bench.report import format_table
     assert f"kernels ort-cpu-contrib-gqa: {row.kernels}" in format_table(report)
+
+
+def test_event_clock_brackets_the_calls_on_their_stream(monkeypatch):
+    """A GPU row's time is the device's between two CUDA events recorded on the stream the
+    calls run on: the first after the stream is idle, the second after the N calls were
+    enqueued (no sync between calls), read once the second has completed."""
+    import torch
+    from mha_export.bench.worker import EventClock, back_to_back
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+            self.at = None
+
+        def record(self, stream):
+            log.append(("record", stream.name))
+            self.at = len([e for e in log if e == "call"])
+
+        def synchronize(self):
+            log.append("event-sync")
+
+        def elapsed_time(self, end):  # ms: one per call between the two events
+            return float(end.at - self.at)
+
+    class Stream:
+        name = "bench"
+
+        def synchronize(self):
+            log.append("stream-sync")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    times, reps, _ = back_to_back(lambda: log.append("call"), EventClock(Stream()), min_reps=4,
+                                  budget_s=0.0, batches=2)
+    assert times == [1.0, 1.0] and reps == 8  # 1 ms per call, N = min_reps
+    batch = log[log.index("event-sync") + 1:]  # after the sizing run
+    assert batch[:2] == ["stream-sync", ("record", "bench")]
+    assert batch[2:6] == ["call"] * 4 and batch[6:8] == [("record", "bench"), "event-sync"]

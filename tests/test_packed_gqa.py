@@ -137,3 +137,30 @@ def test_auto_float16_static_routes_short_calls_to_it_and_passes(tmp_path):
     report = check_parity(path, seq_lens=[1, 4, 45], batch_sizes=[1, 3], past_lens=[0, 5],
                           providers=["cpu"])  # 45: a buffer past the table (the loop)
     assert report.passed, [(r.scenario, r.error) for r in report.results if not r.passed][:3]
+
+
+def _optimized_ops(model, tmp_path, **dims) -> list[str]:
+    """The ops ONNX Runtime (CPU provider) keeps of the model once these symbolic dimensions
+    are fixed, as a CUDA-graph session fixes them (ort_graphs.GraphReplays)."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    for name, size in dims.items():
+        options.add_free_dimension_override_by_name(name, size)
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node]
+
+
+def test_auto_float16_step_folds_to_the_packed_node_once_its_shape_is_fixed(tmp_path):
+    """CUDA-graph capture refuses control flow; with the step's shape fixed ONNX Runtime folds
+    auto's If to its short branch: the packed projection and the one node, no If, no Loop.
+    A batch of prompts keeps the blocked loop (a Loop: that shape runs without a graph)."""
+    path = export_onnx(XQA_CFG, tmp_path / "a", static_cache=True, dtype="float16",
+                       validate=False).path
+    for batch in (1, 3):  # a decode step at any batch
+        ops = _optimized_ops(path / "model.onnx", tmp_path, batch=batch, seq=1, max_cache=40)
+        assert ops.count("GroupQueryAttention") == 1 and not {"If", "Loop"} & set(ops), ops
+        assert "RotaryEmbedding" not in ops and "ScatterND" not in ops  # rotary in the node
+    prompts = _optimized_ops(path / "model.onnx", tmp_path, batch=3, seq=4, max_cache=40)
+    assert "Loop" in prompts and "GroupQueryAttention" not in prompts

@@ -94,7 +94,7 @@ def test_a_cuda_provider_that_never_loaded_is_the_reason_given(tmp_path, monkeyp
     monkeypatch.setattr(onnxruntime, "preload_dlls", lambda: None, raising=False)
     path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", validate=False).path
     with pytest.raises(RunnerUnavailable) as e:
-        ort._session(path / "model.onnx", "cuda", None, True)
+        ort._session(path / "model.onnx", "cuda", None)
     assert str(e.value).startswith(reason) and "\n" not in str(e.value)
 
 
@@ -178,3 +178,27 @@ def test_a_runtimes_info_lines_are_dropped_and_its_errors_kept(capfd):
         sys.stderr.write("[threadpool.cpp:66] Resetting threadpool to 1 threads.\n")
         sys.stderr.write("a Python error\n")
     assert capfd.readouterr().err == "[method.cpp:12] a real error\na Python error\n"
+
+
+def test_a_cuda_session_runs_on_the_stream_it_is_given(tmp_path, monkeypatch):
+    """The bench's CUDA events bracket a call's work only if its session runs on the bench's
+    stream: ONNX Runtime's user_compute_stream as the Python API takes it (the address as a
+    string), beside the graph option; without one, no stream is named (ONNX Runtime's own)."""
+    import onnxruntime
+    from mha_export.check.runners import ort
+    asked = []
+
+    def session(model, options, providers):
+        asked.append(providers[0][1])
+        raise RuntimeError("no GPU in this test")
+
+    monkeypatch.setattr(ort, "cuda_provider_missing", lambda: None)
+    monkeypatch.setattr(onnxruntime, "InferenceSession", session)
+    monkeypatch.setattr(onnxruntime, "preload_dlls", lambda: None, raising=False)
+    path = export_onnx(MHAConfig(dim=32, heads=2), tmp_path / "a", validate=False).path
+    for settings in (ort.CudaSettings(graph=True, compute_stream=0x7F00AB), ort.CudaSettings()):
+        with pytest.raises(RunnerUnavailable):
+            ort._session(path / "model.onnx", "cuda", None, settings)
+    assert asked == [{"use_tf32": "1", "enable_cuda_graph": "1",
+                      "user_compute_stream": str(0x7F00AB)},
+                     {"use_tf32": "1", "enable_cuda_graph": "0"}]

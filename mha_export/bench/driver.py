@@ -378,7 +378,8 @@ def _row(name: str, c: MHAConfig, spec: dict, result: dict, cached: bool = False
                     timing=BACK_TO_BACK if spec.get("back_to_back") else "device-resident"
                     if spec.get("resident") or spec.get("device") == "cuda" else "",
                     copies_median_ms=result.get("copies_median_ms"),
-                    device="cuda" if on_cuda(spec) else "cpu", kernels=result.get("kernels", ""))
+                    device="cuda" if on_cuda(spec) else "cpu", kernels=result.get("kernels", ""),
+                    enqueue_ms=result.get("enqueue_ms"))
 
 
 def _speedups(report: BenchReport) -> None:

@@ -37,6 +37,8 @@ class BenchRow:
     copies_median_ms: Optional[float] = None  # a device-resident row's call fed from the host
     device: str = "cpu"  # where the variant computes ("cuda": its floor is the GPU's)
     kernels: str = ""  # which kernels ran its attention and MatMulNBits (ONNX Runtime rows)
+    # GPU rows: the host's time to enqueue one call; near median_ms the GPU waited on the host
+    enqueue_ms: Optional[float] = None
 
     @property
     def call(self) -> str:
@@ -140,9 +142,11 @@ def format_table(report: BenchReport) -> str:
                      "check makes it (numpy inputs copied in and outputs read back each call; a "
                      "static cache uploaded once, its whole buffer read back each call)")
     if any(r.timing == BACK_TO_BACK for r in report.rows):
-        lines.append("GPU rows: N calls enqueued back to back (no host sync per call: "
-                     "disable_synchronize_execution_providers), one device sync after them, "
-                     "over N; cold: a ring of layers (own weights) > 3 x the GPU's L2")
+        lines.append("GPU rows: N calls enqueued back to back on the bench's own stream "
+                     "(ONNX Runtime's user_compute_stream; no host sync per call: "
+                     "disable_synchronize_execution_providers), timed by CUDA events on that "
+                     "stream, over N; cold: a ring of layers (own weights) > 3 x the GPU's L2")
+        lines += host_bound_lines(report)
     if report.device_copy_bandwidth_gbs:
         lines.append(f"GPU copy bandwidth {report.device_copy_bandwidth_gbs:.0f} GB/s (1 GiB "
                      "device-to-device torch copy, read + write, best run): CUDA rows' % floor")
@@ -154,6 +158,20 @@ def format_table(report: BenchReport) -> str:
     if sizes:
         lines.append("model file: " + ", ".join(f"{v} {m:.2f} MiB" for v, m in sizes.items()))
     return "\n".join(lines + report.notes)
+
+
+# a GPU row whose host took this share of its step to enqueue a call is timed by its launches
+HOST_BOUND = 0.9
+
+
+def host_bound_lines(report: BenchReport) -> list[str]:
+    """The GPU rows whose host enqueued a call in nearly the step's whole time: the GPU waited
+    on the host, so the row times the launches, not the kernels."""
+    bound = [f"{r.variant} {r.call} ({1e3 * r.enqueue_ms:.0f} of {1e3 * r.median_ms:.0f} us)"
+             for r in report.rows if r.enqueue_ms and r.median_ms
+             and r.enqueue_ms >= HOST_BOUND * r.median_ms]
+    return [f"host-bound (enqueuing a call took >= {HOST_BOUND:.0%} of the step: the GPU "
+            f"waited on the host): {', '.join(bound)}"] if bound else []
 
 
 def kernel_lines(report: BenchReport) -> list[str]:

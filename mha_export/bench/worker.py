@@ -36,28 +36,66 @@ def time_it(fn: Callable[[], object], min_reps: int, budget_s: float) -> tuple[l
     return times, len(times)
 
 
-def back_to_back(fn: Callable[[], object], synchronize: Callable[[], None], min_reps: int,
-                 budget_s: float, batches: int = 5) -> tuple[list[float], int]:
+class HostClock:
+    """Times N enqueued calls by the host's clock, one ``synchronize`` closing them."""
+
+    def __init__(self, synchronize: Callable[[], None]):
+        self.synchronize = synchronize
+
+    def start(self) -> None:
+        self.synchronize()
+        self.t0 = time.perf_counter()
+
+    def stop(self) -> tuple[float, float]:
+        """(seconds from start until the work was done, seconds the host took to enqueue it)."""
+        enqueued = time.perf_counter() - self.t0
+        self.synchronize()
+        return time.perf_counter() - self.t0, enqueued
+
+
+class EventClock(HostClock):
+    """Times N enqueued calls by two CUDA events recorded on the stream the calls run on (as
+    apps and the anchors time a step): the device's own time between them. ONNX Runtime's
+    sessions run on that stream only when given it (RunOptions.compute_stream)."""
+
+    def __init__(self, stream):
+        import torch
+        self.stream = stream
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+        super().__init__(stream.synchronize)
+
+    def start(self) -> None:
+        super().start()
+        self.events[0].record(self.stream)
+
+    def stop(self) -> tuple[float, float]:
+        enqueued = time.perf_counter() - self.t0
+        self.events[1].record(self.stream)
+        self.events[1].synchronize()
+        return self.events[0].elapsed_time(self.events[1]) / 1e3, enqueued
+
+
+def back_to_back(fn: Callable[[], object], clock: HostClock, min_reps: int, budget_s: float,
+                 batches: int = 5) -> tuple[list[float], int, list[float]]:
     """Per-step times (ms) as apps and anchors time a device's step: ``batches`` runs of N
-    calls enqueued back to back (no sync per call), one device sync closing each, over N; N
-    sized to the budget after a warm-up. A sync adds 10-20 us: amortized over N, not per step."""
+    calls enqueued back to back (no sync per call), each timed by ``clock`` over N; N sized to
+    the budget after a warm-up. A sync adds 10-20 us: amortized over N, not per step. Also per
+    step: the host's time to enqueue a call (close to the step's: the GPU waited on the host)."""
     fn()
-    synchronize()
-    t0 = time.perf_counter()
+    clock.start()
     for _ in range(min_reps):
         fn()
-    synchronize()
-    each = (time.perf_counter() - t0) / min_reps
+    each = clock.stop()[0] / min_reps
     n = int(min(2000, max(min_reps, budget_s / batches / max(each, 1e-6))))
-    times = []
+    times, enqueue = [], []
     for _ in range(batches):
-        synchronize()
-        t0 = time.perf_counter()
+        clock.start()
         for _ in range(n):
             fn()
-        synchronize()
-        times.append((time.perf_counter() - t0) / n * 1e3)
-    return times, n * batches
+        done, enqueued = clock.stop()
+        times.append(done / n * 1e3)
+        enqueue.append(enqueued / n * 1e3)
+    return times, n * batches, enqueue
 
 
 def spec_signature(spec: dict):
@@ -147,7 +185,8 @@ def runner_variant(spec: dict) -> Callable[[], object]:
     from mha_export.check.runners import RUNNERS, RunOptions
     sig = spec_signature(spec)
     options = RunOptions(threads=spec["threads"], mem_pattern=spec.get("mem_pattern", True),
-                         thread_pool=spec.get("thread_pool", "idle"))
+                         thread_pool=spec.get("thread_pool", "idle"),
+                         compute_stream=spec.get("compute_stream"))
     runner = RUNNERS[spec["runner"]].open(sig, Path(spec["model"]), options)
     if spec.get("resident"):  # the buffers on the device, nothing read back (an app's call)
         step = runner.resident_step(sample_feeds(spec), not spec.get("back_to_back"))
@@ -263,16 +302,14 @@ def measure(spec: dict) -> dict:
         return cpp_measure(spec)
     make = {"gemm": gemm_variant, "runner": runner_variant, "copy": copy_variant,
             "stream": stream_variant}.get(kind, torch_variant)
-    fn = ring(make, spec)
     base = rss_mib("VmRSS")
     if spec.get("back_to_back"):
-        import torch
-        times, reps = back_to_back(fn, torch.cuda.synchronize, spec.get("min_reps", 5),
-                                   spec.get("budget_s", 2.0))
+        fn, result = _on_own_stream(make, spec)
     else:
+        fn = ring(make, spec)
         times, reps = time_it(fn, spec.get("min_reps", 5), spec.get("budget_s", 2.0))
-    result = {"median_ms": statistics.median(times), "min_ms": min(times), "reps": reps,
-              "peak_rss_mib": rss_mib("VmHWM"), "base_rss_mib": base}
+        result = {"median_ms": statistics.median(times), "min_ms": min(times), "reps": reps}
+    result.update(peak_rss_mib=rss_mib("VmHWM"), base_rss_mib=base)
     if kernels := getattr(fn.made[0], "kernels", None):
         result["kernels"] = kernels()
     if spec.get("resident") and spec.get("with_copies"):  # the same call fed from the host
@@ -283,6 +320,20 @@ def measure(spec: dict) -> dict:
         import torch
         result["peak_device_mib"] = torch.cuda.max_memory_allocated() / 2**20
     return result
+
+
+def _on_own_stream(make: Callable[[dict], Callable[[], object]], spec: dict):
+    """A GPU row: the variant made and stepped on a stream of the bench's own (ONNX Runtime's
+    sessions given it as their compute stream, torch's calls and graph replays made on it),
+    timed back to back by CUDA events on that stream. Returns (the variant, its timing)."""
+    import torch
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn = ring(make, {**spec, "compute_stream": stream.cuda_stream})
+        times, reps, enqueue = back_to_back(fn, EventClock(stream), spec.get("min_reps", 5),
+                                            spec.get("budget_s", 2.0))
+    return fn, {"median_ms": statistics.median(times), "min_ms": min(times), "reps": reps,
+                "enqueue_ms": statistics.median(enqueue)}
 
 
 def limit_memory(gib: float | None) -> None:

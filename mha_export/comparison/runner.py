@@ -98,6 +98,10 @@ class RunOptions:
     # threads sleep after a run, so that many sessions in turn and torch beside them do not
     # compete with threads spinning for nothing
     thread_pool: str = "idle"
+    # CUDA: the stream (a cudaStream_t's address) the sessions run their kernels on, ONNX
+    # Runtime's ``user_compute_stream``; None: each session its own. The bench passes its own,
+    # so that CUDA events recorded on it bracket the calls' work (a replayed graph's too)
+    compute_stream: Optional[int] = None
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ def _open_ort(provider: str, fp32_compute: bool = False, cuda_graph: bool = Fals
     def open_(sig: Signature, path: Path, options: RunOptions) -> Runner:
         from .ort import OrtRunner
         return OrtRunner(sig, path, provider, options.threads, options.tf32,
-                         options.mem_pattern, fp32_compute, options.thread_pool, cuda_graph)
+                         options.mem_pattern, fp32_compute, options.thread_pool, cuda_graph,
+                         options.compute_stream)
     return open_
 
 

@@ -13,7 +13,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -46,11 +46,11 @@ class OrtRunner(Runner):
     def __init__(self, signature: Signature, path: str | Path, provider: str = "cpu",
                  threads: Optional[int] = None, tf32: bool = True, mem_pattern: bool = True,
                  fp32_compute: bool = False, thread_pool: str = DEFAULT_THREAD_POOL,
-                 cuda_graph: bool = False):
+                 cuda_graph: bool = False, compute_stream: Optional[int] = None):
         """``fp32_compute``: the file's quantized projections run at accuracy level 1 (a copy
         in memory): its weights checked exactly, apart from level 4's int8 arithmetic;
         ``cuda_graph``: a static-cache step captured as a CUDA graph per shape and replayed
-        (``GraphReplays``)."""
+        (``GraphReplays``); ``compute_stream``: RunOptions.compute_stream."""
         super().__init__(signature)
         self.name = f"ort-{provider}" + ("-fp32-compute" if fp32_compute else "") + (
             "-graph" if cuda_graph else "")
@@ -58,10 +58,11 @@ class OrtRunner(Runner):
         if cuda_graph and (why := cuda_graph_refusal(signature, provider)):
             raise RunnerUnavailable(why)
         model = at_fp32_compute(path) if fp32_compute else path
-        self.session = _session(model, provider, threads, tf32, mem_pattern, thread_pool)
+        cuda = CudaSettings(tf32, compute_stream=compute_stream)
+        self.session = _session(model, provider, threads, cuda, mem_pattern, thread_pool)
         self.graphs = GraphReplays(lambda dims, graph: _session(
-            model, provider, threads, tf32, mem_pattern, thread_pool, graph, dims),
-            self.session, signature) if cuda_graph else None
+            model, provider, threads, cuda._replace(graph=graph), mem_pattern, thread_pool,
+            dims), self.session, signature) if cuda_graph else None
         self.provider, self.providers = provider, self.session.get_providers()
         self.ops = model_ops(_proto(model))
         # CUDA: the first runs' native stdout, where the kernels print which one ran
@@ -194,15 +195,33 @@ def cuda_session_refusal() -> Optional[str]:
                               [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1])])
     model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)])
     try:
-        _session(model.SerializeToString(), "cuda", None, True)
+        _session(model.SerializeToString(), "cuda", None, CudaSettings())
     except RunnerUnavailable as e:
         return str(e)
     return None
 
 
-def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf32: bool,
-             mem_pattern: bool = True, thread_pool: str = DEFAULT_THREAD_POOL,
-             cuda_graph: bool = False, fixed: Optional[dict[str, int]] = None):
+class CudaSettings(NamedTuple):
+    """What a CUDA session is opened with (ignored on the CPU)."""
+
+    tf32: bool = True  # TF32 matmuls for float32 models
+    graph: bool = False  # capture and replay as a CUDA graph (enable_cuda_graph)
+    compute_stream: Optional[int] = None  # RunOptions.compute_stream
+
+    def provider_options(self) -> dict[str, str]:
+        """The CUDA provider's options, as ONNX Runtime's Python API takes them (strings; a
+        stream as its address, onnxruntime PR #19229; with a graph: captured and replayed on
+        that stream, the bundled CUDA provider's behaviour, PR #29221)."""
+        options = {"use_tf32": "1" if self.tf32 else "0",
+                   "enable_cuda_graph": "1" if self.graph else "0"}
+        if self.compute_stream is not None:
+            options["user_compute_stream"] = str(self.compute_stream)
+        return options
+
+
+def _session(path: str | Path | bytes, provider: str, threads: Optional[int],
+             cuda: CudaSettings = CudaSettings(), mem_pattern: bool = True,
+             thread_pool: str = DEFAULT_THREAD_POOL, fixed: Optional[dict[str, int]] = None):
     """An InferenceSession that really runs on ``provider`` (else RunnerUnavailable); its load
     log is kept as ``session.load_log`` (CUDA: verbose, with the node placements)."""
     import onnxruntime as ort
@@ -225,8 +244,7 @@ def _session(path: str | Path | bytes, provider: str, threads: Optional[int], tf
         enable_debug_lines()  # read when the session makes its kernels
         for name, value in session_options.environment(entries).items():
             os.environ.setdefault(name, value)  # fpA_intB, for builds reading only this
-        providers = [(wanted, {"use_tf32": "1" if tf32 else "0",
-                               "enable_cuda_graph": "1" if cuda_graph else "0"})]
+        providers = [(wanted, cuda.provider_options())]
     failure: Optional[Exception] = None
     with native_stderr() as log:
         if provider == "cuda" and hasattr(ort, "preload_dlls"):
