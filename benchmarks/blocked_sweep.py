@@ -86,7 +86,7 @@ def worker(variant: str, t: int, model_path: str | None) -> None:
 
         sys.path.insert(0, ROOT)
         from mha_export.config import MHAConfig
-        from mha_export.model import build_module
+        from mha_export.kinds.registry import build_module
 
         torch.set_num_threads(THREADS)
         m = build_module(MHAConfig(dim=DIM, heads=HEADS), seed=0)
@@ -119,9 +119,8 @@ def build_models(variants: list[str], folder: str) -> dict[str, str]:
     import dataclasses
 
     from mha_export.config import MHAConfig
-    from mha_export.forms import FORMS
-    from mha_export.model import build_module
-    from mha_export.onnx_model import build_model
+    from mha_export.graph.model import build_model
+    from mha_export.kinds.registry import FORMS, build_module
 
     c = MHAConfig(dim=DIM, heads=HEADS)
     w = build_module(c, seed=0).to_weights()
