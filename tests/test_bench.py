@@ -365,17 +365,21 @@ def test_gpu_rows_are_timed_back_to_back_with_one_sync_per_batch():
 
 def test_a_host_bound_gpu_row_is_named():
     """A GPU row whose host took nearly the whole step to enqueue a call times its launches,
-    not its kernels: the table says so; a row with room to spare is not named."""
+    not its kernels: the table says so; a row with room to spare is not named; a row timed by
+    the host's clock (its session refused the bench's stream) says so and why."""
     from mha_export.bench.report import BACK_TO_BACK, BenchReport, BenchRow, format_table
     rows = [BenchRow("ort-cuda-graph-auto", 1, 1, 1024, 0.040, 100, timing=BACK_TO_BACK,
                      device="cuda", enqueue_ms=0.038),
             BenchRow("torch-cuda-graph-float16", 1, 1, 1024, 0.120, 100, timing=BACK_TO_BACK,
-                     device="cuda", enqueue_ms=0.010)]
+                     device="cuda", enqueue_ms=0.010, clock="CUDA events"),
+            BenchRow("ort-cuda-auto", 1, 1, 1024, 0.150, 100, timing=BACK_TO_BACK,
+                     device="cuda", enqueue_ms=0.020, clock="host clock (stream refused)")]
     report = BenchReport({"heads": 2, "dim": 32}, 1, None, {"cpu": "x", "date": "d"}, rows)
     text = format_table(report)
     assert "timed by CUDA events" in text
     assert "host-bound" in text and "ort-cuda-graph-auto past 1024 (38 of 40 us)" in text
     assert "torch-cuda-graph-float16 past 1024 (" not in text
+    assert "ort-cuda-auto past 1024: timed by the host clock (stream refused)" in text
 
 
 def test_cuda_specs_replay_beside_torchs_graph_and_name_their_timing(tmp_path):
@@ -439,3 +443,30 @@ def test_event_clock_brackets_the_calls_on_their_stream(monkeypatch):
     batch = log[log.index("event-sync") + 1:]  # after the sizing run
     assert batch[:2] == ["stream-sync", ("record", "bench")]
     assert batch[2:6] == ["call"] * 4 and batch[6:8] == [("record", "bench"), "event-sync"]
+
+
+def test_a_variant_that_refuses_the_stream_is_timed_by_the_host_clock(monkeypatch):
+    """A session that cannot be opened on the bench's stream still gets its row, timed by the
+    host's clock around a device sync, and the row says so with the refusal's words."""
+    import contextlib
+    import torch
+    from mha_export.bench import worker
+
+    class Stream:
+        cuda_stream = 1234
+
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing: None)
+
+    def make(spec):
+        if "compute_stream" in spec:
+            raise RuntimeError("user_compute_stream is not supported here\nmore")
+        return lambda: None
+    _, result = worker._on_own_stream(make, {"min_reps": 3, "budget_s": 0.0})
+    assert result["clock"] == "host clock (user_compute_stream is not supported here)"
+    assert result["reps"] == 15 and result["enqueue_ms"] <= result["median_ms"]

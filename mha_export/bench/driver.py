@@ -379,7 +379,7 @@ def _row(name: str, c: MHAConfig, spec: dict, result: dict, cached: bool = False
                     if spec.get("resident") or spec.get("device") == "cuda" else "",
                     copies_median_ms=result.get("copies_median_ms"),
                     device="cuda" if on_cuda(spec) else "cpu", kernels=result.get("kernels", ""),
-                    enqueue_ms=result.get("enqueue_ms"))
+                    enqueue_ms=result.get("enqueue_ms"), clock=result.get("clock", ""))
 
 
 def _speedups(report: BenchReport) -> None:

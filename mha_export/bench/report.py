@@ -39,6 +39,7 @@ class BenchRow:
     kernels: str = ""  # which kernels ran its attention and MatMulNBits (ONNX Runtime rows)
     # GPU rows: the host's time to enqueue one call; near median_ms the GPU waited on the host
     enqueue_ms: Optional[float] = None
+    clock: str = ""  # GPU rows: "CUDA events", or the host clock and why
 
     @property
     def call(self) -> str:
@@ -147,6 +148,8 @@ def format_table(report: BenchReport) -> str:
                      "disable_synchronize_execution_providers), timed by CUDA events on that "
                      "stream, over N; cold: a ring of layers (own weights) > 3 x the GPU's L2")
         lines += host_bound_lines(report)
+        lines += [f"{r.variant} {r.call}: timed by the {r.clock}" for r in report.rows
+                  if r.clock.startswith("host clock")]
     if report.device_copy_bandwidth_gbs:
         lines.append(f"GPU copy bandwidth {report.device_copy_bandwidth_gbs:.0f} GB/s (1 GiB "
                      "device-to-device torch copy, read + write, best run): CUDA rows' % floor")

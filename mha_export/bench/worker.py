@@ -53,6 +53,9 @@ class HostClock:
         return time.perf_counter() - self.t0, enqueued
 
 
+EVENTS = "CUDA events"  # a GPU row's clock when the calls ran on the bench's stream
+
+
 class EventClock(HostClock):
     """Times N enqueued calls by two CUDA events recorded on the stream the calls run on (as
     apps and the anchors time a step): the device's own time between them. ONNX Runtime's
@@ -325,15 +328,23 @@ def measure(spec: dict) -> dict:
 def _on_own_stream(make: Callable[[dict], Callable[[], object]], spec: dict):
     """A GPU row: the variant made and stepped on a stream of the bench's own (ONNX Runtime's
     sessions given it as their compute stream, torch's calls and graph replays made on it),
-    timed back to back by CUDA events on that stream. Returns (the variant, its timing)."""
+    timed back to back by CUDA events on that stream. A variant that cannot be opened on it is
+    timed by the host's clock around a device sync instead, and its row says why. Returns (the
+    variant, its timing)."""
     import torch
     stream = torch.cuda.Stream()
+    try:
+        with torch.cuda.stream(stream):
+            fn = ring(make, {**spec, "compute_stream": stream.cuda_stream})
+            clock, named = EventClock(stream), EVENTS
+    except Exception as e:  # noqa: BLE001  (a refusal of the stream: its words in the row)
+        fn, clock = ring(make, spec), HostClock(torch.cuda.synchronize)
+        named = f"host clock ({str(e).strip().splitlines()[0][:160]})"
     with torch.cuda.stream(stream):
-        fn = ring(make, {**spec, "compute_stream": stream.cuda_stream})
-        times, reps, enqueue = back_to_back(fn, EventClock(stream), spec.get("min_reps", 5),
+        times, reps, enqueue = back_to_back(fn, clock, spec.get("min_reps", 5),
                                             spec.get("budget_s", 2.0))
     return fn, {"median_ms": statistics.median(times), "min_ms": min(times), "reps": reps,
-                "enqueue_ms": statistics.median(enqueue)}
+                "enqueue_ms": statistics.median(enqueue), "clock": named}
 
 
 def limit_memory(gib: float | None) -> None:
