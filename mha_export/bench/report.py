@@ -142,14 +142,7 @@ def format_table(report: BenchReport) -> str:
                      "copied per call (torch's CUDA rows too); +copies ms: the call as the "
                      "check makes it (numpy inputs copied in and outputs read back each call; a "
                      "static cache uploaded once, its whole buffer read back each call)")
-    if any(r.timing == BACK_TO_BACK for r in report.rows):
-        lines.append("GPU rows: N calls enqueued back to back on the bench's own stream "
-                     "(ONNX Runtime's user_compute_stream; no host sync per call: "
-                     "disable_synchronize_execution_providers), timed by CUDA events on that "
-                     "stream, over N; cold: a ring of layers (own weights) > 3 x the GPU's L2")
-        lines += host_bound_lines(report)
-        lines += [f"{r.variant} {r.call}: timed by the {r.clock}" for r in report.rows
-                  if r.clock.startswith("host clock")]
+    lines += gpu_timing_lines(report)
     if report.device_copy_bandwidth_gbs:
         lines.append(f"GPU copy bandwidth {report.device_copy_bandwidth_gbs:.0f} GB/s (1 GiB "
                      "device-to-device torch copy, read + write, best run): CUDA rows' % floor")
@@ -167,14 +160,24 @@ def format_table(report: BenchReport) -> str:
 HOST_BOUND = 0.9
 
 
-def host_bound_lines(report: BenchReport) -> list[str]:
-    """The GPU rows whose host enqueued a call in nearly the step's whole time: the GPU waited
-    on the host, so the row times the launches, not the kernels."""
+def gpu_timing_lines(report: BenchReport) -> list[str]:
+    """How the GPU rows were timed; the rows whose host enqueued a call in nearly the step's
+    whole time (the GPU waited on the host: the row times the launches, not the kernels); the
+    rows timed by the host's clock, and why."""
+    if not any(r.timing == BACK_TO_BACK for r in report.rows):
+        return []
+    lines = ["GPU rows: N calls enqueued back to back on the bench's own stream (ONNX Runtime's "
+             "user_compute_stream; no host sync per call: disable_synchronize_execution_"
+             "providers), timed by CUDA events on that stream, over N; cold: a ring of layers "
+             "(own weights) > 3 x the GPU's L2"]
     bound = [f"{r.variant} {r.call} ({1e3 * r.enqueue_ms:.0f} of {1e3 * r.median_ms:.0f} us)"
              for r in report.rows if r.enqueue_ms and r.median_ms
              and r.enqueue_ms >= HOST_BOUND * r.median_ms]
-    return [f"host-bound (enqueuing a call took >= {HOST_BOUND:.0%} of the step: the GPU "
-            f"waited on the host): {', '.join(bound)}"] if bound else []
+    if bound:
+        lines.append(f"host-bound (enqueuing a call took >= {HOST_BOUND:.0%} of the step: the "
+                     f"GPU waited on the host): {', '.join(bound)}")
+    return lines + [f"{r.variant} {r.call}: timed by the {r.clock}" for r in report.rows
+                    if r.clock.startswith("host clock")]
 
 
 def kernel_lines(report: BenchReport) -> list[str]:
