@@ -62,12 +62,13 @@ def gqa_lengths(g: GraphBuilder, io: AttentionIO, x: str, batch_prompts: bool = 
     else:
         starts = io.past_lengths  # (B,)
         total = op.Where(decoding, op.Shape(io.past_key, start=2, end=3), t)  # (1,) S or T
-        over_cache = op.Greater(op.ReduceMax(starts, keepdims=1), zero)  # (1,)
-        unrunnable = op.And(op.Not(decoding), over_cache)  # (1,) prompts of B > 1 over a cache
     if not batch_prompts:
         unrunnable = op.Not(decoding)  # (1,) prompts of B > 1
-    # (B,) past_lengths + T - 1 ("row_ends": a test shifts it)
-    last = op.Sub(op.Add(starts, t, name="row_ends"), one)
+    elif io.past_lengths is not None:  # (1,) prompts of B > 1 over a cache
+        over_cache = op.Greater(op.ReduceMax(starts, keepdims=1), zero)  # (1,)
+        unrunnable = op.And(op.Not(decoding), over_cache)
+    # (B,) past_lengths + (T - 1) ("row_ends": a test shifts it); T - 1 folds once T is fixed
+    last = op.Add(starts, op.Sub(t, one), name="row_ends")
     seqlens = op.Cast(last, to=TensorProto.INT32)  # (B,) int32
     total = op.Cast(op.Squeeze(total, g.ints("axis0", [0])), to=TensorProto.INT32)  # () int32
     return GqaLengths(seqlens, total, unrunnable)
@@ -83,10 +84,11 @@ def gqa_out(g: GraphBuilder, io: AttentionIO, lengths: GqaLengths, y: str, prese
     """The node's outputs as the core's: a call it cannot run made NaN, never a wrong
     number; present_key / present_value (B, K, S, H) the cache's own buffers when one is
     bound, else scratch the graph drops."""
-    if lengths.unrunnable is not None:
-        poison = Ops(g).Where(lengths.unrunnable, g.const("nan", np.nan),
-                              g.const("zero", 0.0))  # (1,)
-        y = Ops(g).Add(y, poison)  # (B, T, D)
+    if lengths.unrunnable is not None:  # chosen in float32 (a CPU kernel: with the call's
+        op = Ops(g)  # shape fixed, ONNX Runtime folds it to 0 and drops y + 0, no node left)
+        poison = op.Where(lengths.unrunnable, g.const("nan_f32", np.float32(np.nan), False),
+                          g.const("zero_f32", np.float32(0), False))  # (1,)
+        y = op.Add(y, op.Cast(poison, to=g.elem))  # (B, T, D)
     return cache_out(io, y, present_key, present_value)
 
 
