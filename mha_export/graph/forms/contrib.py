@@ -86,8 +86,8 @@ def gqa_out(g: GraphBuilder, io: AttentionIO, lengths: GqaLengths, y: str, prese
     bound, else scratch the graph drops."""
     if lengths.unrunnable is not None:  # chosen in float32 (a CPU kernel: with the call's
         op = Ops(g)  # shape fixed, ONNX Runtime folds it to 0 and drops y + 0, no node left)
-        poison = op.Where(lengths.unrunnable, g.const("nan_f32", np.float32(np.nan), False),
-                          g.const("zero_f32", np.float32(0), False))  # (1,)
+        poison = op.Where(lengths.unrunnable, g.const("guard_f32.nan", np.float32(np.nan), False),
+                          g.const("guard_f32.zero", np.float32(0), False))  # (1,)
         y = op.Add(y, op.Cast(poison, to=g.elem))  # (B, T, D)
     return cache_out(io, y, present_key, present_value)
 
