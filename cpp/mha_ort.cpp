@@ -9,17 +9,20 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "npy.hpp"
+#include "ort_cuda.hpp"
 #include "ort_session.hpp"
 
 namespace {
 
 const char* const kUsage =
-    "usage: mha_ort MODEL.onnx CASE_DIR [CASE_DIR ...] [--provider cpu|cuda] [--threads N] [--info] [--verbose]\n"
+    "usage: mha_ort MODEL.onnx CASE_DIR [CASE_DIR ...] [--provider cpu|cuda] [--cuda-graph] [--threads N] [--info]\n"
+    "               [--verbose]\n"
     "       mha_ort MODEL.onnx IN.npy OUT.npy [IN2.npy OUT2.npy ...] [options]   (one-input, one-output models)\n"
     "  CASE_DIR             a folder holding NAME.npy for every input the model declares (see --info);\n"
     "                       every declared output is written there as NAME.npy. One session runs them all\n"
@@ -39,6 +42,12 @@ const char* const kUsage =
     "                       and the buffers after the last call (present_key.npy, present_value.npy).\n"
     "                       An int8-cache model (--kv-cache-dtype int8) takes int8 buffers ('|i1' .npy:\n"
     "                       codes, value = code * the model's scale) and writes its int8 codes back\n"
+    "  --cuda-graph         with --provider cuda, a static-cache model: each case's shape gets its own\n"
+    "                       session (symbolic dims fixed, enable_cuda_graph=1), every input and output bound\n"
+    "                       once on the device (present_* = past_*'s buffers); the case's inputs are copied\n"
+    "                       in, run 3 times (ONNX Runtime captures), copied in again and replayed once;\n"
+    "                       the outputs are those of the replay. A shape ONNX Runtime will not capture runs\n"
+    "                       without a graph, said on stderr\n"
     "float inputs: float32 or float16 .npy (converted to the model's float type); float outputs are\n"
     "written as float32; int64 inputs (attention_mask) must be int64 .npy\n"
     "exit codes: 0 ok, 1 runtime failure, 2 bad input, 3 requested provider unavailable";
@@ -46,53 +55,8 @@ const char* const kUsage =
 using mha::Clock;
 using mha::ms_since;
 
-// ONNX Runtime's log goes here rather than to stderr, so that errors stay one line; the lines
-// are searched for the real cause when a provider library fails to load.
-struct OrtLog {
-    std::vector<std::string> lines;
-    bool echo = false;
-};
-
-void ORT_API_CALL log_sink(void* param, OrtLoggingLevel, const char*, const char*, const char*,
-                           const char* message) {
-    auto* log = static_cast<OrtLog*>(param);
-    log->lines.emplace_back(message);
-    if (log->echo) std::cerr << "[onnxruntime] " << message << std::endl;
-}
-
-// "libcublasLt.so.13: cannot open shared object file: ..." out of ORT's load failure line.
-std::string load_cause(const OrtLog& log, const std::string& exception_text) {
-    std::vector<std::string> texts{exception_text};
-    texts.insert(texts.end(), log.lines.rbegin(), log.lines.rend());
-    for (const auto& text : texts)
-        if (auto at = text.find("with error: "); at != std::string::npos) return mha::first_line(text.substr(at + 12));
-    return mha::first_line(exception_text);
-}
-
-// Appends the requested provider. CUDA that cannot load is DeviceUnavailable (exit 3): this
-// program never runs on the CPU when CUDA was asked for.
-void append_provider(Ort::SessionOptions& options, const std::string& provider, const OrtLog& log) {
-    if (provider == "cpu") return;  // the CPU provider is always there
-    const auto available = Ort::GetAvailableProviders();
-    if (std::find(available.begin(), available.end(), "CUDAExecutionProvider") == available.end())
-        throw mha::DeviceUnavailable("--provider cuda: this ONNX Runtime library has no CUDAExecutionProvider "
-                                     "(use the onnxruntime-gpu build)");
-    const OrtApi& api = Ort::GetApi();
-    OrtCUDAProviderOptionsV2* cuda = nullptr;
-    try {
-        Ort::ThrowOnError(api.CreateCUDAProviderOptions(&cuda));
-        // Strict float32 matmuls (no TF32), so results stay within float32 parity of the CPU.
-        const char* keys[] = {"device_id", "use_tf32"};
-        const char* values[] = {"0", "0"};
-        Ort::ThrowOnError(api.UpdateCUDAProviderOptions(cuda, keys, values, 2));
-        options.AppendExecutionProvider_CUDA_V2(*cuda);
-        api.ReleaseCUDAProviderOptions(cuda);
-    } catch (const Ort::Exception& e) {
-        if (cuda) api.ReleaseCUDAProviderOptions(cuda);
-        throw mha::DeviceUnavailable("--provider cuda: CUDAExecutionProvider could not be loaded (" +
-                                     load_cause(log, e.what()) + "); not falling back to CPU");
-    }
-}
+using mha::append_provider;
+using mha::OrtLog;
 
 std::string type_name(ONNXTensorElementDataType t) {
     switch (t) {
@@ -362,45 +326,149 @@ std::vector<mha::Array> generate(Ort::Session& session, const ModelIO& io, const
     return {y, key, value};
 }
 
+// ---- --cuda-graph: the static step replayed as a CUDA graph, as an app replays it -------------
+
+constexpr int kCaptureRuns = 3;  // ONNX Runtime (1.31) runs a shape twice before it captures
+
+bool declares(const std::vector<OrtTensor>& list, const std::string& name) {
+    return std::any_of(list.begin(), list.end(), [&](const OrtTensor& t) { return t.decl.name == name; });
+}
+
+// --cuda-graph replays the static-cache step only: x, past_key, past_value, past_lengths[,
+// position_ids] -> y, present_key, present_value (the shapes and addresses a graph fixes).
+void require_static_step(const ModelIO& io, const std::string& path) {
+    const std::string why = "--cuda-graph replays fixed shapes and addresses: only the static-cache step "
+                            "(mha-export onnx --static-cache) has them; " + path;
+    for (const char* name : {"x", "past_key", "past_value", "past_lengths"})
+        if (!declares(io.inputs, name)) throw mha::UsageError(why + " has no input '" + name + "'");
+    for (const char* name : {"y", "present_key", "present_value"})
+        if (!declares(io.outputs, name)) throw mha::UsageError(why + " has no output '" + name + "'");
+    for (const auto& t : io.outputs)
+        if (t.decl.name != "y" && !mha::in_place_outputs().count(t.decl.name))
+            throw mha::UsageError(why + " also gives '" + t.decl.name + "', which --cuda-graph does not bind");
+    for (const auto& t : io.outputs)
+        if (t.decl.name == "y" && t.decl.dims.size() != 3) throw mha::UsageError(path + ": y is not [B, T, D]");
+}
+
+// Per input shape a bound, captured session (mha_export/check/runners/ort_graphs.py's
+// GraphReplays): a new shape's runs repeat the same writes into the cache (idempotent), then the
+// case's inputs are copied in again and the call whose outputs are written is a replay.
+struct GraphReplays {
+    Ort::Env& env;
+    const std::string& path;
+    const Ort::SessionOptions& base;  // threads, optimization level; no provider yet
+    const OrtLog& log;
+    const mha::FileEntries& known;    // the file's config entries (read once)
+    Ort::Session& declared;           // names the symbolic dimensions
+    const ModelIO& io;
+    std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<mha::BoundGraph>> calls;
+
+    std::unique_ptr<mha::BoundGraph> open(const mha::Case& c) {
+        std::map<std::string, std::vector<int64_t>> shapes;
+        std::vector<mha::BufferSpec> inputs, outputs;
+        for (size_t i = 0; i < io.inputs.size(); ++i) {
+            shapes[io.inputs[i].decl.name] = c.inputs[i].shape;
+            inputs.push_back({io.inputs[i].decl.name, io.inputs[i].type, c.inputs[i].shape});
+        }
+        for (const auto& t : io.outputs) {
+            std::vector<int64_t> shape;
+            if (t.decl.name == "y") {
+                const auto& x = shapes.at("x");
+                if (t.decl.dims[2] <= 0) throw mha::UsageError(path + ": y's last dimension is not fixed");
+                shape = {x[0], x[1], t.decl.dims[2]};
+            }
+            outputs.push_back({t.decl.name, t.type, shape});
+        }
+        const mha::Dims dims = mha::fixed_dims(declared, shapes);
+        mha::FileEntries entries;
+        mha::GraphSession graph = mha::open_graph_session(env, path, base, dims, log, nullptr, entries, &known);
+        if (graph.captured)
+            std::cout << "cuda graph: " << graph.describe(dims) << " (captured on its runs 2-3)\n";
+        else
+            std::cerr << "mha_ort: warning: " << graph.describe(dims) << "\n";
+        return mha::bind_graph(std::move(graph), inputs, outputs);
+    }
+
+    void load(mha::BoundGraph& call, const mha::Case& c) {
+        for (size_t i = 0; i < io.inputs.size(); ++i)
+            call.load(io.inputs[i].decl.name, mha::host_bytes(c.inputs[i], io.inputs[i].type));
+    }
+
+    std::vector<mha::Array> operator()(const mha::Case& c) {
+        std::vector<std::vector<int64_t>> key;
+        for (const auto& a : c.inputs) key.push_back(a.shape);
+        auto& call = calls[key];
+        const bool fresh = !call;
+        if (fresh) call = open(c);
+        load(*call, c);
+        if (fresh) {
+            for (int i = 0; i < kCaptureRuns; ++i) call->run(Ort::RunOptions{nullptr});
+            load(*call, c);  // the original past buffers again: the captures wrote the cache
+        }
+        call->run(Ort::RunOptions{nullptr});  // a replay
+        std::vector<mha::Array> result;
+        for (const auto& t : io.outputs) {
+            const auto past = mha::in_place_outputs().find(t.decl.name);
+            const std::string source = past == mha::in_place_outputs().end() ? t.decl.name : past->second;
+            const mha::BufferSpec& spec = call->specs.at(source);
+            result.push_back(mha::from_bytes(call->fetch(source), spec.type, spec.shape));
+        }
+        return result;
+    }
+};
+
 int main_ort(int argc, char** argv) {
     const mha::Args args = mha::parse_args(argc, argv, kUsage, {"--provider", "--threads", "--generate"},
-                                           {"--info", "--verbose", "--spin"}, {"--info"});
+                                           {"--info", "--verbose", "--spin", "--cuda-graph"}, {"--info"});
     const std::string provider = args.option("--provider", "cpu");
     if (provider != "cpu" && provider != "cuda")
         throw mha::UsageError("--provider must be cpu or cuda, got '" + provider + "'");
     const int threads = args.options.count("--threads") ? mha::parse_positive_int("--threads", args.option("--threads", "")) : 0;
     mha::require_file(args.model, "model");
+    const bool graph = args.flag("--cuda-graph");
+    if (graph && provider != "cuda")
+        throw mha::UsageError("--cuda-graph needs --provider cuda: a CUDA graph replays the CUDA provider's "
+                              "kernels");
+    if (graph && args.options.count("--generate"))
+        throw mha::UsageError("--cuda-graph with --generate is not built yet: run the steps as cases "
+                              "(one CASE_DIR per call shape) or drop --cuda-graph");
 
     OrtLog log;
     log.echo = args.flag("--verbose");
-    Ort::Env env(ORT_LOGGING_LEVEL_WARNING, "mha_ort", log_sink, &log);
+    Ort::Env env(ORT_LOGGING_LEVEL_WARNING, "mha_ort", mha::log_sink, &log);
     Ort::SessionOptions options;
     options.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
     if (threads) options.SetIntraOpNumThreads(threads);
     options.SetInterOpNumThreads(1);
     // Sessions run in turn (one per layer) must not leave threads spinning for the next one.
     options.AddConfigEntry("session.intra_op.allow_spinning", args.flag("--spin") ? "1" : "0");
-    append_provider(options, provider, log);
+    // --cuda-graph: this session only declares the inputs and outputs (on the CPU, unoptimized);
+    // each input shape gets its own CUDA session (GraphReplays)
+    Ort::SessionOptions declaring = graph ? options.Clone() : Ort::SessionOptions{nullptr};
+    if (graph) declaring.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_DISABLE_ALL);
+    else append_provider(options, provider, log);
 
     const auto t0 = Clock::now();
     std::unique_ptr<Ort::Session> session;
     mha::FileEntries applied;  // the config entries the file needs (float8: folded at load)
     try {
-        session = mha::open_session(env, args.model, options, applied);
+        session = mha::open_session(env, args.model, graph ? declaring : options, applied);
     } catch (const Ort::Exception& e) {
-        const std::string what = e.what();
-        if (provider == "cuda" && (what.find("CUDA") != std::string::npos || what.find("cuda") != std::string::npos))
-            throw mha::DeviceUnavailable("--provider cuda: the CUDA session could not start (" + mha::first_line(what) +
-                                         "); not falling back to CPU");
-        throw mha::UsageError("cannot load model " + args.model + ": " + mha::first_line(what));
+        mha::open_failed(provider, args.model, e.what());
     }
     const std::string session_time = ms_since(t0);
     const ModelIO io = model_io(*session);
+    if (graph) {  // refused before CUDA is tried; CUDA must start before any line says it runs
+        require_static_step(io, args.model);
+        Ort::SessionOptions probe = options.Clone();
+        append_provider(probe, provider, log);
+    }
 
     // The provider reported is the one appended above: session creation throws if it cannot start.
     std::cout << "onnxruntime " << Ort::GetVersionString() << ", provider: "
-              << (provider == "cuda" ? "CUDAExecutionProvider (nodes it lacks run on CPUExecutionProvider)"
-                                     : "CPUExecutionProvider")
+              << (graph ? "CUDAExecutionProvider replaying CUDA graphs (a session per input shape)"
+                  : provider == "cuda" ? "CUDAExecutionProvider (nodes it lacks run on CPUExecutionProvider)"
+                                       : "CPUExecutionProvider")
               << ", intra-op threads: " << (threads ? std::to_string(threads) : "default")
               << (args.flag("--spin") ? " (spinning)" : " (asleep between runs)") << ", session "
               << session_time;
@@ -413,7 +481,7 @@ int main_ort(int argc, char** argv) {
     // Every input of every case is read and checked before anything runs: bad input leaves no
     // output behind.
     const bool generating = args.options.count("--generate") > 0;
-    require_supported(io, args.model, generating);
+    require_supported(io, args.model, generating || graph);
     if (generating) {
         const std::vector<int64_t> steps = parse_steps(args.option("--generate", ""));
         mha::Declaration given = io.decl;  // past_lengths and position_ids are made per call
@@ -425,6 +493,10 @@ int main_ort(int argc, char** argv) {
         return mha::run_cases(given, cases, [&](const mha::Case& c) { return generate_case(*session, io, c, steps); });
     }
     const std::vector<mha::Case> cases = mha::read_cases(args, io.decl);
+    if (graph) {
+        GraphReplays replays{env, args.model, options, log, applied, *session, io, {}};
+        return mha::run_cases(io.decl, cases, [&](const mha::Case& c) { return replays(c); });
+    }
 
     return mha::run_cases(io.decl, cases, [&](const mha::Case& c) { return run(*session, io, c); });
 }

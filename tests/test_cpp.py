@@ -596,6 +596,62 @@ def test_ort_generate_int8_cache_matches_python(binaries, tmp_path, form):
     assert "'past_key' is int8" in line and "--generate" in line, line
 
 
+# --- --cuda-graph: the static step replayed as a CUDA graph -------------------------------------
+
+GRAPH_CASES = [Case(2, 5, 3), Case(2, 1, 7), Case(2, 1, 4)]  # the last shape again: a replay
+
+
+@pytest.fixture(scope="module")
+def graph_model(tmp_path_factory) -> Path:
+    """A static-cache export (x, past_key, past_value, past_lengths, position_ids)."""
+    root = tmp_path_factory.mktemp("graph")
+    return export_onnx(STATIC_CONFIG, root / "m", static_cache=True, validate=False).path
+
+
+def _cuda_graph_reason(folder: Path) -> str | None:
+    """Why Python ONNX Runtime cannot run this file on CUDA here, or None (it can)."""
+    return _python_ort_cuda_reason(folder / "model.onnx")
+
+
+def test_cuda_graph_needs_the_cuda_provider(binaries, graph_model, tmp_path):
+    [(d, _, _)] = write_case_dirs(tmp_path, graph_model, GRAPH_CASES[:1])
+    r = run(binaries["ort"], graph_model / "model.onnx", d, "--cuda-graph")
+    assert "--cuda-graph needs --provider cuda" in one_error_line(r)
+    assert not (d / "y.npy").exists()
+
+
+def test_cuda_graph_refuses_a_model_without_a_static_cache(binaries, artifacts, tmp_path):
+    """A kv-cache (growing) model: refused before CUDA is tried, so exit 2 on any machine."""
+    folder = artifacts["kv", "onnx"]
+    [(d, _, _)] = write_case_dirs(tmp_path, folder, KV_CASES[:1])
+    r = run(binaries["ort"], folder / "model.onnx", d, "--provider", "cuda", "--cuda-graph")
+    line = one_error_line(r)
+    assert "only the static-cache step" in line and "no input 'past_lengths'" in line
+    assert not (d / "y.npy").exists()
+
+
+def test_cuda_graph_replays_on_cuda_or_exits_3(binaries, graph_model, tmp_path):
+    """mha_ort --provider cuda --cuda-graph: where CUDA runs, each case's outputs (those of a
+    replay) are Python ONNX Runtime's on the CPU; elsewhere exit 3 with the CUDA reason, one
+    line, nothing written."""
+    dirs = write_case_dirs(tmp_path, graph_model, GRAPH_CASES)
+    r = run(binaries["ort"], graph_model / "model.onnx", *(d for d, _, _ in dirs),
+            "--provider", "cuda", "--cuda-graph")
+    if _cuda_graph_reason(graph_model) is not None:
+        line = one_error_line(r, code=3)
+        assert "CUDAExecutionProvider" in line and "not falling back to CPU" in line
+        assert not any((d / "y.npy").exists() for d, _, _ in dirs)
+        return
+    assert r.returncode == 0, r.stderr
+    assert "replayed as a CUDA graph" in r.stdout or "without a graph (" in r.stderr
+    cpu = OrtRunner(signature_of(graph_model), graph_model / "model.onnx", "cpu")
+    for d, case, feeds in dirs:
+        want = cpu.run(feeds)
+        for name, expected in want.items():
+            np.testing.assert_allclose(np.load(d / f"{name}.npy"), expected, rtol=0, atol=1e-4,
+                                       err_msg=f"{name} at {case.label()}")
+
+
 # --- quantized projections: MatMulNBits (com.microsoft) through mha_ort --------------------------
 
 # Small on purpose; each export quantizes q, k, v (inside the If branches) and the out projection.
