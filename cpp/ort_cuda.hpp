@@ -104,7 +104,8 @@ inline Dims fixed_dims(Ort::Session& declared, const std::map<std::string, std::
     for (size_t i = 0; i < declared.GetInputCount(); ++i) {
         const auto shape = shapes.find(declared.GetInputNameAllocated(i, alloc).get());
         if (shape == shapes.end()) continue;
-        const auto info = declared.GetInputTypeInfo(i).GetTensorTypeAndShapeInfo();
+        const Ort::TypeInfo type = declared.GetInputTypeInfo(i);  // outlives its info
+        const auto info = type.GetTensorTypeAndShapeInfo();
         std::vector<const char*> names(info.GetDimensionsCount(), "");
         info.GetSymbolicDimensions(names.data(), names.size());
         for (size_t d = 0; d < names.size() && d < shape->second.size(); ++d)
@@ -235,15 +236,20 @@ struct BoundGraph {
     std::map<std::string, Ort::Value> values;  // inputs, and outputs other than present_*
     std::map<std::string, BufferSpec> specs;
     std::unique_ptr<Ort::IoBinding> binding;
+    bool on_host = false;  // buffers from a CPU session's allocator (a check of this code on a CPU)
 
     void load(const std::string& name, const std::vector<uint8_t>& bytes) {
-        CudaRuntime::get().copy(values.at(name).GetTensorMutableRawData(), bytes.data(), bytes.size());
+        copy(values.at(name).GetTensorMutableRawData(), bytes.data(), bytes.size());
     }
     std::vector<uint8_t> fetch(const std::string& name) {
         const BufferSpec& spec = specs.at(name);
         std::vector<uint8_t> bytes(static_cast<size_t>(product(spec.shape)) * element_size(spec.type));
-        CudaRuntime::get().copy(bytes.data(), values.at(name).GetTensorMutableRawData(), bytes.size());
+        copy(bytes.data(), values.at(name).GetTensorMutableRawData(), bytes.size());
         return bytes;
+    }
+    void copy(void* dst, const void* src, size_t bytes) const {
+        if (on_host) std::copy_n(static_cast<const uint8_t*>(src), bytes, static_cast<uint8_t*>(dst));
+        else CudaRuntime::get().copy(dst, src, bytes);
     }
     void run(const Ort::RunOptions& options) { graph.session->Run(options, *binding); }
 
@@ -259,13 +265,17 @@ inline const std::map<std::string, std::string>& in_place_outputs() {
     return cache;
 }
 
+// `on_host`: the buffers from a CPU session's allocator instead of the CUDA one (checks this
+// binding on a machine without CUDA; the programs always bind on the device).
 inline std::unique_ptr<BoundGraph> bind_graph(GraphSession graph, const std::vector<BufferSpec>& inputs,
-                                              const std::vector<BufferSpec>& outputs) {
+                                              const std::vector<BufferSpec>& outputs, bool on_host = false) {
     auto bound = std::make_unique<BoundGraph>();
     bound->graph = std::move(graph);
+    bound->on_host = on_host;
     Ort::Session& session = *bound->graph.session;
-    const Ort::MemoryInfo cuda("Cuda", OrtDeviceAllocator, 0, OrtMemTypeDefault);
-    bound->allocator = std::make_unique<Ort::Allocator>(session, cuda);
+    const Ort::MemoryInfo where = on_host ? Ort::MemoryInfo("Cpu", OrtDeviceAllocator, 0, OrtMemTypeDefault)
+                                          : Ort::MemoryInfo("Cuda", OrtDeviceAllocator, 0, OrtMemTypeDefault);
+    bound->allocator = std::make_unique<Ort::Allocator>(session, where);
     bound->binding = std::make_unique<Ort::IoBinding>(session);
     for (const auto& spec : inputs) {
         element_size(spec.type);  // a type this binds, or UsageError

@@ -596,7 +596,7 @@ def test_ort_generate_int8_cache_matches_python(binaries, tmp_path, form):
     assert "'past_key' is int8" in line and "--generate" in line, line
 
 
-# --- --cuda-graph: the static step replayed as a CUDA graph -------------------------------------
+# --- --cuda-graph: the static step replayed as a CUDA graph (mha_ort, mha_layers) ---------------
 
 GRAPH_CASES = [Case(2, 5, 3), Case(2, 1, 7), Case(2, 1, 4)]  # the last shape again: a replay
 
@@ -618,6 +618,8 @@ def test_cuda_graph_needs_the_cuda_provider(binaries, graph_model, tmp_path):
     r = run(binaries["ort"], graph_model / "model.onnx", d, "--cuda-graph")
     assert "--cuda-graph needs --provider cuda" in one_error_line(r)
     assert not (d / "y.npy").exists()
+    r = run(binaries["layers"], graph_model / "model.onnx", "--cuda-graph", "--pool", "busy")
+    assert "--pool must be" in one_error_line(r)
 
 
 def test_cuda_graph_refuses_a_model_without_a_static_cache(binaries, artifacts, tmp_path):
@@ -628,6 +630,8 @@ def test_cuda_graph_refuses_a_model_without_a_static_cache(binaries, artifacts, 
     line = one_error_line(r)
     assert "only the static-cache step" in line and "no input 'past_lengths'" in line
     assert not (d / "y.npy").exists()
+    r = run(binaries["layers"], folder / "model.onnx", "--cuda-graph")
+    assert "not a static-cache model" in one_error_line(r)
 
 
 def test_cuda_graph_replays_on_cuda_or_exits_3(binaries, graph_model, tmp_path):
@@ -647,9 +651,26 @@ def test_cuda_graph_replays_on_cuda_or_exits_3(binaries, graph_model, tmp_path):
     cpu = OrtRunner(signature_of(graph_model), graph_model / "model.onnx", "cpu")
     for d, case, feeds in dirs:
         want = cpu.run(feeds)
-        for name, expected in want.items():
-            np.testing.assert_allclose(np.load(d / f"{name}.npy"), expected, rtol=0, atol=1e-4,
-                                       err_msg=f"{name} at {case.label()}")
+        np.testing.assert_allclose(np.load(d / "y.npy"), want["y"], rtol=0, atol=1e-4,
+                                   err_msg=f"y at {case.label()}")
+        for name, past in (("present_key", "past_key"), ("present_value", "past_value")):
+            got = np.load(d / f"{name}.npy")
+            for b, start in enumerate(feeds["past_lengths"]):  # written: up to start + T
+                end = start + feeds["x"].shape[1]
+                np.testing.assert_allclose(got[b, :, :end], want[name][b, :, :end], rtol=0,
+                                           atol=1e-4, err_msg=f"{name} at {case.label()}")
+                np.testing.assert_array_equal(got[b, :, end:], feeds[past][b, :, end:])
+
+
+def test_layers_cuda_graph_times_replays_on_cuda_or_exits_3(binaries, graph_model):
+    r = run(binaries["layers"], graph_model / "model.onnx", "--cuda-graph", "--copies", 2,
+            "--past", 8, "--steps", 4)
+    if _cuda_graph_reason(graph_model) is not None:
+        line = one_error_line(r, code=3)
+        assert "CUDAExecutionProvider" in line and "not falling back to CPU" in line
+        return
+    assert r.returncode == 0, r.stderr
+    assert "CUDA events" in r.stdout and "ms a step" in r.stdout
 
 
 # --- quantized projections: MatMulNBits (com.microsoft) through mha_ort --------------------------
