@@ -363,12 +363,19 @@ struct GraphReplays {
     const ModelIO& io;
     std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<mha::BoundGraph>> calls;
 
-    std::unique_ptr<mha::BoundGraph> open(const mha::Case& c) {
-        std::map<std::string, std::vector<int64_t>> shapes;
+    // A case's shape: the buffers to bind (y [B, T, D]; present_* are past_*'s) and the symbolic
+    // dimensions it fixes.
+    struct Plan {
         std::vector<mha::BufferSpec> inputs, outputs;
+        mha::Dims dims;
+    };
+
+    Plan plan(const mha::Case& c) const {
+        Plan p;
+        std::map<std::string, std::vector<int64_t>> shapes;
         for (size_t i = 0; i < io.inputs.size(); ++i) {
             shapes[io.inputs[i].decl.name] = c.inputs[i].shape;
-            inputs.push_back({io.inputs[i].decl.name, io.inputs[i].type, c.inputs[i].shape});
+            p.inputs.push_back({io.inputs[i].decl.name, io.inputs[i].type, c.inputs[i].shape});
         }
         for (const auto& t : io.outputs) {
             std::vector<int64_t> shape;
@@ -377,16 +384,21 @@ struct GraphReplays {
                 if (t.decl.dims[2] <= 0) throw mha::UsageError(path + ": y's last dimension is not fixed");
                 shape = {x[0], x[1], t.decl.dims[2]};
             }
-            outputs.push_back({t.decl.name, t.type, shape});
+            p.outputs.push_back({t.decl.name, t.type, shape});
         }
-        const mha::Dims dims = mha::fixed_dims(declared, shapes);
+        p.dims = mha::fixed_dims(declared, shapes);
+        return p;
+    }
+
+    std::unique_ptr<mha::BoundGraph> open(const mha::Case& c) {
+        const Plan p = plan(c);
         mha::FileEntries entries;
-        mha::GraphSession graph = mha::open_graph_session(env, path, base, dims, log, nullptr, entries, &known);
+        mha::GraphSession graph = mha::open_graph_session(env, path, base, p.dims, log, nullptr, entries, &known);
         if (graph.captured)
-            std::cout << "cuda graph: " << graph.describe(dims) << " (captured on its runs 2-3)\n";
+            std::cout << "cuda graph: " << graph.describe(p.dims) << " (captured on its runs 2-3)\n";
         else
-            std::cerr << "mha_ort: warning: " << graph.describe(dims) << "\n";
-        return mha::bind_graph(std::move(graph), inputs, outputs);
+            std::cerr << "mha_ort: warning: " << graph.describe(p.dims) << "\n";
+        return mha::bind_graph(std::move(graph), p.inputs, p.outputs);
     }
 
     void load(mha::BoundGraph& call, const mha::Case& c) {

@@ -598,7 +598,8 @@ def test_ort_generate_int8_cache_matches_python(binaries, tmp_path, form):
 
 # --- --cuda-graph: the static step replayed as a CUDA graph (mha_ort, mha_layers) ---------------
 
-GRAPH_CASES = [Case(2, 5, 3), Case(2, 1, 7), Case(2, 1, 4)]  # the last shape again: a replay
+# the last: the second's shape again (its buffers refreshed, the call replayed), other values
+GRAPH_CASES = [Case(2, 5, 3), Case(2, 1, 7), Case(2, 1, 4), Case(2, 1, 7, "left")]
 
 
 @pytest.fixture(scope="module")
@@ -648,18 +649,43 @@ def test_cuda_graph_replays_on_cuda_or_exits_3(binaries, graph_model, tmp_path):
         return
     assert r.returncode == 0, r.stderr
     assert "replayed as a CUDA graph" in r.stdout or "without a graph (" in r.stderr
+    _assert_graph_outputs(graph_model, dirs, atol=1e-4)
+
+
+def _assert_graph_outputs(graph_model: Path, dirs, atol: float) -> None:
+    """y as Python ORT's on the CPU; the buffers as its present up to past + T, and untouched
+    beyond (written in place: the out-of-place reference leaves that part undefined)."""
     cpu = OrtRunner(signature_of(graph_model), graph_model / "model.onnx", "cpu")
     for d, case, feeds in dirs:
         want = cpu.run(feeds)
-        np.testing.assert_allclose(np.load(d / "y.npy"), want["y"], rtol=0, atol=1e-4,
+        np.testing.assert_allclose(np.load(d / "y.npy"), want["y"], rtol=0, atol=atol,
                                    err_msg=f"y at {case.label()}")
         for name, past in (("present_key", "past_key"), ("present_value", "past_value")):
             got = np.load(d / f"{name}.npy")
             for b, start in enumerate(feeds["past_lengths"]):  # written: up to start + T
                 end = start + feeds["x"].shape[1]
                 np.testing.assert_allclose(got[b, :, :end], want[name][b, :, :end], rtol=0,
-                                           atol=1e-4, err_msg=f"{name} at {case.label()}")
+                                           atol=atol, err_msg=f"{name} at {case.label()}")
                 np.testing.assert_array_equal(got[b, :, end:], feeds[past][b, :, end:])
+
+
+def test_cuda_graph_bindings_run_on_the_cpu(binaries, graph_model, tmp_path):
+    """mha_ort's --cuda-graph path (tests/cpp/graph_replays_on_cpu.cpp: GraphReplays itself) on
+    the CPU provider's buffers: a session per shape with its dims fixed, everything bound once,
+    the cache written in place; outputs as Python ORT's, a repeated shape refreshed (its
+    inputs copied into the same buffers). The capture and device copies need a GPU."""
+    program = tmp_path / "graph_replays_on_cpu"
+    ort = BUILD / "ort"
+    r = subprocess.run(["g++", "-std=c++17", "-O1", f"-I{ort / 'include' / 'onnxruntime'}",
+                        f"-I{ROOT / 'cpp'}", str(ROOT / "tests" / "cpp" / f"{program.name}.cpp"),
+                        "-o", str(program), str(ort / "lib" / "libonnxruntime.so.1"), "-ldl",
+                        f"-Wl,-rpath,{ort / 'lib'}"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    dirs = write_case_dirs(tmp_path / "cases", graph_model, GRAPH_CASES)
+    r = run(program, graph_model / "model.onnx", *(d for d, _, _ in dirs))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("without a graph (the CPU provider)") == 3  # 4 cases, 3 shapes
+    _assert_graph_outputs(graph_model, dirs, atol=ATOL)
 
 
 def test_layers_cuda_graph_times_replays_on_cuda_or_exits_3(binaries, graph_model):
