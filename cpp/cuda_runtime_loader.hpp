@@ -1,5 +1,5 @@
 // The few CUDA runtime functions mha_ort and mha_layers call under --cuda-graph (copies between
-// the host and the bound device buffers, a stream, events), found at run time in the libcudart
+// the host and the bound device buffers, the app's own buffers, a stream, events), found at run time in the libcudart
 // that ONNX Runtime's CUDA provider has loaded: no CUDA headers or CUDA link at build time. Call
 // CudaRuntime::get() only once a CUDA session exists (its provider library loaded libcudart).
 // Every status is checked; a failure is one line naming the call and CUDA's own words.
@@ -35,6 +35,12 @@ class CudaRuntime {
         synchronize();
     }
     void synchronize() const { check(device_synchronize_(), "cudaDeviceSynchronize"); }
+    void* allocate(size_t bytes) const {
+        void* p = nullptr;
+        check(malloc_(&p, bytes), "cudaMalloc");
+        return p;
+    }
+    void release(void* p) const { free_(p); }  // in destructors: never throws
 
     Stream create_stream() const {  // non-blocking: the legacy default stream does not wait on it
         Stream s = nullptr;
@@ -71,6 +77,8 @@ class CudaRuntime {
                                     "and cannot be opened (" + std::string(dlerror()) + ")");
         find(handle, "cudaMemcpy", memcpy_);
         find(handle, "cudaDeviceSynchronize", device_synchronize_);
+        find(handle, "cudaMalloc", malloc_);
+        find(handle, "cudaFree", free_);
         find(handle, "cudaGetErrorString", error_string_);
         find(handle, "cudaStreamCreateWithFlags", stream_create_);
         find(handle, "cudaEventCreate", event_create_);
@@ -95,6 +103,8 @@ class CudaRuntime {
     std::string library_;
     int (*memcpy_)(void*, const void*, size_t, int) = nullptr;
     int (*device_synchronize_)() = nullptr;
+    int (*malloc_)(void**, size_t) = nullptr;
+    int (*free_)(void*) = nullptr;
     const char* (*error_string_)(int) = nullptr;
     int (*stream_create_)(Stream*, unsigned) = nullptr;
     int (*event_create_)(Event*) = nullptr;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -47,7 +48,8 @@ const char* const kUsage =
     "                       once on the device (present_* = past_*'s buffers); the case's inputs are copied\n"
     "                       in, run 3 times (ONNX Runtime captures), copied in again and replayed once;\n"
     "                       the outputs are those of the replay. A shape ONNX Runtime will not capture runs\n"
-    "                       without a graph, said on stderr\n"
+    "                       without a graph, said on stderr. With --generate: one device cache of the\n"
+    "                       program's bound by each step shape's session, a shape's later calls replayed\n"
     "float inputs: float32 or float16 .npy (converted to the model's float type); float outputs are\n"
     "written as float32; int64 inputs (attention_mask) must be int64 .npy\n"
     "exit codes: 0 ok, 1 runtime failure, 2 bad input, 3 requested provider unavailable";
@@ -354,6 +356,8 @@ void require_static_step(const ModelIO& io, const std::string& path) {
 // GraphReplays): a new shape's runs repeat the same writes into the cache (idempotent), then the
 // case's inputs are copied in again and the call whose outputs are written is a replay.
 struct GraphReplays {
+    using Shapes = std::map<std::string, std::vector<int64_t>>;  // input name -> its shape
+
     Ort::Env& env;
     const std::string& path;
     const Ort::SessionOptions& base;  // threads, optimization level; no provider yet
@@ -362,21 +366,21 @@ struct GraphReplays {
     Ort::Session& declared;           // names the symbolic dimensions
     const ModelIO& io;
     std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<mha::BoundGraph>> calls;
+    // tests/cpp/graph_replays_on_cpu.cpp: a CPU session per shape and buffers on the host (this
+    // code checked without CUDA); the program: open_graph_session and device buffers
+    std::function<mha::GraphSession(const mha::Dims&)> open_session = nullptr;
+    bool on_host = false;
 
-    // A case's shape: the buffers to bind (y [B, T, D]; present_* are past_*'s) and the symbolic
+    // A call's shape: the buffers to bind (y [B, T, D]; present_* are past_*'s) and the symbolic
     // dimensions it fixes.
     struct Plan {
         std::vector<mha::BufferSpec> inputs, outputs;
         mha::Dims dims;
     };
 
-    Plan plan(const mha::Case& c) const {
+    Plan plan(const Shapes& shapes) const {
         Plan p;
-        std::map<std::string, std::vector<int64_t>> shapes;
-        for (size_t i = 0; i < io.inputs.size(); ++i) {
-            shapes[io.inputs[i].decl.name] = c.inputs[i].shape;
-            p.inputs.push_back({io.inputs[i].decl.name, io.inputs[i].type, c.inputs[i].shape});
-        }
+        for (const auto& t : io.inputs) p.inputs.push_back({t.decl.name, t.type, shapes.at(t.decl.name)});
         for (const auto& t : io.outputs) {
             std::vector<int64_t> shape;
             if (t.decl.name == "y") {
@@ -390,15 +394,17 @@ struct GraphReplays {
         return p;
     }
 
-    std::unique_ptr<mha::BoundGraph> open(const mha::Case& c) {
-        const Plan p = plan(c);
+    std::unique_ptr<mha::BoundGraph> open(const Shapes& shapes, const mha::SharedValues& shared = {}) {
+        const Plan p = plan(shapes);
         mha::FileEntries entries;
-        mha::GraphSession graph = mha::open_graph_session(env, path, base, p.dims, log, nullptr, entries, &known);
+        mha::GraphSession graph = open_session ? open_session(p.dims)
+                                               : mha::open_graph_session(env, path, base, p.dims, log, nullptr,
+                                                                         entries, &known);
         if (graph.captured)
             std::cout << "cuda graph: " << graph.describe(p.dims) << " (captured on its runs 2-3)\n";
         else
             std::cerr << "mha_ort: warning: " << graph.describe(p.dims) << "\n";
-        return mha::bind_graph(std::move(graph), p.inputs, p.outputs);
+        return mha::bind_graph(std::move(graph), p.inputs, p.outputs, on_host, shared);
     }
 
     void load(mha::BoundGraph& call, const mha::Case& c) {
@@ -406,12 +412,18 @@ struct GraphReplays {
             call.load(io.inputs[i].decl.name, mha::host_bytes(c.inputs[i], io.inputs[i].type));
     }
 
+    // One case: its shape's call (opened and captured at the shape's first case), its inputs
+    // copied in, a replay; the outputs in declared order.
     std::vector<mha::Array> operator()(const mha::Case& c) {
         std::vector<std::vector<int64_t>> key;
-        for (const auto& a : c.inputs) key.push_back(a.shape);
+        Shapes shapes;
+        for (size_t i = 0; i < c.inputs.size(); ++i) {
+            key.push_back(c.inputs[i].shape);
+            shapes[io.inputs[i].decl.name] = c.inputs[i].shape;
+        }
         auto& call = calls[key];
         const bool fresh = !call;
-        if (fresh) call = open(c);
+        if (fresh) call = open(shapes);
         load(*call, c);
         if (fresh) {
             for (int i = 0; i < kCaptureRuns; ++i) call->run(Ort::RunOptions{nullptr});
@@ -427,6 +439,97 @@ struct GraphReplays {
         }
         return result;
     }
+
+    // --generate: the case's x in calls of `steps` tokens over ONE cache of the app's (AppBuffer),
+    // bound as past and present by every step shape's session; a shape's first call runs
+    // kCaptureRuns + 1 times (the same writes: idempotent), its later calls are replays. Sessions
+    // are the case's own (a captured graph holds the cache's address). y and the buffers, in
+    // declared output order.
+    std::vector<mha::Array> generate(const mha::Case& c, const std::vector<int64_t>& steps) {
+        const mha::Array& x = c.inputs[0];  // the case holds x, past_key, past_value (in this order)
+        const int64_t batch = x.dim(0), length = x.dim(1), width = x.dim(2);
+        int64_t total = 0;
+        for (int64_t n : steps) total += n;
+        if (total != length)
+            throw mha::UsageError(c.label + ": --generate steps sum to " + std::to_string(total) +
+                                  ", x.npy holds " + std::to_string(length) + " tokens");
+        std::map<std::string, mha::BufferSpec> cache;
+        std::vector<std::unique_ptr<mha::AppBuffer>> memory;  // outlives the values and sessions
+        std::map<std::string, Ort::Value> values;
+        mha::SharedValues shared;
+        for (size_t i : {1, 2}) {
+            const OrtTensor& t = io.inputs[input_index(io, i == 1 ? "past_key" : "past_value")];
+            const mha::BufferSpec spec{t.decl.name, t.type, c.inputs[i].shape};
+            const std::vector<uint8_t> bytes = mha::host_bytes(c.inputs[i], t.type);
+            memory.push_back(std::make_unique<mha::AppBuffer>(bytes.size(), on_host));
+            values.emplace(spec.name, memory.back()->tensor(spec));
+            shared[spec.name] = &values.at(spec.name);
+            cache[spec.name] = spec;
+            copy(memory.back()->data(), bytes.data(), bytes.size());
+        }
+        const bool rotary = declares(io.inputs, "position_ids");
+        std::map<int64_t, std::unique_ptr<mha::BoundGraph>> step_calls;  // the case's own sessions
+        std::vector<int64_t> lengths(batch, 0);
+        std::vector<float> y_all;
+        int64_t out_width = 0, start = 0;
+        for (int64_t n : steps) {
+            mha::Array chunk, past_lengths, positions;  // x[:, start:start + n, :]
+            chunk.shape = std::vector<int64_t>{batch, n, width};
+            for (int64_t b = 0; b < batch; ++b)
+                chunk.data.insert(chunk.data.end(), x.data.begin() + (b * length + start) * width,
+                                  x.data.begin() + (b * length + start + n) * width);
+            past_lengths.kind = positions.kind = mha::Kind::Int64;
+            past_lengths.shape = std::vector<int64_t>{batch};
+            past_lengths.ints = lengths;
+            positions.shape = std::vector<int64_t>{batch, n};
+            for (int64_t b = 0; b < batch; ++b)
+                for (int64_t i = 0; i < n; ++i) positions.ints.push_back(lengths[b] + i);
+            auto& call = step_calls[n];
+            const bool fresh = !call;
+            if (fresh) {
+                Shapes shapes{{"x", chunk.shape}, {"past_lengths", {batch}}, {"position_ids", positions.shape}};
+                for (const auto& [name, spec] : cache) shapes[name] = spec.shape;
+                if (!rotary) shapes.erase("position_ids");
+                call = open(shapes, shared);
+            }
+            const std::map<std::string, const mha::Array*> fresh_inputs{
+                {"x", &chunk}, {"past_lengths", &past_lengths}, {"position_ids", &positions}};
+            for (const auto& [name, array] : fresh_inputs)
+                if (name != "position_ids" || rotary)
+                    call->load(name, mha::host_bytes(*array, call->specs.at(name).type));
+            for (int i = 0; i < (fresh ? kCaptureRuns + 1 : 1); ++i) call->run(Ort::RunOptions{nullptr});
+            const mha::BufferSpec& y_spec = call->specs.at("y");
+            const mha::Array y = mha::from_bytes(call->fetch("y"), y_spec.type, y_spec.shape);
+            out_width = y_spec.shape[2];
+            if (y_all.empty()) y_all.resize(batch * length * out_width);
+            for (int64_t b = 0; b < batch; ++b)
+                std::copy(y.data.begin() + b * n * out_width, y.data.begin() + (b + 1) * n * out_width,
+                          y_all.begin() + (b * length + start) * out_width);
+            for (auto& l : lengths) l += n;
+            start += n;
+        }
+        std::vector<mha::Array> result;
+        for (const auto& t : io.outputs) {
+            if (t.decl.name == "y") {
+                mha::Array y;
+                y.shape = std::vector<int64_t>{batch, length, out_width};
+                y.data = y_all;
+                result.push_back(std::move(y));
+                continue;
+            }
+            const mha::BufferSpec& spec = cache.at(mha::in_place_outputs().at(t.decl.name));
+            std::vector<uint8_t> bytes(static_cast<size_t>(mha::BoundGraph::product(spec.shape)) *
+                                       mha::element_size(spec.type));
+            copy(bytes.data(), values.at(spec.name).GetTensorMutableRawData(), bytes.size());
+            result.push_back(mha::from_bytes(bytes, spec.type, spec.shape));
+        }
+        return result;
+    }
+
+    void copy(void* dst, const void* src, size_t bytes) const {
+        if (on_host) std::copy_n(static_cast<const uint8_t*>(src), bytes, static_cast<uint8_t*>(dst));
+        else mha::CudaRuntime::get().copy(dst, src, bytes);
+    }
 };
 
 int main_ort(int argc, char** argv) {
@@ -441,9 +544,6 @@ int main_ort(int argc, char** argv) {
     if (graph && provider != "cuda")
         throw mha::UsageError("--cuda-graph needs --provider cuda: a CUDA graph replays the CUDA provider's "
                               "kernels");
-    if (graph && args.options.count("--generate"))
-        throw mha::UsageError("--cuda-graph with --generate is not built yet: run the steps as cases "
-                              "(one CASE_DIR per call shape) or drop --cuda-graph");
 
     OrtLog log;
     log.echo = args.flag("--verbose");
@@ -499,6 +599,11 @@ int main_ort(int argc, char** argv) {
         mha::Declaration given = io.decl;  // past_lengths and position_ids are made per call
         given.inputs.clear();
         for (const char* name : {"x", "past_key", "past_value"}) given.inputs.push_back(io.decl.inputs[input_index(io, name)]);
+        if (graph) {  // any float or int8 cache the device buffers hold (require_static_step)
+            const std::vector<mha::Case> cases = mha::read_cases(args, given);
+            GraphReplays replays{env, args.model, options, log, applied, *session, io, {}};
+            return mha::run_cases(given, cases, [&](const mha::Case& c) { return replays.generate(c, steps); });
+        }
         const auto generate_case =
             generate_cache_type(io) == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 ? generate<int8_t> : generate<float>;
         const std::vector<mha::Case> cases = mha::read_cases(args, given);

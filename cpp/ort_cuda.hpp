@@ -201,19 +201,22 @@ inline Array from_bytes(const std::vector<uint8_t>& bytes, ONNXTensorElementData
         }
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: {
             const auto* p = reinterpret_cast<const float*>(bytes.data());
-            a.data.assign(p, p + n);
+            a.data.resize(n);
+            std::copy_n(p, n, a.data.begin());
             break;
         }
         case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: {
             const auto* p = reinterpret_cast<const int64_t*>(bytes.data());
             a.kind = Kind::Int64;
-            a.ints.assign(p, p + n);
+            a.ints.resize(n);
+            std::copy_n(p, n, a.ints.begin());
             break;
         }
         default: {
             const auto* p = reinterpret_cast<const int8_t*>(bytes.data());
             a.kind = Kind::Int8;
-            a.codes.assign(p, p + n);
+            a.codes.resize(n);
+            std::copy_n(p, n, a.codes.begin());
             break;
         }
     }
@@ -265,10 +268,41 @@ inline const std::map<std::string, std::string>& in_place_outputs() {
     return cache;
 }
 
+// Memory of the app's own that several sessions bind (--generate's one cache, bound by every
+// step's session): cudaMalloc'd, or host memory where a test binds on the CPU.
+class AppBuffer {
+  public:
+    AppBuffer(size_t bytes, bool on_host) : on_host_(on_host), host_(on_host ? bytes : 0) {
+        data_ = on_host ? static_cast<void*>(host_.data()) : CudaRuntime::get().allocate(bytes);
+    }
+    ~AppBuffer() {
+        if (!on_host_) CudaRuntime::get().release(data_);
+    }
+    AppBuffer(const AppBuffer&) = delete;
+    AppBuffer& operator=(const AppBuffer&) = delete;
+    void* data() const { return data_; }
+    // A tensor over this memory (not a copy; the buffer must outlive it).
+    Ort::Value tensor(const BufferSpec& spec) const {
+        const size_t bytes = static_cast<size_t>(BoundGraph::product(spec.shape)) * element_size(spec.type);
+        const Ort::MemoryInfo where = on_host_ ? Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault)
+                                               : Ort::MemoryInfo("Cuda", OrtDeviceAllocator, 0, OrtMemTypeDefault);
+        return Ort::Value::CreateTensor(where, data_, bytes, spec.shape.data(), spec.shape.size(), spec.type);
+    }
+
+  private:
+    bool on_host_;
+    std::vector<uint8_t> host_;
+    void* data_ = nullptr;
+};
+
+using SharedValues = std::map<std::string, const Ort::Value*>;
+
 // `on_host`: the buffers from a CPU session's allocator instead of the CUDA one (checks this
-// binding on a machine without CUDA; the programs always bind on the device).
+// binding on a machine without CUDA; the programs always bind on the device). `shared`: inputs
+// bound to the caller's values (kept alive by the caller) instead of buffers of their own.
 inline std::unique_ptr<BoundGraph> bind_graph(GraphSession graph, const std::vector<BufferSpec>& inputs,
-                                              const std::vector<BufferSpec>& outputs, bool on_host = false) {
+                                              const std::vector<BufferSpec>& outputs, bool on_host = false,
+                                              const SharedValues& shared = {}) {
     auto bound = std::make_unique<BoundGraph>();
     bound->graph = std::move(graph);
     bound->on_host = on_host;
@@ -278,6 +312,10 @@ inline std::unique_ptr<BoundGraph> bind_graph(GraphSession graph, const std::vec
     bound->allocator = std::make_unique<Ort::Allocator>(session, where);
     bound->binding = std::make_unique<Ort::IoBinding>(session);
     for (const auto& spec : inputs) {
+        if (shared.count(spec.name)) {
+            bound->binding->BindInput(spec.name.c_str(), *shared.at(spec.name));
+            continue;
+        }
         element_size(spec.type);  // a type this binds, or UsageError
         bound->specs[spec.name] = spec;
         bound->values.emplace(spec.name, Ort::Value::CreateTensor(*bound->allocator, spec.shape.data(),
@@ -287,7 +325,9 @@ inline std::unique_ptr<BoundGraph> bind_graph(GraphSession graph, const std::vec
     for (const auto& spec : outputs) {
         const auto past = in_place_outputs().find(spec.name);
         if (past != in_place_outputs().end()) {
-            bound->binding->BindOutput(spec.name.c_str(), bound->values.at(past->second));
+            const auto outside = shared.find(past->second);
+            bound->binding->BindOutput(spec.name.c_str(), outside != shared.end() ? *outside->second
+                                                                                  : bound->values.at(past->second));
             continue;
         }
         element_size(spec.type);
