@@ -116,7 +116,7 @@ if has parity; then
 fi
 
 # cpp: mha_ort --cuda-graph's outputs beside Python ORT CPU's, mha_layers --cuda-graph's timing
-cpp_cases() {  # mode (write | compare) model_folder case_root
+cpp_cases() {  # mode (write | compare | write-gen | compare-gen) model_folder case_root
   $TO 120 $PY - "$@" <<'PY'
 import sys, pathlib, numpy as np
 from mha_export.artifact import read_artifact
@@ -125,6 +125,44 @@ from mha_export.comparison.comparator import FLOAT16 as TOL
 mode, folder, root = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
 sig = read_artifact(folder).signature
 CASES = [Case(1, 5, 3), Case(1, 1, 8), Case(2, 1, 8), Case(1, 1, 8)]  # the last: a replay
+STEPS = [5, 1, 1, 1]  # --generate 5,1,1,1 over one buffer of 20
+def step_inputs(x, lengths, start, n):
+    return {"x": x[:, start:start + n], "past_lengths": lengths.copy(),
+            "position_ids": (lengths[:, None] + np.arange(n)).astype(np.int64)}
+if mode == "write-gen":
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    width = next(t for t in sig.inputs if t.name == "x").shape[-1]
+    np.save(root / "x.npy", rng.standard_normal((1, sum(STEPS), width)).astype(np.float32))
+    for name in ("past_key", "past_value"):
+        np.save(root / f"{name}.npy", rng.standard_normal(sig.cache_buffer(name, 1, 20)).astype(np.float16))
+    sys.exit(0)
+if mode == "compare-gen":  # Python ONNX Runtime on the CPU, the same calls over one bound buffer
+    import onnxruntime as ort
+    from mha_export.check.runners.ort_calls import BoundCache
+    from mha_export.check.runners.ort_values import NUMPY_DTYPES
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    dtypes = {i.name: NUMPY_DTYPES[i.type] for i in session.get_inputs()}
+    buffers = {n: np.load(root / f"{n}.npy").astype(dtypes[n]) for n in ("past_key", "past_value")}
+    call, x = BoundCache(session, buffers, dtypes), np.load(root / "x.npy")
+    lengths, start, ys = np.zeros(1, np.int64), 0, []
+    for n in STEPS:
+        feeds = step_inputs(x, lengths, start, n)
+        ys.append(call({k: v for k, v in feeds.items() if k in dtypes}))
+        lengths, start = lengths + n, start + n
+    want = {"y": np.concatenate(ys, axis=1), "present_key": buffers["past_key"],
+            "present_value": buffers["past_value"]}
+    bad, worst = [], 0.0
+    for name, ref in want.items():
+        got, ref = np.load(root / f"{name}.npy"), np.asarray(ref, np.float32)
+        d_max = float(np.abs(got - ref).max())
+        worst = max(worst, d_max)
+        limit = TOL.atol + TOL.rtol * np.abs(ref) + TOL.scaled * float(np.abs(ref).max())
+        if got.shape != ref.shape or not np.all(np.abs(got - ref) <= limit):
+            bad.append(f"{name} (max|d| {d_max:.3g})")
+    print(("PASS" if not bad else "FAIL") + f" mha_ort --cuda-graph --generate 5,1,1,1 vs Python "
+          f"ORT CPU ({TOL}): max|d| {worst:.3g}" + ("; " + "; ".join(bad) if bad else ""))
+    sys.exit(1 if bad else 0)
 if mode == "write":
     for i, case in enumerate(CASES):
         (root / f"case{i}").mkdir(parents=True, exist_ok=True)
@@ -184,6 +222,13 @@ print(':'.join(sorted({os.path.dirname(p) for d in dirs for p in glob.glob(d + '
         run_cpp "$CPP_BIN/mha_ort" "$m/model.onnx" "$R"/m/cpp-cases-$f/case* --provider cuda --cuda-graph 2>&1
         rc=$?; echo "mha_ort rc=$rc"
         if [ $rc = 0 ]; then cpp_cases compare "$m" "$R/m/cpp-cases-$f"
+        else echo "SKIPPED the comparison: mha_ort did not run (rc=$rc, its reason above)"; fi
+        echo "== $f: mha_ort --provider cuda --cuda-graph --generate 5,1,1,1"
+        cpp_cases write-gen "$m" "$R/m/cpp-gen-$f"
+        run_cpp "$CPP_BIN/mha_ort" "$m/model.onnx" "$R/m/cpp-gen-$f" --provider cuda --cuda-graph \
+          --generate 5,1,1,1 2>&1
+        rc=$?; echo "mha_ort --generate rc=$rc"
+        if [ $rc = 0 ]; then cpp_cases compare-gen "$m" "$R/m/cpp-gen-$f"
         else echo "SKIPPED the comparison: mha_ort did not run (rc=$rc, its reason above)"; fi
       done
       if [ ${#models[@]} -gt 0 ]; then
