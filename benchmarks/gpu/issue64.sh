@@ -13,8 +13,9 @@
 #      path, SMOLLM2_GGUF=file; else SKIPPED with the reason);
 #   cpp (after the parity): the C++ programs replaying the static step as CUDA graphs: mha_ort
 #      --provider cuda --cuda-graph on the parity's layer in fp16 (forms CPP_FORMS, default auto
-#      and contrib-gqa-packed) over case folders written by Python, its y/present compared with
-#      Python ONNX Runtime on the CPU (fp16's tolerance); then mha_layers --cuda-graph timing
+#      and contrib-gqa-packed) over case folders written by Python, and with --generate 5,1,1,1,
+#      its y/present compared with Python ONNX Runtime on the CPU (fp16's tolerance), the prefill
+#      and decode shapes each replayed as a graph; then mha_layers --cuda-graph timing
 #      every layer's replayed step with CUDA events. The GPU machine has no compiler: carry what
 #      `make cpp` built here, CPP_BIN=build/cpp (the default) holding
 #        build/cpp/mha_ort  build/cpp/mha_layers  build/cpp/ort/include/  (the ORT headers)
