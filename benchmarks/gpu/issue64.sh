@@ -273,7 +273,7 @@ fi
   for f in "$R"/bench-*.json; do
     [ -f "$f" ] && { echo "== $(basename "$f")"; $TO 60 $MX bench --from-json "$f"; }
   done
-  [ -f "$R/cpp.txt" ] && { echo "== cpp"; grep -E "SKIPPED|PASS|FAIL|rc=|Error|ms a step|replayed|without a graph" "$R/cpp.txt" | cut -c1-400; }
+  [ -f "$R/cpp.txt" ] && { echo "== cpp"; grep -E "^==|SKIPPED|PASS|FAIL|rc=|Error|ms a step|replayed|without a graph" "$R/cpp.txt" | cut -c1-400; }
   cat "$R/eval.txt" 2>/dev/null
   for f in "$R"/eval-*.txt; do [ -f "$f" ] && echo "$(basename "$f" .txt): $(tail -n 1 "$f")"; done
 } > "$R/summary.txt" 2>&1
