@@ -8,18 +8,22 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "npy.hpp"
+#include "ort_cuda.hpp"
 #include "ort_session.hpp"
 
 namespace {
 
 const char* const kUsage =
-    "usage: mha_ort MODEL.onnx CASE_DIR [CASE_DIR ...] [--provider cpu|cuda] [--threads N] [--info] [--verbose]\n"
+    "usage: mha_ort MODEL.onnx CASE_DIR [CASE_DIR ...] [--provider cpu|cuda] [--cuda-graph] [--threads N] [--info]\n"
+    "               [--verbose]\n"
     "       mha_ort MODEL.onnx IN.npy OUT.npy [IN2.npy OUT2.npy ...] [options]   (one-input, one-output models)\n"
     "  CASE_DIR             a folder holding NAME.npy for every input the model declares (see --info);\n"
     "                       every declared output is written there as NAME.npy. One session runs them all\n"
@@ -39,6 +43,13 @@ const char* const kUsage =
     "                       and the buffers after the last call (present_key.npy, present_value.npy).\n"
     "                       An int8-cache model (--kv-cache-dtype int8) takes int8 buffers ('|i1' .npy:\n"
     "                       codes, value = code * the model's scale) and writes its int8 codes back\n"
+    "  --cuda-graph         with --provider cuda, a static-cache model: each case's shape gets its own\n"
+    "                       session (symbolic dims fixed, enable_cuda_graph=1), every input and output bound\n"
+    "                       once on the device (present_* = past_*'s buffers); the case's inputs are copied\n"
+    "                       in, run 3 times (ONNX Runtime captures), copied in again and replayed once;\n"
+    "                       the outputs are those of the replay. A shape ONNX Runtime will not capture runs\n"
+    "                       without a graph, said on stderr. With --generate: one device cache of the\n"
+    "                       program's bound by each step shape's session, a shape's later calls replayed\n"
     "float inputs: float32 or float16 .npy (converted to the model's float type); float outputs are\n"
     "written as float32; int64 inputs (attention_mask) must be int64 .npy\n"
     "exit codes: 0 ok, 1 runtime failure, 2 bad input, 3 requested provider unavailable";
@@ -46,53 +57,8 @@ const char* const kUsage =
 using mha::Clock;
 using mha::ms_since;
 
-// ONNX Runtime's log goes here rather than to stderr, so that errors stay one line; the lines
-// are searched for the real cause when a provider library fails to load.
-struct OrtLog {
-    std::vector<std::string> lines;
-    bool echo = false;
-};
-
-void ORT_API_CALL log_sink(void* param, OrtLoggingLevel, const char*, const char*, const char*,
-                           const char* message) {
-    auto* log = static_cast<OrtLog*>(param);
-    log->lines.emplace_back(message);
-    if (log->echo) std::cerr << "[onnxruntime] " << message << std::endl;
-}
-
-// "libcublasLt.so.13: cannot open shared object file: ..." out of ORT's load failure line.
-std::string load_cause(const OrtLog& log, const std::string& exception_text) {
-    std::vector<std::string> texts{exception_text};
-    texts.insert(texts.end(), log.lines.rbegin(), log.lines.rend());
-    for (const auto& text : texts)
-        if (auto at = text.find("with error: "); at != std::string::npos) return mha::first_line(text.substr(at + 12));
-    return mha::first_line(exception_text);
-}
-
-// Appends the requested provider. CUDA that cannot load is DeviceUnavailable (exit 3): this
-// program never runs on the CPU when CUDA was asked for.
-void append_provider(Ort::SessionOptions& options, const std::string& provider, const OrtLog& log) {
-    if (provider == "cpu") return;  // the CPU provider is always there
-    const auto available = Ort::GetAvailableProviders();
-    if (std::find(available.begin(), available.end(), "CUDAExecutionProvider") == available.end())
-        throw mha::DeviceUnavailable("--provider cuda: this ONNX Runtime library has no CUDAExecutionProvider "
-                                     "(use the onnxruntime-gpu build)");
-    const OrtApi& api = Ort::GetApi();
-    OrtCUDAProviderOptionsV2* cuda = nullptr;
-    try {
-        Ort::ThrowOnError(api.CreateCUDAProviderOptions(&cuda));
-        // Strict float32 matmuls (no TF32), so results stay within float32 parity of the CPU.
-        const char* keys[] = {"device_id", "use_tf32"};
-        const char* values[] = {"0", "0"};
-        Ort::ThrowOnError(api.UpdateCUDAProviderOptions(cuda, keys, values, 2));
-        options.AppendExecutionProvider_CUDA_V2(*cuda);
-        api.ReleaseCUDAProviderOptions(cuda);
-    } catch (const Ort::Exception& e) {
-        if (cuda) api.ReleaseCUDAProviderOptions(cuda);
-        throw mha::DeviceUnavailable("--provider cuda: CUDAExecutionProvider could not be loaded (" +
-                                     load_cause(log, e.what()) + "); not falling back to CPU");
-    }
-}
+using mha::append_provider;
+using mha::OrtLog;
 
 std::string type_name(ONNXTensorElementDataType t) {
     switch (t) {
@@ -362,45 +328,259 @@ std::vector<mha::Array> generate(Ort::Session& session, const ModelIO& io, const
     return {y, key, value};
 }
 
+// ---- --cuda-graph: the static step replayed as a CUDA graph, as an app replays it -------------
+
+constexpr int kCaptureRuns = 3;  // ONNX Runtime (1.31) runs a shape twice before it captures
+
+bool declares(const std::vector<OrtTensor>& list, const std::string& name) {
+    return std::any_of(list.begin(), list.end(), [&](const OrtTensor& t) { return t.decl.name == name; });
+}
+
+// --cuda-graph replays the static-cache step only: x, past_key, past_value, past_lengths[,
+// position_ids] -> y, present_key, present_value (the shapes and addresses a graph fixes).
+void require_static_step(const ModelIO& io, const std::string& path) {
+    const std::string why = "--cuda-graph replays fixed shapes and addresses: only the static-cache step "
+                            "(mha-export onnx --static-cache) has them; " + path;
+    for (const char* name : {"x", "past_key", "past_value", "past_lengths"})
+        if (!declares(io.inputs, name)) throw mha::UsageError(why + " has no input '" + name + "'");
+    for (const char* name : {"y", "present_key", "present_value"})
+        if (!declares(io.outputs, name)) throw mha::UsageError(why + " has no output '" + name + "'");
+    for (const auto& t : io.outputs)
+        if (t.decl.name != "y" && !mha::in_place_outputs().count(t.decl.name))
+            throw mha::UsageError(why + " also gives '" + t.decl.name + "', which --cuda-graph does not bind");
+    for (const auto& t : io.outputs)
+        if (t.decl.name == "y" && t.decl.dims.size() != 3) throw mha::UsageError(path + ": y is not [B, T, D]");
+}
+
+// Per input shape a bound, captured session (mha_export/check/runners/ort_graphs.py's
+// GraphReplays): a new shape's runs repeat the same writes into the cache (idempotent), then the
+// case's inputs are copied in again and the call whose outputs are written is a replay.
+struct GraphReplays {
+    using Shapes = std::map<std::string, std::vector<int64_t>>;  // input name -> its shape
+
+    Ort::Env& env;
+    const std::string& path;
+    const Ort::SessionOptions& base;  // threads, optimization level; no provider yet
+    const OrtLog& log;
+    const mha::FileEntries& known;    // the file's config entries (read once)
+    Ort::Session& declared;           // names the symbolic dimensions
+    const ModelIO& io;
+    std::map<std::vector<std::vector<int64_t>>, std::unique_ptr<mha::BoundGraph>> calls;
+    // tests/cpp/graph_replays_on_cpu.cpp: a CPU session per shape and buffers on the host (this
+    // code checked without CUDA); the program: open_graph_session and device buffers
+    std::function<mha::GraphSession(const mha::Dims&)> open_session = nullptr;
+    bool on_host = false;
+
+    // A call's shape: the buffers to bind (y [B, T, D]; present_* are past_*'s) and the symbolic
+    // dimensions it fixes.
+    struct Plan {
+        std::vector<mha::BufferSpec> inputs, outputs;
+        mha::Dims dims;
+    };
+
+    Plan plan(const Shapes& shapes) const {
+        Plan p;
+        for (const auto& t : io.inputs) p.inputs.push_back({t.decl.name, t.type, shapes.at(t.decl.name)});
+        for (const auto& t : io.outputs) {
+            std::vector<int64_t> shape;
+            if (t.decl.name == "y") {
+                const auto& x = shapes.at("x");
+                if (t.decl.dims[2] <= 0) throw mha::UsageError(path + ": y's last dimension is not fixed");
+                shape = {x[0], x[1], t.decl.dims[2]};
+            }
+            p.outputs.push_back({t.decl.name, t.type, shape});
+        }
+        p.dims = mha::fixed_dims(declared, shapes);
+        return p;
+    }
+
+    std::unique_ptr<mha::BoundGraph> open(const Shapes& shapes, const mha::SharedValues& shared = {}) {
+        const Plan p = plan(shapes);
+        mha::FileEntries entries;
+        mha::GraphSession graph = open_session ? open_session(p.dims)
+                                               : mha::open_graph_session(env, path, base, p.dims, log, nullptr,
+                                                                         entries, &known);
+        if (graph.captured)
+            std::cout << "cuda graph: " << graph.describe(p.dims) << " (captured on its runs 2-3)\n";
+        else
+            std::cerr << "mha_ort: warning: " << graph.describe(p.dims) << "\n";
+        return mha::bind_graph(std::move(graph), p.inputs, p.outputs, on_host, shared);
+    }
+
+    void load(mha::BoundGraph& call, const mha::Case& c) {
+        for (size_t i = 0; i < io.inputs.size(); ++i)
+            call.load(io.inputs[i].decl.name, mha::host_bytes(c.inputs[i], io.inputs[i].type));
+    }
+
+    // One case: its shape's call (opened and captured at the shape's first case), its inputs
+    // copied in, a replay; the outputs in declared order.
+    std::vector<mha::Array> operator()(const mha::Case& c) {
+        std::vector<std::vector<int64_t>> key;
+        Shapes shapes;
+        for (size_t i = 0; i < c.inputs.size(); ++i) {
+            key.push_back(c.inputs[i].shape);
+            shapes[io.inputs[i].decl.name] = c.inputs[i].shape;
+        }
+        auto& call = calls[key];
+        const bool fresh = !call;
+        if (fresh) call = open(shapes);
+        load(*call, c);
+        if (fresh) {
+            for (int i = 0; i < kCaptureRuns; ++i) call->run(Ort::RunOptions{nullptr});
+            load(*call, c);  // the original past buffers again: the captures wrote the cache
+        }
+        call->run(Ort::RunOptions{nullptr});  // a replay
+        std::vector<mha::Array> result;
+        for (const auto& t : io.outputs) {
+            const auto past = mha::in_place_outputs().find(t.decl.name);
+            const std::string source = past == mha::in_place_outputs().end() ? t.decl.name : past->second;
+            const mha::BufferSpec& spec = call->specs.at(source);
+            result.push_back(mha::from_bytes(call->fetch(source), spec.type, spec.shape));
+        }
+        return result;
+    }
+
+    // --generate: the case's x in calls of `steps` tokens over ONE cache of the app's (AppBuffer),
+    // bound as past and present by every step shape's session; a shape's first call runs
+    // kCaptureRuns + 1 times (the same writes: idempotent), its later calls are replays. Sessions
+    // are the case's own (a captured graph holds the cache's address). y and the buffers, in
+    // declared output order.
+    std::vector<mha::Array> generate(const mha::Case& c, const std::vector<int64_t>& steps) {
+        const mha::Array& x = c.inputs[0];  // the case holds x, past_key, past_value (in this order)
+        const int64_t batch = x.dim(0), length = x.dim(1), width = x.dim(2);
+        int64_t total = 0;
+        for (int64_t n : steps) total += n;
+        if (total != length)
+            throw mha::UsageError(c.label + ": --generate steps sum to " + std::to_string(total) +
+                                  ", x.npy holds " + std::to_string(length) + " tokens");
+        std::map<std::string, mha::BufferSpec> cache;
+        std::vector<std::unique_ptr<mha::AppBuffer>> memory;  // outlives the values and sessions
+        std::map<std::string, Ort::Value> values;
+        mha::SharedValues shared;
+        for (size_t i : {1, 2}) {
+            const OrtTensor& t = io.inputs[input_index(io, i == 1 ? "past_key" : "past_value")];
+            const mha::BufferSpec spec{t.decl.name, t.type, c.inputs[i].shape};
+            const std::vector<uint8_t> bytes = mha::host_bytes(c.inputs[i], t.type);
+            memory.push_back(std::make_unique<mha::AppBuffer>(bytes.size(), on_host));
+            values.emplace(spec.name, memory.back()->tensor(spec));
+            shared[spec.name] = &values.at(spec.name);
+            cache[spec.name] = spec;
+            copy(memory.back()->data(), bytes.data(), bytes.size());
+        }
+        const bool rotary = declares(io.inputs, "position_ids");
+        std::map<int64_t, std::unique_ptr<mha::BoundGraph>> step_calls;  // the case's own sessions
+        std::vector<int64_t> lengths(batch, 0);
+        std::vector<float> y_all;
+        int64_t out_width = 0, start = 0;
+        for (int64_t n : steps) {
+            mha::Array chunk, past_lengths, positions;  // x[:, start:start + n, :]
+            chunk.shape = std::vector<int64_t>{batch, n, width};
+            for (int64_t b = 0; b < batch; ++b)
+                chunk.data.insert(chunk.data.end(), x.data.begin() + (b * length + start) * width,
+                                  x.data.begin() + (b * length + start + n) * width);
+            past_lengths.kind = positions.kind = mha::Kind::Int64;
+            past_lengths.shape = std::vector<int64_t>{batch};
+            past_lengths.ints = lengths;
+            positions.shape = std::vector<int64_t>{batch, n};
+            for (int64_t b = 0; b < batch; ++b)
+                for (int64_t i = 0; i < n; ++i) positions.ints.push_back(lengths[b] + i);
+            auto& call = step_calls[n];
+            const bool fresh = !call;
+            if (fresh) {
+                Shapes shapes{{"x", chunk.shape}, {"past_lengths", {batch}}, {"position_ids", positions.shape}};
+                for (const auto& [name, spec] : cache) shapes[name] = spec.shape;
+                if (!rotary) shapes.erase("position_ids");
+                call = open(shapes, shared);
+            }
+            const std::map<std::string, const mha::Array*> fresh_inputs{
+                {"x", &chunk}, {"past_lengths", &past_lengths}, {"position_ids", &positions}};
+            for (const auto& [name, array] : fresh_inputs)
+                if (name != "position_ids" || rotary)
+                    call->load(name, mha::host_bytes(*array, call->specs.at(name).type));
+            for (int i = 0; i < (fresh ? kCaptureRuns + 1 : 1); ++i) call->run(Ort::RunOptions{nullptr});
+            const mha::BufferSpec& y_spec = call->specs.at("y");
+            const mha::Array y = mha::from_bytes(call->fetch("y"), y_spec.type, y_spec.shape);
+            out_width = y_spec.shape[2];
+            if (y_all.empty()) y_all.resize(batch * length * out_width);
+            for (int64_t b = 0; b < batch; ++b)
+                std::copy(y.data.begin() + b * n * out_width, y.data.begin() + (b + 1) * n * out_width,
+                          y_all.begin() + (b * length + start) * out_width);
+            for (auto& l : lengths) l += n;
+            start += n;
+        }
+        std::vector<mha::Array> result;
+        for (const auto& t : io.outputs) {
+            if (t.decl.name == "y") {
+                mha::Array y;
+                y.shape = std::vector<int64_t>{batch, length, out_width};
+                y.data = y_all;
+                result.push_back(std::move(y));
+                continue;
+            }
+            const mha::BufferSpec& spec = cache.at(mha::in_place_outputs().at(t.decl.name));
+            std::vector<uint8_t> bytes(static_cast<size_t>(mha::BoundGraph::product(spec.shape)) *
+                                       mha::element_size(spec.type));
+            copy(bytes.data(), values.at(spec.name).GetTensorMutableRawData(), bytes.size());
+            result.push_back(mha::from_bytes(bytes, spec.type, spec.shape));
+        }
+        return result;
+    }
+
+    void copy(void* dst, const void* src, size_t bytes) const {
+        if (on_host) std::copy_n(static_cast<const uint8_t*>(src), bytes, static_cast<uint8_t*>(dst));
+        else mha::CudaRuntime::get().copy(dst, src, bytes);
+    }
+};
+
 int main_ort(int argc, char** argv) {
     const mha::Args args = mha::parse_args(argc, argv, kUsage, {"--provider", "--threads", "--generate"},
-                                           {"--info", "--verbose", "--spin"}, {"--info"});
+                                           {"--info", "--verbose", "--spin", "--cuda-graph"}, {"--info"});
     const std::string provider = args.option("--provider", "cpu");
     if (provider != "cpu" && provider != "cuda")
         throw mha::UsageError("--provider must be cpu or cuda, got '" + provider + "'");
     const int threads = args.options.count("--threads") ? mha::parse_positive_int("--threads", args.option("--threads", "")) : 0;
     mha::require_file(args.model, "model");
+    const bool graph = args.flag("--cuda-graph");
+    if (graph && provider != "cuda")
+        throw mha::UsageError("--cuda-graph needs --provider cuda: a CUDA graph replays the CUDA provider's "
+                              "kernels");
 
     OrtLog log;
     log.echo = args.flag("--verbose");
-    Ort::Env env(ORT_LOGGING_LEVEL_WARNING, "mha_ort", log_sink, &log);
+    Ort::Env env(ORT_LOGGING_LEVEL_WARNING, "mha_ort", mha::log_sink, &log);
     Ort::SessionOptions options;
     options.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
     if (threads) options.SetIntraOpNumThreads(threads);
     options.SetInterOpNumThreads(1);
     // Sessions run in turn (one per layer) must not leave threads spinning for the next one.
     options.AddConfigEntry("session.intra_op.allow_spinning", args.flag("--spin") ? "1" : "0");
-    append_provider(options, provider, log);
+    // --cuda-graph: this session only declares the inputs and outputs (on the CPU, unoptimized);
+    // each input shape gets its own CUDA session (GraphReplays)
+    Ort::SessionOptions declaring = graph ? options.Clone() : Ort::SessionOptions{nullptr};
+    if (graph) declaring.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_DISABLE_ALL);
+    else append_provider(options, provider, log);
 
     const auto t0 = Clock::now();
     std::unique_ptr<Ort::Session> session;
     mha::FileEntries applied;  // the config entries the file needs (float8: folded at load)
     try {
-        session = mha::open_session(env, args.model, options, applied);
+        session = mha::open_session(env, args.model, graph ? declaring : options, applied);
     } catch (const Ort::Exception& e) {
-        const std::string what = e.what();
-        if (provider == "cuda" && (what.find("CUDA") != std::string::npos || what.find("cuda") != std::string::npos))
-            throw mha::DeviceUnavailable("--provider cuda: the CUDA session could not start (" + mha::first_line(what) +
-                                         "); not falling back to CPU");
-        throw mha::UsageError("cannot load model " + args.model + ": " + mha::first_line(what));
+        mha::open_failed(provider, args.model, e.what());
     }
     const std::string session_time = ms_since(t0);
     const ModelIO io = model_io(*session);
+    if (graph) {  // refused before CUDA is tried; CUDA must start before any line says it runs
+        require_static_step(io, args.model);
+        Ort::SessionOptions probe = options.Clone();
+        append_provider(probe, provider, log);
+    }
 
     // The provider reported is the one appended above: session creation throws if it cannot start.
     std::cout << "onnxruntime " << Ort::GetVersionString() << ", provider: "
-              << (provider == "cuda" ? "CUDAExecutionProvider (nodes it lacks run on CPUExecutionProvider)"
-                                     : "CPUExecutionProvider")
+              << (graph ? "CUDAExecutionProvider replaying CUDA graphs (a session per input shape)"
+                  : provider == "cuda" ? "CUDAExecutionProvider (nodes it lacks run on CPUExecutionProvider)"
+                                       : "CPUExecutionProvider")
               << ", intra-op threads: " << (threads ? std::to_string(threads) : "default")
               << (args.flag("--spin") ? " (spinning)" : " (asleep between runs)") << ", session "
               << session_time;
@@ -413,18 +593,27 @@ int main_ort(int argc, char** argv) {
     // Every input of every case is read and checked before anything runs: bad input leaves no
     // output behind.
     const bool generating = args.options.count("--generate") > 0;
-    require_supported(io, args.model, generating);
+    require_supported(io, args.model, generating || graph);
     if (generating) {
         const std::vector<int64_t> steps = parse_steps(args.option("--generate", ""));
         mha::Declaration given = io.decl;  // past_lengths and position_ids are made per call
         given.inputs.clear();
         for (const char* name : {"x", "past_key", "past_value"}) given.inputs.push_back(io.decl.inputs[input_index(io, name)]);
+        if (graph) {  // any float or int8 cache the device buffers hold (require_static_step)
+            const std::vector<mha::Case> cases = mha::read_cases(args, given);
+            GraphReplays replays{env, args.model, options, log, applied, *session, io, {}};
+            return mha::run_cases(given, cases, [&](const mha::Case& c) { return replays.generate(c, steps); });
+        }
         const auto generate_case =
             generate_cache_type(io) == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8 ? generate<int8_t> : generate<float>;
         const std::vector<mha::Case> cases = mha::read_cases(args, given);
         return mha::run_cases(given, cases, [&](const mha::Case& c) { return generate_case(*session, io, c, steps); });
     }
     const std::vector<mha::Case> cases = mha::read_cases(args, io.decl);
+    if (graph) {
+        GraphReplays replays{env, args.model, options, log, applied, *session, io, {}};
+        return mha::run_cases(io.decl, cases, [&](const mha::Case& c) { return replays(c); });
+    }
 
     return mha::run_cases(io.decl, cases, [&](const mha::Case& c) { return run(*session, io, c); });
 }

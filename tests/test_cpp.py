@@ -596,6 +596,171 @@ def test_ort_generate_int8_cache_matches_python(binaries, tmp_path, form):
     assert "'past_key' is int8" in line and "--generate" in line, line
 
 
+# --- --cuda-graph: the static step replayed as a CUDA graph (mha_ort, mha_layers) ---------------
+
+# the last: the second's shape again (its buffers refreshed, the call replayed), other values
+GRAPH_CASES = [Case(2, 5, 3), Case(2, 1, 7), Case(2, 1, 4), Case(2, 1, 7, "left")]
+
+
+@pytest.fixture(scope="module")
+def graph_model(tmp_path_factory) -> Path:
+    """A static-cache export (x, past_key, past_value, past_lengths, position_ids)."""
+    root = tmp_path_factory.mktemp("graph")
+    return export_onnx(STATIC_CONFIG, root / "m", static_cache=True, validate=False).path
+
+
+def _cuda_graph_reason(folder: Path) -> str | None:
+    """Why Python ONNX Runtime cannot run this file on CUDA here, or None (it can)."""
+    return _python_ort_cuda_reason(folder / "model.onnx")
+
+
+def test_cuda_graph_needs_the_cuda_provider(binaries, graph_model, tmp_path):
+    [(d, _, _)] = write_case_dirs(tmp_path, graph_model, GRAPH_CASES[:1])
+    r = run(binaries["ort"], graph_model / "model.onnx", d, "--cuda-graph")
+    assert "--cuda-graph needs --provider cuda" in one_error_line(r)
+    assert not (d / "y.npy").exists()
+    r = run(binaries["layers"], graph_model / "model.onnx", "--cuda-graph", "--pool", "busy")
+    assert "--pool must be" in one_error_line(r)
+
+
+def test_cuda_graph_refuses_a_model_without_a_static_cache(binaries, artifacts, tmp_path):
+    """A kv-cache (growing) model: refused before CUDA is tried, so exit 2 on any machine."""
+    folder = artifacts["kv", "onnx"]
+    [(d, _, _)] = write_case_dirs(tmp_path, folder, KV_CASES[:1])
+    r = run(binaries["ort"], folder / "model.onnx", d, "--provider", "cuda", "--cuda-graph")
+    line = one_error_line(r)
+    assert "only the static-cache step" in line and "no input 'past_lengths'" in line
+    assert not (d / "y.npy").exists()
+    r = run(binaries["layers"], folder / "model.onnx", "--cuda-graph")
+    assert "not a static-cache model" in one_error_line(r)
+
+
+def test_cuda_graph_replays_on_cuda_or_exits_3(binaries, graph_model, tmp_path):
+    """mha_ort --provider cuda --cuda-graph: where CUDA runs, each case's outputs (those of a
+    replay) are Python ONNX Runtime's on the CPU; elsewhere exit 3 with the CUDA reason, one
+    line, nothing written."""
+    dirs = write_case_dirs(tmp_path, graph_model, GRAPH_CASES)
+    r = run(binaries["ort"], graph_model / "model.onnx", *(d for d, _, _ in dirs),
+            "--provider", "cuda", "--cuda-graph")
+    if _cuda_graph_reason(graph_model) is not None:
+        line = one_error_line(r, code=3)
+        assert "CUDAExecutionProvider" in line and "not falling back to CPU" in line
+        assert not any((d / "y.npy").exists() for d, _, _ in dirs)
+        return
+    assert r.returncode == 0, r.stderr
+    assert "replayed as a CUDA graph" in r.stdout or "without a graph (" in r.stderr
+    _assert_graph_outputs(graph_model, dirs, atol=1e-4)
+
+
+def test_cuda_graph_generate_on_cuda_or_exits_3(binaries, graph_model, tmp_path):
+    """mha_ort --provider cuda --cuda-graph --generate 5,1,1,1: where CUDA runs, y and the
+    buffers as mha_ort --generate's on the CPU (the T=1 step replayed); elsewhere exit 3."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 8, STATIC_CONFIG.d_in)).astype(np.float32)
+    shape = signature_of(graph_model).cache_buffer("past_key", 1, 20)
+    feeds = {"x": x, **{n: rng.standard_normal(shape).astype(np.float32)
+                        for n in ("past_key", "past_value")}}
+    folders = {k: tmp_path / k for k in ("cpu", "cuda")}
+    for folder in folders.values():
+        folder.mkdir()
+        for name, a in feeds.items():
+            np.save(folder / f"{name}.npy", a)
+    model = graph_model / "model.onnx"
+    r = run(binaries["ort"], model, folders["cuda"], "--provider", "cuda", "--cuda-graph",
+            "--generate", "5,1,1,1")
+    if _cuda_graph_reason(graph_model) is not None:
+        assert "not falling back to CPU" in one_error_line(r, code=3)
+        assert not (folders["cuda"] / "y.npy").exists()
+        return
+    assert r.returncode == 0, r.stderr
+    assert run(binaries["ort"], model, folders["cpu"], "--generate", "5,1,1,1").returncode == 0
+    for name in ("y", "present_key", "present_value"):
+        np.testing.assert_allclose(np.load(folders["cuda"] / f"{name}.npy"),
+                                   np.load(folders["cpu"] / f"{name}.npy"), rtol=0, atol=1e-4,
+                                   err_msg=name)
+
+
+def _assert_graph_outputs(graph_model: Path, dirs, atol: float) -> None:
+    """y as Python ORT's on the CPU; the buffers as its present up to past + T, and untouched
+    beyond (written in place: the out-of-place reference leaves that part undefined)."""
+    cpu = OrtRunner(signature_of(graph_model), graph_model / "model.onnx", "cpu")
+    for d, case, feeds in dirs:
+        want = cpu.run(feeds)
+        np.testing.assert_allclose(np.load(d / "y.npy"), want["y"], rtol=0, atol=atol,
+                                   err_msg=f"y at {case.label()}")
+        for name, past in (("present_key", "past_key"), ("present_value", "past_value")):
+            got = np.load(d / f"{name}.npy")
+            for b, start in enumerate(feeds["past_lengths"]):  # written: up to start + T
+                end = start + feeds["x"].shape[1]
+                np.testing.assert_allclose(got[b, :, :end], want[name][b, :, :end], rtol=0,
+                                           atol=atol, err_msg=f"{name} at {case.label()}")
+                np.testing.assert_array_equal(got[b, :, end:], feeds[past][b, :, end:])
+
+
+@pytest.fixture(scope="module")
+def graph_on_cpu(binaries, tmp_path_factory) -> Path:
+    """tests/cpp/graph_replays_on_cpu.cpp built against build/cpp's ONNX Runtime: mha_ort's own
+    --cuda-graph code (GraphReplays) on the CPU provider, its buffers on the host."""
+    program = tmp_path_factory.mktemp("graph-on-cpu") / "graph_replays_on_cpu"
+    ort = BUILD / "ort"
+    r = subprocess.run(["g++", "-std=c++17", "-O1", f"-I{ort / 'include' / 'onnxruntime'}",
+                        f"-I{ROOT / 'cpp'}", str(ROOT / "tests" / "cpp" / f"{program.name}.cpp"),
+                        "-o", str(program), str(ort / "lib" / "libonnxruntime.so.1"), "-ldl",
+                        f"-Wl,-rpath,{ort / 'lib'}"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return program
+
+
+def test_cuda_graph_bindings_run_on_the_cpu(graph_on_cpu, graph_model, tmp_path):
+    """mha_ort's --cuda-graph path on the CPU provider's buffers: a session per shape with its
+    dims fixed, everything bound once, the cache written in place; outputs as Python ORT's, a
+    repeated shape refreshed (its inputs copied into the same buffers). The capture and the
+    device copies need a GPU."""
+    dirs = write_case_dirs(tmp_path / "cases", graph_model, GRAPH_CASES)
+    r = run(graph_on_cpu, graph_model / "model.onnx", *(d for d, _, _ in dirs))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("without a graph (the CPU provider)") == 3  # 4 cases, 3 shapes
+    _assert_graph_outputs(graph_model, dirs, atol=ATOL)
+
+
+def test_cuda_graph_generate_binds_one_cache_on_the_cpu(binaries, graph_on_cpu, graph_model,
+                                                        tmp_path):
+    """--generate 5,1,1,1 under --cuda-graph's code: one cache of the app's bound by both step
+    shapes' sessions (T=5, T=1: two sessions, the T=1 one called three times); y and the buffers
+    as mha_ort --generate's on the CPU."""
+    rng = np.random.default_rng(4)
+    cases = {}
+    for name in ("plain", "graph"):
+        cases[name] = tmp_path / name
+        cases[name].mkdir()
+    x = rng.standard_normal((2, 8, STATIC_CONFIG.d_in)).astype(np.float32)
+    shape = signature_of(graph_model).cache_buffer("past_key", 2, 20)
+    buffers = {n: rng.standard_normal(shape).astype(np.float32) for n in ("past_key", "past_value")}
+    for folder in cases.values():
+        for name, a in (("x", x), *buffers.items()):
+            np.save(folder / f"{name}.npy", a)
+    model = graph_model / "model.onnx"
+    plain = run(binaries["ort"], model, cases["plain"], "--generate", "5,1,1,1")
+    graph = run(graph_on_cpu, model, cases["graph"], "--generate", "5,1,1,1")
+    assert plain.returncode == 0 and graph.returncode == 0, plain.stderr + graph.stderr
+    assert graph.stderr.count("without a graph (the CPU provider)") == 2, graph.stderr
+    for name in ("y", "present_key", "present_value"):
+        np.testing.assert_allclose(np.load(cases["graph"] / f"{name}.npy"),
+                                   np.load(cases["plain"] / f"{name}.npy"), rtol=0, atol=ATOL,
+                                   err_msg=name)
+
+
+def test_layers_cuda_graph_times_replays_on_cuda_or_exits_3(binaries, graph_model):
+    r = run(binaries["layers"], graph_model / "model.onnx", "--cuda-graph", "--copies", 2,
+            "--past", 8, "--steps", 4)
+    if _cuda_graph_reason(graph_model) is not None:
+        line = one_error_line(r, code=3)
+        assert "CUDAExecutionProvider" in line and "not falling back to CPU" in line
+        return
+    assert r.returncode == 0, r.stderr
+    assert "CUDA events" in r.stdout and "ms a step" in r.stdout
+
+
 # --- quantized projections: MatMulNBits (com.microsoft) through mha_ort --------------------------
 
 # Small on purpose; each export quantizes q, k, v (inside the If branches) and the out projection.
