@@ -263,6 +263,15 @@ ONNXTensorElementDataType generate_cache_type(const ModelIO& io) {
     return cache;
 }
 
+// --generate's calls must cover the case's x exactly.
+void check_steps(const mha::Case& c, const std::vector<int64_t>& steps, int64_t length) {
+    int64_t total = 0;
+    for (int64_t n : steps) total += n;
+    if (total != length)
+        throw mha::UsageError(c.label + ": --generate steps sum to " + std::to_string(total) +
+                              ", x.npy holds " + std::to_string(length) + " tokens");
+}
+
 // The case's x split into calls of `steps` tokens; the case's buffers (elements T: float32, or
 // int8 codes) bound as past_* AND present_* of every call, so the model writes them in place (an
 // output that comes back at another address is a copy: an error). Returns y [B, L, dim] and the
@@ -272,11 +281,7 @@ std::vector<mha::Array> generate(Ort::Session& session, const ModelIO& io, const
                                  const std::vector<int64_t>& steps) {
     const mha::Array& x = c.inputs[0];  // the case holds x, past_key, past_value (in this order)
     const int64_t batch = x.dim(0), length = x.dim(1), width = x.dim(2);
-    int64_t total = 0;
-    for (int64_t n : steps) total += n;
-    if (total != length)
-        throw mha::UsageError(c.label + ": --generate steps sum to " + std::to_string(total) +
-                              ", x.npy holds " + std::to_string(length) + " tokens");
+    check_steps(c, steps, length);
     mha::Array key = c.inputs[1], value = c.inputs[2];  // the app's buffers, owned here
     std::vector<T>& key_data = elements<T>(key);
     std::vector<T>& value_data = elements<T>(value);
@@ -448,11 +453,7 @@ struct GraphReplays {
     std::vector<mha::Array> generate(const mha::Case& c, const std::vector<int64_t>& steps) {
         const mha::Array& x = c.inputs[0];  // the case holds x, past_key, past_value (in this order)
         const int64_t batch = x.dim(0), length = x.dim(1), width = x.dim(2);
-        int64_t total = 0;
-        for (int64_t n : steps) total += n;
-        if (total != length)
-            throw mha::UsageError(c.label + ": --generate steps sum to " + std::to_string(total) +
-                                  ", x.npy holds " + std::to_string(length) + " tokens");
+        check_steps(c, steps, length);
         std::map<std::string, mha::BufferSpec> cache;
         std::vector<std::unique_ptr<mha::AppBuffer>> memory;  // outlives the values and sessions
         std::map<std::string, Ort::Value> values;
