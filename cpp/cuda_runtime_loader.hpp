@@ -35,6 +35,13 @@ class CudaRuntime {
         synchronize();
     }
     void synchronize() const { check(device_synchronize_(), "cudaDeviceSynchronize"); }
+    // DeviceUnavailable (exit 3) unless a CUDA device is usable: appending the provider loads
+    // its libraries without touching a device, so a host with them and no GPU or driver ends here.
+    void require_device() const {
+        int count = 0;
+        check(device_count_(&count), "cudaGetDeviceCount");
+        if (count == 0) throw DeviceUnavailable("--cuda-graph: no CUDA device (cudaGetDeviceCount: 0)");
+    }
     void* allocate(size_t bytes) const {
         void* p = nullptr;
         check(malloc_(&p, bytes), "cudaMalloc");
@@ -72,11 +79,14 @@ class CudaRuntime {
         for (int flags : {RTLD_NOW | RTLD_NOLOAD, RTLD_NOW})
             for (const char* name : names)
                 if (!handle && (handle = dlopen(name, flags))) library_ = name;
-        if (!handle)
+        if (!handle) {
+            const char* why = dlerror();
             throw DeviceUnavailable("--cuda-graph: the CUDA runtime (libcudart.so.13 or .12) is not loaded "
-                                    "and cannot be opened (" + std::string(dlerror()) + ")");
+                                    "and cannot be opened (" + std::string(why ? why : "not found") + ")");
+        }
         find(handle, "cudaMemcpy", memcpy_);
         find(handle, "cudaDeviceSynchronize", device_synchronize_);
+        find(handle, "cudaGetDeviceCount", device_count_);
         find(handle, "cudaMalloc", malloc_);
         find(handle, "cudaFree", free_);
         find(handle, "cudaGetErrorString", error_string_);
@@ -94,15 +104,23 @@ class CudaRuntime {
         if (!fn) throw DeviceUnavailable("--cuda-graph: " + library_ + " has no " + name);
     }
 
+    // A failed call is one line naming it and CUDA's words; no usable device or driver is
+    // DeviceUnavailable (exit 3), anything else a runtime failure (exit 1).
     void check(int status, const char* call) const {
-        if (status != 0)
-            throw std::runtime_error(std::string(call) + " failed: CUDA error " + std::to_string(status) + " (" +
-                                     error_string_(status) + ")");
+        if (status == 0) return;
+        const std::string what = std::string(call) + " failed: CUDA error " + std::to_string(status) + " (" +
+                                 error_string_(status) + ")";
+        // initialization, stub library, insufficient driver, devices unavailable, no device,
+        // system not ready, driver mismatch, compat not supported (driver_types.h, CUDA 13.0)
+        for (int unavailable : {3, 34, 35, 46, 100, 802, 803, 804})
+            if (status == unavailable) throw DeviceUnavailable("--cuda-graph: " + what);
+        throw std::runtime_error(what);
     }
 
     std::string library_;
     int (*memcpy_)(void*, const void*, size_t, int) = nullptr;
     int (*device_synchronize_)() = nullptr;
+    int (*device_count_)(int*) = nullptr;
     int (*malloc_)(void**, size_t) = nullptr;
     int (*free_)(void*) = nullptr;
     const char* (*error_string_)(int) = nullptr;

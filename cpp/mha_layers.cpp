@@ -45,7 +45,8 @@ const char* const kUsage =
     "                     and runs on one CUDA stream of this program's (user_compute_stream); after 3\n"
     "                     capture runs and 3 untimed steps, S steps back to back (every layer replayed\n"
     "                     at past P each step; runs not synchronized: disable_synchronize_execution_\n"
-    "                     providers), a CUDA event recorded after each step. Any float/int8 cache type\n"
+    "                     providers, which a replay honours since onnxruntime PR #28686, 1.31; before,\n"
+    "                     each replay synced), a CUDA event recorded after each step. Any float/int8 cache type\n"
     "prints: the median ms of a step (every layer once) and of one layer's call\n"
     "exit codes: 0 ok, 1 runtime failure, 2 bad input, 3 CUDA unavailable (--cuda-graph)";
 
@@ -227,6 +228,7 @@ GraphTiming time_graphs(Ort::Env& env, const Ort::SessionOptions& options, const
     Ort::SessionOptions probe = options.Clone();  // CUDA starts (else exit 3) before the stream
     mha::append_provider(probe, "cuda", log);
     const mha::CudaRuntime& cuda = mha::CudaRuntime::get();
+    cuda.require_device();
     void* stream = cuda.create_stream();
     GraphTiming timing;
     std::vector<std::unique_ptr<mha::BoundGraph>> layers;

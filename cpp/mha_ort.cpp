@@ -575,6 +575,7 @@ int main_ort(int argc, char** argv) {
         require_static_step(io, args.model);
         Ort::SessionOptions probe = options.Clone();
         append_provider(probe, provider, log);
+        mha::CudaRuntime::get().require_device();  // the provider loaded; is there a device?
     }
 
     // The provider reported is the one appended above: session creation throws if it cannot start.

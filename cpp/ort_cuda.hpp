@@ -242,13 +242,19 @@ struct BoundGraph {
     bool on_host = false;  // buffers from a CPU session's allocator (a check of this code on a CPU)
 
     void load(const std::string& name, const std::vector<uint8_t>& bytes) {
+        if (bytes.size() != size_of(name))  // never past the bound buffer's end
+            throw std::logic_error(name + ": " + std::to_string(bytes.size()) + " bytes for a buffer of " +
+                                   std::to_string(size_of(name)));
         copy(values.at(name).GetTensorMutableRawData(), bytes.data(), bytes.size());
     }
     std::vector<uint8_t> fetch(const std::string& name) {
-        const BufferSpec& spec = specs.at(name);
-        std::vector<uint8_t> bytes(static_cast<size_t>(product(spec.shape)) * element_size(spec.type));
+        std::vector<uint8_t> bytes(size_of(name));
         copy(bytes.data(), values.at(name).GetTensorMutableRawData(), bytes.size());
         return bytes;
+    }
+    size_t size_of(const std::string& name) const {
+        const BufferSpec& spec = specs.at(name);
+        return static_cast<size_t>(product(spec.shape)) * element_size(spec.type);
     }
     void copy(void* dst, const void* src, size_t bytes) const {
         if (on_host) std::copy_n(static_cast<const uint8_t*>(src), bytes, static_cast<uint8_t*>(dst));

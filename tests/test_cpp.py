@@ -652,6 +652,22 @@ def test_cuda_graph_replays_on_cuda_or_exits_3(binaries, graph_model, tmp_path):
     _assert_graph_outputs(graph_model, dirs, atol=1e-4)
 
 
+def test_the_cuda_runtime_loader_needs_a_device_or_exits_3(tmp_path):
+    """--cuda-graph's CUDA runtime (cpp/cuda_runtime_loader.hpp), found at run time: where a
+    device runs, a usable one; elsewhere exit 3 in one line (no libcudart, no driver, or no
+    device: CUDA's own words), never a crash. Here a libcudart without a driver says error 35."""
+    program = tmp_path / "cuda_runtime_probe"
+    r = subprocess.run(["g++", "-std=c++17", f"-I{ROOT / 'cpp'}",
+                        str(ROOT / "tests" / "cpp" / f"{program.name}.cpp"), "-o", str(program),
+                        "-ldl"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run(program)
+    if torch.cuda.is_available():
+        assert r.returncode == 0 and "a CUDA device through libcudart.so" in r.stdout, r.stderr
+        return
+    assert one_error_line(r, code=3).startswith("Error: --cuda-graph: ")
+
+
 def test_cuda_graph_generate_on_cuda_or_exits_3(binaries, graph_model, tmp_path):
     """mha_ort --provider cuda --cuda-graph --generate 5,1,1,1: where CUDA runs, y and the
     buffers as mha_ort --generate's on the CPU (the T=1 step replayed); elsewhere exit 3."""
