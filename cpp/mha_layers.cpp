@@ -197,7 +197,7 @@ GraphPlan plan_graph(Ort::Env& env, const std::string& path, const Ort::SessionO
 std::vector<uint8_t> start_bytes(const mha::BufferSpec& spec, int64_t past) {
     mha::Array a;
     a.shape = spec.shape;
-    const size_t n = static_cast<size_t>(mha::BoundGraph::product(spec.shape));
+    const size_t n = static_cast<size_t>(mha::element_count(spec.shape));
     if (spec.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64) {
         a.kind = mha::Kind::Int64;
         a.ints.assign(n, past);

@@ -519,7 +519,7 @@ struct GraphReplays {
                 continue;
             }
             const mha::BufferSpec& spec = cache.at(mha::in_place_outputs().at(t.decl.name));
-            std::vector<uint8_t> bytes(static_cast<size_t>(mha::BoundGraph::product(spec.shape)) *
+            std::vector<uint8_t> bytes(static_cast<size_t>(mha::element_count(spec.shape)) *
                                        mha::element_size(spec.type));
             copy(bytes.data(), values.at(spec.name).GetTensorMutableRawData(), bytes.size());
             result.push_back(mha::from_bytes(bytes, spec.type, spec.shape));

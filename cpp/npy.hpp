@@ -196,6 +196,11 @@ inline const char* kind_name(Kind k) {
     }
 }
 
+// The number of elements of an array of this shape.
+inline int64_t element_count(const std::vector<int64_t>& shape) {
+    return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
+}
+
 struct Array {
     std::vector<int64_t> shape;
     Kind kind = Kind::Float;     // Float, Int64 or Int8
@@ -205,7 +210,7 @@ struct Array {
 
     int64_t dim(size_t i) const { return shape.at(i); }
     int64_t count() const {
-        return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
+        return element_count(shape);
     }
 };
 
@@ -385,7 +390,7 @@ inline void write_npy_raw(const std::string& path, const std::vector<int64_t>& s
     const size_t preamble = 10;  // magic (6) + version (2) + header length (2)
     header.append(64 - (preamble + header.size() + 1) % 64, ' ');  // pad: data 64-byte aligned
     header.push_back('\n');
-    const int64_t count = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<int64_t>());
+    const int64_t count = element_count(shape);
 
     const std::string tmp = path + ".tmp";
     {

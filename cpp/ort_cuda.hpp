@@ -254,7 +254,7 @@ struct BoundGraph {
     }
     size_t size_of(const std::string& name) const {
         const BufferSpec& spec = specs.at(name);
-        return static_cast<size_t>(product(spec.shape)) * element_size(spec.type);
+        return static_cast<size_t>(element_count(spec.shape)) * element_size(spec.type);
     }
     void copy(void* dst, const void* src, size_t bytes) const {
         if (on_host) std::copy_n(static_cast<const uint8_t*>(src), bytes, static_cast<uint8_t*>(dst));
@@ -262,11 +262,6 @@ struct BoundGraph {
     }
     void run(const Ort::RunOptions& options) { graph.session->Run(options, *binding); }
 
-    static int64_t product(const std::vector<int64_t>& shape) {
-        int64_t n = 1;
-        for (int64_t d : shape) n *= d;
-        return n;
-    }
 };
 
 inline const std::map<std::string, std::string>& in_place_outputs() {
@@ -289,7 +284,7 @@ class AppBuffer {
     void* data() const { return data_; }
     // A tensor over this memory (not a copy; the buffer must outlive it).
     Ort::Value tensor(const BufferSpec& spec) const {
-        const size_t bytes = static_cast<size_t>(BoundGraph::product(spec.shape)) * element_size(spec.type);
+        const size_t bytes = static_cast<size_t>(element_count(spec.shape)) * element_size(spec.type);
         const Ort::MemoryInfo where = on_host_ ? Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault)
                                                : Ort::MemoryInfo("Cuda", OrtDeviceAllocator, 0, OrtMemTypeDefault);
         return Ort::Value::CreateTensor(where, data_, bytes, spec.shape.data(), spec.shape.size(), spec.type);

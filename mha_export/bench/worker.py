@@ -333,14 +333,13 @@ def _on_own_stream(make: Callable[[dict], Callable[[], object]], spec: dict):
     variant, its timing)."""
     import torch
     stream = torch.cuda.Stream()
-    try:
-        with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream):
+        try:
             fn = ring(make, {**spec, "compute_stream": stream.cuda_stream})
             clock, named = EventClock(stream), EVENTS
-    except Exception as e:  # noqa: BLE001  (a refusal of the stream: its words in the row)
-        fn, clock = ring(make, spec), HostClock(torch.cuda.synchronize)
-        named = f"host clock ({str(e).strip().splitlines()[0][:160]})"
-    with torch.cuda.stream(stream):
+        except Exception as e:  # noqa: BLE001  (a refusal of the stream: its words in the row)
+            fn, clock = ring(make, spec), HostClock(torch.cuda.synchronize)
+            named = f"host clock ({str(e).strip().splitlines()[0][:160]})"
         times, reps, enqueue = back_to_back(fn, clock, spec.get("min_reps", 5),
                                             spec.get("budget_s", 2.0))
     return fn, {"median_ms": statistics.median(times), "min_ms": min(times), "reps": reps,
